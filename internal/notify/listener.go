@@ -1,0 +1,153 @@
+// Package notify keeps one dedicated connection LISTENing on a channel and
+// fans notifications out to subscribers by payload (a topic name).
+//
+// LISTEN needs a session of its own (it does not survive PgBouncer's
+// transaction pooling), so the listener opens a connection outside the pool.
+// It reconnects with backoff when the connection drops, and wakes every
+// subscriber after each (re)connect because notifications sent meanwhile are
+// lost. Consumers must keep polling: a wake-up is a hint, never the only path.
+package notify
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+)
+
+// Listener LISTENs on one channel. Start it once; Stop waits for its goroutine.
+type Listener struct {
+	connConfig *pgx.ConnConfig
+	channel    string
+	logger     *slog.Logger
+
+	mu   sync.Mutex
+	subs map[string]map[chan struct{}]struct{} // topic -> wake channels
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	ready  chan struct{} // closed after the first successful LISTEN
+}
+
+// New returns a listener that will connect with connConfig.
+func New(connConfig *pgx.ConnConfig, channel string, logger *slog.Logger) *Listener {
+	return &Listener{
+		connConfig: connConfig.Copy(),
+		channel:    channel,
+		logger:     logger,
+		subs:       map[string]map[chan struct{}]struct{}{},
+		ready:      make(chan struct{}),
+	}
+}
+
+// Subscribe returns a channel that receives a value (coalesced, never
+// blocking the listener) when topic is notified, and a function to stop.
+func (l *Listener) Subscribe(topic string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	if l.subs[topic] == nil {
+		l.subs[topic] = map[chan struct{}]struct{}{}
+	}
+	l.subs[topic][ch] = struct{}{}
+	l.mu.Unlock()
+	return ch, func() {
+		l.mu.Lock()
+		delete(l.subs[topic], ch)
+		if len(l.subs[topic]) == 0 {
+			delete(l.subs, topic)
+		}
+		l.mu.Unlock()
+	}
+}
+
+// Ready is closed once the listener has LISTENed successfully for the first time.
+func (l *Listener) Ready() <-chan struct{} { return l.ready }
+
+// Start runs the listener until Stop.
+func (l *Listener) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	l.done = make(chan struct{})
+	go func() {
+		defer close(l.done)
+		l.run(ctx)
+	}()
+}
+
+// Stop ends the listener and waits for it. Safe to call when not started.
+func (l *Listener) Stop() {
+	if l.cancel == nil {
+		return
+	}
+	l.cancel()
+	<-l.done
+}
+
+func (l *Listener) run(ctx context.Context) {
+	var readyOnce sync.Once
+	for failures := 0; ctx.Err() == nil; {
+		err := l.session(ctx, func() { readyOnce.Do(func() { close(l.ready) }) })
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		delay := backoff.Exponential(failures, 100*time.Millisecond, 10*time.Second)
+		l.logger.Warn("pgoutbox: LISTEN connection lost; consumers keep polling",
+			slog.String("channel", l.channel), slog.Any("error", err), slog.Duration("retry_in", delay))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// session holds one connection until it fails or ctx ends.
+func (l *Listener) session(ctx context.Context, listening func()) error {
+	conn, err := pgx.ConnectConfig(ctx, l.connConfig)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(l.channel)); err != nil {
+		return err
+	}
+	listening()
+	l.wakeAll() // anything sent while we were not listening
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		l.wake(n.Payload)
+	}
+}
+
+func (l *Listener) wake(topic string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for ch := range l.subs[topic] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (l *Listener) wakeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, subs := range l.subs {
+		for ch := range subs {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}

@@ -1,0 +1,178 @@
+// Package sqlq holds every SQL statement pgoutbox runs against its tables,
+// in one place, so it can be read and reviewed together.
+//
+// Statements name tables as {{schema}}.outbox; For replaces {{schema}} with
+// the caller's schema, quoted, once per client. Nothing else is ever spliced
+// into SQL: every value is a bind parameter.
+//
+// A parameter named now (coalesce($n::timestamptz, now())) carries an
+// injected test clock; production code passes NULL and database time is used.
+package sqlq
+
+import (
+	"strings"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+)
+
+// Outbox is the SQL of the outbox table and topic configuration.
+type Outbox struct {
+	Insert, InsertNotify, SelectIdempotent string
+	UpsertTopic, SelectTopic               string
+	Claim, Ack, Settle, ReapExpired        string
+	ListDeadLetters, ReplayDeadLetters     string
+}
+
+// For returns the statements for schema (already validated).
+func For(schema string) *Outbox {
+	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
+	return &Outbox{
+		Insert:            r.Replace(insert),
+		InsertNotify:      r.Replace(insertNotify),
+		SelectIdempotent:  r.Replace(selectIdempotent),
+		UpsertTopic:       r.Replace(upsertTopic),
+		SelectTopic:       r.Replace(selectTopic),
+		Claim:             r.Replace(claim),
+		Ack:               r.Replace(ack),
+		Settle:            r.Replace(settle),
+		ReapExpired:       r.Replace(reapExpired),
+		ListDeadLetters:   r.Replace(listDeadLetters),
+		ReplayDeadLetters: r.Replace(replayDeadLetters),
+	}
+}
+
+// insertRows turns the producer's parallel arrays into rows, in input order
+// (ids are then ascending in input order, which SendBatch relies on).
+// Rows whose idempotency key already exists are skipped.
+const insertRows = `
+INSERT INTO {{schema}}.outbox
+    (topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at)
+SELECT m.topic, m.payload, m.headers, m.correlation_id, m.message_group, m.priority, m.idempotency_key,
+       coalesce(m.not_before, now() + m.delay_us * interval '1 microsecond')
+FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
+            $7::text[], $8::timestamptz[], $9::bigint[])
+     WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
+                          idempotency_key, not_before, delay_us, ord)
+ORDER BY m.ord
+ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id, idempotency_key`
+
+const insert = insertRows
+
+// insertNotify also wakes listening consumers of the topics in $11, on
+// channel $10, when the producer's transaction commits (NOTIFY is
+// transactional: a rollback notifies nobody).
+const insertNotify = `
+WITH inserted AS (` + insertRows + `
+), notified AS (
+    SELECT pg_notify($10, t) FROM unnest($11::text[]) AS t
+)
+SELECT inserted.id, inserted.idempotency_key
+FROM inserted LEFT JOIN (SELECT count(*) FROM notified) AS n ON true`
+
+// selectIdempotent finds the messages an idempotent send collided with.
+const selectIdempotent = `
+SELECT idempotency_key, id FROM {{schema}}.outbox
+WHERE topic = $1 AND idempotency_key = ANY($2::text[])`
+
+const upsertTopic = `
+INSERT INTO {{schema}}.outbox_topics
+    (topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration)
+VALUES ($1, $2, $3, $4 * interval '1 microsecond', $5, $6 * interval '1 microsecond',
+        $7 * interval '1 microsecond', $8 * interval '1 microsecond')
+ON CONFLICT (topic) DO UPDATE SET
+    semantics = excluded.semantics,
+    tracking_mode = excluded.tracking_mode,
+    retention = excluded.retention,
+    max_attempts = excluded.max_attempts,
+    backoff_initial = excluded.backoff_initial,
+    backoff_max = excluded.backoff_max,
+    lease_duration = excluded.lease_duration,
+    updated_at = now()`
+
+const selectTopic = `
+SELECT semantics, coalesce(tracking_mode, ''),
+       (extract(epoch FROM retention) * 1e6)::bigint, max_attempts,
+       (extract(epoch FROM backoff_initial) * 1e6)::bigint,
+       (extract(epoch FROM backoff_max) * 1e6)::bigint,
+       (extract(epoch FROM lease_duration) * 1e6)::bigint
+FROM {{schema}}.outbox_topics WHERE topic = $1`
+
+// claim leases up to $2 available messages of topic $1, highest priority
+// first, skipping rows other consumers are claiming right now.
+// $3 now, $4 lease owner, $5 lease in microseconds.
+const claim = `
+WITH picked AS (
+    SELECT id FROM {{schema}}.outbox
+    WHERE topic = $1 AND status = 'PENDING' AND available_at <= coalesce($3::timestamptz, now())
+    ORDER BY priority DESC, available_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {{schema}}.outbox AS o
+SET status = 'PROCESSING',
+    attempts = o.attempts + 1,
+    lease_owner = $4,
+    lease_until = coalesce($3::timestamptz, now()) + $5 * interval '1 microsecond'
+FROM picked
+WHERE o.id = picked.id
+RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''),
+          o.priority, o.attempts, o.created_at, o.lease_until, o.available_at`
+
+// ack deletes handled messages. A delivery is (id, attempts): an ack whose
+// lease expired and was reclaimed since matches nothing.
+const ack = `
+DELETE FROM {{schema}}.outbox AS o
+USING unnest($1::bigint[], $2::int[]) AS a(id, attempts)
+WHERE o.id = a.id AND o.attempts = a.attempts AND o.status = 'PROCESSING'`
+
+// settle ends leases without deleting: retry later (nack), dead-letter, or
+// release (delay 0, and uncount=1 gives back an attempt that never started).
+const settle = `
+UPDATE {{schema}}.outbox AS o
+SET status = CASE WHEN s.dead THEN 'DEAD_LETTER' ELSE 'PENDING' END,
+    attempts = o.attempts - s.uncount,
+    available_at = coalesce($7::timestamptz, now()) + s.delay_us * interval '1 microsecond',
+    dead_lettered_at = CASE WHEN s.dead THEN coalesce($7::timestamptz, now()) END,
+    last_error = coalesce(s.err, o.last_error),
+    lease_owner = NULL,
+    lease_until = NULL
+FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::bool[], $5::text[], $6::int[])
+     AS s(id, attempts, delay_us, dead, err, uncount)
+WHERE o.id = s.id AND o.attempts = s.attempts AND o.status = 'PROCESSING'`
+
+// reapExpired returns up to $3 messages of topic $1 whose lease ended before
+// $2 to PENDING, or dead-letters them when they used their last attempt ($4).
+const reapExpired = `
+WITH expired AS (
+    SELECT id FROM {{schema}}.outbox
+    WHERE topic = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())
+    ORDER BY lease_until
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {{schema}}.outbox AS o
+SET status = CASE WHEN o.attempts >= $4 THEN 'DEAD_LETTER' ELSE 'PENDING' END,
+    dead_lettered_at = CASE WHEN o.attempts >= $4 THEN coalesce($2::timestamptz, now()) END,
+    available_at = coalesce($2::timestamptz, now()),
+    last_error = 'lease expired (consumer ' || coalesce(o.lease_owner, '?') || ')',
+    lease_owner = NULL,
+    lease_until = NULL
+FROM expired
+WHERE o.id = expired.id`
+
+const listDeadLetters = `
+SELECT id, payload, headers, correlation_id, coalesce(message_group, ''), priority, attempts,
+       created_at, dead_lettered_at, coalesce(last_error, '')
+FROM {{schema}}.outbox
+WHERE topic = $1 AND status = 'DEAD_LETTER' AND id > $2
+ORDER BY id
+LIMIT $3`
+
+// replayDeadLetters makes dead letters of topic $1 (all of them when $2 is
+// NULL) deliverable again with a fresh attempt budget.
+const replayDeadLetters = `
+UPDATE {{schema}}.outbox
+SET status = 'PENDING', attempts = 0, available_at = now(), dead_lettered_at = NULL
+WHERE topic = $1 AND status = 'DEAD_LETTER' AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[]))
+RETURNING id`

@@ -1,0 +1,232 @@
+// Package migrations creates and upgrades the tables pgoutbox needs.
+//
+// The SQL files are embedded in the binary and applied with golang-migrate,
+// so a service runs them at boot:
+//
+//	if err := migrations.Up(ctx, pool, migrations.Config{Schema: "app"}); err != nil {
+//		return err
+//	}
+//
+// Up is idempotent and safe when several service instances call it at the
+// same time: the first applies what is missing while the others wait on an
+// advisory lock, then find nothing to do. pgoutbox records its own version in
+// the table pgoutbox_schema_migrations of the chosen schema, so it never
+// collides with the host application's schema_migrations.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// VersionTable is the table, in the chosen schema, where golang-migrate
+// records which migrations ran.
+const VersionTable = "pgoutbox_schema_migrations"
+
+// ErrInvalidSchema is returned for a schema name pgoutbox refuses to use: it
+// must be lower-case letters, digits and underscores, at most 63 bytes.
+var ErrInvalidSchema = ident.ErrInvalidSchema
+
+// ErrDirty is returned when a previous migration failed half-way and the
+// version table is marked dirty; an operator has to repair it by hand.
+var ErrDirty = errors.New("pgoutbox migrations: database is dirty")
+
+// Config says where the tables live.
+type Config struct {
+	// Schema holds pgoutbox's tables. It is created when missing.
+	// Defaults to "public".
+	Schema string
+	// Logger receives one line per applied migration step.
+	// Defaults to a logger that discards everything.
+	Logger *slog.Logger
+}
+
+// Up applies every migration not yet applied, using pool's connection
+// settings (it opens two short-lived connections of its own, so the caller's
+// pool is never left with a changed search_path).
+func Up(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
+	return run(ctx, pool.Config(), cfg, (*migrate.Migrate).Up)
+}
+
+// UpDSN is Up for a connection string instead of a pool.
+func UpDSN(ctx context.Context, dsn string, cfg Config) error {
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("pgoutbox migrations: parse DSN: %w", err)
+	}
+	return run(ctx, pcfg, cfg, (*migrate.Migrate).Up)
+}
+
+// Down reverts every migration: it drops pgoutbox's tables and everything in
+// them. The schema itself is kept.
+func Down(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
+	return run(ctx, pool.Config(), cfg, (*migrate.Migrate).Down)
+}
+
+// DownDSN is Down for a connection string instead of a pool.
+func DownDSN(ctx context.Context, dsn string, cfg Config) error {
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("pgoutbox migrations: parse DSN: %w", err)
+	}
+	return run(ctx, pcfg, cfg, (*migrate.Migrate).Down)
+}
+
+// Version reports the applied migration version (0 when none is applied).
+func Version(ctx context.Context, pool *pgxpool.Pool, cfg Config) (uint, error) {
+	var version uint
+	err := run(ctx, pool.Config(), cfg, func(m *migrate.Migrate) error {
+		v, dirty, err := m.Version()
+		if errors.Is(err, migrate.ErrNilVersion) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if dirty {
+			return fmt.Errorf("%w at version %d", ErrDirty, v)
+		}
+		version = v
+		return nil
+	})
+	return version, err
+}
+
+// Latest is the version Up migrates to.
+func Latest() uint {
+	src, err := iofs.New(files, "sql")
+	if err != nil {
+		return 0
+	}
+	defer src.Close()
+	v, err := src.First()
+	for err == nil {
+		next, nerr := src.Next(v)
+		if nerr != nil {
+			break
+		}
+		v = next
+	}
+	return v
+}
+
+// lockClass is the first key of the advisory lock that serialises
+// concurrent migration runs on one schema; the second is hashtext(schema).
+const lockClass = 0x70676f // "pgo"
+
+func run(ctx context.Context, base *pgxpool.Config, cfg Config, step func(*migrate.Migrate) error) error {
+	schema, err := ident.Schema(cfg.Schema)
+	if err != nil {
+		return err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+
+	pcfg := base.Copy()
+	pcfg.MaxConns = 2 // one holds the advisory lock, one runs golang-migrate
+	pcfg.MinConns = 0
+	pcfg.ConnConfig.RuntimeParams["search_path"] = ident.Quote(schema)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("pgoutbox migrations: connect: %w", err)
+	}
+	defer pool.Close()
+
+	lockConn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pgoutbox migrations: connect: %w", err)
+	}
+	defer lockConn.Release()
+	if _, err := lockConn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, schema); err != nil {
+		return fmt.Errorf("pgoutbox migrations: waiting for the migration lock: %w", err)
+	}
+	defer func() {
+		// Unlock even when ctx is done; closing the connection would too.
+		_, _ = lockConn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, lockClass, schema)
+	}()
+	if _, err := lockConn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident.Quote(schema)); err != nil {
+		return fmt.Errorf("pgoutbox migrations: create schema %s: %w", schema, err)
+	}
+
+	m, err := newMigrate(pool, schema, logger)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+
+	done := make(chan error, 1)
+	go func() { done <- step(m) }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		m.GracefulStop <- true // stops between two migration files
+		err = <-done
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
+	if errors.Is(err, migrate.ErrNoChange) {
+		return nil
+	}
+	var dirty migrate.ErrDirty
+	if errors.As(err, &dirty) {
+		return fmt.Errorf("%w at version %d", ErrDirty, dirty.Version)
+	}
+	if err != nil {
+		return fmt.Errorf("pgoutbox migrations (schema %s): %w", schema, err)
+	}
+	return nil
+}
+
+func newMigrate(pool *pgxpool.Pool, schema string, logger *slog.Logger) (*migrate.Migrate, error) {
+	src, err := iofs.New(files, "sql")
+	if err != nil {
+		return nil, fmt.Errorf("pgoutbox migrations: embedded files: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	driver, err := migratepgx.WithInstance(db, &migratepgx.Config{
+		SchemaName:      schema,
+		MigrationsTable: VersionTable,
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("pgoutbox migrations: open driver: %w", err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx/v5", driver)
+	if err != nil {
+		_ = driver.Close()
+		return nil, fmt.Errorf("pgoutbox migrations: %w", err)
+	}
+	m.Log = migrateLogger{logger}
+	return m, nil
+}
+
+// migrateLogger adapts slog to golang-migrate's Logger interface.
+type migrateLogger struct{ l *slog.Logger }
+
+func (l migrateLogger) Printf(format string, v ...any) {
+	l.l.Info(fmt.Sprintf(format, v...), slog.String("component", "pgoutbox.migrations"))
+}
+
+func (l migrateLogger) Verbose() bool { return false }
+
+// Files returns the embedded migration files (directory "sql"), for tools
+// that want to inspect or checksum them.
+func Files() fs.FS { return files }

@@ -1,0 +1,145 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+)
+
+// Clock tells the time. pgoutbox uses database time (now()) unless a Clock
+// is configured; tests inject one to move time without sleeping.
+type Clock interface {
+	Now() time.Time
+}
+
+// Config configures a Client.
+type Config struct {
+	// Schema holds pgoutbox's tables (see package migrations).
+	// Defaults to "public".
+	Schema string
+	// Logger defaults to a logger that discards everything.
+	Logger *slog.Logger
+	// MeterProvider receives pgoutbox's metrics. Defaults to a no-op provider.
+	MeterProvider metric.MeterProvider
+	// Clock replaces database time for leases, retries and availability.
+	// Defaults to nil: the database's now(), which every instance agrees on.
+	Clock Clock
+}
+
+// Client is the entry point for everything that needs a connection pool:
+// topic configuration, consumers and dead-letter administration. It is safe
+// for concurrent use and holds nothing that needs closing; consumers it
+// creates are stopped with their own Stop.
+type Client struct {
+	pool    *pgxpool.Pool
+	schema  string
+	sql     *sqlq.Outbox
+	logger  *slog.Logger
+	metrics *metrics
+	clock   Clock
+}
+
+// NewClient returns a client using pool and the tables in cfg.Schema.
+func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	}
+	schema, err := ident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Client{
+		pool:    pool,
+		schema:  schema,
+		sql:     sqlq.For(schema),
+		logger:  logger,
+		metrics: newMetrics(cfg.MeterProvider),
+		clock:   cfg.Clock,
+	}, nil
+}
+
+// Schema returns the schema the client works in.
+func (c *Client) Schema() string { return c.schema }
+
+// now is the time parameter of SQL statements: nil means database time.
+func (c *Client) now() *time.Time {
+	if c.clock == nil {
+		return nil
+	}
+	t := c.clock.Now()
+	return &t
+}
+
+// ConfigureTopic creates or replaces a topic's configuration. Zero fields
+// take the defaults (TopicConfig.WithDefaults). Messages already written
+// keep flowing; consumers pick the new settings up within a poll interval.
+func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	var tracking *string
+	if cfg.Tracking != "" {
+		s := string(cfg.Tracking)
+		tracking = &s
+	}
+	_, err := c.pool.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
+		cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
+		cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds())
+	if err != nil {
+		return fmt.Errorf("outbox: configure topic %q: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+// Topic returns a topic's configuration; for a topic never configured it
+// returns the QUEUE defaults with Configured false.
+func (c *Client) Topic(ctx context.Context, name string) (TopicConfig, error) {
+	if err := ValidateTopic(name); err != nil {
+		return TopicConfig{}, err
+	}
+	return c.loadTopic(ctx, c.pool, name)
+}
+
+type queryRower interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (c *Client) loadTopic(ctx context.Context, db queryRower, name string) (TopicConfig, error) {
+	var (
+		semantics, tracking                            string
+		retention, backoffInitial, backoffMax, leaseUS int64
+		maxAttempts                                    int
+	)
+	err := db.QueryRow(ctx, c.sql.SelectTopic, name).Scan(&semantics, &tracking, &retention, &maxAttempts, &backoffInitial, &backoffMax, &leaseUS)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return TopicConfig{Name: name}.WithDefaults(), nil
+	}
+	if err != nil {
+		return TopicConfig{}, fmt.Errorf("outbox: load topic %q: %w", name, err)
+	}
+	return TopicConfig{
+		Name:           name,
+		Semantics:      Semantics(semantics),
+		Tracking:       TrackingMode(tracking),
+		Retention:      time.Duration(retention) * time.Microsecond,
+		MaxAttempts:    maxAttempts,
+		BackoffInitial: time.Duration(backoffInitial) * time.Microsecond,
+		BackoffMax:     time.Duration(backoffMax) * time.Microsecond,
+		Lease:          time.Duration(leaseUS) * time.Microsecond,
+		Configured:     true,
+	}, nil
+}

@@ -1,0 +1,568 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/notify"
+)
+
+// Handler handles one delivery. Returning nil acks the message (it is
+// deleted). Returning an error retries it after the topic's backoff, or the
+// delay given with RetryAfter; Permanent dead-letters it at once. After the
+// topic's MaxAttempts the message is dead-lettered.
+//
+// ctx ends shortly before the message's lease expires, and when the consumer
+// is stopped past its deadline: a handler must return when ctx is done.
+type Handler func(ctx context.Context, d *Delivery) error
+
+// RetryAfter wraps err so the message is retried after delay instead of the
+// topic's backoff (it still counts as an attempt).
+func RetryAfter(delay time.Duration, err error) error {
+	if delay < 0 {
+		delay = 0
+	}
+	return &retryError{delay: delay, err: err}
+}
+
+// Permanent wraps err so the message is dead-lettered at once, without
+// further attempts.
+func Permanent(err error) error { return &permanentError{err: err} }
+
+type retryError struct {
+	delay time.Duration
+	err   error
+}
+
+func (e *retryError) Error() string {
+	return fmt.Sprintf("retry after %v: %v", e.delay, e.err)
+}
+func (e *retryError) Unwrap() error { return e.err }
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return fmt.Sprintf("permanent: %v", e.err) }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Consumer defaults.
+const (
+	DefaultConcurrency  = 10
+	DefaultBatchSize    = 100
+	DefaultPollInterval = time.Second
+)
+
+// ConsumerConfig configures a QUEUE consumer.
+type ConsumerConfig struct {
+	// Topic to consume. Required; must not be a PUB_SUB topic.
+	Topic string
+	// Handler is called for every delivery. Required.
+	Handler Handler
+	// Concurrency is the most handlers running at once. Defaults to DefaultConcurrency.
+	Concurrency int
+	// BatchSize is the most messages claimed in one query; up to this many
+	// may wait, leased, for a free handler. Defaults to DefaultBatchSize.
+	BatchSize int
+	// PollInterval is the longest an idle consumer waits before looking for
+	// work when no notification woke it, and the period of the expired-lease
+	// reaper. Defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// ID names this consumer in lease_owner and logs. Defaults to
+	// host-pid-random.
+	ID string
+}
+
+func (cfg ConsumerConfig) withDefaults() ConsumerConfig {
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.ID == "" {
+		host, _ := os.Hostname()
+		var b [3]byte
+		_, _ = rand.Read(b[:])
+		cfg.ID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	return cfg
+}
+
+func (cfg ConsumerConfig) validate() error {
+	if err := ValidateTopic(cfg.Topic); err != nil {
+		return err
+	}
+	switch {
+	case cfg.Handler == nil:
+		return fmt.Errorf("%w: consumer of %q: nil Handler", ErrInvalidConfig, cfg.Topic)
+	case cfg.Concurrency < 1:
+		return fmt.Errorf("%w: consumer of %q: Concurrency must be at least 1", ErrInvalidConfig, cfg.Topic)
+	case cfg.BatchSize < 1:
+		return fmt.Errorf("%w: consumer of %q: BatchSize must be at least 1", ErrInvalidConfig, cfg.Topic)
+	case cfg.PollInterval < time.Millisecond:
+		return fmt.Errorf("%w: consumer of %q: PollInterval must be at least 1ms", ErrInvalidConfig, cfg.Topic)
+	case len(cfg.ID) > MaxKeyBytes:
+		return fmt.Errorf("%w: consumer ID longer than %d bytes", ErrInvalidConfig, MaxKeyBytes)
+	}
+	return nil
+}
+
+// Consumer processes a QUEUE topic: competing consumers, in this and other
+// processes, each claim batches with FOR UPDATE SKIP LOCKED and a lease.
+// Delivery is at least once: a message whose consumer crashed or stalled is
+// redelivered when its lease expires.
+//
+// Ordering is not promised: messages of one group may be handled
+// concurrently and out of order (retries reorder too). Higher priorities are
+// claimed first.
+type Consumer struct {
+	client *Client
+	cfg    ConsumerConfig
+	topic  atomic.Pointer[TopicConfig] // reloaded by the reaper
+
+	mu      sync.Mutex // guards started/stopped and the fields set by Start
+	started bool
+	stopped bool
+
+	listener    *notify.Listener
+	wake        <-chan struct{}
+	unsubscribe func()
+
+	fetchCtx    context.Context // ends when Stop begins: no more claims
+	fetchCancel context.CancelFunc
+	workCtx     context.Context // ends when Stop's deadline passes: handlers are cancelled
+	workCancel  context.CancelFunc
+
+	jobs     chan *job      // fetcher -> workers; closed by Stop after the fetcher ended
+	results  chan result    // workers -> completer; closed by Stop after the workers ended
+	room     chan struct{}  // completer -> fetcher: capacity freed (coalesced)
+	inflight atomic.Int64   // claimed and not yet settled in the database
+	stopping atomic.Bool    // workers release instead of handling
+	fetchWG  sync.WaitGroup // fetcher and reaper
+	workWG   sync.WaitGroup // workers
+	doneWG   sync.WaitGroup // completer
+	attrs    metric.MeasurementOption
+}
+
+type job struct {
+	d        *Delivery
+	deadline time.Time // local clock: shortly before the lease ends
+}
+
+type outcome int
+
+const (
+	outcomeAck outcome = iota
+	outcomeRetry
+	outcomeDead
+	outcomeRelease          // stop interrupted the handler: redeliver now, attempt counted
+	outcomeReleaseUnstarted // never started: redeliver now, attempt given back
+)
+
+type result struct {
+	d       *Delivery
+	outcome outcome
+	delay   time.Duration
+	err     string
+}
+
+// NewConsumer returns a consumer; Start runs it.
+func (c *Client) NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Consumer{client: c, cfg: cfg, attrs: metric.WithAttributes(attribute.String("topic", cfg.Topic))}, nil
+}
+
+// ID is the consumer's lease owner name.
+func (k *Consumer) ID() string { return k.cfg.ID }
+
+// Start loads the topic's configuration and starts claiming in the
+// background; it returns at once. ctx bounds only the start-up queries.
+// A consumer runs once: Start after Stop returns ErrAlreadyStarted.
+func (k *Consumer) Start(ctx context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.started {
+		return fmt.Errorf("%w: consumer %s of %q", ErrAlreadyStarted, k.cfg.ID, k.cfg.Topic)
+	}
+	topic, err := k.client.loadTopic(ctx, k.client.pool, k.cfg.Topic)
+	if err != nil {
+		return err
+	}
+	if topic.Semantics != Queue {
+		return fmt.Errorf("%w: %q is a %s topic; consume it with package consumergroup", ErrWrongSemantics, k.cfg.Topic, topic.Semantics)
+	}
+	k.topic.Store(&topic)
+	k.started = true
+
+	k.listener = notify.New(k.client.pool.Config().ConnConfig, NotifyChannel(k.client.schema), k.client.logger)
+	k.wake, k.unsubscribe = k.listener.Subscribe(k.cfg.Topic)
+	k.listener.Start()
+
+	k.fetchCtx, k.fetchCancel = context.WithCancel(context.Background())
+	k.workCtx, k.workCancel = context.WithCancel(context.Background())
+	capacity := k.cfg.Concurrency + k.cfg.BatchSize
+	k.jobs = make(chan *job, capacity)
+	k.results = make(chan result, capacity)
+	k.room = make(chan struct{}, 1)
+
+	k.doneWG.Add(1)
+	go k.complete()
+	for range k.cfg.Concurrency {
+		k.workWG.Add(1)
+		go k.work()
+	}
+	k.fetchWG.Add(2)
+	go k.fetch()
+	go k.reap()
+	k.client.logger.Info("pgoutbox: consumer started", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
+	return nil
+}
+
+// Stop stops claiming, releases claimed messages no handler has started
+// (they are redelivered at once), and waits for running handlers. When ctx
+// ends first, it cancels the handlers' contexts, waits for them to return,
+// releases their messages too and returns ctx's error. Stop is safe to call
+// more than once and on a consumer never started.
+func (k *Consumer) Stop(ctx context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.started || k.stopped {
+		return nil
+	}
+	k.stopped = true
+
+	k.stopping.Store(true)
+	k.fetchCancel()
+	k.fetchWG.Wait()
+	close(k.jobs) // workers release what is still queued, then exit
+
+	workersDone := make(chan struct{})
+	go func() { k.workWG.Wait(); close(workersDone) }()
+	var err error
+	select {
+	case <-workersDone:
+	case <-ctx.Done():
+		err = ctx.Err()
+		k.workCancel()
+		<-workersDone
+	}
+	k.workCancel()
+	close(k.results)
+	k.doneWG.Wait()
+
+	k.unsubscribe()
+	k.listener.Stop()
+	k.client.logger.Info("pgoutbox: consumer stopped", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
+	return err
+}
+
+// fetch claims batches while there is room and work, then waits for a
+// notification, freed room or the poll interval.
+func (k *Consumer) fetch() {
+	defer k.fetchWG.Done()
+	capacity := int64(k.cfg.Concurrency + k.cfg.BatchSize)
+	threshold := int64(max(1, k.cfg.BatchSize/2))
+	poll := time.NewTimer(k.cfg.PollInterval)
+	defer poll.Stop()
+	failures := 0
+	for k.fetchCtx.Err() == nil {
+		free := capacity - k.inflight.Load()
+		if free < threshold {
+			select {
+			case <-k.fetchCtx.Done():
+			case <-k.room:
+			}
+			continue
+		}
+		limit := min(int64(k.cfg.BatchSize), free)
+		n, err := k.claim(int(limit))
+		if err != nil {
+			failures++
+			delay := min(backoff.Exponential(failures, 10*time.Millisecond, k.cfg.PollInterval), k.cfg.PollInterval)
+			k.client.logger.Error("pgoutbox: claim failed", slog.String("topic", k.cfg.Topic), slog.Any("error", err), slog.Duration("retry_in", delay))
+			select {
+			case <-k.fetchCtx.Done():
+			case <-time.After(delay):
+			}
+			continue
+		}
+		failures = 0
+		if int64(n) == limit {
+			continue // probably more waiting
+		}
+		poll.Reset(k.cfg.PollInterval)
+		select {
+		case <-k.fetchCtx.Done():
+		case <-k.wake: // a producer committed
+		case <-k.room: // handlers finished, or the reaper returned messages
+		case <-poll.C:
+		}
+	}
+}
+
+// claim leases up to limit messages and queues them for the workers.
+func (k *Consumer) claim(limit int) (int, error) {
+	topic := k.topic.Load()
+	// Not cancelled by Stop: a claim cut off after the database committed
+	// it would leave its messages leased until the lease expires.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.fetchCtx), 30*time.Second)
+	defer cancel()
+	rows, err := k.client.pool.Query(ctx, k.client.sql.Claim, k.cfg.Topic, limit, k.client.now(), k.cfg.ID, topic.Lease.Microseconds())
+	if err != nil {
+		return 0, err
+	}
+	claimedAt := time.Now()
+	type claimed struct {
+		d           *Delivery
+		availableAt time.Time
+	}
+	batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
+		d := &Delivery{Topic: k.cfg.Topic, MaxAttempts: topic.MaxAttempts}
+		var c claimed
+		var prio int16
+		err := r.Scan(&d.ID, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.Attempt, &d.CreatedAt, &d.LeaseUntil, &c.availableAt)
+		d.Priority = int(prio)
+		c.d = d
+		return c, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	sort.Slice(batch, func(i, j int) bool {
+		a, b := batch[i], batch[j]
+		if a.d.Priority != b.d.Priority {
+			return a.d.Priority > b.d.Priority
+		}
+		if !a.availableAt.Equal(b.availableAt) {
+			return a.availableAt.Before(b.availableAt)
+		}
+		return a.d.ID < b.d.ID
+	})
+	margin := min(topic.Lease/10, 5*time.Second)
+	deadline := claimedAt.Add(topic.Lease - margin)
+	k.inflight.Add(int64(len(batch)))
+	for _, c := range batch {
+		k.jobs <- &job{d: c.d, deadline: deadline} // never blocks: capacity bounds inflight
+	}
+	if len(batch) > 0 {
+		k.client.metrics.delivered.Add(ctx, int64(len(batch)), k.attrs)
+	}
+	return len(batch), nil
+}
+
+// work runs handlers until the job channel is closed.
+func (k *Consumer) work() {
+	defer k.workWG.Done()
+	for j := range k.jobs {
+		if k.stopping.Load() {
+			k.results <- result{d: j.d, outcome: outcomeReleaseUnstarted}
+			continue
+		}
+		k.results <- k.handle(j)
+	}
+}
+
+func (k *Consumer) handle(j *job) result {
+	ctx, cancel := context.WithDeadline(k.workCtx, j.deadline)
+	defer cancel()
+	start := time.Now()
+	err := k.runHandler(ctx, j.d)
+	k.client.metrics.handlerTime.Record(ctx, time.Since(start).Seconds(), k.attrs)
+	if err == nil {
+		return result{d: j.d, outcome: outcomeAck}
+	}
+	if k.workCtx.Err() != nil {
+		return result{d: j.d, outcome: outcomeRelease, err: "consumer stopped: " + err.Error()}
+	}
+	r := result{d: j.d, err: err.Error()}
+	var perm *permanentError
+	var retry *retryError
+	topic := k.topic.Load()
+	switch {
+	case errors.As(err, &perm):
+		r.outcome = outcomeDead
+	case j.d.Attempt >= topic.MaxAttempts:
+		r.outcome = outcomeDead
+	case errors.As(err, &retry):
+		r.outcome, r.delay = outcomeRetry, retry.delay
+	default:
+		r.outcome, r.delay = outcomeRetry, backoff.Exponential(j.d.Attempt, topic.BackoffInitial, topic.BackoffMax)
+	}
+	k.client.logger.Warn("pgoutbox: handler failed",
+		slog.String("topic", k.cfg.Topic), slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt),
+		slog.Bool("dead_lettered", r.outcome == outcomeDead), slog.Duration("retry_in", r.delay), slog.Any("error", err))
+	return r
+}
+
+// runHandler calls the handler and turns a panic into an error.
+func (k *Consumer) runHandler(ctx context.Context, d *Delivery) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panic: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return k.cfg.Handler(ctx, d)
+}
+
+// complete writes outcomes to the database in batches: whatever has
+// arrived while the previous batch was being written.
+func (k *Consumer) complete() {
+	defer k.doneWG.Done()
+	const maxBatch = 1000
+	var batch []result
+	for r := range k.results {
+		batch = append(batch[:0], r)
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case r, ok := <-k.results:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		k.flush(batch)
+		k.inflight.Add(-int64(len(batch)))
+		select {
+		case k.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (k *Consumer) flush(batch []result) {
+	var ackIDs []int64
+	var ackAttempts []int32
+	var s struct {
+		ids      []int64
+		attempts []int32
+		delays   []int64
+		dead     []bool
+		errs     []*string
+		uncount  []int32
+	}
+	var retried, dead int64
+	for i := range batch {
+		r := &batch[i]
+		if r.outcome == outcomeAck {
+			ackIDs = append(ackIDs, r.d.ID)
+			ackAttempts = append(ackAttempts, int32(r.d.Attempt))
+			continue
+		}
+		s.ids = append(s.ids, r.d.ID)
+		s.attempts = append(s.attempts, int32(r.d.Attempt))
+		s.delays = append(s.delays, r.delay.Microseconds())
+		s.dead = append(s.dead, r.outcome == outcomeDead)
+		var e *string
+		if r.err != "" {
+			msg := r.err
+			e = &msg
+		}
+		s.errs = append(s.errs, e)
+		var uncount int32
+		if r.outcome == outcomeReleaseUnstarted {
+			uncount = 1
+		}
+		s.uncount = append(s.uncount, uncount)
+		switch r.outcome {
+		case outcomeDead:
+			dead++
+		case outcomeRetry:
+			retried++
+		}
+	}
+	ctx := context.Background()
+	if len(ackIDs) > 0 {
+		k.exec("ack", k.client.sql.Ack, ackIDs, ackAttempts)
+		k.client.metrics.acked.Add(ctx, int64(len(ackIDs)), k.attrs)
+	}
+	if len(s.ids) > 0 {
+		k.exec("settle", k.client.sql.Settle, s.ids, s.attempts, s.delays, s.dead, s.errs, s.uncount, k.client.now())
+		k.client.metrics.retried.Add(ctx, retried, k.attrs)
+		k.client.metrics.deadLettered.Add(ctx, dead, k.attrs)
+	}
+}
+
+// exec runs a completion statement, retrying briefly. If it still fails the
+// leases expire and the messages are redelivered: at least once holds.
+func (k *Consumer) exec(what, sql string, args ...any) {
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = k.client.pool.Exec(ctx, sql, args...)
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(backoff.Exponential(attempt, 50*time.Millisecond, time.Second))
+	}
+	k.client.logger.Error("pgoutbox: completion write failed; messages will be redelivered after their lease",
+		slog.String("topic", k.cfg.Topic), slog.String("op", what), slog.Any("error", err))
+}
+
+// reap periodically returns messages with expired leases to the queue (or
+// dead-letters them), and reloads the topic's configuration.
+func (k *Consumer) reap() {
+	defer k.fetchWG.Done()
+	tick := time.NewTicker(k.cfg.PollInterval)
+	defer tick.Stop()
+	for {
+		k.reapOnce()
+		select {
+		case <-k.fetchCtx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (k *Consumer) reapOnce() {
+	ctx, cancel := context.WithTimeout(k.fetchCtx, 30*time.Second)
+	defer cancel()
+	if topic, err := k.client.loadTopic(ctx, k.client.pool, k.cfg.Topic); err == nil && topic.Semantics == Queue {
+		k.topic.Store(&topic)
+	}
+	const batch = 1000
+	for ctx.Err() == nil {
+		tag, err := k.client.pool.Exec(ctx, k.client.sql.ReapExpired, k.cfg.Topic, k.client.now(), batch, k.topic.Load().MaxAttempts)
+		if err != nil {
+			if k.fetchCtx.Err() == nil {
+				k.client.logger.Error("pgoutbox: reaping expired leases failed", slog.String("topic", k.cfg.Topic), slog.Any("error", err))
+			}
+			return
+		}
+		if n := tag.RowsAffected(); n > 0 {
+			k.client.logger.Warn("pgoutbox: reclaimed expired leases", slog.String("topic", k.cfg.Topic), slog.Int64("count", n))
+			select { // the reclaimed messages are ready now
+			case k.room <- struct{}{}:
+			default:
+			}
+		}
+		if tag.RowsAffected() < batch {
+			return
+		}
+	}
+}

@@ -1,0 +1,36 @@
+package outbox
+
+import (
+	"errors"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+)
+
+// Sentinel errors. Every error pgoutbox returns for bad input wraps one of
+// these, so callers branch with errors.Is; the message says what was wrong.
+var (
+	// ErrInvalidTopic: a topic name is empty, too long or has characters
+	// outside [A-Za-z0-9._:-].
+	ErrInvalidTopic = errors.New("outbox: invalid topic name")
+	// ErrInvalidPayload: a payload is empty or not valid JSON.
+	ErrInvalidPayload = errors.New("outbox: invalid payload")
+	// ErrInvalidMessage: a message field other than topic and payload is out
+	// of range (priority, delay, header names, correlation id, idempotency key).
+	ErrInvalidMessage = errors.New("outbox: invalid message")
+	// ErrHeadersTooLarge: a message's headers encode to more than MaxHeaderBytes.
+	ErrHeadersTooLarge = errors.New("outbox: headers too large")
+	// ErrNilExecutor: Send was given no transaction (or a nil one).
+	ErrNilExecutor = errors.New("outbox: nil transaction or executor")
+	// ErrInvalidConfig: a configuration field has an unknown or out-of-range
+	// value (unknown semantics or tracking mode, negative durations, ...).
+	ErrInvalidConfig = errors.New("outbox: invalid configuration")
+	// ErrInvalidSchema: a schema name pgoutbox refuses to use.
+	ErrInvalidSchema = ident.ErrInvalidSchema
+	// ErrWrongSemantics: a QUEUE consumer was started on a PUB_SUB topic
+	// (use the consumergroup package) or the other way round.
+	ErrWrongSemantics = errors.New("outbox: topic has other semantics")
+	// ErrAlreadyStarted: Start was called on a running consumer.
+	ErrAlreadyStarted = errors.New("outbox: already started")
+	// ErrNotFound: no such message (e.g. replaying a dead letter that is not one).
+	ErrNotFound = errors.New("outbox: not found")
+)

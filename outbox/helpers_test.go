@@ -1,0 +1,90 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+type testBundle struct {
+	db       *pgtest.DB
+	client   *outbox.Client
+	producer *outbox.Producer
+}
+
+func setup(t *testing.T, cfg outbox.Config) *testBundle {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	cfg.Schema = db.Schema
+	client, err := outbox.NewClient(db.Pool, cfg)
+	require.NoError(t, err)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	return &testBundle{db: db, client: client, producer: producer}
+}
+
+type seqPayload struct {
+	Seq int `json:"seq"`
+}
+
+func seqMessage(topic string, seq int) outbox.Message {
+	b, _ := json.Marshal(seqPayload{Seq: seq})
+	return outbox.Message{Topic: topic, Payload: b}
+}
+
+// sendN writes n messages, one transaction per chunk of 1000.
+func (b *testBundle) sendN(t *testing.T, topic string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for start := 0; start < n; start += 1000 {
+		end := min(n, start+1000)
+		msgs := make([]outbox.Message, 0, end-start)
+		for i := start; i < end; i++ {
+			msgs = append(msgs, seqMessage(topic, i))
+		}
+		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			_, err := b.producer.SendBatch(ctx, tx, msgs)
+			return err
+		}))
+	}
+}
+
+func (b *testBundle) count(t *testing.T, where string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+b.db.Table("outbox")+" WHERE "+where, args...).Scan(&n))
+	return n
+}
+
+func startConsumer(t *testing.T, c *outbox.Client, cfg outbox.ConsumerConfig) *outbox.Consumer {
+	t.Helper()
+	k, err := c.NewConsumer(cfg)
+	require.NoError(t, err)
+	require.NoError(t, k.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = k.Stop(ctx)
+	})
+	return k
+}
+
+// eventually waits for cond, polling every 10ms, failing after timeout.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,147 @@
+package outbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Limits on a message's fields.
+const (
+	// MaxHeaderBytes caps a message's headers, encoded as a JSON object.
+	MaxHeaderBytes = 16 << 10
+	// MaxKeyBytes caps the correlation id, message group and idempotency key.
+	MaxKeyBytes = 255
+)
+
+// Message is what a producer writes.
+type Message struct {
+	// Topic the message goes to (see ValidateTopic). Required.
+	Topic string
+	// Payload is the message body: valid JSON. Required.
+	Payload json.RawMessage
+	// Headers travel with the message; at most MaxHeaderBytes as JSON.
+	Headers map[string]string
+	// CorrelationID ties messages of one flow together. A random UUID when empty.
+	CorrelationID string
+	// Group is the message group: the router and the ordered mode keep
+	// messages of one group in order. QUEUE consumers do not.
+	Group string
+	// Priority: higher is claimed first (int16 range). Defaults to 0.
+	Priority int
+	// Delay makes the message available this long after the transaction's
+	// start (database time). Must not be negative; exclusive with NotBefore.
+	Delay time.Duration
+	// NotBefore makes the message available no earlier than this time.
+	NotBefore time.Time
+	// IdempotencyKey, when set, makes a second Send of the same key to the
+	// same topic a no-op that returns the first message's id, for as long as
+	// that message exists (acked QUEUE messages are deleted).
+	IdempotencyKey string
+}
+
+// NewMessage returns a message for topic whose payload is v encoded as JSON.
+func NewMessage[T any](topic string, v T) (Message, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return Message{}, fmt.Errorf("%w: %v", ErrInvalidPayload, err)
+	}
+	return Message{Topic: topic, Payload: b}, nil
+}
+
+// validate checks m and returns its headers encoded as JSON.
+func (m *Message) validate() (headers []byte, err error) {
+	if err := ValidateTopic(m.Topic); err != nil {
+		return nil, err
+	}
+	if len(m.Payload) == 0 {
+		return nil, fmt.Errorf("%w: topic %q: empty payload", ErrInvalidPayload, m.Topic)
+	}
+	if !json.Valid(m.Payload) {
+		return nil, fmt.Errorf("%w: topic %q: payload is not valid JSON", ErrInvalidPayload, m.Topic)
+	}
+	if m.Priority < math.MinInt16 || m.Priority > math.MaxInt16 {
+		return nil, fmt.Errorf("%w: priority %d outside [%d, %d]", ErrInvalidMessage, m.Priority, math.MinInt16, math.MaxInt16)
+	}
+	if m.Delay < 0 {
+		return nil, fmt.Errorf("%w: negative delay %v", ErrInvalidMessage, m.Delay)
+	}
+	if m.Delay > 0 && !m.NotBefore.IsZero() {
+		return nil, fmt.Errorf("%w: set Delay or NotBefore, not both", ErrInvalidMessage)
+	}
+	for name, v := range map[string]string{"correlation id": m.CorrelationID, "group": m.Group, "idempotency key": m.IdempotencyKey} {
+		if len(v) > MaxKeyBytes {
+			return nil, fmt.Errorf("%w: %s is %d bytes, at most %d allowed", ErrInvalidMessage, name, len(v), MaxKeyBytes)
+		}
+	}
+	if len(m.Headers) == 0 {
+		return []byte("{}"), nil
+	}
+	for k := range m.Headers {
+		if k == "" {
+			return nil, fmt.Errorf("%w: empty header name", ErrInvalidMessage)
+		}
+	}
+	headers, err = json.Marshal(m.Headers)
+	if err != nil {
+		return nil, fmt.Errorf("%w: headers: %v", ErrInvalidMessage, err)
+	}
+	if len(headers) > MaxHeaderBytes {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", ErrHeadersTooLarge, len(headers), MaxHeaderBytes)
+	}
+	return headers, nil
+}
+
+// newCorrelationID returns a random (version 4) UUID.
+func newCorrelationID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], b[10:])
+	return string(s[:])
+}
+
+// Delivery is a claimed message handed to a handler.
+type Delivery struct {
+	// ID is the message id.
+	ID int64
+	// Topic, Payload, Headers, CorrelationID, Group and Priority are as sent.
+	Topic         string
+	Payload       json.RawMessage
+	Headers       map[string]string
+	CorrelationID string
+	Group         string
+	Priority      int
+	// Attempt counts deliveries of this message, starting at 1.
+	Attempt int
+	// MaxAttempts is the topic's limit: after a failed last attempt the
+	// message is dead-lettered.
+	MaxAttempts int
+	// CreatedAt is when the message was written (database time).
+	CreatedAt time.Time
+	// LeaseUntil is when the claim expires and the message may be
+	// redelivered; the handler's context ends shortly before.
+	LeaseUntil time.Time
+}
+
+// Decode unmarshals a delivery's JSON payload into a T.
+func Decode[T any](d *Delivery) (T, error) {
+	var v T
+	if err := json.Unmarshal(d.Payload, &v); err != nil {
+		return v, fmt.Errorf("%w: message %d: %v", ErrInvalidPayload, d.ID, err)
+	}
+	return v, nil
+}

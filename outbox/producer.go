@@ -1,0 +1,285 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+)
+
+// Executor is what Send needs from the caller: pgx.Tx, *pgxpool.Pool and
+// *pgx.Conn all satisfy it. Pass the transaction the message belongs to;
+// with a pool or a bare connection each Send commits on its own.
+type Executor interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// DefaultNotifyInterval is how often, at most, a producer wakes the
+// consumers of one topic.
+const DefaultNotifyInterval = time.Millisecond
+
+// ProducerConfig configures a Producer.
+type ProducerConfig struct {
+	// Schema holds pgoutbox's tables. Defaults to "public".
+	Schema string
+	// NotifyInterval is the least time between two wake-up notifications for
+	// the same topic from this producer. NOTIFY serialises committing
+	// transactions on a database-wide lock, so notifying on every send halves
+	// throughput under concurrency; a message whose send skipped it is still
+	// picked up by a busy consumer at once, or by an idle one within its poll
+	// interval. Zero means DefaultNotifyInterval; negative disables
+	// notifications (consumers then rely on polling).
+	NotifyInterval time.Duration
+	// Logger defaults to a logger that discards everything.
+	Logger *slog.Logger
+	// MeterProvider defaults to the no-op provider.
+	MeterProvider metric.MeterProvider
+}
+
+// Producer writes messages inside the caller's transaction. It holds no
+// connection and is safe for concurrent use.
+type Producer struct {
+	sql            *sqlq.Outbox
+	channel        string
+	notifyInterval time.Duration
+	lastNotify     sync.Map // topic -> *notifyState
+	metrics        *metrics
+}
+
+type notifyState struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+// NewProducer returns a producer for the tables in cfg.Schema.
+func NewProducer(cfg ProducerConfig) (*Producer, error) {
+	schema, err := ident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	interval := cfg.NotifyInterval
+	if interval == 0 {
+		interval = DefaultNotifyInterval
+	}
+	return &Producer{
+		sql:            sqlq.For(schema),
+		channel:        NotifyChannel(schema),
+		notifyInterval: interval,
+		metrics:        newMetrics(cfg.MeterProvider),
+	}, nil
+}
+
+// Send writes msg with tx and returns its id. The message exists only if tx
+// commits. With an IdempotencyKey that is already present on the topic it
+// writes nothing and returns the existing message's id.
+func (p *Producer) Send(ctx context.Context, tx Executor, msg Message) (int64, error) {
+	ids, err := p.SendBatch(ctx, tx, []Message{msg})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// SendBatch writes msgs with tx in one statement and returns their ids in
+// the same order. Either every message is valid and written, or none is.
+func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) ([]int64, error) {
+	if isNil(tx) {
+		return nil, ErrNilExecutor
+	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	n := len(msgs)
+	var (
+		topics, corrIDs, groups, keys = make([]string, n), make([]string, n), make([]*string, n), make([]*string, n)
+		payloads, headers             = make([][]byte, n), make([][]byte, n)
+		priorities                    = make([]int16, n)
+		notBefore                     = make([]*time.Time, n)
+		delays                        = make([]int64, n)
+		keyed                         bool
+	)
+	for i := range msgs {
+		m := &msgs[i]
+		h, err := m.validate()
+		if err != nil {
+			if n > 1 {
+				return nil, fmt.Errorf("message %d: %w", i, err)
+			}
+			return nil, err
+		}
+		topics[i], payloads[i], headers[i] = m.Topic, m.Payload, h
+		corrIDs[i] = m.CorrelationID
+		if corrIDs[i] == "" {
+			corrIDs[i] = newCorrelationID()
+		}
+		if m.Group != "" {
+			groups[i] = &m.Group
+		}
+		if m.IdempotencyKey != "" {
+			keys[i] = &m.IdempotencyKey
+			keyed = true
+		}
+		priorities[i] = int16(m.Priority)
+		if !m.NotBefore.IsZero() {
+			notBefore[i] = &m.NotBefore
+		}
+		delays[i] = m.Delay.Microseconds()
+	}
+
+	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays}
+	query := p.sql.Insert
+	if wake := p.topicsToNotify(topics); len(wake) > 0 {
+		query = p.sql.InsertNotify
+		args = append(args, p.channel, wake)
+	}
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: send: %w", err)
+	}
+	type inserted struct {
+		id  int64
+		key *string
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (inserted, error) {
+		var v inserted
+		return v, r.Scan(&v.id, &v.key)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: send: %w", err)
+	}
+	if !keyed && len(got) != n {
+		return nil, fmt.Errorf("outbox: send: wrote %d of %d messages", len(got), n)
+	}
+	// Inserted rows come back in input order; rows skipped for an existing
+	// idempotency key are missing and looked up below.
+	ids := make([]int64, n)
+	next := 0
+	var missing []int
+	for i := range msgs {
+		if next < len(got) && equalKey(got[next].key, keys[i]) {
+			ids[i] = got[next].id
+			next++
+			continue
+		}
+		missing = append(missing, i)
+	}
+	if len(missing) > 0 {
+		if err := p.resolveIdempotent(ctx, tx, msgs, missing, ids); err != nil {
+			return nil, err
+		}
+	}
+	p.metrics.sent.Add(ctx, int64(n))
+	return ids, nil
+}
+
+func equalKey(a, b *string) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return *a == *b
+}
+
+// resolveIdempotent fills ids[i] for messages skipped because their
+// idempotency key already existed (earlier, or earlier in the same batch).
+func (p *Producer) resolveIdempotent(ctx context.Context, tx Executor, msgs []Message, missing []int, ids []int64) error {
+	byTopic := map[string][]string{}
+	for _, i := range missing {
+		if msgs[i].IdempotencyKey == "" {
+			return fmt.Errorf("outbox: send: message %d was not written", i)
+		}
+		byTopic[msgs[i].Topic] = append(byTopic[msgs[i].Topic], msgs[i].IdempotencyKey)
+	}
+	found := map[[2]string]int64{}
+	for topic, keys := range byTopic {
+		rows, err := tx.Query(ctx, p.sql.SelectIdempotent, topic, keys)
+		if err != nil {
+			return fmt.Errorf("outbox: send: idempotency lookup: %w", err)
+		}
+		var key string
+		var id int64
+		_, err = pgx.ForEachRow(rows, []any{&key, &id}, func() error {
+			found[[2]string{topic, key}] = id
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("outbox: send: idempotency lookup: %w", err)
+		}
+	}
+	for _, i := range missing {
+		id, ok := found[[2]string{msgs[i].Topic, msgs[i].IdempotencyKey}]
+		if !ok {
+			return fmt.Errorf("outbox: send: idempotency key %q of topic %q: conflicting message vanished; retry the transaction",
+				msgs[i].IdempotencyKey, msgs[i].Topic)
+		}
+		ids[i] = id
+	}
+	return nil
+}
+
+// topicsToNotify returns the topics of this send whose last notification is
+// older than the notify interval, and marks them notified.
+func (p *Producer) topicsToNotify(topics []string) []string {
+	if p.notifyInterval < 0 {
+		return nil
+	}
+	now := time.Now()
+	var out []string
+	for i, t := range topics {
+		if i > 0 && contains(topics[:i], t) {
+			continue
+		}
+		v, ok := p.lastNotify.Load(t)
+		if !ok {
+			v, _ = p.lastNotify.LoadOrStore(t, &notifyState{})
+		}
+		st := v.(*notifyState)
+		st.mu.Lock()
+		if now.Sub(st.last) >= p.notifyInterval {
+			st.last = now
+			out = append(out, t)
+		}
+		st.mu.Unlock()
+	}
+	return out
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// isNil reports whether e is nil or a typed nil pointer (a nil *pgxpool.Pool
+// stored in the interface).
+func isNil(e Executor) bool {
+	if e == nil {
+		return true
+	}
+	v := reflect.ValueOf(e)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// NotifyChannel is the LISTEN/NOTIFY channel of the tables in schema; the
+// notification payload is the topic name. Channel names are limited to 63
+// bytes, so a long schema name is cut (two schemas sharing a 54-byte prefix
+// then only wake each other's consumers needlessly).
+func NotifyChannel(schema string) string {
+	const prefix, max = "pgoutbox.", 63
+	if len(prefix)+len(schema) > max {
+		schema = schema[:max-len(prefix)]
+	}
+	return prefix + schema
+}

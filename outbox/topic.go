@@ -1,0 +1,162 @@
+package outbox
+
+import (
+	"fmt"
+	"time"
+)
+
+// Semantics says how a topic's messages reach consumers.
+type Semantics string
+
+const (
+	// Queue distributes messages: each is handled by one consumer.
+	Queue Semantics = "QUEUE"
+	// PubSub replicates messages: each is handled by every consumer group
+	// subscribed when it was written (package consumergroup).
+	PubSub Semantics = "PUB_SUB"
+)
+
+// TrackingMode says how a PUB_SUB topic records that every required consumer
+// group is done with a message (package pubsub implements them).
+type TrackingMode string
+
+const (
+	// Bitmap ORs one bit per group into the message row: one UPDATE per
+	// completion, at most 64 groups per topic.
+	Bitmap TrackingMode = "BITMAP"
+	// Counter keeps a dedupe row per (message, group) and a completion
+	// counter: unlimited groups, more writes.
+	Counter TrackingMode = "COUNTER"
+	// Offset keeps only a cursor per group; messages below every active
+	// group's cursor are done. Lowest write amplification.
+	Offset TrackingMode = "OFFSET"
+)
+
+// Topic defaults, used for topics that were never configured and for zero
+// fields of a TopicConfig.
+const (
+	// DefaultMaxAttempts is how often a message is tried before it is dead-lettered.
+	DefaultMaxAttempts = 10
+	// DefaultBackoffInitial is the retry delay after the first failure.
+	DefaultBackoffInitial = time.Second
+	// DefaultBackoffMax caps the retry delay.
+	DefaultBackoffMax = 10 * time.Minute
+	// DefaultLease is how long a claimed message stays invisible to other
+	// consumers before it is redelivered (the visibility timeout).
+	DefaultLease = 30 * time.Second
+	// DefaultPubSubRetention is how long a completed PUB_SUB message is kept
+	// (and the floor for messages of a topic with no subscriptions).
+	DefaultPubSubRetention = 24 * time.Hour
+)
+
+// TopicConfig is a topic's configuration. Zero fields take the defaults above.
+type TopicConfig struct {
+	// Name of the topic (see ValidateTopic).
+	Name string
+	// Semantics: Queue or PubSub. Defaults to Queue.
+	Semantics Semantics
+	// Tracking is the completion tracking mode of a PubSub topic; it must be
+	// empty for a Queue topic. Defaults to Offset for PubSub topics.
+	Tracking TrackingMode
+	// Retention is how long completed PUB_SUB messages are kept. QUEUE
+	// messages are deleted when acked, so it has no effect there.
+	// Defaults to DefaultPubSubRetention for PubSub topics.
+	Retention time.Duration
+	// MaxAttempts is how often a message is delivered before it is
+	// dead-lettered. Defaults to DefaultMaxAttempts.
+	MaxAttempts int
+	// BackoffInitial is the delay before the first retry; each further
+	// retry doubles it (with jitter) up to BackoffMax.
+	// Defaults to DefaultBackoffInitial.
+	BackoffInitial time.Duration
+	// BackoffMax caps the retry delay. Defaults to DefaultBackoffMax.
+	BackoffMax time.Duration
+	// Lease is the visibility timeout of a claimed message.
+	// Defaults to DefaultLease.
+	Lease time.Duration
+	// Configured reports whether the topic has a stored configuration (it
+	// is set by Client.Topic; ConfigureTopic ignores it).
+	Configured bool
+}
+
+// WithDefaults returns c with its zero fields filled in.
+func (c TopicConfig) WithDefaults() TopicConfig {
+	if c.Semantics == "" {
+		c.Semantics = Queue
+	}
+	if c.Semantics == PubSub {
+		if c.Tracking == "" {
+			c.Tracking = Offset
+		}
+		if c.Retention == 0 {
+			c.Retention = DefaultPubSubRetention
+		}
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.BackoffInitial == 0 {
+		c.BackoffInitial = DefaultBackoffInitial
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = DefaultBackoffMax
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	return c
+}
+
+func (c TopicConfig) validate() error {
+	if err := ValidateTopic(c.Name); err != nil {
+		return err
+	}
+	switch c.Semantics {
+	case Queue:
+		if c.Tracking != "" {
+			return fmt.Errorf("%w: topic %q: a QUEUE topic has no tracking mode (got %q)", ErrInvalidConfig, c.Name, c.Tracking)
+		}
+	case PubSub:
+		switch c.Tracking {
+		case Bitmap, Counter, Offset:
+		default:
+			return fmt.Errorf("%w: topic %q: unknown tracking mode %q", ErrInvalidConfig, c.Name, c.Tracking)
+		}
+	default:
+		return fmt.Errorf("%w: topic %q: unknown semantics %q", ErrInvalidConfig, c.Name, c.Semantics)
+	}
+	switch {
+	case c.Retention < 0:
+		return fmt.Errorf("%w: topic %q: negative retention", ErrInvalidConfig, c.Name)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("%w: topic %q: MaxAttempts must be at least 1", ErrInvalidConfig, c.Name)
+	case c.BackoffInitial < 0 || c.BackoffMax < c.BackoffInitial:
+		return fmt.Errorf("%w: topic %q: need 0 <= BackoffInitial <= BackoffMax", ErrInvalidConfig, c.Name)
+	case c.Lease < time.Second:
+		return fmt.Errorf("%w: topic %q: Lease must be at least 1s", ErrInvalidConfig, c.Name)
+	}
+	return nil
+}
+
+// MaxTopicBytes is the longest topic name.
+const MaxTopicBytes = 255
+
+// ValidateTopic reports whether name can be a topic: 1 to 255 bytes of ASCII
+// letters, digits, '.', '_', ':' and '-'. The error wraps ErrInvalidTopic.
+func ValidateTopic(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidTopic)
+	}
+	if len(name) > MaxTopicBytes {
+		return fmt.Errorf("%w: %d bytes, at most %d allowed", ErrInvalidTopic, len(name), MaxTopicBytes)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == ':', c == '-':
+		default:
+			return fmt.Errorf("%w: %q has %q at byte %d (allowed: letters, digits, . _ : -)", ErrInvalidTopic, name, c, i)
+		}
+	}
+	return nil
+}
