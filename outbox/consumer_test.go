@@ -2,12 +2,19 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/clocktest"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -25,4 +32,395 @@ func TestConsumerDrainsQueue(t *testing.T) {
 	})
 	eventually(t, 10*time.Second, "queue drained", func() bool { return b.count(t, "true") == 0 })
 	require.EqualValues(t, 500, handled.Load())
+}
+
+// Four consumers in two pools (as if two processes) drain 20,000 messages
+// with random handler delays; every message is handled exactly once.
+func TestCompetingConsumersNoLossNoDuplicates(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	const n = 20000
+	b.sendN(t, "jobs", n)
+	secondPool := pgtest.NewPool(t, b.db.DSN)
+	secondClient, err := outbox.NewClient(secondPool, outbox.Config{Schema: b.db.Schema})
+	require.NoError(t, err)
+
+	counts := make([]atomic.Int32, n)
+	var total atomic.Int64
+	handler := func(ctx context.Context, d *outbox.Delivery) error {
+		p, err := outbox.Decode[seqPayload](d)
+		if err != nil {
+			return outbox.Permanent(err)
+		}
+		counts[p.Seq].Add(1)
+		total.Add(1)
+		if r := rand.IntN(10); r == 0 {
+			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+		}
+		return nil
+	}
+	for i, c := range []*outbox.Client{b.client, b.client, secondClient, secondClient} {
+		startConsumer(t, c, outbox.ConsumerConfig{Topic: "jobs", Handler: handler, Concurrency: 4, BatchSize: 50,
+			PollInterval: 50 * time.Millisecond, ID: fmt.Sprintf("consumer-%d", i)})
+	}
+	eventually(t, 60*time.Second, "all messages handled and acked", func() bool {
+		return total.Load() >= n && b.count(t, "true") == 0
+	})
+	for seq := range counts {
+		require.EqualValues(t, 1, counts[seq].Load(), "message %d", seq)
+	}
+	require.EqualValues(t, n, total.Load())
+}
+
+// A consumer that dies mid-batch (its pool closed, nothing acked) leaves its
+// messages leased; they are redelivered only after the lease, once each.
+func TestCrashedConsumerMessagesRedeliveredAfterLease(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "work", Lease: 30 * time.Second}))
+	const n = 40
+	b.sendN(t, "work", n)
+
+	// The doomed consumer: its own pool, handlers that never finish.
+	doomedPool := pgtest.NewPool(t, b.db.DSN)
+	doomedClient, err := outbox.NewClient(doomedPool, outbox.Config{Schema: b.db.Schema, Clock: clock})
+	require.NoError(t, err)
+	var doomedGot sync.Map
+	var doomedCount atomic.Int64
+	doomed, err := doomedClient.NewConsumer(outbox.ConsumerConfig{Topic: "work", Concurrency: 5, BatchSize: 10, ID: "doomed",
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			doomedGot.Store(d.ID, true)
+			doomedCount.Add(1)
+			<-ctx.Done()
+			return ctx.Err()
+		}})
+	require.NoError(t, err)
+	require.NoError(t, doomed.Start(ctx))
+	eventually(t, 10*time.Second, "doomed consumer holds 5 messages", func() bool { return doomedCount.Load() == 5 })
+	held := b.count(t, "status = 'PROCESSING' AND lease_owner = 'doomed'")
+	require.Equal(t, 15, held, "5 running + 10 prefetched")
+
+	// Crash: the pool goes away first, so no ack, release or nack is written.
+	doomedPool.Close()
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	_ = doomed.Stop(stopCtx)
+	cancel()
+	require.Equal(t, held, b.count(t, "status = 'PROCESSING' AND lease_owner = 'doomed'"), "crash wrote nothing")
+
+	var mu sync.Mutex
+	seen := map[int64]int{}
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "work", PollInterval: 20 * time.Millisecond, ID: "survivor",
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			mu.Lock()
+			seen[d.ID]++
+			mu.Unlock()
+			return nil
+		}})
+	eventually(t, 10*time.Second, "the unclaimed messages handled", func() bool { return b.count(t, "true") == held })
+	time.Sleep(200 * time.Millisecond) // ten reaper periods: the leases must hold
+	require.Equal(t, held, b.count(t, "status = 'PROCESSING'"), "not redelivered before the lease expires")
+
+	clock.Advance(31 * time.Second)
+	eventually(t, 10*time.Second, "redelivered after the lease", func() bool { return b.count(t, "true") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seen, n)
+	for id, c := range seen {
+		require.Equal(t, 1, c, "message %d handled once by the survivor", id)
+	}
+	redelivered := 0
+	doomedGot.Range(func(k, _ any) bool { redelivered++; return true })
+	require.Equal(t, 5, redelivered)
+}
+
+// A failing handler: attempts counted, backoff respected on the injected
+// clock, dead-lettered after MaxAttempts, then replayed and handled.
+func TestRetryBackoffDeadLetterReplay(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "mail", MaxAttempts: 3,
+		BackoffInitial: 10 * time.Second, BackoffMax: time.Minute}))
+	id, err := b.producer.Send(ctx, b.db.Pool, seqMessage("mail", 1))
+	require.NoError(t, err)
+
+	var fail atomic.Bool
+	fail.Store(true)
+	attempts := make(chan int, 10)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "mail", PollInterval: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			attempts <- d.Attempt
+			if fail.Load() {
+				return errors.New("smtp down")
+			}
+			return nil
+		}})
+
+	availableIn := func() time.Duration {
+		var at time.Time
+		var status string
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at, status FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&at, &status))
+		require.Equal(t, "PENDING", status)
+		return at.Sub(clock.Now())
+	}
+	expectAttempt := func(want int) {
+		t.Helper()
+		select {
+		case got := <-attempts:
+			require.Equal(t, want, got)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("attempt %d not delivered", want)
+		}
+	}
+	expectNone := func() {
+		t.Helper()
+		select {
+		case got := <-attempts:
+			t.Fatalf("attempt %d delivered before its backoff ended", got)
+		case <-time.After(150 * time.Millisecond):
+		}
+	}
+
+	expectAttempt(1)
+	eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "status = 'PENDING' AND attempts = 1") == 1 })
+	d := availableIn()
+	require.True(t, d >= 5*time.Second && d <= 10*time.Second, "first backoff %v in [5s, 10s]", d)
+	expectNone()
+	clock.Advance(d - time.Second)
+	expectNone()
+	clock.Advance(time.Second)
+	expectAttempt(2)
+	eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "status = 'PENDING' AND attempts = 2") == 1 })
+	d = availableIn()
+	require.True(t, d >= 10*time.Second && d <= 20*time.Second, "second backoff %v in [10s, 20s]", d)
+	clock.Advance(d)
+	expectAttempt(3)
+	eventually(t, 5*time.Second, "dead-lettered", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
+	clock.Advance(time.Hour)
+	expectNone()
+
+	dead, err := b.client.DeadLetters(ctx, "mail", 0, 0)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, id, dead[0].ID)
+	require.Equal(t, 3, dead[0].Attempt)
+	require.Contains(t, dead[0].LastError, "smtp down")
+
+	_, err = b.client.ReplayDeadLetters(ctx, "mail", id, 999999)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	fail.Store(false)
+	expectAttempt(1)
+	eventually(t, 5*time.Second, "acked after replay", func() bool { return b.count(t, "true") == 0 })
+}
+
+func TestHandlerChosenDelayAndPermanentError(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	retryID, err := b.producer.Send(ctx, b.db.Pool, seqMessage("t", 1))
+	require.NoError(t, err)
+	permID, err := b.producer.Send(ctx, b.db.Pool, seqMessage("t", 2))
+	require.NoError(t, err)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "t", PollInterval: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			if d.ID == permID {
+				return outbox.Permanent(errors.New("malformed order"))
+			}
+			return outbox.RetryAfter(42*time.Minute, errors.New("rate limited"))
+		}})
+	eventually(t, 5*time.Second, "both settled", func() bool {
+		return b.count(t, "status = 'DEAD_LETTER' AND id = $1 AND attempts = 1", permID) == 1 &&
+			b.count(t, "status = 'PENDING' AND id = $1 AND attempts = 1", retryID) == 1
+	})
+	var at time.Time
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at FROM `+b.db.Table("outbox")+` WHERE id = $1`, retryID).Scan(&at))
+	require.WithinDuration(t, clock.Now().Add(42*time.Minute), at, time.Second)
+}
+
+func TestDelayedMessages(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	delayed := seqMessage("t", 1)
+	delayed.Delay = time.Hour
+	later := seqMessage("t", 2)
+	later.NotBefore = clock.Now().Add(2 * time.Hour)
+	_, err := b.producer.SendBatch(ctx, b.db.Pool, []outbox.Message{delayed, later, seqMessage("t", 3)})
+	require.NoError(t, err)
+	got := make(chan int, 3)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "t", PollInterval: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			p, _ := outbox.Decode[seqPayload](d)
+			got <- p.Seq
+			return nil
+		}})
+	expect := func(want int) {
+		t.Helper()
+		select {
+		case seq := <-got:
+			require.Equal(t, want, seq)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("message %d not delivered", want)
+		}
+		select {
+		case seq := <-got:
+			t.Fatalf("message %d delivered too early", seq)
+		case <-time.After(150 * time.Millisecond):
+		}
+	}
+	expect(3)
+	clock.Advance(time.Hour + time.Second)
+	expect(1)
+	clock.Advance(time.Hour)
+	expect(2)
+}
+
+func TestPrioritiesClaimedFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	var msgs []outbox.Message
+	for i := range 20 {
+		m := seqMessage("t", i)
+		if i >= 10 {
+			m.Priority = 10 // written last, handled first
+		}
+		msgs = append(msgs, m)
+	}
+	_, err := b.producer.SendBatch(ctx, b.db.Pool, msgs)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var order []int
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "t", Concurrency: 1, BatchSize: 4,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			mu.Lock()
+			order = append(order, d.Priority)
+			mu.Unlock()
+			return nil
+		}})
+	eventually(t, 5*time.Second, "all handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 20 })
+	for i, p := range order {
+		want := 0
+		if i < 10 {
+			want = 10
+		}
+		require.Equal(t, want, p, "delivery %d", i)
+	}
+}
+
+// LISTEN/NOTIFY wakes an idle consumer long before its poll interval.
+func TestNotifyWakesIdleConsumer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	got := make(chan time.Time, 4)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "t", PollInterval: time.Hour,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error { got <- time.Now(); return nil }})
+	time.Sleep(200 * time.Millisecond) // let the consumer go idle
+	for range 3 {
+		sent := time.Now()
+		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			_, err := b.producer.Send(ctx, tx, seqMessage("t", 1))
+			return err
+		}))
+		select {
+		case at := <-got:
+			require.Less(t, at.Sub(sent), 2*time.Second)
+		case <-time.After(10 * time.Second):
+			t.Fatal("notification did not wake the consumer (poll interval is an hour)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop releases claimed messages no handler started, so another consumer
+// gets them at once, and waits for running handlers.
+func TestStopReleasesUnstartedClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	b.sendN(t, "t", 30)
+	release := make(chan struct{})
+	var started, finished atomic.Int64
+	k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "t", Concurrency: 2, BatchSize: 10,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			started.Add(1)
+			<-release
+			finished.Add(1)
+			return nil
+		}})
+	require.NoError(t, err)
+	require.NoError(t, k.Start(ctx))
+	eventually(t, 5*time.Second, "two handlers running", func() bool { return started.Load() == 2 })
+	require.Equal(t, 10, b.count(t, "status = 'PROCESSING'"), "one batch; 2 running, 8 waiting")
+
+	stopped := make(chan error)
+	go func() { stopped <- k.Stop(ctx) }()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while handlers were running")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-stopped)
+	require.EqualValues(t, 2, finished.Load())
+	require.Equal(t, 28, b.count(t, "status = 'PENDING' AND attempts = 0 AND available_at <= now()"), "released with their attempt given back")
+	require.ErrorIs(t, k.Start(ctx), outbox.ErrAlreadyStarted)
+}
+
+// A Stop whose deadline passes cancels running handlers and releases their
+// messages for immediate redelivery.
+func TestStopDeadlineCancelsHandlers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	id, err := b.producer.Send(ctx, b.db.Pool, seqMessage("t", 1))
+	require.NoError(t, err)
+	running := make(chan struct{})
+	k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "t",
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			close(running)
+			<-ctx.Done()
+			return ctx.Err()
+		}})
+	require.NoError(t, err)
+	require.NoError(t, k.Start(ctx))
+	<-running
+	stopCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, k.Stop(stopCtx), context.DeadlineExceeded)
+	require.Equal(t, 1, b.count(t, "id = $1 AND status = 'PENDING' AND attempts = 1 AND lease_owner IS NULL", id))
+}
+
+// The handler's context ends before the lease does.
+func TestHandlerContextEndsBeforeLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "t", Lease: time.Second}))
+	_, err := b.producer.Send(ctx, b.db.Pool, seqMessage("t", 1))
+	require.NoError(t, err)
+	type obs struct {
+		deadline, leaseUntil time.Time
+		err                  error
+	}
+	got := make(chan obs, 1)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "t",
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			dl, _ := ctx.Deadline()
+			<-ctx.Done()
+			select {
+			case got <- obs{dl, d.LeaseUntil, ctx.Err()}:
+			default:
+			}
+			return ctx.Err()
+		}})
+	o := <-got
+	require.ErrorIs(t, o.err, context.DeadlineExceeded)
+	require.True(t, o.deadline.Before(o.leaseUntil), "deadline %v before lease end %v", o.deadline, o.leaseUntil)
 }

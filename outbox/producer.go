@@ -44,6 +44,9 @@ type ProducerConfig struct {
 	Logger *slog.Logger
 	// MeterProvider defaults to the no-op provider.
 	MeterProvider metric.MeterProvider
+	// Clock replaces database time as the base of Message.Delay.
+	// Defaults to nil: the database's now().
+	Clock Clock
 }
 
 // Producer writes messages inside the caller's transaction. It holds no
@@ -54,6 +57,7 @@ type Producer struct {
 	notifyInterval time.Duration
 	lastNotify     sync.Map // topic -> *notifyState
 	metrics        *metrics
+	clock          Clock
 }
 
 type notifyState struct {
@@ -76,6 +80,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		channel:        NotifyChannel(schema),
 		notifyInterval: interval,
 		metrics:        newMetrics(cfg.MeterProvider),
+		clock:          cfg.Clock,
 	}, nil
 }
 
@@ -136,7 +141,12 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 		delays[i] = m.Delay.Microseconds()
 	}
 
-	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays}
+	var now *time.Time
+	if p.clock != nil {
+		t := p.clock.Now()
+		now = &t
+	}
+	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays, now}
 	query := p.sql.Insert
 	if wake := p.topicsToNotify(topics); len(wake) > 0 {
 		query = p.sql.InsertNotify
@@ -147,12 +157,13 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 		return nil, fmt.Errorf("outbox: send: %w", err)
 	}
 	type inserted struct {
-		id  int64
-		key *string
+		id    int64
+		topic string
+		key   *string
 	}
 	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (inserted, error) {
 		var v inserted
-		return v, r.Scan(&v.id, &v.key)
+		return v, r.Scan(&v.id, &v.topic, &v.key)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: send: %w", err)
@@ -166,7 +177,7 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 	next := 0
 	var missing []int
 	for i := range msgs {
-		if next < len(got) && equalKey(got[next].key, keys[i]) {
+		if next < len(got) && got[next].topic == topics[i] && equalKey(got[next].key, keys[i]) {
 			ids[i] = got[next].id
 			next++
 			continue

@@ -48,27 +48,27 @@ const insertRows = `
 INSERT INTO {{schema}}.outbox
     (topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at)
 SELECT m.topic, m.payload, m.headers, m.correlation_id, m.message_group, m.priority, m.idempotency_key,
-       coalesce(m.not_before, now() + m.delay_us * interval '1 microsecond')
+       coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
 FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
             $7::text[], $8::timestamptz[], $9::bigint[])
      WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
                           idempotency_key, not_before, delay_us, ord)
 ORDER BY m.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, idempotency_key`
+RETURNING id, topic, idempotency_key`
 
 const insert = insertRows
 
-// insertNotify also wakes listening consumers of the topics in $11, on
-// channel $10, when the producer's transaction commits (NOTIFY is
+// insertNotify also wakes listening consumers of the topics in $12, on
+// channel $11, when the producer's transaction commits (NOTIFY is
 // transactional: a rollback notifies nobody).
 const insertNotify = `
 WITH inserted AS (` + insertRows + `
 ), notified AS (
-    SELECT pg_notify($10, t) FROM unnest($11::text[]) AS t
+    SELECT pg_notify($11, t) FROM unnest($12::text[]) AS t
 )
-SELECT inserted.id, inserted.idempotency_key
-FROM inserted LEFT JOIN (SELECT count(*) FROM notified) AS n ON true`
+SELECT inserted.id, inserted.topic, inserted.idempotency_key
+FROM inserted, (SELECT count(*) FROM notified) AS n -- the join makes notified run`
 
 // selectIdempotent finds the messages an idempotent send collided with.
 const selectIdempotent = `

@@ -1,0 +1,278 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+func TestSendWritesRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	var id int64
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		id, err = b.producer.Send(ctx, tx, outbox.Message{
+			Topic: "orders", Payload: json.RawMessage(`{"a":1}`), Headers: map[string]string{"k": "v"},
+			Group: "customer-7", Priority: 5,
+		})
+		return err
+	}))
+	var (
+		topic, corr, group, status string
+		headers                    map[string]string
+		prio                       int
+		xidMatches                 bool
+	)
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT topic, correlation_id, message_group, status, headers, priority,
+		xid::text::bigint > 0 FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).
+		Scan(&topic, &corr, &group, &status, &headers, &prio, &xidMatches))
+	require.Equal(t, "orders", topic)
+	require.Len(t, corr, 36, "a correlation id is generated")
+	require.Equal(t, "customer-7", group)
+	require.Equal(t, "PENDING", status)
+	require.Equal(t, map[string]string{"k": "v"}, headers)
+	require.Equal(t, 5, prio)
+	require.True(t, xidMatches)
+}
+
+func TestSendRecordsWritingTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	id, err := b.producer.Send(ctx, tx, seqMessage("t", 1))
+	require.NoError(t, err)
+	var same bool
+	require.NoError(t, tx.QueryRow(ctx, `SELECT xid = pg_current_xact_id() FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&same))
+	require.True(t, same)
+}
+
+func TestSendBatchReturnsIDsInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	msgs := []outbox.Message{seqMessage("a", 0), seqMessage("b", 1), seqMessage("a", 2)}
+	msgs[1].IdempotencyKey = "k1"
+	ids, err := b.producer.SendBatch(ctx, b.db.Pool, msgs)
+	require.NoError(t, err)
+	require.Len(t, ids, 3)
+	for i, id := range ids {
+		var got seqPayload
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT payload FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&got))
+		require.Equal(t, i, got.Seq)
+	}
+}
+
+func TestRollbackNeverDeliveredNorNotified(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+
+	listen, err := pgx.Connect(ctx, b.db.DSN)
+	require.NoError(t, err)
+	defer listen.Close(ctx)
+	_, err = listen.Exec(ctx, "LISTEN "+ident.Quote(outbox.NotifyChannel(b.db.Schema)))
+	require.NoError(t, err)
+
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = b.producer.Send(ctx, tx, seqMessage("orders", 1))
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+
+	waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = listen.WaitForNotification(waitCtx)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a rolled-back send must notify nobody")
+	require.Zero(t, b.count(t, "true"))
+
+	// A consumer finds nothing either; then a committed send reaches it.
+	handled := make(chan int64, 10)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "orders", PollInterval: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error { handled <- d.ID; return nil }})
+	// Control: the same listener does see a committed send (the test can fail).
+	var id int64
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		id, err = b.producer.Send(ctx, tx, seqMessage("orders", 2))
+		return err
+	}))
+	waitCtx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	n, err := listen.WaitForNotification(waitCtx)
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, "orders", n.Payload)
+	select {
+	case got := <-handled:
+		require.Equal(t, id, got, "only the committed message is delivered")
+	case <-time.After(10 * time.Second):
+		t.Fatal("committed message not delivered")
+	}
+	select {
+	case got := <-handled:
+		t.Fatalf("unexpected delivery %d", got)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	msg := seqMessage("payments", 1)
+	msg.IdempotencyKey = "charge-42"
+	first, err := b.producer.Send(ctx, b.db.Pool, msg)
+	require.NoError(t, err)
+	second, err := b.producer.Send(ctx, b.db.Pool, msg)
+	require.NoError(t, err)
+	require.Equal(t, first, second)
+
+	// Same key inside one batch, and on another topic.
+	other := msg
+	other.Topic = "refunds"
+	ids, err := b.producer.SendBatch(ctx, b.db.Pool, []outbox.Message{msg, other, other})
+	require.NoError(t, err)
+	require.Equal(t, first, ids[0])
+	require.NotEqual(t, first, ids[1])
+	require.Equal(t, ids[1], ids[2])
+	require.Equal(t, 2, b.count(t, "true"))
+
+	// Concurrent sends of one key in two transactions: one row, one id.
+	tx1, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx)
+	msg.IdempotencyKey = "charge-43"
+	id1, err := b.producer.Send(ctx, tx1, msg)
+	require.NoError(t, err)
+	done := make(chan int64)
+	go func() {
+		id2, err := b.producer.Send(ctx, b.db.Pool, msg) // blocks until tx1 ends
+		if err != nil {
+			id2 = -1
+		}
+		done <- id2
+	}()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, tx1.Commit(ctx))
+	require.Equal(t, id1, <-done)
+	require.Equal(t, 1, b.count(t, "idempotency_key = 'charge-43'"))
+}
+
+func TestSendBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	good := seqMessage("orders", 1)
+	with := func(f func(m *outbox.Message)) outbox.Message {
+		m := good
+		f(&m)
+		return m
+	}
+	bigHeaders := map[string]string{"h": strings.Repeat("x", outbox.MaxHeaderBytes)}
+	cases := []struct {
+		name string
+		msg  outbox.Message
+		want error
+	}{
+		{"empty topic", with(func(m *outbox.Message) { m.Topic = "" }), outbox.ErrInvalidTopic},
+		{"long topic", with(func(m *outbox.Message) { m.Topic = strings.Repeat("t", 256) }), outbox.ErrInvalidTopic},
+		{"topic with space", with(func(m *outbox.Message) { m.Topic = "a b" }), outbox.ErrInvalidTopic},
+		{"topic with quote", with(func(m *outbox.Message) { m.Topic = `a"; DROP TABLE x; --` }), outbox.ErrInvalidTopic},
+		{"invalid JSON", with(func(m *outbox.Message) { m.Payload = []byte(`{"a":`) }), outbox.ErrInvalidPayload},
+		{"empty payload", with(func(m *outbox.Message) { m.Payload = nil }), outbox.ErrInvalidPayload},
+		{"oversized headers", with(func(m *outbox.Message) { m.Headers = bigHeaders }), outbox.ErrHeadersTooLarge},
+		{"empty header name", with(func(m *outbox.Message) { m.Headers = map[string]string{"": "v"} }), outbox.ErrInvalidMessage},
+		{"priority out of range", with(func(m *outbox.Message) { m.Priority = 1 << 20 }), outbox.ErrInvalidMessage},
+		{"negative delay", with(func(m *outbox.Message) { m.Delay = -time.Second }), outbox.ErrInvalidMessage},
+		{"delay and not-before", with(func(m *outbox.Message) { m.Delay = time.Second; m.NotBefore = time.Now() }), outbox.ErrInvalidMessage},
+		{"long idempotency key", with(func(m *outbox.Message) { m.IdempotencyKey = strings.Repeat("k", 256) }), outbox.ErrInvalidMessage},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := b.producer.Send(ctx, b.db.Pool, tc.msg)
+			require.ErrorIs(t, err, tc.want)
+			// A bad message in a batch rejects the whole batch.
+			_, err = b.producer.SendBatch(ctx, b.db.Pool, []outbox.Message{good, tc.msg})
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+	var nilTx pgx.Tx
+	_, err := b.producer.Send(ctx, nilTx, good)
+	require.ErrorIs(t, err, outbox.ErrNilExecutor)
+	var nilPool *pgxpool.Pool
+	_, err = b.producer.Send(ctx, nilPool, good)
+	require.ErrorIs(t, err, outbox.ErrNilExecutor)
+	require.Zero(t, b.count(t, "true"), "no row written by any bad send")
+
+	_, err = outbox.NewProducer(outbox.ProducerConfig{Schema: `x"; DROP`})
+	require.ErrorIs(t, err, outbox.ErrInvalidSchema)
+	_, err = outbox.NewMessage("t", func() {})
+	require.ErrorIs(t, err, outbox.ErrInvalidPayload)
+}
+
+func TestConfigureTopicBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	cases := []outbox.TopicConfig{
+		{Name: "t", Semantics: "FANOUT"},
+		{Name: "t", Semantics: outbox.PubSub, Tracking: "MAGIC"},
+		{Name: "t", Semantics: outbox.Queue, Tracking: outbox.Bitmap},
+		{Name: "t", MaxAttempts: -1},
+		{Name: "t", Lease: time.Millisecond},
+		{Name: "t", BackoffInitial: time.Minute, BackoffMax: time.Second},
+		{Name: "t", Retention: -time.Hour},
+	}
+	for _, c := range cases {
+		require.ErrorIs(t, b.client.ConfigureTopic(ctx, c), outbox.ErrInvalidConfig, "%+v", c)
+	}
+	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: ""}), outbox.ErrInvalidTopic)
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_topics")).Scan(&n))
+	require.Zero(t, n)
+
+	_, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "t"})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig, "nil handler")
+	_, err = b.client.NewConsumer(outbox.ConsumerConfig{Topic: "t", Concurrency: -1, Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+}
+
+func TestTopicDefaultsAndConfiguration(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	got, err := b.client.Topic(ctx, "never.configured")
+	require.NoError(t, err)
+	require.False(t, got.Configured)
+	require.Equal(t, outbox.Queue, got.Semantics)
+	require.Equal(t, outbox.DefaultMaxAttempts, got.MaxAttempts)
+	require.Equal(t, outbox.DefaultLease, got.Lease)
+
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, MaxAttempts: 3, Lease: 5 * time.Second}))
+	got, err = b.client.Topic(ctx, "events")
+	require.NoError(t, err)
+	require.Equal(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
+		Retention: outbox.DefaultPubSubRetention, MaxAttempts: 3, BackoffInitial: outbox.DefaultBackoffInitial,
+		BackoffMax: outbox.DefaultBackoffMax, Lease: 5 * time.Second, Configured: true}, got)
+
+	k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "events", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	require.NoError(t, err)
+	require.ErrorIs(t, k.Start(ctx), outbox.ErrWrongSemantics)
+	require.NoError(t, k.Stop(ctx))
+	if errors.Is(nil, outbox.ErrNotFound) {
+		t.Fatal("unreachable")
+	}
+}
