@@ -1,0 +1,105 @@
+package migrations_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func tables(t *testing.T, pool *pgxpool.Pool, schema string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(),
+		`SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1`, schema)
+	require.NoError(t, err)
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+var wantTables = []string{"outbox", "outbox_topics", migrations.VersionTable}
+
+func TestUpConcurrentIdempotentDownUp(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	ctx := context.Background()
+	cfg := migrations.Config{Schema: "svc_outbox"}
+
+	// Four service instances booting at once.
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = migrations.Up(ctx, db.Pool, cfg)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, wantTables, tables(t, db.Pool, "svc_outbox"))
+	v, err := migrations.Version(ctx, db.Pool, cfg)
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), v)
+	require.NotZero(t, v)
+	require.Empty(t, tables(t, db.Pool, "public"), "nothing leaks into public")
+
+	// Up again: nothing to do, nothing lost.
+	_, err = db.Pool.Exec(ctx, `INSERT INTO svc_outbox.outbox (topic, payload, correlation_id) VALUES ('t', '{}', 'c')`)
+	require.NoError(t, err)
+	require.NoError(t, migrations.Up(ctx, db.Pool, cfg))
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM svc_outbox.outbox`).Scan(&n))
+	require.Equal(t, 1, n)
+
+	// Down, then Up from a DSN.
+	require.NoError(t, migrations.Down(ctx, db.Pool, cfg))
+	require.Equal(t, []string{migrations.VersionTable}, tables(t, db.Pool, "svc_outbox"))
+	v, err = migrations.Version(ctx, db.Pool, cfg)
+	require.NoError(t, err)
+	require.Zero(t, v)
+	require.NoError(t, migrations.UpDSN(ctx, db.DSN, cfg))
+	require.Equal(t, wantTables, tables(t, db.Pool, "svc_outbox"))
+	require.NoError(t, migrations.DownDSN(ctx, db.DSN, cfg))
+	require.NoError(t, migrations.UpDSN(ctx, db.DSN, cfg))
+}
+
+func TestTwoSchemasSideBySide(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, db.Pool, migrations.Config{Schema: "a"}))
+	require.NoError(t, migrations.Up(ctx, db.Pool, migrations.Config{}))
+	require.Equal(t, wantTables, tables(t, db.Pool, "a"))
+	require.Equal(t, wantTables, tables(t, db.Pool, "public"))
+	require.NoError(t, migrations.Down(ctx, db.Pool, migrations.Config{Schema: "a"}))
+	require.Equal(t, wantTables, tables(t, db.Pool, "public"), "down in one schema leaves the other alone")
+}
+
+func TestInvalidSchemaAndCancelledContext(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	ctx := context.Background()
+	for _, s := range []string{`x"; DROP SCHEMA public; --`, "Upper", "1abc", "with space", string(make([]byte, 64))} {
+		require.ErrorIs(t, migrations.Up(ctx, db.Pool, migrations.Config{Schema: s}), migrations.ErrInvalidSchema, "%q", s)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	require.Error(t, migrations.Up(cancelled, db.Pool, migrations.Config{Schema: "c"}))
+	require.Empty(t, tables(t, db.Pool, "c"))
+	require.ErrorContains(t, migrations.UpDSN(ctx, "not a dsn ::", migrations.Config{}), "parse DSN")
+}
