@@ -88,11 +88,61 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 // commits. With an IdempotencyKey that is already present on the topic it
 // writes nothing and returns the existing message's id.
 func (p *Producer) Send(ctx context.Context, tx Executor, msg Message) (int64, error) {
+	if msg.IdempotencyKey == "" {
+		return p.sendOne(ctx, tx, &msg)
+	}
 	ids, err := p.SendBatch(ctx, tx, []Message{msg})
 	if err != nil {
 		return 0, err
 	}
 	return ids[0], nil
+}
+
+// sendOne is Send's fast path: a plain single-row INSERT.
+func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64, error) {
+	if isNil(tx) {
+		return 0, ErrNilExecutor
+	}
+	headers, err := m.validate()
+	if err != nil {
+		return 0, err
+	}
+	corrID := m.CorrelationID
+	if corrID == "" {
+		corrID = newCorrelationID()
+	}
+	var group *string
+	if m.Group != "" {
+		group = &m.Group
+	}
+	var notBefore *time.Time
+	if !m.NotBefore.IsZero() {
+		notBefore = &m.NotBefore
+	}
+	args := []any{m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority), notBefore, m.Delay.Microseconds(), p.now()}
+	query := p.sql.InsertOne
+	if len(p.topicsToNotify([]string{m.Topic})) > 0 {
+		query = p.sql.InsertOneNotify
+		args = append(args, p.channel)
+	}
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: send: %w", err)
+	}
+	id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if err != nil {
+		return 0, fmt.Errorf("outbox: send: %w", err)
+	}
+	p.metrics.sent.Add(ctx, 1)
+	return id, nil
+}
+
+func (p *Producer) now() *time.Time {
+	if p.clock == nil {
+		return nil
+	}
+	t := p.clock.Now()
+	return &t
 }
 
 // SendBatch writes msgs with tx in one statement and returns their ids in
@@ -141,12 +191,7 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 		delays[i] = m.Delay.Microseconds()
 	}
 
-	var now *time.Time
-	if p.clock != nil {
-		t := p.clock.Now()
-		now = &t
-	}
-	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays, now}
+	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays, p.now()}
 	query := p.sql.Insert
 	if wake := p.topicsToNotify(topics); len(wake) > 0 {
 		query = p.sql.InsertNotify

@@ -17,6 +17,7 @@ import (
 
 // Outbox is the SQL of the outbox table and topic configuration.
 type Outbox struct {
+	InsertOne, InsertOneNotify             string
 	Insert, InsertNotify, SelectIdempotent string
 	UpsertTopic, SelectTopic               string
 	Claim, Ack, Settle, ReapExpired        string
@@ -27,6 +28,8 @@ type Outbox struct {
 func For(schema string) *Outbox {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	return &Outbox{
+		InsertOne:         r.Replace(insertOne),
+		InsertOneNotify:   r.Replace(insertOneNotify),
 		Insert:            r.Replace(insert),
 		InsertNotify:      r.Replace(insertNotify),
 		SelectIdempotent:  r.Replace(selectIdempotent),
@@ -40,6 +43,21 @@ func For(schema string) *Outbox {
 		ReplayDeadLetters: r.Replace(replayDeadLetters),
 	}
 }
+
+// insertOne is the common case of Send: one message without an idempotency
+// key. $9 not-before, $10 delay in microseconds, $11 now.
+const insertOne = `
+INSERT INTO {{schema}}.outbox
+    (topic, payload, headers, correlation_id, message_group, priority, available_at)
+VALUES ($1, $2, $3, $4, $5, $6,
+        coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'))
+RETURNING id`
+
+// insertOneNotify is insertOne that also notifies channel $10 with the topic.
+const insertOneNotify = `
+WITH inserted AS (` + insertOne + `
+)
+SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
 
 // insertRows turns the producer's parallel arrays into rows, in input order
 // (ids are then ascending in input order, which SendBatch relies on).

@@ -1,0 +1,469 @@
+// Command bench measures pgoutbox on the workloads of ../shared/bench
+// (README "Workloads"), with the peer programs' flags and output: exactly one
+// JSON line on stdout, diagnostics on stderr, exit 1 on failure (including
+// any message never handled).
+//
+//	go run ./internal/bench -workload W2
+//
+// It owns schema bench_pgoutbox of the target database and recreates it on
+// every run.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/migrations"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+const schema = "bench_pgoutbox"
+
+var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000}
+
+type config struct {
+	system, dsn, workload, mode string
+	n, workers, groups, rate    int
+	timeout, notifyInterval     time.Duration
+}
+
+func main() {
+	c := parseFlags()
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	if err := run(ctx, c); err != nil {
+		fail(c, err)
+	}
+}
+
+func parseFlags() *config {
+	c := &config{system: "pgoutbox"}
+	flag.StringVar(&c.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/bench?sslmode=disable", "PostgreSQL connection string")
+	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency")
+	flag.IntVar(&c.n, "n", 0, "messages (0 = workload default)")
+	flag.IntVar(&c.workers, "workers", 8, "producer goroutines (W1) / consumer concurrency (W2, W4)")
+	flag.IntVar(&c.groups, "groups", 4, "consumer groups (W3)")
+	flag.IntVar(&c.rate, "rate", 500, "produce rate in msg/s (W4)")
+	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "abort after this long")
+	flag.StringVar(&c.mode, "mode", "", "PUB_SUB tracking mode for W3: bitmap, counter or offset")
+	flag.DurationVar(&c.notifyInterval, "notify-interval", 0, "producer NotifyInterval (0 = library default, negative = no NOTIFY)")
+	flag.Parse()
+	c.workload = strings.ToUpper(c.workload)
+	if c.mode != "" {
+		c.system = "pgoutbox-" + c.mode
+	}
+	if _, ok := defaultN[c.workload]; !ok {
+		fail(c, fmt.Errorf("unknown workload %q (want W1..W4)", c.workload))
+	}
+	if c.n <= 0 {
+		c.n = defaultN[c.workload]
+	}
+	if c.workers < 1 || c.groups < 1 || c.rate < 1 {
+		fail(c, errors.New("-workers, -groups and -rate must be >= 1"))
+	}
+	return c
+}
+
+func run(ctx context.Context, c *config) error {
+	if c.workload == "W3" {
+		unsupported(c, "PUB_SUB consumer groups are not implemented yet")
+	}
+	pool, err := openPool(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := resetSchema(ctx, pool); err != nil {
+		return err
+	}
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
+	if err != nil {
+		return err
+	}
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema, NotifyInterval: c.notifyInterval})
+	if err != nil {
+		return err
+	}
+	b := &bench{c: c, pool: pool, client: client, producer: producer}
+	switch c.workload {
+	case "W1":
+		return b.w1(ctx)
+	case "W2":
+		return b.w2(ctx)
+	default:
+		return b.w4(ctx)
+	}
+}
+
+type bench struct {
+	c        *config
+	pool     *pgxpool.Pool
+	client   *outbox.Client
+	producer *outbox.Producer
+}
+
+// w1: n messages, each in its own transaction, from `workers` goroutines.
+func (b *bench) w1(ctx context.Context) error {
+	start := time.Now()
+	err := concurrently(ctx, b.c.n, b.c.workers, func(ctx context.Context, seq int) error {
+		return b.sendOne(ctx, "w1", seq)
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		return err
+	}
+	var rows, distinct int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (payload->>'seq')::int) FROM `+schema+`.outbox`).Scan(&rows, &distinct); err != nil {
+		return err
+	}
+	if rows != b.c.n || distinct != b.c.n {
+		return fmt.Errorf("expected %d messages, table has %d rows / %d distinct", b.c.n, rows, distinct)
+	}
+	emit(b.c, elapsed, b.c.n, 0, 0)
+	return nil
+}
+
+func (b *bench) sendOne(ctx context.Context, topic string, seq int) error {
+	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := b.producer.Send(ctx, tx, outbox.Message{Topic: topic, Payload: payload(seq)})
+		return err
+	})
+}
+
+// w2: n preloaded messages drained by one consumer with `workers` handlers,
+// timed to the last completion being committed.
+func (b *bench) w2(ctx context.Context) error {
+	const topic = "w2"
+	if err := b.preload(ctx, topic); err != nil {
+		return err
+	}
+	tr := newTracker(b.c.n)
+	start := time.Now()
+	k, err := b.startConsumer(ctx, topic, tr)
+	if err != nil {
+		return err
+	}
+	err = b.waitDrained(ctx, topic, tr)
+	elapsed := time.Since(start)
+	stopErr := k.Stop(context.Background())
+	if err != nil {
+		return err
+	}
+	if stopErr != nil {
+		return stopErr
+	}
+	if err := tr.check("W2"); err != nil {
+		return err
+	}
+	emit(b.c, elapsed, b.c.n, 0, 0)
+	return nil
+}
+
+// w4: messages produced at a fixed rate while the consumer runs; latency
+// from the producer's commit returning to the handler starting.
+func (b *bench) w4(ctx context.Context) error {
+	const topic = "w4"
+	tr := newTracker(b.c.n)
+	k, err := b.startConsumer(ctx, topic, tr)
+	if err != nil {
+		return err
+	}
+	defer k.Stop(context.Background())
+	time.Sleep(500 * time.Millisecond)
+	interval := time.Second / time.Duration(b.c.rate)
+	start := time.Now()
+	for i := 0; i < b.c.n; i++ {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		if err := b.sendOne(ctx, topic, i); err != nil {
+			return fmt.Errorf("send %d: %w", i, err)
+		}
+		tr.committed(i)
+	}
+	if err := b.waitDrained(ctx, topic, tr); err != nil {
+		return err
+	}
+	if err := tr.check("W4"); err != nil {
+		return err
+	}
+	p50, p99 := tr.latencies()
+	emit(b.c, tr.lastStart().Sub(tr.firstCommit()), b.c.n, p50, p99)
+	return nil
+}
+
+func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (*outbox.Consumer, error) {
+	k, err := b.client.NewConsumer(outbox.ConsumerConfig{
+		Topic:       topic,
+		Concurrency: b.c.workers,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			var m struct {
+				Seq int `json:"seq"`
+			}
+			if err := json.Unmarshal(d.Payload, &m); err != nil {
+				return outbox.Permanent(err)
+			}
+			tr.handled(m.Seq)
+			return nil
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return k, k.Start(ctx)
+}
+
+// waitDrained waits until every message was handled and its completion
+// committed (the table is empty).
+func (b *bench) waitDrained(ctx context.Context, topic string, tr *tracker) error {
+	for tr.distinct() < b.c.n {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for handlers: %d of %d handled: %w", tr.distinct(), b.c.n, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	for {
+		var left bool
+		if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema+`.outbox WHERE topic = $1)`, topic).Scan(&left); err != nil {
+			return fmt.Errorf("waiting for completions: %w", err)
+		}
+		if !left {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (b *bench) preload(ctx context.Context, topic string) error {
+	for start := 0; start < b.c.n; start += 1000 {
+		msgs := make([]outbox.Message, 0, 1000)
+		for i := start; i < min(b.c.n, start+1000); i++ {
+			msgs = append(msgs, outbox.Message{Topic: topic, Payload: payload(i)})
+		}
+		if _, err := b.producer.SendBatch(ctx, b.pool, msgs); err != nil {
+			return fmt.Errorf("preload: %w", err)
+		}
+	}
+	_, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox`)
+	return err
+}
+
+const body = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func payload(seq int) []byte {
+	return []byte(fmt.Sprintf(`{"seq":%d,"body":"%s"}`, seq, body))
+}
+
+// concurrently calls send(seq) for seq in [0,n) from `workers` goroutines.
+func concurrently(ctx context.Context, n, workers int, send func(context.Context, int) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := int(next.Add(1) - 1); seq < n; seq = int(next.Add(1) - 1) {
+				if err := send(ctx, seq); err != nil {
+					errs <- fmt.Errorf("send %d: %w", seq, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func openPool(ctx context.Context, c *config) (*pgxpool.Pool, error) {
+	if err := ensureDatabase(ctx, c.dsn); err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(c.dsn, "pool_max_conns") {
+		cfg.MaxConns = int32(2*c.workers + 8)
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+func ensureDatabase(ctx context.Context, dsn string) error {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
+		return err
+	}
+	admin := cfg.ConnConfig.Copy()
+	admin.Database = "postgres"
+	aconn, aerr := pgx.ConnectConfig(ctx, admin)
+	if aerr != nil {
+		return fmt.Errorf("%v; and connecting to postgres to create it: %w", err, aerr)
+	}
+	defer aconn.Close(ctx)
+	_, err = aconn.Exec(ctx, "CREATE DATABASE "+ident.Quote(cfg.ConnConfig.Database))
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		return err
+	}
+	return nil
+}
+
+func resetSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+		return err
+	}
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		logf("CHECKPOINT skipped: %v", err)
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------- output
+
+type result struct {
+	System     string  `json:"system"`
+	Workload   string  `json:"workload"`
+	N          int     `json:"n"`
+	Seconds    float64 `json:"seconds"`
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+	P50Ms      float64 `json:"p50_ms"`
+	P99Ms      float64 `json:"p99_ms"`
+}
+
+func round(v float64, digits int) float64 {
+	p := math.Pow(10, float64(digits))
+	return math.Round(v*p) / p
+}
+
+func emit(c *config, elapsed time.Duration, deliveries int, p50, p99 float64) {
+	s := elapsed.Seconds()
+	out, _ := json.Marshal(result{System: c.system, Workload: c.workload, N: c.n, Seconds: round(s, 4),
+		MsgsPerSec: round(float64(deliveries)/s, 1), P50Ms: round(p50, 3), P99Ms: round(p99, 3)})
+	fmt.Println(string(out))
+}
+
+func unsupported(c *config, why string) {
+	out, _ := json.Marshal(map[string]any{"system": c.system, "workload": c.workload, "unsupported": true})
+	fmt.Println(string(out))
+	logf("%s %s unsupported: %s", c.system, c.workload, why)
+	os.Exit(0)
+}
+
+func fail(c *config, err error) {
+	out, _ := json.Marshal(map[string]any{"system": c.system, "workload": c.workload, "n": c.n, "error": err.Error()})
+	fmt.Println(string(out))
+	os.Exit(1)
+}
+
+func logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+
+// ---------------------------------------------------------------- tracker
+
+// tracker records per message how often it was handled, when a handler
+// first started on it and when its producer's commit returned (ns since base).
+type tracker struct {
+	base      time.Time
+	counts    []atomic.Int32
+	started   []atomic.Int64 // +1; 0 = never
+	commits   []atomic.Int64 // +1; 0 = never
+	bad       atomic.Int64
+	nDistinct atomic.Int64
+	last      atomic.Int64
+}
+
+func newTracker(n int) *tracker {
+	return &tracker{base: time.Now(), counts: make([]atomic.Int32, n), started: make([]atomic.Int64, n), commits: make([]atomic.Int64, n)}
+}
+
+func (t *tracker) now() int64 { return int64(time.Since(t.base)) + 1 }
+
+func (t *tracker) handled(seq int) {
+	if seq < 0 || seq >= len(t.counts) {
+		t.bad.Add(1)
+		return
+	}
+	if t.counts[seq].Add(1) != 1 {
+		return
+	}
+	now := t.now()
+	t.started[seq].Store(now)
+	t.nDistinct.Add(1)
+	for old := t.last.Load(); now > old && !t.last.CompareAndSwap(old, now); old = t.last.Load() {
+	}
+}
+
+func (t *tracker) committed(seq int) { t.commits[seq].Store(t.now()) }
+func (t *tracker) distinct() int    { return int(t.nDistinct.Load()) }
+
+func (t *tracker) check(workload string) error {
+	missing, dups := 0, 0
+	for i := range t.counts {
+		switch c := int(t.counts[i].Load()); c {
+		case 0:
+			missing++
+		default:
+			dups += c - 1
+		}
+	}
+	if dups > 0 {
+		logf("pgoutbox %s: %d duplicate deliveries", workload, dups)
+	}
+	if missing > 0 || t.bad.Load() > 0 {
+		return fmt.Errorf("%d of %d messages never handled, %d unknown sequence numbers", missing, len(t.counts), t.bad.Load())
+	}
+	return nil
+}
+
+func (t *tracker) latencies() (p50, p99 float64) {
+	var v []float64
+	for i := range t.counts {
+		s, c := t.started[i].Load(), t.commits[i].Load()
+		if s == 0 || c == 0 {
+			continue
+		}
+		v = append(v, max(0, float64(s-c)/1e6))
+	}
+	sort.Float64s(v)
+	return percentile(v, 50), percentile(v, 99)
+}
+
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	k := max(0, int(math.Ceil(p/100*float64(len(sorted))))-1)
+	return sorted[k]
+}
+
+func (t *tracker) firstCommit() time.Time {
+	return t.base.Add(time.Duration(t.commits[0].Load() - 1))
+}
+func (t *tracker) lastStart() time.Time { return t.base.Add(time.Duration(t.last.Load() - 1)) }
