@@ -421,7 +421,7 @@ func (t *tracker) handled(seq int) {
 }
 
 func (t *tracker) committed(seq int) { t.commits[seq].Store(t.now()) }
-func (t *tracker) distinct() int    { return int(t.nDistinct.Load()) }
+func (t *tracker) distinct() int     { return int(t.nDistinct.Load()) }
 
 func (t *tracker) check(workload string) error {
 	missing, dups := 0, 0
