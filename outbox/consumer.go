@@ -59,6 +59,10 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return fmt.Sprintf("permanent: %v", e.err) }
 func (e *permanentError) Unwrap() error { return e.err }
 
+// followUpDelay is how soon an idle consumer looks again after a claim
+// that found work (see fetch); about DefaultNotifyInterval.
+const followUpDelay = time.Millisecond
+
 // Consumer defaults.
 const (
 	DefaultConcurrency  = 10
@@ -285,6 +289,7 @@ func (k *Consumer) fetch() {
 	poll := time.NewTimer(k.cfg.PollInterval)
 	defer poll.Stop()
 	failures := 0
+	quiet := 30 // empty claims since the last one that found work
 	for k.fetchCtx.Err() == nil {
 		free := capacity - k.inflight.Load()
 		if free < threshold {
@@ -310,7 +315,16 @@ func (k *Consumer) fetch() {
 		if int64(n) == limit {
 			continue // probably more waiting
 		}
-		poll.Reset(k.cfg.PollInterval)
+		// Producers notify at most once per NotifyInterval, so a message
+		// committed just after a claim that found work may come with no
+		// wake-up of its own: after activity, look again after 1ms, 2ms,
+		// 4ms, ... up to the poll interval.
+		if n > 0 {
+			quiet = 0
+		} else if quiet < 30 {
+			quiet++
+		}
+		poll.Reset(min(k.cfg.PollInterval, followUpDelay<<quiet))
 		select {
 		case <-k.fetchCtx.Done():
 		case <-k.wake: // a producer committed

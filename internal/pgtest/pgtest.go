@@ -1,13 +1,9 @@
 // Package pgtest is the one place tests get a PostgreSQL database from.
 //
-// It finds a server in this order and fails loudly when none works, never
-// skipping a test:
-//
-//  1. PGOUTBOX_TEST_DSN (any database on the server; it must allow CREATE DATABASE);
-//  2. a server on 127.0.0.1:5432, user postgres;
-//  3. an ephemeral cluster started from local initdb/pg_ctl binaries in a
-//     temporary directory (stopped by Main when the tests end);
-//  4. otherwise the error says what to set.
+// It finds a server with package pgfind (PGOUTBOX_TEST_DSN, then
+// 127.0.0.1:5432, then an ephemeral cluster from local initdb/pg_ctl, which
+// Main stops when the tests end) and fails loudly when none works, never
+// skipping a test.
 //
 // Each test gets its own database, cloned from a template that was migrated
 // once (per version of the migration files), so tests run in parallel and
@@ -23,7 +19,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,6 +30,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/pgfind"
 	"github.com/pgoutbox/pgoutbox/migrations"
 )
 
@@ -53,11 +49,9 @@ var (
 )
 
 type found struct {
-	adminDSN string // a DSN on the server, database "postgres"
-	source   string // where it came from, for messages
-	cluster  *cluster
-	template string
+	*pgfind.Server
 	tmplOnce sync.Once
+	template string
 	tmplErr  error
 }
 
@@ -65,8 +59,8 @@ type found struct {
 // started, and fails the run when a test left goroutines behind.
 func Main(m *testing.M) {
 	code := m.Run()
-	if server != nil && server.cluster != nil {
-		server.cluster.stop()
+	if server != nil {
+		server.Stop()
 	}
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
@@ -77,72 +71,19 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// AdminDSN returns a DSN for database "postgres" on the test server,
-// finding (or starting) the server on first use.
-func AdminDSN(tb testing.TB) string {
-	tb.Helper()
-	s := find(tb)
-	return s.adminDSN
-}
-
 func find(tb testing.TB) *found {
 	tb.Helper()
-	serverOnce.Do(func() { server, serverErr = locate(context.Background()) })
+	serverOnce.Do(func() {
+		var s *pgfind.Server
+		s, serverErr = pgfind.Locate(context.Background(), EnvDSN)
+		if serverErr == nil {
+			server = &found{Server: s}
+		}
+	})
 	if serverErr != nil {
-		tb.Fatalf("pgtest: no PostgreSQL server for tests: %v", serverErr)
+		tb.Fatalf("pgtest: %v", serverErr)
 	}
 	return server
-}
-
-func locate(ctx context.Context) (*found, error) {
-	var tried []string
-	if dsn := os.Getenv(EnvDSN); dsn != "" {
-		admin, err := withDatabase(dsn, "postgres")
-		if err == nil {
-			err = ping(ctx, admin)
-		}
-		if err != nil {
-			// An explicit choice that does not work is an error, not a fallback.
-			return nil, fmt.Errorf("%s=%q: %w", EnvDSN, dsn, err)
-		}
-		return &found{adminDSN: admin, source: EnvDSN}, nil
-	}
-	const local = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	if err := ping(ctx, local); err == nil {
-		return &found{adminDSN: local, source: "127.0.0.1:5432"}, nil
-	} else {
-		tried = append(tried, fmt.Sprintf("127.0.0.1:5432: %v", err))
-	}
-	c, err := startCluster(ctx)
-	if err == nil {
-		return &found{adminDSN: c.dsn, source: "ephemeral cluster in " + c.dir, cluster: c}, nil
-	}
-	tried = append(tried, fmt.Sprintf("ephemeral cluster: %v", err))
-	return nil, fmt.Errorf("set %s to a server where user may CREATE DATABASE; tried:\n  %s",
-		EnvDSN, strings.Join(tried, "\n  "))
-}
-
-func ping(ctx context.Context, dsn string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	return conn.Close(ctx)
-}
-
-func withDatabase(dsn, db string) (string, error) {
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return "", err
-	}
-	// Rebuild a URL; the password, if any, stays in the environment-free form.
-	u := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, db)
-	if cfg.Password != "" {
-		u = fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Password, cfg.Host, cfg.Port, db)
-	}
-	return u, nil
 }
 
 // DB is one test's private database.
@@ -198,19 +139,53 @@ func NewPool(tb testing.TB, dsn string) *pgxpool.Pool {
 func newDatabase(tb testing.TB, migrated bool) *DB {
 	tb.Helper()
 	s := find(tb)
-	ctx := context.Background()
+	db, drop, err := s.createDatabase(context.Background(), migrated)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := drop(); err != nil {
+			tb.Errorf("pgtest: %v", err)
+		}
+	})
+	return db
+}
+
+// ExampleDSN returns the DSN of a new empty database for a runnable
+// example (which has no *testing.T), and a function that drops it.
+func ExampleDSN() (string, func(), error) {
+	serverOnce.Do(func() {
+		var s *pgfind.Server
+		s, serverErr = pgfind.Locate(context.Background(), EnvDSN)
+		if serverErr == nil {
+			server = &found{Server: s}
+		}
+	})
+	if serverErr != nil {
+		return "", nil, serverErr
+	}
+	db, drop, err := server.createDatabase(context.Background(), false)
+	if err != nil {
+		return "", nil, err
+	}
+	return db.DSN, func() { _ = drop() }, nil
+}
+
+// createDatabase clones the migrated template (or template0) into a new
+// database and returns it with a function that drops it.
+func (s *found) createDatabase(ctx context.Context, migrated bool) (*DB, func() error, error) {
 	template := "template0"
 	if migrated {
 		s.tmplOnce.Do(func() { s.template, s.tmplErr = s.ensureTemplate(ctx) })
 		if s.tmplErr != nil {
-			tb.Fatalf("pgtest: template database: %v", s.tmplErr)
+			return nil, nil, fmt.Errorf("template database: %w", s.tmplErr)
 		}
 		template = s.template
 	}
 	name := fmt.Sprintf("pgoutbox_t%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6, dbCounter.Add(1))
-	admin, err := pgx.Connect(ctx, s.adminDSN)
+	admin, err := pgx.Connect(ctx, s.AdminDSN)
 	if err != nil {
-		tb.Fatalf("pgtest: connect to %s: %v", s.source, err)
+		return nil, nil, fmt.Errorf("connect to %s: %w", s.Source, err)
 	}
 	defer admin.Close(ctx)
 	create := "CREATE DATABASE " + ident.Quote(name) + " TEMPLATE " + ident.Quote(template)
@@ -224,24 +199,24 @@ func newDatabase(tb testing.TB, migrated bool) *DB {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil {
-		tb.Fatalf("pgtest: %s: %v", create, err)
+		return nil, nil, fmt.Errorf("%s: %w", create, err)
 	}
-	tb.Cleanup(func() {
-		conn, err := pgx.Connect(context.Background(), s.adminDSN)
+	drop := func() error {
+		conn, err := pgx.Connect(context.Background(), s.AdminDSN)
 		if err != nil {
-			tb.Errorf("pgtest: drop %s: %v", name, err)
-			return
+			return fmt.Errorf("drop %s: %w", name, err)
 		}
 		defer conn.Close(context.Background())
 		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+ident.Quote(name)+" WITH (FORCE)"); err != nil {
-			tb.Errorf("pgtest: drop %s: %v", name, err)
+			return fmt.Errorf("drop %s: %w", name, err)
 		}
-	})
-	dsn, err := withDatabase(s.adminDSN, name)
-	if err != nil {
-		tb.Fatalf("pgtest: %v", err)
+		return nil
 	}
-	return &DB{DSN: dsn, Name: name, Schema: Schema}
+	dsn, err := pgfind.WithDatabase(s.AdminDSN, name)
+	if err != nil {
+		return nil, nil, errors.Join(err, drop())
+	}
+	return &DB{DSN: dsn, Name: name, Schema: Schema}, drop, nil
 }
 
 // ensureTemplate creates (once per server and version of the migration
@@ -253,7 +228,7 @@ func (s *found) ensureTemplate(ctx context.Context) (string, error) {
 		return "", err
 	}
 	name := "pgoutbox_tmpl_" + sum[:16]
-	admin, err := pgx.Connect(ctx, s.adminDSN)
+	admin, err := pgx.Connect(ctx, s.AdminDSN)
 	if err != nil {
 		return "", err
 	}
@@ -278,7 +253,7 @@ func (s *found) ensureTemplate(ctx context.Context) (string, error) {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident.Quote(name)+" TEMPLATE template0"); err != nil {
 		return "", err
 	}
-	dsn, err := withDatabase(s.adminDSN, name)
+	dsn, err := pgfind.WithDatabase(s.AdminDSN, name)
 	if err != nil {
 		return "", err
 	}

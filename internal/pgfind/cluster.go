@@ -1,4 +1,4 @@
-package pgtest
+package pgfind
 
 import (
 	"context"
@@ -105,7 +105,7 @@ func startCluster(ctx context.Context) (*cluster, error) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := ping(ctx, c.dsn); err == nil {
+		if err := Ping(ctx, c.dsn); err == nil {
 			return c, nil
 		} else if time.Now().After(deadline) {
 			c.stop()

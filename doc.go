@@ -1,0 +1,60 @@
+// Package pgoutbox turns PostgreSQL into a reliable message backbone for Go
+// services: a transactional outbox, QUEUE topics with competing consumers,
+// and (in later packages) PUB_SUB fan-out to consumer groups and an HTTP
+// router. This package holds only the overview; the API lives in:
+//
+//   - [github.com/pgoutbox/pgoutbox/migrations]: create and upgrade the tables at boot.
+//   - [github.com/pgoutbox/pgoutbox/outbox]: topics, the Producer, the QUEUE Consumer,
+//     dead letters.
+//
+// # Boot
+//
+// Run the migrations, then build a client and a producer:
+//
+//	if err := migrations.Up(ctx, pool, migrations.Config{Schema: "app"}); err != nil {
+//		return err
+//	}
+//	client, err := outbox.NewClient(pool, outbox.Config{Schema: "app", Logger: logger})
+//	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: "app"})
+//
+// # Sending
+//
+// A message is written inside the caller's transaction, so it exists exactly
+// when the business change it describes does:
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, `UPDATE orders SET state = 'paid' WHERE id = $1`, orderID); err != nil {
+//			return err
+//		}
+//		msg, err := outbox.NewMessage("orders.paid", OrderPaid{ID: orderID})
+//		if err != nil {
+//			return err
+//		}
+//		_, err = producer.Send(ctx, tx, msg)
+//		return err
+//	})
+//
+// # Consuming
+//
+//	consumer, err := client.NewConsumer(outbox.ConsumerConfig{
+//		Topic: "orders.paid",
+//		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+//			paid, err := outbox.Decode[OrderPaid](d)
+//			if err != nil {
+//				return outbox.Permanent(err) // dead-letter, never retry
+//			}
+//			return ship(ctx, paid)           // error: retry with backoff
+//		},
+//	})
+//	err = consumer.Start(ctx)
+//	defer consumer.Stop(shutdownCtx)
+//
+// # Guarantees
+//
+// Delivery is at least once. A claimed message carries a lease; a consumer
+// that crashes or stalls loses it and the message is redelivered, so handlers
+// must be idempotent (Delivery.ID and Delivery.Attempt help). A handler error
+// retries with exponential backoff and jitter; after the topic's MaxAttempts
+// the message is dead-lettered: kept, listable and replayable. QUEUE
+// consumers do not keep messages of one group in order.
+package pgoutbox

@@ -1,0 +1,142 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrations"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// exampleDB opens a pool on a fresh database of the test server.
+func exampleDB() (*pgxpool.Pool, func()) {
+	dsn, drop, err := pgtest.ExampleDSN()
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return pool, func() { pool.Close(); drop() }
+}
+
+type OrderPaid struct {
+	OrderID int `json:"order_id"`
+}
+
+// Send a message in a transaction and handle it with a QUEUE consumer.
+func Example() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB()
+	defer cleanup()
+
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: "app"}); err != nil {
+		log.Fatal(err)
+	}
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: "app"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: "app"})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The message is written in the same transaction as the business change.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for id := 1; id <= 3; id++ {
+			msg, err := outbox.NewMessage("orders.paid", OrderPaid{OrderID: id})
+			if err != nil {
+				return err
+			}
+			if _, err := producer.Send(ctx, tx, msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	var wg sync.WaitGroup
+	wg.Add(3)
+	var mu sync.Mutex
+	total := 0
+	consumer, err := client.NewConsumer(outbox.ConsumerConfig{
+		Topic: "orders.paid",
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			defer wg.Done()
+			paid, err := outbox.Decode[OrderPaid](d)
+			if err != nil {
+				return outbox.Permanent(err)
+			}
+			mu.Lock()
+			total += paid.OrderID
+			mu.Unlock()
+			return nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := consumer.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	wg.Wait()
+	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := consumer.Stop(stopCtx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("sum of handled order ids:", total)
+	// Output: sum of handled order ids: 6
+}
+
+// Dead letters are kept, listed and replayed.
+func ExampleClient_ReplayDeadLetters() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB()
+	defer cleanup()
+	if err := migrations.Up(ctx, pool, migrations.Config{}); err != nil {
+		log.Fatal(err)
+	}
+	client, _ := outbox.NewClient(pool, outbox.Config{})
+	producer, _ := outbox.NewProducer(outbox.ProducerConfig{})
+	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "emails", MaxAttempts: 1}); err != nil {
+		log.Fatal(err)
+	}
+	msg, _ := outbox.NewMessage("emails", map[string]string{"to": "ada@example.com"})
+	if _, err := producer.Send(ctx, pool, msg); err != nil {
+		log.Fatal(err)
+	}
+
+	failed := make(chan struct{})
+	consumer, _ := client.NewConsumer(outbox.ConsumerConfig{Topic: "emails",
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			defer close(failed)
+			return fmt.Errorf("smtp: connection refused")
+		}})
+	_ = consumer.Start(ctx)
+	<-failed
+	_ = consumer.Stop(ctx) // waits for the outcome to be written
+
+	dead, err := client.DeadLetters(ctx, "emails", 0, 10)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(dead), "dead letter:", dead[0].LastError)
+	n, err := client.ReplayDeadLetters(ctx, "emails", dead[0].ID)
+	fmt.Println("replayed", n, err)
+	// Output:
+	// 1 dead letter: smtp: connection refused
+	// replayed 1 <nil>
+}
