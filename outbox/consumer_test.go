@@ -427,3 +427,31 @@ func TestHandlerContextEndsBeforeLease(t *testing.T) {
 	require.ErrorIs(t, o.err, context.DeadlineExceeded)
 	require.True(t, o.deadline.Before(o.leaseUntil), "deadline %v before lease end %v", o.deadline, o.leaseUntil)
 }
+
+// A handler that outlives its lease: the message is redelivered, and the
+// late ack of the first delivery does not delete it under the second.
+func TestLateAckAfterLeaseExpiryIsIgnored(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "t", Lease: 10 * time.Second}))
+	id, err := b.producer.Send(ctx, b.db.Pool, seqMessage("t", 1))
+	require.NoError(t, err)
+	release := [3]chan struct{}{nil, make(chan struct{}), make(chan struct{})}
+	started := make(chan int, 2)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "t", Concurrency: 2, PollInterval: 20 * time.Millisecond,
+		Handler: func(_ context.Context, d *outbox.Delivery) error {
+			started <- d.Attempt
+			<-release[d.Attempt] // ignores its context on purpose
+			return nil
+		}})
+	require.Equal(t, 1, <-started)
+	clock.Advance(11 * time.Second)
+	require.Equal(t, 2, <-started, "redelivered after the lease expired")
+	close(release[1]) // the first delivery acks late
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, 1, b.count(t, "id = $1 AND status = 'PROCESSING' AND attempts = 2", id), "late ack ignored")
+	close(release[2])
+	eventually(t, 5*time.Second, "second delivery acked", func() bool { return b.count(t, "true") == 0 })
+}

@@ -1,9 +1,11 @@
 // Package pgtest is the one place tests get a PostgreSQL database from.
 //
 // It finds a server with package pgfind (PGOUTBOX_TEST_DSN, then
-// 127.0.0.1:5432, then an ephemeral cluster from local initdb/pg_ctl, which
-// Main stops when the tests end) and fails loudly when none works, never
-// skipping a test.
+// 127.0.0.1:5432, then an ephemeral cluster from local initdb/pg_ctl), then
+// falls back to a container started with testcontainers-go when a Docker
+// engine answers. Main stops whatever it started when the tests end. When
+// nothing works, every test fails with a message saying what to set; no
+// test is ever skipped.
 //
 // Each test gets its own database, cloned from a template that was migrated
 // once (per version of the migration files), so tests run in parallel and
@@ -50,7 +52,8 @@ var (
 
 type found struct {
 	*pgfind.Server
-	tmplOnce sync.Once
+	stopContainer func() // set when the server is a testcontainers container
+	tmplOnce      sync.Once
 	template string
 	tmplErr  error
 }
@@ -61,6 +64,9 @@ func Main(m *testing.M) {
 	code := m.Run()
 	if server != nil {
 		server.Stop()
+		if server.stopContainer != nil {
+			server.stopContainer()
+		}
 	}
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
@@ -73,13 +79,7 @@ func Main(m *testing.M) {
 
 func find(tb testing.TB) *found {
 	tb.Helper()
-	serverOnce.Do(func() {
-		var s *pgfind.Server
-		s, serverErr = pgfind.Locate(context.Background(), EnvDSN)
-		if serverErr == nil {
-			server = &found{Server: s}
-		}
-	})
+	locateOnce()
 	if serverErr != nil {
 		tb.Fatalf("pgtest: %v", serverErr)
 	}
@@ -151,16 +151,32 @@ func newDatabase(tb testing.TB, migrated bool) *DB {
 	return db
 }
 
+// locateOnce finds the server for this test process.
+func locateOnce() {
+	serverOnce.Do(func() {
+		ctx := context.Background()
+		s, err := pgfind.Locate(ctx, EnvDSN)
+		if err == nil {
+			server = &found{Server: s}
+			return
+		}
+		if os.Getenv(EnvDSN) != "" {
+			serverErr = err // an explicit choice that fails is not a reason to fall back
+			return
+		}
+		s, stop, cerr := startContainer(ctx)
+		if cerr != nil {
+			serverErr = fmt.Errorf("%w\n  testcontainers: %v", err, cerr)
+			return
+		}
+		server = &found{Server: s, stopContainer: stop}
+	})
+}
+
 // ExampleDSN returns the DSN of a new empty database for a runnable
 // example (which has no *testing.T), and a function that drops it.
 func ExampleDSN() (string, func(), error) {
-	serverOnce.Do(func() {
-		var s *pgfind.Server
-		s, serverErr = pgfind.Locate(context.Background(), EnvDSN)
-		if serverErr == nil {
-			server = &found{Server: s}
-		}
-	})
+	locateOnce()
 	if serverErr != nil {
 		return "", nil, serverErr
 	}
