@@ -54,8 +54,8 @@ type found struct {
 	*pgfind.Server
 	stopContainer func() // set when the server is a testcontainers container
 	tmplOnce      sync.Once
-	template string
-	tmplErr  error
+	template      string
+	tmplErr       error
 }
 
 // Main runs the package's tests, stops an ephemeral cluster if one was
