@@ -96,14 +96,36 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		s := string(cfg.Tracking)
 		tracking = &s
 	}
-	_, err := c.pool.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
+	tag, err := c.pool.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
 		cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
-		cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds())
+		cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds(),
+		cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions)
 	if err != nil {
 		return fmt.Errorf("outbox: configure topic %q: %w", cfg.Name, err)
 	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: topic %q has subscribed groups; its semantics and tracking mode cannot change", ErrInvalidConfig, cfg.Name)
+	}
 	return nil
 }
+
+// LoadTopic is Topic for a topic name read with db (a pool or a transaction).
+func (c *Client) LoadTopic(ctx context.Context, db QueryRower, name string) (TopicConfig, error) {
+	if err := ValidateTopic(name); err != nil {
+		return TopicConfig{}, err
+	}
+	return c.loadTopic(ctx, db, name)
+}
+
+// Pool returns the client's pool.
+func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+
+// Logger returns the client's logger.
+func (c *Client) Logger() *slog.Logger { return c.logger }
+
+// Now returns the configured clock's time, or nil for database time: the
+// value pgoutbox binds as the "now" of its statements.
+func (c *Client) Now() *time.Time { return c.now() }
 
 // Topic returns a topic's configuration; for a topic never configured it
 // returns the QUEUE defaults with Configured false.
@@ -114,17 +136,21 @@ func (c *Client) Topic(ctx context.Context, name string) (TopicConfig, error) {
 	return c.loadTopic(ctx, c.pool, name)
 }
 
-type queryRower interface {
+// QueryRower is what reading one row needs: pgx.Tx, *pgxpool.Pool, *pgx.Conn.
+type QueryRower interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (c *Client) loadTopic(ctx context.Context, db queryRower, name string) (TopicConfig, error) {
+func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (TopicConfig, error) {
 	var (
 		semantics, tracking                            string
 		retention, backoffInitial, backoffMax, leaseUS int64
+		zeroRetention                                  int64
 		maxAttempts                                    int
+		block                                          bool
 	)
-	err := db.QueryRow(ctx, c.sql.SelectTopic, name).Scan(&semantics, &tracking, &retention, &maxAttempts, &backoffInitial, &backoffMax, &leaseUS)
+	err := db.QueryRow(ctx, c.sql.SelectTopic, name).Scan(&semantics, &tracking, &retention, &maxAttempts,
+		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return TopicConfig{Name: name}.WithDefaults(), nil
 	}
@@ -140,6 +166,9 @@ func (c *Client) loadTopic(ctx context.Context, db queryRower, name string) (Top
 		BackoffInitial: time.Duration(backoffInitial) * time.Microsecond,
 		BackoffMax:     time.Duration(backoffMax) * time.Microsecond,
 		Lease:          time.Duration(leaseUS) * time.Microsecond,
-		Configured:     true,
+
+		ZeroSubscriptionRetention:      time.Duration(zeroRetention) * time.Microsecond,
+		BlockWritesOnZeroSubscriptions: block,
+		Configured:                     true,
 	}, nil
 }

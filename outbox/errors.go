@@ -31,6 +31,12 @@ var (
 	ErrWrongSemantics = errors.New("outbox: topic has other semantics")
 	// ErrAlreadyStarted: Start was called on a running consumer.
 	ErrAlreadyStarted = errors.New("outbox: already started")
+	// ErrNoSubscriptions: a send to a PUB_SUB topic configured with
+	// BlockWritesOnZeroSubscriptions while no group is subscribed.
+	ErrNoSubscriptions = errors.New("outbox: topic has no subscriptions and blocks writes")
+	// ErrUnknownTopic: an operation needs a configured topic (a PUB_SUB
+	// subscription, for one) and the topic was never configured.
+	ErrUnknownTopic = errors.New("outbox: unknown topic")
 	// ErrNotFound: no such message (e.g. replaying a dead letter that is not one).
 	ErrNotFound = errors.New("outbox: not found")
 )

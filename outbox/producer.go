@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -130,6 +131,9 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 		return 0, fmt.Errorf("outbox: send: %w", err)
 	}
 	id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("%w: topic %q", ErrNoSubscriptions, m.Topic)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: send: %w", err)
 	}
@@ -161,7 +165,6 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 		priorities                    = make([]int16, n)
 		notBefore                     = make([]*time.Time, n)
 		delays                        = make([]int64, n)
-		keyed                         bool
 	)
 	for i := range msgs {
 		m := &msgs[i]
@@ -182,7 +185,6 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 		}
 		if m.IdempotencyKey != "" {
 			keys[i] = &m.IdempotencyKey
-			keyed = true
 		}
 		priorities[i] = int16(m.Priority)
 		if !m.NotBefore.IsZero() {
@@ -212,9 +214,6 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: send: %w", err)
-	}
-	if !keyed && len(got) != n {
-		return nil, fmt.Errorf("outbox: send: wrote %d of %d messages", len(got), n)
 	}
 	// Inserted rows come back in input order; rows skipped for an existing
 	// idempotency key are missing and looked up below.
@@ -251,7 +250,8 @@ func (p *Producer) resolveIdempotent(ctx context.Context, tx Executor, msgs []Me
 	byTopic := map[string][]string{}
 	for _, i := range missing {
 		if msgs[i].IdempotencyKey == "" {
-			return fmt.Errorf("outbox: send: message %d was not written", i)
+			// Only a topic blocking writes on zero subscriptions skips a row.
+			return fmt.Errorf("%w: topic %q (message %d)", ErrNoSubscriptions, msgs[i].Topic, i)
 		}
 		byTopic[msgs[i].Topic] = append(byTopic[msgs[i].Topic], msgs[i].IdempotencyKey)
 	}

@@ -266,7 +266,8 @@ func TestTopicDefaultsAndConfiguration(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
 		Retention: outbox.DefaultPubSubRetention, MaxAttempts: 3, BackoffInitial: outbox.DefaultBackoffInitial,
-		BackoffMax: outbox.DefaultBackoffMax, Lease: 5 * time.Second, Configured: true}, got)
+		BackoffMax: outbox.DefaultBackoffMax, Lease: 5 * time.Second,
+		ZeroSubscriptionRetention: outbox.DefaultZeroSubscriptionRetention, Configured: true}, got)
 
 	k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "events", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
 	require.NoError(t, err)

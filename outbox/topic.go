@@ -47,6 +47,9 @@ const (
 	// DefaultPubSubRetention is how long a completed PUB_SUB message is kept
 	// (and the floor for messages of a topic with no subscriptions).
 	DefaultPubSubRetention = 24 * time.Hour
+	// DefaultZeroSubscriptionRetention is the floor for PUB_SUB messages
+	// written while no group was subscribed.
+	DefaultZeroSubscriptionRetention = 24 * time.Hour
 )
 
 // TopicConfig is a topic's configuration. Zero fields take the defaults above.
@@ -74,6 +77,14 @@ type TopicConfig struct {
 	// Lease is the visibility timeout of a claimed message.
 	// Defaults to DefaultLease.
 	Lease time.Duration
+	// ZeroSubscriptionRetention is the least time a PUB_SUB message that no
+	// group was subscribed to when it was written is kept, so a group that
+	// subscribes late (FromBeginning) can still read it.
+	// Defaults to DefaultZeroSubscriptionRetention.
+	ZeroSubscriptionRetention time.Duration
+	// BlockWritesOnZeroSubscriptions makes sends to this PUB_SUB topic fail
+	// with ErrNoSubscriptions while no group is subscribed. Defaults to false.
+	BlockWritesOnZeroSubscriptions bool
 	// Configured reports whether the topic has a stored configuration (it
 	// is set by Client.Topic; ConfigureTopic ignores it).
 	Configured bool
@@ -104,6 +115,9 @@ func (c TopicConfig) WithDefaults() TopicConfig {
 	if c.Lease == 0 {
 		c.Lease = DefaultLease
 	}
+	if c.ZeroSubscriptionRetention == 0 {
+		c.ZeroSubscriptionRetention = DefaultZeroSubscriptionRetention
+	}
 	return c
 }
 
@@ -132,6 +146,10 @@ func (c TopicConfig) validate() error {
 		return fmt.Errorf("%w: topic %q: MaxAttempts must be at least 1", ErrInvalidConfig, c.Name)
 	case c.BackoffInitial < 0 || c.BackoffMax < c.BackoffInitial:
 		return fmt.Errorf("%w: topic %q: need 0 <= BackoffInitial <= BackoffMax", ErrInvalidConfig, c.Name)
+	case c.ZeroSubscriptionRetention < 0:
+		return fmt.Errorf("%w: topic %q: negative ZeroSubscriptionRetention", ErrInvalidConfig, c.Name)
+	case c.BlockWritesOnZeroSubscriptions && c.Semantics != PubSub:
+		return fmt.Errorf("%w: topic %q: only PUB_SUB topics can block writes on zero subscriptions", ErrInvalidConfig, c.Name)
 	case c.Lease < time.Second:
 		return fmt.Errorf("%w: topic %q: Lease must be at least 1s", ErrInvalidConfig, c.Name)
 	}

@@ -48,10 +48,26 @@ func For(schema string) *Outbox {
 // key. $9 not-before, $10 delay in microseconds, $11 now.
 const insertOne = `
 INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, available_at)
-VALUES ($1, $2, $3, $4, $5, $6,
-        coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'))
+    (topic, payload, headers, correlation_id, message_group, priority, available_at,
+     status, required_bits, required_ids, required_count)
+SELECT $1, $2, $3, $4, $5, $6,
+       coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'),
+       ` + requiredColumns + `
+FROM (SELECT 1) AS one
+LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = $1
+WHERE ` + notBlocked + `
 RETURNING id`
+
+// requiredColumns fixes a message's status and required groups from its
+// topic row t (NULL for a topic never configured: a QUEUE topic). This is
+// the "snapshot at insert" of the groups a PUB_SUB message needs.
+const requiredColumns = `CASE WHEN t.semantics = 'PUB_SUB' THEN 'PUBLISHED' ELSE 'PENDING' END,
+       CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_bits END,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN t.subscribed_ids END,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN cardinality(t.subscribed_ids) END`
+
+// notBlocked refuses rows for a topic that blocks writes while nobody subscribes.
+const notBlocked = `NOT coalesce(t.block_writes_on_zero_subscriptions AND cardinality(t.subscribed_ids) = 0, false)`
 
 // insertOneNotify is insertOne that also notifies channel $10 with the topic.
 const insertOneNotify = `
@@ -64,13 +80,17 @@ SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
 // Rows whose idempotency key already exists are skipped.
 const insertRows = `
 INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at)
+    (topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at,
+     status, required_bits, required_ids, required_count)
 SELECT m.topic, m.payload, m.headers, m.correlation_id, m.message_group, m.priority, m.idempotency_key,
-       coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
+       coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond'),
+       ` + requiredColumns + `
 FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
             $7::text[], $8::timestamptz[], $9::bigint[])
      WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
                           idempotency_key, not_before, delay_us, ord)
+LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = m.topic
+WHERE ` + notBlocked + `
 ORDER BY m.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, topic, idempotency_key`
@@ -95,9 +115,10 @@ WHERE topic = $1 AND idempotency_key = ANY($2::text[])`
 
 const upsertTopic = `
 INSERT INTO {{schema}}.outbox_topics
-    (topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration)
+    (topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration,
+     zero_subscription_retention, block_writes_on_zero_subscriptions)
 VALUES ($1, $2, $3, $4 * interval '1 microsecond', $5, $6 * interval '1 microsecond',
-        $7 * interval '1 microsecond', $8 * interval '1 microsecond')
+        $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10)
 ON CONFLICT (topic) DO UPDATE SET
     semantics = excluded.semantics,
     tracking_mode = excluded.tracking_mode,
@@ -106,14 +127,23 @@ ON CONFLICT (topic) DO UPDATE SET
     backoff_initial = excluded.backoff_initial,
     backoff_max = excluded.backoff_max,
     lease_duration = excluded.lease_duration,
-    updated_at = now()`
+    zero_subscription_retention = excluded.zero_subscription_retention,
+    block_writes_on_zero_subscriptions = excluded.block_writes_on_zero_subscriptions,
+    updated_at = now()
+-- Semantics and tracking mode are fixed while any group is subscribed.
+WHERE (outbox_topics.semantics = excluded.semantics
+       AND outbox_topics.tracking_mode IS NOT DISTINCT FROM excluded.tracking_mode)
+   OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions s
+                  WHERE s.topic = excluded.topic AND s.subscription_status <> 'CANCELLED')`
 
 const selectTopic = `
 SELECT semantics, coalesce(tracking_mode, ''),
        (extract(epoch FROM retention) * 1e6)::bigint, max_attempts,
        (extract(epoch FROM backoff_initial) * 1e6)::bigint,
        (extract(epoch FROM backoff_max) * 1e6)::bigint,
-       (extract(epoch FROM lease_duration) * 1e6)::bigint
+       (extract(epoch FROM lease_duration) * 1e6)::bigint,
+       (extract(epoch FROM zero_subscription_retention) * 1e6)::bigint,
+       block_writes_on_zero_subscriptions
 FROM {{schema}}.outbox_topics WHERE topic = $1`
 
 // claim leases up to $2 available messages of topic $1, highest priority
