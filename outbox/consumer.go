@@ -580,3 +580,18 @@ func (k *Consumer) reapOnce() {
 		}
 	}
 }
+
+// RetryDelay reports the delay err carries from RetryAfter, if any.
+func RetryDelay(err error) (time.Duration, bool) {
+	var r *retryError
+	if errors.As(err, &r) {
+		return r.delay, true
+	}
+	return 0, false
+}
+
+// IsPermanent reports whether err was wrapped with Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}

@@ -107,3 +107,7 @@ CREATE TABLE outbox_topic_watermarks (
     watermark  pg_snapshot NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
+
+-- A bit belongs to one group of a topic at a time.
+CREATE UNIQUE INDEX outbox_subscriptions_bit_idx ON outbox_topic_subscriptions (topic, bit)
+    WHERE bit IS NOT NULL;

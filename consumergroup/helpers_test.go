@@ -1,0 +1,163 @@
+package consumergroup_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+var modes = []outbox.TrackingMode{outbox.Bitmap, outbox.Counter, outbox.Offset}
+
+type bundle struct {
+	db       *pgtest.DB
+	client   *outbox.Client
+	producer *outbox.Producer
+	topic    string
+}
+
+func setup(t *testing.T, mode outbox.TrackingMode) *bundle {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(context.Background(), outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode}))
+	return &bundle{db: db, client: client, producer: producer, topic: "events"}
+}
+
+type seqPayload struct {
+	Seq int `json:"seq"`
+}
+
+func (b *bundle) send(t *testing.T, seqs ...int) []int64 {
+	t.Helper()
+	msgs := make([]outbox.Message, len(seqs))
+	for i, s := range seqs {
+		p, _ := json.Marshal(seqPayload{Seq: s})
+		msgs[i] = outbox.Message{Topic: b.topic, Payload: p}
+	}
+	ids, err := b.producer.SendBatch(context.Background(), b.db.Pool, msgs)
+	require.NoError(t, err)
+	return ids
+}
+
+func (b *bundle) sendRange(t *testing.T, from, to int) {
+	t.Helper()
+	for start := from; start < to; start += 1000 {
+		var seqs []int
+		for i := start; i < min(to, start+1000); i++ {
+			seqs = append(seqs, i)
+		}
+		b.send(t, seqs...)
+	}
+}
+
+func (b *bundle) count(t *testing.T, where string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.db.Table("outbox")+" WHERE "+where, args...).Scan(&n))
+	return n
+}
+
+// recorder counts deliveries per message id.
+type recorder struct {
+	mu    sync.Mutex
+	count map[int64]int
+	seqs  map[int]int
+}
+
+func newRecorder() *recorder { return &recorder{count: map[int64]int{}, seqs: map[int]int{}} }
+
+func (r *recorder) handler(ctx context.Context, d *outbox.Delivery) error {
+	p, err := outbox.Decode[seqPayload](d)
+	if err != nil {
+		return outbox.Permanent(err)
+	}
+	r.mu.Lock()
+	r.count[d.ID]++
+	r.seqs[p.Seq]++
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *recorder) distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.count)
+}
+
+func (r *recorder) dups() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.count {
+		n += c - 1
+	}
+	return n
+}
+
+func (r *recorder) has(seq int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seqs[seq] > 0
+}
+
+type groupOpt func(*consumergroup.Config)
+
+func (b *bundle) newGroup(t *testing.T, name string, opts ...groupOpt) *consumergroup.Group {
+	t.Helper()
+	return b.newGroupOn(t, b.db.Pool, name, opts...)
+}
+
+func (b *bundle) newGroupOn(t *testing.T, pool *pgxpool.Pool, name string, opts ...groupOpt) *consumergroup.Group {
+	t.Helper()
+	cfg := consumergroup.Config{Topic: b.topic, Group: name, Schema: b.db.Schema, PollInterval: 20 * time.Millisecond,
+		HeartbeatInterval: time.Second, HeartbeatTimeout: time.Minute}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	g, err := consumergroup.New(pool, cfg)
+	require.NoError(t, err)
+	return g
+}
+
+func start(t *testing.T, g *consumergroup.Group, opts consumergroup.SubscriptionOptions) {
+	t.Helper()
+	require.NoError(t, g.Start(context.Background(), opts))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Stop(ctx)
+	})
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func inTx(t *testing.T, b *bundle, f func(tx pgx.Tx)) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	f(tx)
+	require.NoError(t, tx.Commit(ctx))
+}

@@ -1,0 +1,257 @@
+package consumergroup
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Errors. Each wraps into messages that say what was wrong; branch with errors.Is.
+var (
+	// ErrNoMembers: Start on a group without members.
+	ErrNoMembers = errors.New("consumergroup: group has no members")
+	// ErrLastMember: removing the last member of a started group.
+	ErrLastMember = errors.New("consumergroup: cannot remove the last member of a started group")
+	// ErrDuplicateMember: AddConsumer with an id already in the group.
+	ErrDuplicateMember = errors.New("consumergroup: duplicate member id")
+	// ErrUnknownMember: RemoveConsumer with an id not in the group.
+	ErrUnknownMember = errors.New("consumergroup: unknown member id")
+	// ErrInvalidGroup: empty, too long or badly formed group name.
+	ErrInvalidGroup = errors.New("consumergroup: invalid group name")
+	// ErrInvalidTransition: a state change the subscription state machine forbids.
+	ErrInvalidTransition = errors.New("consumergroup: invalid subscription state transition")
+	// ErrTooManyGroups: a 65th group on a Bitmap topic (or no bit is free yet).
+	ErrTooManyGroups = errors.New("consumergroup: no free bitmap bit on topic (at most 64 groups)")
+	// ErrNotStarted: an operation that needs a started group.
+	ErrNotStarted = errors.New("consumergroup: group not started")
+)
+
+// State is a subscription's state.
+type State string
+
+// The states of the subscription state machine. Valid transitions:
+//
+//	ACTIVE → PAUSED (Pause), PAUSED → ACTIVE (Resume)
+//	ACTIVE → DEAD (heartbeats stopped), DEAD → ACTIVE (a heartbeat or Start: resurrection)
+//	ACTIVE, PAUSED, DEAD → CANCELLED (Cancel; terminal)
+//
+// Stop changes nothing: the subscription stays ACTIVE and, if no instance
+// returns before the heartbeat timeout, becomes DEAD.
+const (
+	Active    State = "ACTIVE"
+	Paused    State = "PAUSED"
+	Dead      State = "DEAD"
+	Cancelled State = "CANCELLED"
+)
+
+// CanTransition reports whether the state machine allows from → to.
+func CanTransition(from, to State) bool {
+	switch from {
+	case Active:
+		return to == Paused || to == Dead || to == Cancelled
+	case Paused:
+		return to == Active || to == Cancelled
+	case Dead:
+		return to == Active || to == Cancelled
+	}
+	return false
+}
+
+// Position says where a new subscription starts reading.
+type Position string
+
+// Start positions.
+const (
+	// StartNow: messages written after the subscription commits.
+	StartNow Position = "NOW"
+	// StartBeginning: every message the topic still holds, then new ones.
+	StartBeginning Position = "BEGINNING"
+	// StartTimestamp: messages written at or after a time.
+	StartTimestamp Position = "TIMESTAMP"
+	// StartMessageID: messages with an id at or above a given one.
+	StartMessageID Position = "MESSAGE_ID"
+)
+
+// Backfill defaults.
+const (
+	DefaultMaxBackfill       = 1_000_000
+	DefaultBackfillBatchSize = 10_000
+)
+
+// SubscriptionOptions say where a new subscription starts. They apply when
+// the subscription is created; a group that restarts continues where it was.
+type SubscriptionOptions struct {
+	Position  Position
+	Timestamp time.Time // StartTimestamp
+	MessageID int64     // StartMessageID
+	// Backfill makes the group required on the unfinished messages it will
+	// read from before it subscribed, so cleanup keeps them until it acks.
+	// Finished messages are never re-opened. Without it such messages are
+	// delivered only if they are still there when the group reads them.
+	Backfill bool
+	// MaxBackfill caps how many messages Backfill raises (oldest first).
+	// Defaults to DefaultMaxBackfill.
+	MaxBackfill int
+	// BackfillBatchSize is how many messages one backfill statement
+	// changes. Defaults to DefaultBackfillBatchSize.
+	BackfillBatchSize int
+}
+
+// FromNow starts with messages written after the subscription.
+func FromNow() SubscriptionOptions { return SubscriptionOptions{Position: StartNow} }
+
+// FromBeginning starts with every message the topic still holds.
+func FromBeginning(backfill bool) SubscriptionOptions {
+	return SubscriptionOptions{Position: StartBeginning, Backfill: backfill}
+}
+
+// FromTimestamp starts with messages written at or after t.
+func FromTimestamp(t time.Time) SubscriptionOptions {
+	return SubscriptionOptions{Position: StartTimestamp, Timestamp: t}
+}
+
+// FromMessageID starts with messages whose id is at least id.
+func FromMessageID(id int64) SubscriptionOptions {
+	return SubscriptionOptions{Position: StartMessageID, MessageID: id}
+}
+
+func (o SubscriptionOptions) withDefaults() SubscriptionOptions {
+	if o.Position == "" {
+		o.Position = StartNow
+	}
+	if o.MaxBackfill == 0 {
+		o.MaxBackfill = DefaultMaxBackfill
+	}
+	if o.BackfillBatchSize == 0 {
+		o.BackfillBatchSize = DefaultBackfillBatchSize
+	}
+	return o
+}
+
+func (o SubscriptionOptions) validate() error {
+	switch o.Position {
+	case StartNow, StartBeginning:
+	case StartTimestamp:
+		if o.Timestamp.IsZero() {
+			return fmt.Errorf("%w: FromTimestamp needs a time", outbox.ErrInvalidConfig)
+		}
+	case StartMessageID:
+		if o.MessageID < 0 {
+			return fmt.Errorf("%w: negative message id", outbox.ErrInvalidConfig)
+		}
+	default:
+		return fmt.Errorf("%w: unknown start position %q", outbox.ErrInvalidConfig, o.Position)
+	}
+	if o.MaxBackfill < 0 || o.BackfillBatchSize < 1 {
+		return fmt.Errorf("%w: MaxBackfill must be >= 0 and BackfillBatchSize >= 1", outbox.ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Filter decides whether a member wants a message. A message that every
+// member's filter rejects counts as processed for the group.
+type Filter func(d *outbox.Delivery) bool
+
+// Defaults of Config.
+const (
+	DefaultBatchSize         = 100
+	DefaultConcurrency       = 10
+	DefaultPollInterval      = time.Second
+	DefaultHeartbeatInterval = 60 * time.Second
+	DefaultHeartbeatTimeout  = 5 * time.Minute
+)
+
+// Config configures one instance of a consumer group. Several instances,
+// in one process or many, with the same Topic and Group share the work.
+type Config struct {
+	// Topic is a configured PUB_SUB topic. Required.
+	Topic string
+	// Group names the consumer group (1 to 255 bytes). Required.
+	Group string
+	// Schema holds pgoutbox's tables. Defaults to "public".
+	Schema string
+	// BatchSize is the most messages one fetch hands to this instance.
+	// Defaults to DefaultBatchSize.
+	BatchSize int
+	// Concurrency is the most handlers this instance runs at once.
+	// Defaults to DefaultConcurrency.
+	Concurrency int
+	// PollInterval bounds how long an idle instance waits before looking
+	// for messages when no notification woke it. Defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// HeartbeatInterval is how often the instance tells the database it is
+	// alive (with ±10% jitter). Defaults to DefaultHeartbeatInterval.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout: a group none of whose instances sent a heartbeat for
+	// this long becomes DEAD. Defaults to DefaultHeartbeatTimeout.
+	HeartbeatTimeout time.Duration
+	// HeartbeatPool runs heartbeats, so a busy main pool cannot starve
+	// them. Defaults to a two-connection pool opened from the main pool's
+	// configuration (closed by Stop).
+	HeartbeatPool *pgxpool.Pool
+	// InstanceID names this instance in batch leases and logs.
+	// Defaults to host-pid-random.
+	InstanceID string
+	// Logger defaults to a logger that discards everything.
+	Logger *slog.Logger
+	// MeterProvider defaults to a no-op provider.
+	MeterProvider metric.MeterProvider
+	// Clock replaces database time for batch leases and retries (tests).
+	// Heartbeats always use database time. Defaults to nil.
+	Clock outbox.Clock
+}
+
+func (c Config) withDefaults() Config {
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := outbox.ValidateTopic(c.Topic); err != nil {
+		return err
+	}
+	if err := ValidateGroup(c.Group); err != nil {
+		return err
+	}
+	switch {
+	case c.BatchSize < 1, c.Concurrency < 1:
+		return fmt.Errorf("%w: BatchSize and Concurrency must be at least 1", outbox.ErrInvalidConfig)
+	case c.PollInterval < time.Millisecond:
+		return fmt.Errorf("%w: PollInterval must be at least 1ms", outbox.ErrInvalidConfig)
+	case c.HeartbeatInterval < 10*time.Millisecond || c.HeartbeatTimeout <= c.HeartbeatInterval:
+		return fmt.Errorf("%w: need 10ms <= HeartbeatInterval < HeartbeatTimeout", outbox.ErrInvalidConfig)
+	}
+	return nil
+}
+
+// ValidateGroup reports whether name can name a group: 1 to 255 bytes,
+// the same characters as topic names. The error wraps ErrInvalidGroup.
+func ValidateGroup(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidGroup)
+	}
+	if err := outbox.ValidateTopic(name); err != nil {
+		return fmt.Errorf("%w: %q (letters, digits, . _ : - and at most %d bytes)", ErrInvalidGroup, name, outbox.MaxTopicBytes)
+	}
+	return nil
+}

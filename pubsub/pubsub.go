@@ -1,0 +1,241 @@
+// Package pubsub records, for PUB_SUB topics, which consumer groups a
+// message needs and which of them are done with it, in one of three modes
+// behind the Tracker interface:
+//
+//   - Bitmap: a bit per group (at most 64 per topic) in the message row; a
+//     group's completions are one UPDATE ORing its bit in.
+//   - Counter: a dedupe row per (message, group) and a completion counter;
+//     unlimited groups. A Bloom filter per group instance answers the common
+//     "not completed yet" question without a query.
+//   - Offset: nothing per message; a group's committed read position says
+//     what it finished, and the topic watermark (the least position of the
+//     subscribed groups) says what every group finished.
+//
+// Package consumergroup drives the trackers; most programs never call this
+// package directly.
+package pubsub
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// DB is what trackers run their statements with: a pgx.Tx or a pool.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Subscription identifies a group's subscription to a topic.
+type Subscription struct {
+	ID    int64
+	Topic string
+	Group string
+	// Bit is the group's bit in Bitmap mode, -1 otherwise.
+	Bit int
+}
+
+// Mask is the subscription's bitmap mask (0 without a bit).
+func (s Subscription) Mask() int64 {
+	if s.Bit < 0 {
+		return 0
+	}
+	return int64(1) << uint(s.Bit)
+}
+
+// Range narrows a backfill to a late group's stream: rows its start
+// position does not see, and of those all (All), or those from From or
+// FromID on.
+type Range struct {
+	Position string // pg_snapshot text; "1:1:" sees nothing
+	All      bool
+	From     *time.Time
+	FromID   *int64
+}
+
+// Retention says which finished rows cleanup may delete.
+type Retention struct {
+	// Now is the time base (nil: database time).
+	Now *time.Time
+	// Completed rows older than this go.
+	Completed time.Duration
+	// Rows no group was subscribed to go only after this floor.
+	ZeroSubscription time.Duration
+}
+
+// Tracker is one completion tracking mode.
+type Tracker interface {
+	// Mode names the mode.
+	Mode() outbox.TrackingMode
+	// Complete records, inside tx, that sub finished the messages ids.
+	// It is idempotent: a message completed twice counts once.
+	Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error
+	// Completed returns which of ids sub already finished, for re-read
+	// batches. Offset mode cannot tell per message and returns none.
+	Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error)
+	// Backfill makes sub required on at most limit unfinished rows of r
+	// that do not require it yet, returning how many it changed.
+	// Finished rows are never re-opened.
+	Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error)
+	// Forget removes sub from the required set of at most limit rows it
+	// had not finished (the group died or was cancelled).
+	Forget(ctx context.Context, db DB, sub Subscription, limit int) (int64, error)
+	// Cleanup deletes at most limit rows of topic that every required group
+	// finished and that retention lets go, returning how many it deleted.
+	Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error)
+}
+
+// New returns the tracker for mode, using the statements for schema.
+func New(mode outbox.TrackingMode, schema string) (Tracker, error) {
+	q := sqlq.ForPubSub(schema)
+	switch mode {
+	case outbox.Bitmap:
+		return &Bitmap{q: q}, nil
+	case outbox.Counter:
+		return &Counter{q: q}, nil
+	case outbox.Offset:
+		return &Offset{q: q}, nil
+	}
+	return nil, fmt.Errorf("%w: unknown tracking mode %q", outbox.ErrInvalidConfig, mode)
+}
+
+func exec(ctx context.Context, db DB, what, sql string, args ...any) (int64, error) {
+	tag, err := db.Exec(ctx, sql, args...)
+	if err != nil {
+		return 0, fmt.Errorf("pubsub: %s: %w", what, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+func idSet(ctx context.Context, db DB, what, sql string, args ...any) (map[int64]bool, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("pubsub: %s: %w", what, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("pubsub: %s: %w", what, err)
+	}
+	out := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, nil
+}
+
+// Bitmap tracks completion with one bit per group in the message row.
+type Bitmap struct{ q *sqlq.PubSub }
+
+// Mode implements Tracker.
+func (*Bitmap) Mode() outbox.TrackingMode { return outbox.Bitmap }
+
+// Complete implements Tracker: one UPDATE for the whole batch.
+func (b *Bitmap) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
+	_, err := exec(ctx, tx, "bitmap complete", b.q.BitmapComplete, ids, sub.Mask())
+	return err
+}
+
+// Completed implements Tracker.
+func (b *Bitmap) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
+	return idSet(ctx, db, "bitmap completed", b.q.BitmapCompleted, ids, sub.Mask())
+}
+
+// Backfill implements Tracker.
+func (b *Bitmap) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error) {
+	return exec(ctx, db, "bitmap backfill", b.q.BitmapBackfill, sub.Topic, sub.Mask(), r.Position, limit, r.All, r.From, r.FromID)
+}
+
+// Forget implements Tracker.
+func (b *Bitmap) Forget(ctx context.Context, db DB, sub Subscription, limit int) (int64, error) {
+	return exec(ctx, db, "bitmap forget", b.q.BitmapForget, sub.Topic, sub.Mask(), limit)
+}
+
+// Cleanup implements Tracker.
+func (b *Bitmap) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
+	return exec(ctx, db, "bitmap cleanup", b.q.BitmapCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit, keep.ZeroSubscription.Microseconds())
+}
+
+// Counter tracks completion with dedupe rows and a counter per message.
+type Counter struct{ q *sqlq.PubSub }
+
+// Mode implements Tracker.
+func (*Counter) Mode() outbox.TrackingMode { return outbox.Counter }
+
+// Complete implements Tracker: dedupe inserts and counter increments in one statement.
+func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
+	_, err := exec(ctx, tx, "counter complete", c.q.CounterComplete, ids, sub.ID)
+	return err
+}
+
+// Completed implements Tracker.
+func (c *Counter) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
+	return idSet(ctx, db, "counter completed", c.q.CounterCompleted, ids, sub.ID)
+}
+
+// Backfill implements Tracker.
+func (c *Counter) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error) {
+	return exec(ctx, db, "counter backfill", c.q.CounterBackfill, sub.Topic, sub.ID, r.Position, limit, r.All, r.From, r.FromID)
+}
+
+// Forget implements Tracker.
+func (c *Counter) Forget(ctx context.Context, db DB, sub Subscription, limit int) (int64, error) {
+	return exec(ctx, db, "counter forget", c.q.CounterForget, sub.Topic, sub.ID, limit)
+}
+
+// Cleanup implements Tracker.
+func (c *Counter) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, c.q.CounterCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit, keep.ZeroSubscription.Microseconds()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("pubsub: counter cleanup: %w", err)
+	}
+	return n, nil
+}
+
+// Offset tracks nothing per message: groups' committed positions do.
+type Offset struct{ q *sqlq.PubSub }
+
+// Mode implements Tracker.
+func (*Offset) Mode() outbox.TrackingMode { return outbox.Offset }
+
+// Complete implements Tracker: nothing to write per message.
+func (*Offset) Complete(context.Context, DB, Subscription, []int64) error { return nil }
+
+// Completed implements Tracker: offset mode cannot tell per message.
+func (*Offset) Completed(context.Context, DB, Subscription, []int64) (map[int64]bool, error) {
+	return nil, nil
+}
+
+// Backfill implements Tracker: a late group's start position already holds
+// the watermark back, so there is nothing to raise.
+func (*Offset) Backfill(context.Context, DB, Subscription, Range, int) (int64, error) { return 0, nil }
+
+// Forget implements Tracker: a group that left simply stops holding the
+// watermark back.
+func (*Offset) Forget(context.Context, DB, Subscription, int) (int64, error) { return 0, nil }
+
+// Cleanup implements Tracker: it computes the watermark (the least
+// committed position of the subscribed groups), records it, and deletes
+// rows visible in it.
+func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
+	w, err := Watermark(ctx, db, o.q, topic)
+	if err != nil {
+		return 0, err
+	}
+	var wm *string
+	if w != "" {
+		wm = &w
+		if _, err := exec(ctx, db, "record watermark", o.q.UpsertWatermark, topic, w); err != nil {
+			return 0, err
+		}
+	}
+	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit, keep.ZeroSubscription.Microseconds(), wm)
+}
