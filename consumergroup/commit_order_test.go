@@ -1,0 +1,130 @@
+package consumergroup_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Producers hold their transactions open for random times, so commit order
+// differs from id order; groups fetch the whole time. Every group, in every
+// mode, receives every committed message (and none rolled back). An
+// `id > cursor` reader loses messages here.
+func TestNoLossOnOutOfOrderCommits(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, mode)
+			ctx := context.Background()
+			recs := []*recorder{newRecorder(), newRecorder()}
+			for i, r := range recs {
+				g := b.newGroup(t, fmt.Sprintf("g%d", i), func(c *consumergroup.Config) {
+					c.PollInterval = 5 * time.Millisecond
+					c.BatchSize = 7 // small batches: many snapshot pairs and resume points
+				})
+				require.NoError(t, g.AddConsumer("m", r.handler, nil))
+				start(t, g, consumergroup.FromNow())
+			}
+
+			const producers, perProducer = 8, 60
+			var mu sync.Mutex
+			committed := map[int]bool{}
+			rolledBack := map[int]bool{}
+			var wg sync.WaitGroup
+			for p := range producers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range perProducer {
+						seq := p*perProducer + i
+						tx, err := b.db.Pool.Begin(ctx)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						payload, _ := json.Marshal(seqPayload{Seq: seq})
+						if _, err := b.producer.Send(ctx, tx, outbox.Message{Topic: b.topic, Payload: payload}); err != nil {
+							t.Error(err)
+							return
+						}
+						time.Sleep(time.Duration(rand.IntN(30)) * time.Millisecond) // hold the id uncommitted
+						mu.Lock()
+						if rand.IntN(10) == 0 {
+							rolledBack[seq] = true
+							mu.Unlock()
+							_ = tx.Rollback(ctx)
+							continue
+						}
+						mu.Unlock()
+						if err := tx.Commit(ctx); err != nil {
+							t.Error(err)
+							return
+						}
+						mu.Lock()
+						committed[seq] = true
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			require.NotEmpty(t, rolledBack)
+			for i, r := range recs {
+				eventually(t, 30*time.Second, fmt.Sprintf("group %d got every committed message", i), func() bool {
+					return r.distinct() >= len(committed)
+				})
+				time.Sleep(50 * time.Millisecond)
+				for seq := range committed {
+					require.True(t, r.has(seq), "group %d lost message %d", i, seq)
+				}
+				for seq := range rolledBack {
+					require.False(t, r.has(seq), "group %d got rolled-back message %d", i, seq)
+				}
+				require.Equal(t, len(committed), r.distinct())
+				require.Zero(t, r.dups())
+			}
+		})
+	}
+}
+
+// A transaction left open for the whole test (holding an xid, as a slow
+// batch job elsewhere in the database would) does not stop delivery of
+// messages committed after it began.
+func TestNoGlobalStallFromOpenTransaction(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, mode)
+			ctx := context.Background()
+			blocker, err := b.db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer blocker.Rollback(ctx)
+			var xid string
+			require.NoError(t, blocker.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid)) // takes an xid
+
+			// It even wrote a message of the topic that stays uncommitted.
+			_, err = b.producer.Send(ctx, blocker, outbox.Message{Topic: b.topic, Payload: []byte(`{"seq":-1}`)})
+			require.NoError(t, err)
+
+			r := newRecorder()
+			g := b.newGroup(t, "g")
+			require.NoError(t, g.AddConsumer("m", r.handler, nil))
+			start(t, g, consumergroup.FromNow())
+			for i := range 50 {
+				b.send(t, i)
+			}
+			eventually(t, 10*time.Second, "messages after the open transaction delivered", func() bool { return r.distinct() == 50 })
+			var stillOpen bool
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_xact_status($1::xid8) = 'in progress'`, xid).Scan(&stillOpen))
+			require.True(t, stillOpen)
+		})
+	}
+}
