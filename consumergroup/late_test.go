@@ -1,0 +1,225 @@
+package consumergroup_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// A group registers while 8 producers insert continuously. Every message
+// whose required set names the group reaches it, every message it receives
+// requires it, and cleanup never deletes one before it acked.
+func TestRegistrationRace(t *testing.T) {
+	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, mode)
+			ctx := context.Background()
+			require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: mode, Retention: time.Nanosecond}))
+			first := newRecorder()
+			g0 := b.newGroup(t, "early")
+			require.NoError(t, g0.AddConsumer("m", first.handler, nil))
+			start(t, g0, consumergroup.FromNow())
+
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var sent atomic.Int64
+			for p := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						payload, _ := json.Marshal(seqPayload{Seq: p*1_000_000 + i})
+						if _, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: b.topic, Payload: payload}); err != nil {
+							t.Error(err)
+							return
+						}
+						sent.Add(1)
+					}
+				}()
+			}
+			eventually(t, 5*time.Second, "producers running", func() bool { return sent.Load() > 200 })
+			late := newRecorder()
+			var handledIDs sync.Map
+			g1 := b.newGroup(t, "late")
+			require.NoError(t, g1.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+				handledIDs.Store(d.ID, true)
+				return late.handler(ctx, d)
+			}, nil))
+			start(t, g1, consumergroup.FromNow())
+			// Cleanup races the whole time too.
+			cleanerDone := make(chan struct{})
+			go func() {
+				defer close(cleanerDone)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_, _ = g0.Cleanup(ctx, 500)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}()
+			eventually(t, 5*time.Second, "more sends after registration", func() bool { return late.distinct() > 500 })
+			close(stop)
+			wg.Wait()
+			<-cleanerDone
+
+			sub := g1.Subscription()
+			requires := "required_bits & " + fmt.Sprint(sub.Mask()) + " <> 0"
+			if mode == outbox.Counter {
+				requires = fmt.Sprint(sub.ID) + " = ANY(required_ids)"
+			}
+			var required int
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox")+` WHERE `+requires).Scan(&required))
+			eventually(t, 20*time.Second, "late group got everything that requires it", func() bool {
+				var left int
+				done := "done_bits & " + fmt.Sprint(sub.Mask()) + " = 0"
+				if mode == outbox.Counter {
+					done = "NOT EXISTS (SELECT 1 FROM " + b.db.Table("outbox_consumer_groups") + " c WHERE c.message_id = o.id AND c.subscription_id = " + fmt.Sprint(sub.ID) + ")"
+				}
+				require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox")+` o WHERE `+requires+` AND `+done).Scan(&left))
+				return left == 0
+			})
+			// Every message it handled and that still exists requires it (none deleted before its ack).
+			var notRequired int
+			var ids []int64
+			handledIDs.Range(func(k, _ any) bool { ids = append(ids, k.(int64)); return true })
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox")+` WHERE id = ANY($1) AND NOT (`+requires+`)`, ids).Scan(&notRequired))
+			require.Zero(t, notRequired, "the late group received a message that does not require it")
+			require.Zero(t, late.dups())
+			t.Logf("%s: %d sent, %d required the late group (still present), %d handled by it", mode, sent.Load(), required, late.distinct())
+		})
+	}
+}
+
+func TestLateJoiners(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, mode)
+			ctx := context.Background()
+			early := newRecorder()
+			g0 := b.newGroup(t, "early")
+			require.NoError(t, g0.AddConsumer("m", early.handler, nil))
+			start(t, g0, consumergroup.FromNow())
+			var ids []int64
+			for i := range 5 { // separate transactions: distinct created_at
+				ids = append(ids, b.send(t, i)...)
+				time.Sleep(2 * time.Millisecond)
+			}
+			eventually(t, 5*time.Second, "early group done", func() bool { return early.distinct() == 5 })
+			var midTime time.Time
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT created_at FROM `+b.db.Table("outbox")+` WHERE id = $1`, ids[2]).Scan(&midTime))
+			later := b.send(t, 5, 6) // one early-group message still unfinished below
+			_ = later
+
+			cases := []struct {
+				name string
+				opts consumergroup.SubscriptionOptions
+				want int
+			}{
+				{"now", consumergroup.FromNow(), 0},
+				{"beginning-no-backfill", consumergroup.FromBeginning(false), 7},
+				{"beginning-backfill", consumergroup.FromBeginning(true), 7},
+				{"timestamp", consumergroup.FromTimestamp(midTime), 5},
+				{"message-id", consumergroup.FromMessageID(ids[3]), 4},
+			}
+			for _, c := range cases {
+				r := newRecorder()
+				g := b.newGroup(t, c.name)
+				require.NoError(t, g.AddConsumer("m", r.handler, nil))
+				start(t, g, c.opts)
+				if c.want == 0 {
+					time.Sleep(150 * time.Millisecond)
+				} else {
+					eventually(t, 10*time.Second, c.name, func() bool { return r.distinct() == c.want })
+				}
+				time.Sleep(50 * time.Millisecond)
+				require.Equal(t, c.want, r.distinct(), c.name)
+			}
+			if mode == outbox.Offset {
+				return
+			}
+			// Backfill made the group required on unfinished old messages
+			// only; without backfill it was not.
+			requiredOn := func(g string) int {
+				var n int
+				q := `SELECT count(*) FROM ` + b.db.Table("outbox") + ` o JOIN ` + b.db.Table("outbox_topic_subscriptions") +
+					` s ON s.group_name = $1 AND s.topic = o.topic WHERE o.id < $2 AND `
+				if mode == outbox.Bitmap {
+					q += `o.required_bits & (1::bigint << s.bit) <> 0`
+				} else {
+					q += `s.id = ANY(o.required_ids)`
+				}
+				require.NoError(t, b.db.Pool.QueryRow(ctx, q, g, ids[4]+1).Scan(&n))
+				return n
+			}
+			require.Zero(t, requiredOn("beginning-no-backfill"))
+			require.Zero(t, requiredOn("beginning-backfill"), "the early group had finished them all: completed messages are never re-opened")
+		})
+	}
+}
+
+// Backfill raises a late group on unfinished old messages (so cleanup keeps
+// them until it acks); without backfill it does not.
+func TestBackfillRaisesUnfinishedMessages(t *testing.T) {
+	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, mode)
+			ctx := context.Background()
+			gate := make(chan struct{})
+			g0 := b.newGroup(t, "stuck")
+			require.NoError(t, g0.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+				select {
+				case <-gate:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}, nil))
+			start(t, g0, consumergroup.FromNow())
+			ids := b.send(t, 0, 1, 2, 3)
+			defer close(gate)
+
+			requiredOn := func(g *consumergroup.Group) int {
+				sub := g.Subscription()
+				q := fmt.Sprint(sub.ID) + " = ANY(required_ids)"
+				if mode == outbox.Bitmap {
+					q = "required_bits & " + fmt.Sprint(sub.Mask()) + " <> 0"
+				}
+				return b.count(t, "id = ANY($1) AND "+q, ids)
+			}
+			with := newRecorder()
+			gw := b.newGroup(t, "with-backfill")
+			require.NoError(t, gw.AddConsumer("m", with.handler, nil))
+			start(t, gw, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true, MaxBackfill: 3, BackfillBatchSize: 2})
+			require.Equal(t, 3, requiredOn(gw), "backfill capped at MaxBackfill")
+			without := newRecorder()
+			gn := b.newGroup(t, "without-backfill")
+			require.NoError(t, gn.AddConsumer("m", without.handler, nil))
+			start(t, gn, consumergroup.FromBeginning(false))
+			require.Zero(t, requiredOn(gn))
+			eventually(t, 10*time.Second, "both late groups read the old messages", func() bool {
+				return with.distinct() == 4 && without.distinct() == 4
+			})
+			_ = ctx
+		})
+	}
+}
