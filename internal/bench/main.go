@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -80,8 +81,8 @@ func parseFlags() *config {
 }
 
 func run(ctx context.Context, c *config) error {
-	if c.workload == "W3" {
-		unsupported(c, "PUB_SUB consumer groups are not implemented yet")
+	if c.workload == "W3" && c.mode == "" {
+		unsupported(c, "W3 needs -mode bitmap, counter or offset")
 	}
 	pool, err := openPool(ctx, c)
 	if err != nil {
@@ -105,6 +106,8 @@ func run(ctx context.Context, c *config) error {
 		return b.w1(ctx)
 	case "W2":
 		return b.w2(ctx)
+	case "W3":
+		return b.w3(ctx)
 	default:
 		return b.w4(ctx)
 	}
@@ -171,6 +174,98 @@ func (b *bench) w2(ctx context.Context) error {
 		return err
 	}
 	emit(b.c, elapsed, b.c.n, 0, 0)
+	return nil
+}
+
+// w3: n messages preloaded on one PUB_SUB topic, then `groups` groups
+// (subscribed before the preload, one instance each) drain it concurrently,
+// timed to the last group's last batch completion being committed.
+func (b *bench) w3(ctx context.Context) error {
+	const topic = "w3"
+	mode := outbox.TrackingMode(strings.ToUpper(b.c.mode))
+	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode}); err != nil {
+		return err
+	}
+	newGroup := func(i int, tr *tracker) (*consumergroup.Group, error) {
+		g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema,
+			Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool})
+		if err != nil {
+			return nil, err
+		}
+		return g, g.AddConsumer("c", func(ctx context.Context, d *outbox.Delivery) error {
+			var m struct {
+				Seq int `json:"seq"`
+			}
+			if err := json.Unmarshal(d.Payload, &m); err != nil {
+				return outbox.Permanent(err)
+			}
+			tr.handled(m.Seq)
+			return nil
+		}, nil)
+	}
+	// Subscribe every group first, so the preloaded messages require them.
+	for i := range b.c.groups {
+		g, err := newGroup(i, newTracker(b.c.n))
+		if err != nil {
+			return err
+		}
+		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+			return err
+		}
+		if err := g.Stop(ctx); err != nil {
+			return err
+		}
+	}
+	if err := b.preload(ctx, topic); err != nil {
+		return err
+	}
+	trs := make([]*tracker, b.c.groups)
+	groups := make([]*consumergroup.Group, b.c.groups)
+	for i := range groups {
+		trs[i] = newTracker(b.c.n)
+		g, err := newGroup(i, trs[i])
+		if err != nil {
+			return err
+		}
+		groups[i] = g
+	}
+	start := time.Now()
+	for _, g := range groups {
+		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+			return err
+		}
+	}
+	for i, tr := range trs {
+		for tr.distinct() < b.c.n {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("group %d: %d of %d handled: %w", i, tr.distinct(), b.c.n, ctx.Err())
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	for { // every batch's completion committed
+		var open int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.outbox_group_batches`).Scan(&open); err != nil {
+			return err
+		}
+		if open == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	for _, g := range groups {
+		if err := g.Stop(context.Background()); err != nil {
+			return err
+		}
+	}
+	for i, tr := range trs {
+		if err := tr.check(fmt.Sprintf("W3 group g%d", i)); err != nil {
+			return err
+		}
+	}
+	emit(b.c, elapsed, b.c.n*b.c.groups, 0, 0)
 	return nil
 }
 
