@@ -122,6 +122,27 @@ type bench struct {
 
 // w1: n messages, each in its own transaction, from `workers` goroutines.
 func (b *bench) w1(ctx context.Context) error {
+	if b.c.mode != "" { // W1 on a PUB_SUB topic with `groups` subscribed groups
+		if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "w1", Semantics: outbox.PubSub,
+			Tracking: outbox.TrackingMode(strings.ToUpper(b.c.mode))}); err != nil {
+			return err
+		}
+		for i := range b.c.groups {
+			g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: "w1", Group: fmt.Sprintf("g%d", i), Schema: schema, HeartbeatPool: b.pool})
+			if err != nil {
+				return err
+			}
+			if err := g.AddConsumer("c", func(context.Context, *outbox.Delivery) error { return nil }, nil); err != nil {
+				return err
+			}
+			if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+				return err
+			}
+			if err := g.Stop(ctx); err != nil { // subscribed; nobody consumes during W1
+				return err
+			}
+		}
+	}
 	start := time.Now()
 	err := concurrently(ctx, b.c.n, b.c.workers, func(ctx context.Context, seq int) error {
 		return b.sendOne(ctx, "w1", seq)
