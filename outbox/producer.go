@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -128,14 +129,11 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	}
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: send: %w", err)
+		return 0, sendError(err)
 	}
 	id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("%w: topic %q", ErrNoSubscriptions, m.Topic)
-	}
 	if err != nil {
-		return 0, fmt.Errorf("outbox: send: %w", err)
+		return 0, sendError(err)
 	}
 	p.metrics.sent.Add(ctx, 1)
 	return id, nil
@@ -201,7 +199,7 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 	}
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: send: %w", err)
+		return nil, sendError(err)
 	}
 	type inserted struct {
 		id    int64
@@ -213,7 +211,7 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 		return v, r.Scan(&v.id, &v.topic, &v.key)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: send: %w", err)
+		return nil, sendError(err)
 	}
 	// Inserted rows come back in input order; rows skipped for an existing
 	// idempotency key are missing and looked up below.
@@ -250,8 +248,7 @@ func (p *Producer) resolveIdempotent(ctx context.Context, tx Executor, msgs []Me
 	byTopic := map[string][]string{}
 	for _, i := range missing {
 		if msgs[i].IdempotencyKey == "" {
-			// Only a topic blocking writes on zero subscriptions skips a row.
-			return fmt.Errorf("%w: topic %q (message %d)", ErrNoSubscriptions, msgs[i].Topic, i)
+			return fmt.Errorf("outbox: send: message %d was not written", i)
 		}
 		byTopic[msgs[i].Topic] = append(byTopic[msgs[i].Topic], msgs[i].IdempotencyKey)
 	}
@@ -338,4 +335,17 @@ func NotifyChannel(schema string) string {
 		schema = schema[:max-len(prefix)]
 	}
 	return prefix + schema
+}
+
+// sendError maps a write refused for lack of subscriptions (see
+// sqlq.NoSubscriptionsMarker: the statement fails as a whole) to
+// ErrNoSubscriptions, and wraps everything else.
+func sendError(err error) error {
+	var pgErr *pgconn.PgError
+	const marker = "pgoutbox: no subscriptions on topic "
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, marker) {
+		topic := pgErr.Message[strings.Index(pgErr.Message, marker)+len(marker):]
+		return fmt.Errorf("%w: topic %s", ErrNoSubscriptions, strings.TrimRight(topic, `"`))
+	}
+	return fmt.Errorf("outbox: send: %w", err)
 }

@@ -55,19 +55,26 @@ SELECT $1, $2, $3, $4, $5, $6,
        ` + requiredColumns + `
 FROM (SELECT 1) AS one
 LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = $1
-WHERE ` + notBlocked + `
 RETURNING id`
 
 // requiredColumns fixes a message's status and required groups from its
 // topic row t (NULL for a topic never configured: a QUEUE topic). This is
 // the "snapshot at insert" of the groups a PUB_SUB message needs.
-const requiredColumns = `CASE WHEN t.semantics = 'PUB_SUB' THEN 'PUBLISHED' ELSE 'PENDING' END,
+const requiredColumns = `CASE WHEN ` + blocked + ` THEN (` + NoSubscriptionsMarker + ` || t.topic)::integer::text
+            WHEN t.semantics = 'PUB_SUB' THEN 'PUBLISHED' ELSE 'PENDING' END,
        CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_bits END,
        CASE WHEN t.tracking_mode = 'COUNTER' THEN t.subscribed_ids END,
        CASE WHEN t.tracking_mode = 'COUNTER' THEN cardinality(t.subscribed_ids) END`
 
-// notBlocked refuses rows for a topic that blocks writes while nobody subscribes.
-const notBlocked = `NOT coalesce(t.block_writes_on_zero_subscriptions AND cardinality(t.subscribed_ids) = 0, false)`
+// blocked is true for a topic that blocks writes while nobody subscribes.
+// Such a row fails the whole statement (so a batch is never half-written):
+// casting the marker text to integer raises invalid_text_representation
+// (22P02) with the marker in its message; the producer maps it to
+// outbox.ErrNoSubscriptions.
+const blocked = `coalesce(t.block_writes_on_zero_subscriptions AND cardinality(t.subscribed_ids) = 0, false)`
+
+// NoSubscriptionsMarker starts the error message of a blocked write.
+const NoSubscriptionsMarker = `'pgoutbox: no subscriptions on topic '`
 
 // insertOneNotify is insertOne that also notifies channel $10 with the topic.
 const insertOneNotify = `
@@ -90,7 +97,6 @@ FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::sm
      WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
                           idempotency_key, not_before, delay_us, ord)
 LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = m.topic
-WHERE ` + notBlocked + `
 ORDER BY m.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, topic, idempotency_key`

@@ -1,0 +1,82 @@
+package consumergroup_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"sort"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrations"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Two groups subscribe to one PUB_SUB topic; each receives every message.
+func Example() {
+	ctx := context.Background()
+	dsn, drop, err := pgtest.ExampleDSN()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drop()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := migrations.Up(ctx, pool, migrations.Config{}); err != nil {
+		log.Fatal(err)
+	}
+	client, _ := outbox.NewClient(pool, outbox.Config{})
+	err = client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders.placed", Semantics: outbox.PubSub, Tracking: outbox.Bitmap})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	var got []string
+	var wg sync.WaitGroup
+	wg.Add(4) // 2 messages × 2 groups
+	var groups []*consumergroup.Group
+	for _, name := range []string{"billing", "shipping"} {
+		g, err := consumergroup.New(pool, consumergroup.Config{Topic: "orders.placed", Group: name})
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = g.AddConsumer(name+"-1", func(ctx context.Context, d *outbox.Delivery) error {
+			mu.Lock()
+			got = append(got, fmt.Sprintf("%s got %s", name, d.Payload))
+			mu.Unlock()
+			wg.Done()
+			return nil
+		}, nil)
+		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+			log.Fatal(err)
+		}
+		groups = append(groups, g)
+	}
+
+	producer, _ := outbox.NewProducer(outbox.ProducerConfig{})
+	for _, order := range []string{`{"order":1}`, `{"order":2}`} {
+		if _, err := producer.Send(ctx, pool, outbox.Message{Topic: "orders.placed", Payload: []byte(order)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	wg.Wait()
+	for _, g := range groups {
+		_ = g.Stop(ctx)
+	}
+	sort.Strings(got)
+	for _, line := range got {
+		fmt.Println(line)
+	}
+	// Output:
+	// billing got {"order": 1}
+	// billing got {"order": 2}
+	// shipping got {"order": 1}
+	// shipping got {"order": 2}
+}
