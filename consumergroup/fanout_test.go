@@ -31,7 +31,13 @@ func TestFanOutEveryGroupGetsEveryMessage(t *testing.T) {
 				eventually(t, 60*time.Second, fmt.Sprintf("group %d drained", i), func() bool { return r.distinct() == n })
 				require.Zero(t, r.dups(), "group %d handled a message twice", i)
 			}
-			_ = context.Background()
+			// Groups complete the same rows concurrently; they must lock
+			// them in one order (a deadlock costs a second and a retry).
+			time.Sleep(1100 * time.Millisecond) // statistics are flushed about once a second
+			var deadlocks int64
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+				`SELECT deadlocks FROM pg_catalog.pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks))
+			require.Zero(t, deadlocks)
 		})
 	}
 }

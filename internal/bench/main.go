@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -39,6 +40,7 @@ var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000}
 
 type config struct {
 	system, dsn, workload, mode string
+	cpuProfile                  string
 	n, workers, groups, rate    int
 	timeout, notifyInterval     time.Duration
 }
@@ -47,6 +49,16 @@ func main() {
 	c := parseFlags()
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
+	if c.cpuProfile != "" {
+		f, err := os.Create(c.cpuProfile)
+		if err != nil {
+			fail(c, err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(c, err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(ctx, c); err != nil {
 		fail(c, err)
 	}
@@ -61,6 +73,7 @@ func parseFlags() *config {
 	flag.IntVar(&c.groups, "groups", 4, "consumer groups (W3)")
 	flag.IntVar(&c.rate, "rate", 500, "produce rate in msg/s (W4)")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "abort after this long")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.StringVar(&c.mode, "mode", "", "PUB_SUB tracking mode for W3: bitmap, counter or offset")
 	flag.DurationVar(&c.notifyInterval, "notify-interval", 0, "producer NotifyInterval (0 = library default, negative = no NOTIFY)")
 	flag.Parse()

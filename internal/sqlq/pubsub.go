@@ -324,7 +324,7 @@ UPDATE {{schema}}.outbox SET required_bits = required_bits & ~$2::bigint
 WHERE id IN (
     SELECT id FROM {{schema}}.outbox
     WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 <> 0 AND done_bits & $2 = 0
-    LIMIT $3)`
+    ORDER BY id LIMIT $3)`
 
 // retention: rows older than the topic's retention (and, for rows nobody
 // was subscribed to, older than the zero-subscription floor), with no
@@ -341,7 +341,7 @@ DELETE FROM {{schema}}.outbox WHERE id IN (
     WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND o.done_bits & o.required_bits = o.required_bits
           AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
-    LIMIT $4)`
+    ORDER BY o.id LIMIT $4)`
 
 // ---------------------------------------------------------------- counter
 
@@ -355,7 +355,8 @@ WITH fresh AS (
     RETURNING message_id
 )
 UPDATE {{schema}}.outbox AS o SET completed_count = o.completed_count + 1
-FROM fresh WHERE o.id = fresh.message_id AND $2 = ANY(o.required_ids)`
+FROM (SELECT message_id FROM fresh ORDER BY message_id) AS f -- lock rows in id order, like every group
+WHERE o.id = f.message_id AND $2 = ANY(o.required_ids)`
 
 const counterCompleted = `
 SELECT message_id FROM {{schema}}.outbox_consumer_groups
@@ -382,7 +383,7 @@ WHERE id IN (
     WHERE topic = $1 AND status = 'PUBLISHED' AND $2::bigint = ANY(required_ids)
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                           WHERE c.message_id = o.id AND c.subscription_id = $2)
-    LIMIT $3)`
+    ORDER BY id LIMIT $3)`
 
 const counterCleanup = `
 WITH gone AS (
@@ -391,7 +392,7 @@ WITH gone AS (
         WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND o.completed_count >= o.required_count
               AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
-        LIMIT $4)
+        ORDER BY o.id LIMIT $4)
     RETURNING id
 ), dedupe AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
@@ -411,7 +412,7 @@ DELETE FROM {{schema}}.outbox WHERE id IN (
                    THEN o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'
                    ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
 	retention + `
-    LIMIT $4)`
+    ORDER BY o.id LIMIT $4)`
 
 const upsertWatermark = `
 INSERT INTO {{schema}}.outbox_topic_watermarks (topic, watermark) VALUES ($1, $2::pg_snapshot)
