@@ -52,7 +52,7 @@ func NewMessage[T any](topic string, v T) (Message, error) {
 	return Message{Topic: topic, Payload: b}, nil
 }
 
-// validate checks m and returns its headers encoded as JSON.
+// validate checks m and returns its headers encoded as JSON (nil for none).
 func (m *Message) validate() (headers []byte, err error) {
 	if err := ValidateTopic(m.Topic); err != nil {
 		return nil, err
@@ -78,7 +78,7 @@ func (m *Message) validate() (headers []byte, err error) {
 		}
 	}
 	if len(m.Headers) == 0 {
-		return []byte("{}"), nil
+		return nil, nil // stored as NULL
 	}
 	for k := range m.Headers {
 		if k == "" {

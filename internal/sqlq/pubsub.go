@@ -338,7 +338,7 @@ const retention = `
 const bitmapCleanup = `
 DELETE FROM {{schema}}.outbox WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox AS o
-    WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND o.done_bits & o.required_bits = o.required_bits
+    WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND coalesce(o.done_bits, 0) & o.required_bits = o.required_bits
           AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
     ORDER BY o.id LIMIT $4)`
@@ -389,7 +389,7 @@ const counterCleanup = `
 WITH gone AS (
     DELETE FROM {{schema}}.outbox WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox AS o
-        WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND o.completed_count >= o.required_count
+        WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)
               AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
         ORDER BY o.id LIMIT $4)

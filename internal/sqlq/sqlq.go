@@ -49,7 +49,7 @@ func For(schema string) *Outbox {
 const insertOne = `
 INSERT INTO {{schema}}.outbox
     (topic, payload, headers, correlation_id, message_group, priority, available_at,
-     status, required_bits, required_ids, required_count)
+     status, required_bits, required_ids, required_count, done_bits, completed_count)
 SELECT $1, $2, $3, $4, $5, $6,
        coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'),
        ` + requiredColumns + `
@@ -64,7 +64,9 @@ const requiredColumns = `CASE WHEN ` + blocked + ` THEN (` + NoSubscriptionsMark
             WHEN t.semantics = 'PUB_SUB' THEN 'PUBLISHED' ELSE 'PENDING' END,
        CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_bits END,
        CASE WHEN t.tracking_mode = 'COUNTER' THEN t.subscribed_ids END,
-       CASE WHEN t.tracking_mode = 'COUNTER' THEN cardinality(t.subscribed_ids) END`
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN cardinality(t.subscribed_ids) END,
+       CASE WHEN t.tracking_mode = 'BITMAP' THEN 0 END,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN 0 END`
 
 // blocked is true for a topic that blocks writes while nobody subscribes.
 // Such a row fails the whole statement (so a batch is never half-written):
@@ -88,7 +90,7 @@ SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
 const insertRows = `
 INSERT INTO {{schema}}.outbox
     (topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at,
-     status, required_bits, required_ids, required_count)
+     status, required_bits, required_ids, required_count, done_bits, completed_count)
 SELECT m.topic, m.payload, m.headers, m.correlation_id, m.message_group, m.priority, m.idempotency_key,
        coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond'),
        ` + requiredColumns + `

@@ -20,7 +20,7 @@ CREATE TABLE outbox (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     topic           text        NOT NULL,
     payload         jsonb       NOT NULL,
-    headers         jsonb       NOT NULL DEFAULT '{}',
+    headers         jsonb,      -- NULL when a message has none
     correlation_id  text        NOT NULL,
     message_group   text,
     priority        smallint    NOT NULL DEFAULT 0,

@@ -14,12 +14,13 @@ ALTER TABLE outbox_topics
 ALTER TABLE outbox DROP CONSTRAINT outbox_status_check;
 ALTER TABLE outbox ADD CONSTRAINT outbox_status_check
     CHECK (status IN ('PENDING', 'PROCESSING', 'DEAD_LETTER', 'PUBLISHED'));
+-- All NULL on QUEUE rows (no bytes stored); set by the insert for its mode.
 ALTER TABLE outbox
-    ADD COLUMN required_bits   bigint,                      -- BITMAP: groups that must complete
-    ADD COLUMN done_bits       bigint NOT NULL DEFAULT 0,   -- BITMAP: groups that completed
-    ADD COLUMN required_ids    bigint[],                    -- COUNTER: subscriptions that must complete
-    ADD COLUMN required_count  integer,                     -- COUNTER
-    ADD COLUMN completed_count integer NOT NULL DEFAULT 0;  -- COUNTER
+    ADD COLUMN required_bits   bigint,    -- BITMAP: groups that must complete
+    ADD COLUMN done_bits       bigint,    -- BITMAP: groups that completed
+    ADD COLUMN required_ids    bigint[],  -- COUNTER: subscriptions that must complete
+    ADD COLUMN required_count  integer,   -- COUNTER
+    ADD COLUMN completed_count integer;   -- COUNTER
 
 -- Snapshot-pair fetches: a topic's rows by writing transaction.
 CREATE INDEX outbox_pubsub_xid_idx ON outbox (topic, xid, id) WHERE status = 'PUBLISHED';
