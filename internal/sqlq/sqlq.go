@@ -21,6 +21,7 @@ type Outbox struct {
 	Insert, InsertNotify, SelectIdempotent string
 	UpsertTopic, SelectTopic               string
 	Claim, Ack, Settle, ReapExpired        string
+	ExtendLease                            string
 	ListDeadLetters, ReplayDeadLetters     string
 }
 
@@ -39,6 +40,7 @@ func For(schema string) *Outbox {
 		Ack:               r.Replace(ack),
 		Settle:            r.Replace(settle),
 		ReapExpired:       r.Replace(reapExpired),
+		ExtendLease:       r.Replace(extendLease),
 		ListDeadLetters:   r.Replace(listDeadLetters),
 		ReplayDeadLetters: r.Replace(replayDeadLetters),
 	}
@@ -196,6 +198,12 @@ SET status = CASE WHEN s.dead THEN 'DEAD_LETTER' ELSE 'PENDING' END,
 FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::bool[], $5::text[], $6::int[])
      AS s(id, attempts, delay_us, dead, err, uncount)
 WHERE o.id = s.id AND o.attempts = s.attempts AND o.status = 'PROCESSING'`
+
+// extendLease pushes a held lease out to $3 + $4 microseconds.
+const extendLease = `
+UPDATE {{schema}}.outbox SET lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
+WHERE id = $1 AND attempts = $2 AND status = 'PROCESSING'
+RETURNING lease_until`
 
 // reapExpired returns up to $3 messages of topic $1 whose lease ended before
 // $2 to PENDING, or dead-letters them when they used their last attempt ($4).

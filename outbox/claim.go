@@ -1,0 +1,110 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrLeaseLost: the delivery's lease expired and the message was returned
+// to the queue (or claimed again); the outcome was not recorded.
+var ErrLeaseLost = errors.New("outbox: lease lost")
+
+// The methods below are the building blocks of Consumer, for programs that
+// settle messages themselves and asynchronously (the router package does).
+// A delivery is identified by (ID, Attempt): settling one whose lease
+// expired and was reclaimed since changes nothing and returns ErrLeaseLost.
+
+// Claim leases up to limit available messages of a QUEUE topic to owner,
+// highest priority first, for the topic's Lease.
+func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*Delivery, error) {
+	t, err := c.Topic(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	if t.Semantics != Queue {
+		return nil, fmt.Errorf("%w: %q is a %s topic", ErrWrongSemantics, topic, t.Semantics)
+	}
+	if limit < 1 || owner == "" {
+		return nil, fmt.Errorf("%w: Claim needs an owner and limit >= 1", ErrInvalidConfig)
+	}
+	rows, err := c.pool.Query(ctx, c.sql.Claim, topic, limit, c.now(), owner, t.Lease.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Delivery, error) {
+		d := &Delivery{Topic: topic, MaxAttempts: t.MaxAttempts}
+		var prio int16
+		var availableAt time.Time
+		err := r.Scan(&d.ID, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.Attempt, &d.CreatedAt, &d.LeaseUntil, &availableAt)
+		d.Priority = int(prio)
+		return d, err
+	})
+}
+
+// Ack deletes handled messages.
+func (c *Client) Ack(ctx context.Context, ds ...*Delivery) error {
+	ids, attempts := make([]int64, len(ds)), make([]int32, len(ds))
+	for i, d := range ds {
+		ids[i], attempts[i] = d.ID, int32(d.Attempt)
+	}
+	tag, err := c.pool.Exec(ctx, c.sql.Ack, ids, attempts)
+	if err != nil {
+		return fmt.Errorf("outbox: ack: %w", err)
+	}
+	if int(tag.RowsAffected()) < len(ds) {
+		return fmt.Errorf("%w: %d of %d acks", ErrLeaseLost, len(ds)-int(tag.RowsAffected()), len(ds))
+	}
+	return nil
+}
+
+// Retry ends d's lease and makes the message available again after delay
+// (or dead-letters it when that was its last attempt), recording reason.
+func (c *Client) Retry(ctx context.Context, d *Delivery, delay time.Duration, reason string) error {
+	return c.settleOne(ctx, d, delay, d.Attempt >= d.MaxAttempts && d.MaxAttempts > 0, reason, 0)
+}
+
+// DeadLetter parks the message at once, recording reason.
+func (c *Client) DeadLetter(ctx context.Context, d *Delivery, reason string) error {
+	return c.settleOne(ctx, d, 0, true, reason, 0)
+}
+
+// Release gives the message back for immediate redelivery; started says
+// whether handling began (if not, the attempt is not counted).
+func (c *Client) Release(ctx context.Context, d *Delivery, started bool) error {
+	uncount := int32(1)
+	if started {
+		uncount = 0
+	}
+	return c.settleOne(ctx, d, 0, false, "released", uncount)
+}
+
+func (c *Client) settleOne(ctx context.Context, d *Delivery, delay time.Duration, dead bool, reason string, uncount int32) error {
+	tag, err := c.pool.Exec(ctx, c.sql.Settle, []int64{d.ID}, []int32{int32(d.Attempt)}, []int64{delay.Microseconds()},
+		[]bool{dead}, []*string{&reason}, []int32{uncount}, c.now())
+	if err != nil {
+		return fmt.Errorf("outbox: settle: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: message %d attempt %d", ErrLeaseLost, d.ID, d.Attempt)
+	}
+	return nil
+}
+
+// ExtendLease keeps d leased for another lease from now and updates
+// d.LeaseUntil.
+func (c *Client) ExtendLease(ctx context.Context, d *Delivery, lease time.Duration) error {
+	var until time.Time
+	err := c.pool.QueryRow(ctx, c.sql.ExtendLease, d.ID, d.Attempt, c.now(), lease.Microseconds()).Scan(&until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: message %d attempt %d", ErrLeaseLost, d.ID, d.Attempt)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: extend lease: %w", err)
+	}
+	d.LeaseUntil = until
+	return nil
+}
