@@ -72,6 +72,12 @@ func (c *Client) DeadLetter(ctx context.Context, d *Delivery, reason string) err
 	return c.settleOne(ctx, d, 0, true, reason, 0)
 }
 
+// Postpone gives the message back, available after delay, without counting
+// the attempt (it was not tried).
+func (c *Client) Postpone(ctx context.Context, d *Delivery, delay time.Duration) error {
+	return c.settleOne(ctx, d, delay, false, "postponed", 1)
+}
+
 // Release gives the message back for immediate redelivery; started says
 // whether handling began (if not, the attempt is not counted).
 func (c *Client) Release(ctx context.Context, d *Delivery, started bool) error {

@@ -1,0 +1,266 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Errors. Bad configuration and refused targets wrap one of these.
+var (
+	// ErrInvalidConfig: a configuration value is out of range.
+	ErrInvalidConfig = errors.New("router: invalid configuration")
+	// ErrTargetNotAllowed: a message's target host is not on the allow-list.
+	ErrTargetNotAllowed = errors.New("router: target host not allowed")
+	// ErrInvalidTarget: a message's target is not an absolute http(s) URL.
+	ErrInvalidTarget = errors.New("router: invalid target URL")
+	// ErrConfigUnavailable: the configuration source failed every start-up attempt.
+	ErrConfigUnavailable = errors.New("router: configuration unavailable")
+	// ErrStarted: Start on a router that already started.
+	ErrStarted = errors.New("router: already started")
+)
+
+// Pool and routing defaults (seed 001).
+const (
+	DefaultPoolCode           = "DEFAULT-POOL"
+	DefaultPoolConcurrency    = 20
+	DefaultGroup              = "__DEFAULT__"
+	QueueCapacityMultiplier   = 20
+	MinQueueCapacity          = 50
+	DefaultIdleTimeout        = 5 * time.Minute
+	DefaultRetryDelay         = 30 * time.Second
+	DefaultFastFailDelay      = 10 * time.Second
+	MinDelay                  = time.Second
+	MaxDelay                  = 12 * time.Hour
+	DefaultMaxAttempts        = 3
+	DefaultConnectTimeout     = 30 * time.Second
+	DefaultRequestTimeout     = 15 * time.Minute
+	DefaultSyncInterval       = 5 * time.Minute
+	DefaultStartupAttempts    = 12
+	DefaultStartupRetryDelay  = 5 * time.Second
+	DefaultMaxPools           = 10_000
+	DefaultPoolWarnThreshold  = 5_000
+	DefaultHealthInterval     = 60 * time.Second
+	DefaultStallTimeout       = 60 * time.Second
+	DefaultLeakCheckInterval  = 30 * time.Second
+	DefaultRateLimitPollEvery = 100 * time.Millisecond
+)
+
+// PoolConfig describes one processing pool.
+type PoolConfig struct {
+	// Code names the pool; messages choose a pool by code.
+	Code string `json:"code"`
+	// Concurrency is the most deliveries in flight at once.
+	Concurrency int `json:"concurrency"`
+	// RateLimitPerMinute caps deliveries per minute; 0 means no limit.
+	RateLimitPerMinute int `json:"rateLimitPerMinute"`
+}
+
+// Capacity is how many messages the pool buffers: max(concurrency×20, 50).
+func (p PoolConfig) Capacity() int {
+	return max(p.Concurrency*QueueCapacityMultiplier, MinQueueCapacity)
+}
+
+func (p PoolConfig) validate() error {
+	switch {
+	case p.Code == "":
+		return fmt.Errorf("%w: pool without a code", ErrInvalidConfig)
+	case p.Concurrency < 1:
+		return fmt.Errorf("%w: pool %q: concurrency %d must be at least 1", ErrInvalidConfig, p.Code, p.Concurrency)
+	case p.RateLimitPerMinute < 0:
+		return fmt.Errorf("%w: pool %q: negative rate limit", ErrInvalidConfig, p.Code)
+	}
+	return nil
+}
+
+// ConfigSource supplies the pools; the router polls it.
+type ConfigSource interface {
+	Pools(ctx context.Context) ([]PoolConfig, error)
+}
+
+// HTTPConfigSource reads pools from a JSON endpoint answering
+// {"pools":[{"code":"…","concurrency":n,"rateLimitPerMinute":n}]}.
+type HTTPConfigSource struct {
+	URL    string
+	Client *http.Client // defaults to a client with a 10s timeout
+}
+
+// Pools implements ConfigSource.
+func (s *HTTPConfigSource) Pools(ctx context.Context) ([]PoolConfig, error) {
+	client := s.Client
+	if client == nil {
+		client = &http.Client{Timeout: 10 * time.Second}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
+	if err != nil {
+		return nil, fmt.Errorf("router: config request: %w", err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("router: config request: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil, fmt.Errorf("router: config request: HTTP %d", resp.StatusCode)
+	}
+	var body struct {
+		Pools []PoolConfig `json:"pools"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, fmt.Errorf("router: config body: %w", err)
+	}
+	return body.Pools, nil
+}
+
+// BreakerConfig configures the circuit breaker of each target host.
+type BreakerConfig struct {
+	// MinRequests before the failure ratio is judged. Defaults to 10.
+	MinRequests uint32
+	// FailureRatio at which the breaker opens. Defaults to 0.5.
+	FailureRatio float64
+	// OpenFor is how long it stays open before trying again. Defaults to 5s.
+	OpenFor time.Duration
+	// HalfOpenRequests is how many successes close it again. Defaults to 3.
+	HalfOpenRequests uint32
+}
+
+// Clock tells the time; tests inject one for rate limits.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config configures a Router. Durations and counts at zero take the
+// defaults above.
+type Config struct {
+	// Pools is the static pool configuration (used when ConfigSource is nil,
+	// and as the starting set otherwise).
+	Pools []PoolConfig
+	// ConfigSource, when set, is polled every SyncInterval; at start-up it
+	// is tried StartupAttempts times StartupRetryDelay apart before Start fails.
+	ConfigSource      ConfigSource
+	SyncInterval      time.Duration
+	StartupAttempts   int
+	StartupRetryDelay time.Duration
+	// MaxPools refuses pools beyond it (critical warning); a warning is
+	// raised from PoolWarningThreshold on.
+	MaxPools             int
+	PoolWarningThreshold int
+
+	// AllowedHosts lists the host[:port] values targets may name. Required:
+	// a message can never send the router somewhere else.
+	AllowedHosts []string
+	// Tokens gives a bearer token per target host; TokenFunc, when set, is
+	// asked instead. Credentials never come from message rows.
+	Tokens    map[string]string
+	TokenFunc func(ctx context.Context, target *url.URL) (string, error)
+
+	// PointerBody sends {"messageId": id} instead of the payload.
+	PointerBody bool
+	// ConnectTimeout, RequestTimeout bound each HTTP attempt.
+	ConnectTimeout time.Duration
+	RequestTimeout time.Duration
+	// MaxAttempts per delivery for retryable errors (timeouts, connection
+	// errors, 5xx), with RetryBackoff between them (default 1s, 2s, 3s).
+	MaxAttempts  int
+	RetryBackoff func(attempt int) time.Duration
+	Breaker      BreakerConfig
+	// HTTPClient overrides the client built from the timeouts.
+	HTTPClient *http.Client
+
+	// IdleTimeout ends a message group's goroutine after that long idle.
+	IdleTimeout time.Duration
+	// DefaultRetryDelay is the nack delay without a better one;
+	// FastFailDelay the nack delay of messages behind a failed one of their
+	// batch+group.
+	DefaultRetryDelay time.Duration
+	FastFailDelay     time.Duration
+	// RateLimitPollEvery is how often a rate-limited worker tries again.
+	RateLimitPollEvery time.Duration
+
+	// HealthInterval: how often sources are checked; a source that has not
+	// polled for StallTimeout is restarted. LeakCheckInterval: how often the
+	// in-flight map is compared with the pools' capacity.
+	HealthInterval    time.Duration
+	StallTimeout      time.Duration
+	LeakCheckInterval time.Duration
+	WarningTTL        time.Duration
+
+	Clock         Clock
+	Logger        *slog.Logger
+	MeterProvider metric.MeterProvider
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	defInt := func(d *int, v int) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.SyncInterval, DefaultSyncInterval)
+	def(&c.StartupRetryDelay, DefaultStartupRetryDelay)
+	def(&c.ConnectTimeout, DefaultConnectTimeout)
+	def(&c.RequestTimeout, DefaultRequestTimeout)
+	def(&c.IdleTimeout, DefaultIdleTimeout)
+	def(&c.DefaultRetryDelay, DefaultRetryDelay)
+	def(&c.FastFailDelay, DefaultFastFailDelay)
+	def(&c.RateLimitPollEvery, DefaultRateLimitPollEvery)
+	def(&c.HealthInterval, DefaultHealthInterval)
+	def(&c.StallTimeout, DefaultStallTimeout)
+	def(&c.LeakCheckInterval, DefaultLeakCheckInterval)
+	def(&c.WarningTTL, DefaultWarningTTL)
+	def(&c.Breaker.OpenFor, 5*time.Second)
+	defInt(&c.StartupAttempts, DefaultStartupAttempts)
+	defInt(&c.MaxPools, DefaultMaxPools)
+	defInt(&c.PoolWarningThreshold, DefaultPoolWarnThreshold)
+	defInt(&c.MaxAttempts, DefaultMaxAttempts)
+	if c.RetryBackoff == nil {
+		c.RetryBackoff = func(attempt int) time.Duration { return time.Duration(attempt) * time.Second }
+	}
+	if c.Breaker.MinRequests == 0 {
+		c.Breaker.MinRequests = 10
+	}
+	if c.Breaker.FailureRatio == 0 {
+		c.Breaker.FailureRatio = 0.5
+	}
+	if c.Breaker.HalfOpenRequests == 0 {
+		c.Breaker.HalfOpenRequests = 3
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if len(c.AllowedHosts) == 0 {
+		return fmt.Errorf("%w: AllowedHosts is empty (targets must be allow-listed)", ErrInvalidConfig)
+	}
+	for _, p := range c.Pools {
+		if err := p.validate(); err != nil {
+			return err
+		}
+	}
+	if c.MaxAttempts < 1 || c.StartupAttempts < 1 || c.MaxPools < 1 {
+		return fmt.Errorf("%w: MaxAttempts, StartupAttempts and MaxPools must be at least 1", ErrInvalidConfig)
+	}
+	return nil
+}

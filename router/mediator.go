@@ -1,0 +1,262 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// Result classifies a delivery attempt (seed 001, "Response Handling").
+type Result int
+
+// Results.
+const (
+	Success         Result = iota // ack
+	ErrorConfig                   // ack + dead letter: retrying cannot help
+	ErrorProcess                  // nack (with the endpoint's delay, if any)
+	ErrorConnection               // nack
+)
+
+func (r Result) String() string {
+	return [...]string{"SUCCESS", "ERROR_CONFIG", "ERROR_PROCESS", "ERROR_CONNECTION"}[r]
+}
+
+// Outcome is what delivering a message came to.
+type Outcome struct {
+	Result Result
+	// Delay is the endpoint's requested retry delay (0: the default).
+	Delay time.Duration
+	// Reason says why, for logs and dead letters.
+	Reason    string
+	retryable bool
+}
+
+// mediator POSTs messages to their targets.
+type mediator struct {
+	cfg      Config
+	warn     *warnings
+	client   *http.Client
+	allowed  map[string]bool
+	mu       sync.Mutex
+	breakers map[string]*gobreaker.CircuitBreaker[Outcome]
+}
+
+func newMediator(cfg Config, warn *warnings) *mediator {
+	m := &mediator{cfg: cfg, warn: warn, allowed: map[string]bool{}, breakers: map[string]*gobreaker.CircuitBreaker[Outcome]{}}
+	for _, h := range cfg.AllowedHosts {
+		m.allowed[strings.ToLower(h)] = true
+	}
+	m.client = cfg.HTTPClient
+	if m.client == nil {
+		transport := http.DefaultTransport.(*http.Transport).Clone()
+		transport.DialContext = (&net.Dialer{Timeout: cfg.ConnectTimeout}).DialContext
+		transport.MaxIdleConnsPerHost = 256
+		m.client = &http.Client{Transport: transport, Timeout: cfg.RequestTimeout}
+	}
+	client := *m.client
+	// Redirects are followed only within the same host; a redirect to
+	// another host is answered as the 3xx it is.
+	client.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if len(via) >= 5 || !strings.EqualFold(req.URL.Host, via[0].URL.Host) {
+			return http.ErrUseLastResponse
+		}
+		return nil
+	}
+	m.client = &client
+	return m
+}
+
+// checkTarget validates a target URL against the allow-list.
+func (m *mediator) checkTarget(target string) error {
+	u, err := validTarget(target)
+	if err != nil {
+		return err
+	}
+	if !m.allowed[strings.ToLower(u.Host)] && !m.allowed[strings.ToLower(u.Hostname())] {
+		return fmt.Errorf("%w: %q", ErrTargetNotAllowed, u.Host)
+	}
+	return nil
+}
+
+func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b, ok := m.breakers[host]; ok {
+		return b
+	}
+	bc := m.cfg.Breaker
+	b := gobreaker.NewCircuitBreaker[Outcome](gobreaker.Settings{
+		Name:        host,
+		MaxRequests: bc.HalfOpenRequests,
+		Timeout:     bc.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.Requests >= bc.MinRequests && float64(c.TotalFailures)/float64(c.Requests) >= bc.FailureRatio
+		},
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			if to == gobreaker.StateOpen {
+				m.warn.add(WarnProcessing, SeverityWarn, fmt.Sprintf("circuit to %s opened", name))
+			}
+		},
+	})
+	m.breakers[host] = b
+	return b
+}
+
+// errAttemptFailed marks an attempt the breaker counts as a failure.
+var errAttemptFailed = errors.New("attempt failed")
+
+// deliver runs up to MaxAttempts attempts for retryable failures.
+func (m *mediator) deliver(ctx context.Context, msg *Message) Outcome {
+	if err := m.checkTarget(msg.Target); err != nil {
+		return Outcome{Result: ErrorConfig, Reason: err.Error()}
+	}
+	u, _ := url.Parse(msg.Target)
+	b := m.breaker(u.Host)
+	var out Outcome
+	for attempt := 1; attempt <= m.cfg.MaxAttempts; attempt++ {
+		var err error
+		out, err = b.Execute(func() (Outcome, error) {
+			o := m.attempt(ctx, msg, u)
+			if o.retryable {
+				return o, errAttemptFailed
+			}
+			return o, nil
+		})
+		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+			return Outcome{Result: ErrorConnection, Reason: "circuit open for " + u.Host}
+		}
+		if !out.retryable || attempt == m.cfg.MaxAttempts {
+			return out
+		}
+		select {
+		case <-ctx.Done():
+			return out
+		case <-time.After(m.cfg.RetryBackoff(attempt)):
+		}
+	}
+	return out
+}
+
+// attempt is one HTTP POST and the seed's response table.
+func (m *mediator) attempt(ctx context.Context, msg *Message, u *url.URL) Outcome {
+	body := msg.Payload
+	if m.cfg.PointerBody {
+		body, _ = json.Marshal(map[string]string{"messageId": msg.ID})
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return Outcome{Result: ErrorConfig, Reason: err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("X-Message-Id", msg.ID)
+	req.Header.Set("X-Message-Topic", msg.Topic)
+	req.Header.Set("X-Message-Group", msg.group())
+	key := msg.IdempotencyKey
+	if key == "" {
+		key = msg.ID
+	}
+	req.Header.Set("Idempotency-Key", key)
+	token, err := m.token(ctx, u)
+	if err != nil {
+		return Outcome{Result: ErrorProcess, Reason: "token: " + err.Error(), retryable: false}
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return classifyError(err)
+	}
+	defer resp.Body.Close()
+	respBody, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return m.classify(msg, resp, respBody)
+}
+
+func (m *mediator) token(ctx context.Context, u *url.URL) (string, error) {
+	if m.cfg.TokenFunc != nil {
+		return m.cfg.TokenFunc(ctx, u)
+	}
+	if t, ok := m.cfg.Tokens[u.Host]; ok {
+		return t, nil
+	}
+	return m.cfg.Tokens[u.Hostname()], nil
+}
+
+func classifyError(err error) Outcome {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		var opErr *net.OpError
+		if errors.As(err, &opErr) && opErr.Op == "dial" {
+			return Outcome{Result: ErrorConnection, Reason: "connect timeout: " + err.Error(), retryable: true}
+		}
+		return Outcome{Result: ErrorProcess, Reason: "timeout: " + err.Error(), retryable: true}
+	default:
+		return Outcome{Result: ErrorConnection, Reason: err.Error(), retryable: true}
+	}
+}
+
+func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outcome {
+	code := resp.StatusCode
+	switch {
+	case code == http.StatusOK:
+		var r struct {
+			Ack          *bool `json:"ack"`
+			DelaySeconds *int  `json:"delaySeconds"`
+		}
+		if err := json.Unmarshal(body, &r); err != nil || r.Ack == nil {
+			// Seed 001: an unparseable 200 counts as success (compatibility).
+			m.warn.add(WarnResponseParse, SeverityWarn, fmt.Sprintf("message %s: 200 from %s with a body that is not {\"ack\":…}; treated as success", msg.ID, msg.Target))
+			return Outcome{Result: Success}
+		}
+		if *r.Ack {
+			return Outcome{Result: Success}
+		}
+		o := Outcome{Result: ErrorProcess, Reason: "endpoint answered ack=false"}
+		if r.DelaySeconds != nil && *r.DelaySeconds > 0 {
+			o.Delay = clampDelay(time.Duration(*r.DelaySeconds) * time.Second)
+		}
+		return o
+	case code == http.StatusTooManyRequests:
+		return Outcome{Result: ErrorProcess, Delay: m.retryAfter(resp.Header.Get("Retry-After")), Reason: "429 Too Many Requests"}
+	case code == http.StatusNotImplemented:
+		m.warn.add(WarnConfiguration, SeverityCritical, fmt.Sprintf("message %s: 501 from %s", msg.ID, msg.Target))
+		return Outcome{Result: ErrorConfig, Reason: "501 Not Implemented"}
+	case code >= 400 && code < 500:
+		m.warn.add(WarnConfiguration, SeverityError, fmt.Sprintf("message %s: %d from %s", msg.ID, code, msg.Target))
+		return Outcome{Result: ErrorConfig, Reason: fmt.Sprintf("HTTP %d", code)}
+	case code >= 500:
+		return Outcome{Result: ErrorProcess, Reason: fmt.Sprintf("HTTP %d", code), retryable: true}
+	default:
+		return Outcome{Result: ErrorProcess, Reason: fmt.Sprintf("unexpected HTTP %d", code)}
+	}
+}
+
+// retryAfter reads Retry-After as delta-seconds or an HTTP-date; without
+// one, the default delay; clamped to [1s, 12h].
+func (m *mediator) retryAfter(h string) time.Duration {
+	h = strings.TrimSpace(h)
+	if h == "" {
+		return m.cfg.DefaultRetryDelay
+	}
+	if secs, err := strconv.Atoi(h); err == nil {
+		return clampDelay(time.Duration(secs) * time.Second)
+	}
+	if t, err := http.ParseTime(h); err == nil {
+		return clampDelay(t.Sub(m.cfg.Clock.Now()))
+	}
+	return m.cfg.DefaultRetryDelay
+}

@@ -1,0 +1,314 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// pool delivers messages with at most concurrency in flight and an
+// optional rate limit, one goroutine per active message group.
+type pool struct {
+	r    *Router
+	code string
+
+	mu          sync.Mutex // guards everything below
+	cond        *sync.Cond // signalled when a permit frees or the pool drains
+	concurrency int
+	rateLimit   int
+	limiter     *rate.Limiter // nil: no limit
+	inFlight    int           // permits held
+	groups      map[string]*groupQueue
+	queued      int
+	running     bool
+	failed      map[string]bool // batchID|group whose delivery failed
+	remaining   map[string]int  // batchID|group → messages not yet done
+	workers     sync.WaitGroup
+}
+
+type groupQueue struct {
+	high, regular []*Message
+	wake          chan struct{} // capacity 1
+	active        bool          // a goroutine serves the group
+}
+
+func newPool(r *Router, c PoolConfig) *pool {
+	p := &pool{r: r, code: c.Code, concurrency: c.Concurrency, groups: map[string]*groupQueue{},
+		running: true, failed: map[string]bool{}, remaining: map[string]int{}}
+	p.cond = sync.NewCond(&p.mu)
+	p.setRate(c.RateLimitPerMinute)
+	return p
+}
+
+// setRate replaces the limiter (callers hold mu, or own p exclusively).
+func (p *pool) setRate(perMinute int) {
+	p.rateLimit = perMinute
+	if perMinute <= 0 {
+		p.limiter = nil
+		return
+	}
+	// A smooth rate of perMinute per minute (a burst of one): any minute
+	// sees at most perMinute+1 deliveries.
+	p.limiter = rate.NewLimiter(rate.Limit(float64(perMinute)/60), 1)
+}
+
+// update applies a changed concurrency or rate limit live. A lower
+// concurrency takes effect as running deliveries finish.
+func (p *pool) update(c PoolConfig) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.Concurrency != p.concurrency {
+		if c.Concurrency < p.inFlight {
+			p.r.warn.add(WarnConcurrencyReduction, SeverityWarn, fmt.Sprintf("pool %q: concurrency %d → %d applies as %d running deliveries finish",
+				p.code, p.concurrency, c.Concurrency, p.inFlight))
+		}
+		p.concurrency = c.Concurrency
+		p.cond.Broadcast()
+	}
+	if c.RateLimitPerMinute != p.rateLimit {
+		p.setRate(c.RateLimitPerMinute)
+	}
+}
+
+func (p *pool) capacity() int { return max(p.concurrency*QueueCapacityMultiplier, MinQueueCapacity) }
+
+func (p *pool) free() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.running {
+		return 0
+	}
+	return p.capacity() - p.queued
+}
+
+func (p *pool) stats() PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	active := 0
+	for _, g := range p.groups {
+		if g.active {
+			active++
+		}
+	}
+	return PoolStats{Code: p.code, Concurrency: p.concurrency, RateLimitPerMinute: p.rateLimit,
+		Capacity: p.capacity(), Queued: p.queued, InFlight: p.inFlight, ActiveGroups: active}
+}
+
+// submit queues m behind the earlier messages of its group; false when the
+// pool is full or draining.
+func (p *pool) submit(m *Message) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.running || p.queued >= p.capacity() {
+		return false
+	}
+	g := p.groups[m.group()]
+	if g == nil {
+		g = &groupQueue{wake: make(chan struct{}, 1)}
+		p.groups[m.group()] = g
+	}
+	if m.HighPriority {
+		g.high = append(g.high, m)
+	} else {
+		g.regular = append(g.regular, m)
+	}
+	p.queued++
+	p.remaining[m.batchGroup()]++
+	if !g.active {
+		g.active = true
+		p.workers.Add(1)
+		go p.serve(m.group(), g)
+	}
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// next pops the group's next message, high priority first; nil when the
+// group stayed idle for IdleTimeout (the goroutine then exits) or the pool
+// drains.
+func (p *pool) next(name string, g *groupQueue) *Message {
+	idle := time.NewTimer(p.r.cfg.IdleTimeout)
+	defer idle.Stop()
+	for {
+		p.mu.Lock()
+		if !p.running {
+			g.active = false
+			p.mu.Unlock()
+			return nil
+		}
+		var m *Message
+		switch {
+		case len(g.high) > 0:
+			m, g.high = g.high[0], g.high[1:]
+		case len(g.regular) > 0:
+			m, g.regular = g.regular[0], g.regular[1:]
+		}
+		if m != nil {
+			p.queued--
+			p.mu.Unlock()
+			return m
+		}
+		p.mu.Unlock()
+		select {
+		case <-g.wake:
+		case <-idle.C:
+			p.mu.Lock()
+			if len(g.high)+len(g.regular) == 0 {
+				g.active = false
+				delete(p.groups, name)
+				p.mu.Unlock()
+				return nil
+			}
+			p.mu.Unlock()
+		}
+	}
+}
+
+// serve is a group's goroutine: one message at a time, in order.
+func (p *pool) serve(name string, g *groupQueue) {
+	defer p.workers.Done()
+	ctx := context.Background()
+	for {
+		m := p.next(name, g)
+		if m == nil {
+			return
+		}
+		key := m.batchGroup()
+		p.mu.Lock()
+		failed := p.failed[key]
+		p.mu.Unlock()
+		if failed { // an earlier message of this batch+group failed: keep the order
+			p.r.settle(ctx, m, nackWith(p.r.cfg.FastFailDelay), true)
+			p.done(key)
+			continue
+		}
+		if !p.waitRate() || !p.acquire() {
+			p.r.settle(ctx, m, nackWith(MinDelay), true) // draining: not delivered
+			p.done(key)
+			continue
+		}
+		if err := m.Settle.Extend(ctx); err != nil {
+			p.r.logger.Warn("pgoutbox router: lease extension failed; delivering anyway", slog.String("id", m.ID), slog.Any("error", err))
+		}
+		out := p.r.mediator.deliver(ctx, m)
+		p.release()
+		p.handle(ctx, m, out)
+		p.done(key)
+	}
+}
+
+// waitRate blocks until the pool's rate limiter grants a permit (read
+// afresh each try, so a new limit applies at once); false if draining.
+func (p *pool) waitRate() bool {
+	for {
+		p.mu.Lock()
+		running, lim := p.running, p.limiter
+		p.mu.Unlock()
+		if !running {
+			return false
+		}
+		if lim == nil || lim.AllowN(p.r.cfg.Clock.Now(), 1) {
+			return true
+		}
+		p.r.metrics.rateLimited.Add(context.Background(), 1)
+		time.Sleep(p.r.cfg.RateLimitPollEvery)
+	}
+}
+
+func (p *pool) acquire() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.running && p.inFlight >= p.concurrency {
+		p.cond.Wait()
+	}
+	if !p.running {
+		return false
+	}
+	p.inFlight++
+	return true
+}
+
+func (p *pool) release() {
+	p.mu.Lock()
+	p.inFlight--
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// handle turns a delivery outcome into ack, dead letter or nack.
+func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
+	switch o.Result {
+	case Success:
+		p.r.settle(ctx, m, ackIt, true)
+	case ErrorConfig:
+		p.r.settle(ctx, m, deadLetterWith(o.Reason), true)
+	default: // ErrorProcess, ErrorConnection: retry later, and hold back the rest of the batch+group
+		delay := o.Delay
+		if delay == 0 {
+			delay = p.r.cfg.DefaultRetryDelay
+		}
+		p.mu.Lock()
+		p.failed[m.batchGroup()] = true
+		p.mu.Unlock()
+		p.r.logger.Info("pgoutbox router: delivery failed; retrying later", slog.String("id", m.ID), slog.String("pool", p.code),
+			slog.String("result", o.Result.String()), slog.Duration("delay", delay), slog.String("reason", o.Reason))
+		p.r.settle(ctx, m, retryWith(delay), true)
+	}
+}
+
+// done counts a batch+group message finished and drops the tracking at zero.
+func (p *pool) done(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.remaining[key]--
+	if p.remaining[key] <= 0 {
+		delete(p.remaining, key)
+		delete(p.failed, key)
+	}
+}
+
+// drain stops accepting, nacks everything queued (never delivered), and
+// lets deliveries in progress finish.
+func (p *pool) drain() {
+	p.mu.Lock()
+	if !p.running {
+		p.mu.Unlock()
+		return
+	}
+	p.running = false
+	var queued []*Message
+	for _, g := range p.groups {
+		queued = append(queued, g.high...)
+		queued = append(queued, g.regular...)
+		g.high, g.regular = nil, nil
+		select {
+		case g.wake <- struct{}{}:
+		default:
+		}
+	}
+	p.queued = 0
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	for _, m := range queued {
+		p.r.settle(context.Background(), m, nackWith(MinDelay), true)
+	}
+}
+
+// wait waits for the pool's goroutines (and so its HTTP calls) to end.
+func (p *pool) wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { p.workers.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

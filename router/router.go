@@ -1,0 +1,563 @@
+// Package router delivers claimed messages to downstream HTTP endpoints:
+// FIFO within a message group, concurrent across groups, through pools with
+// a concurrency limit and an optional rate limit, with precise ack/nack.
+//
+// Sources (QueueSource for QUEUE topics; any Source implementation) hand the
+// router batches of claimed messages. Routing follows three phases:
+//
+//  1. Dedupe against the in-flight map: a physical redelivery (same
+//     delivery id) is nacked, a logical requeue (same message, new delivery)
+//     is acked; the original is still being delivered.
+//  2. Capacity: a pool that cannot take all of the batch's messages for it
+//     gets none of them (they are nacked); unknown pools fall back to
+//     DEFAULT-POOL with a warning.
+//  3. Per message group, in batch order: each message is submitted to its
+//     pool; after the first refusal the rest of that group in this batch is
+//     nacked, so redelivery keeps the order.
+//
+// In a pool, each active message group has one goroutine that delivers its
+// messages one at a time, high priority first; goroutines exit when idle.
+// When a delivery fails, the later messages of the same batch and group are
+// nacked with a short delay instead of being delivered out of order.
+package router
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Settler ends a message's life in its source.
+type Settler interface {
+	// Ack: delivered (or not to be delivered again).
+	Ack(ctx context.Context) error
+	// Nack: deliver again after delay. attempted says whether a delivery
+	// was tried (a message held back or refused before delivery should not
+	// use up one of its attempts).
+	Nack(ctx context.Context, delay time.Duration, attempted bool) error
+	// DeadLetter: park the message with the reason; it will not be retried.
+	DeadLetter(ctx context.Context, reason string) error
+	// Extend is called before each delivery: a source with leases renews
+	// the message's lease when it is running short.
+	Extend(ctx context.Context) error
+}
+
+// Message is a claimed message on its way to an endpoint.
+type Message struct {
+	// ID is the application message id; DeliveryID names this delivery of
+	// it (a redelivery gets a new one). Both required.
+	ID, DeliveryID string
+	// Pool chooses the pool (DEFAULT-POOL when unknown); Target is the URL
+	// to POST to; Group the message group (blank: __DEFAULT__).
+	Pool, Target, Group string
+	HighPriority        bool
+	Topic               string
+	Payload             []byte
+	// IdempotencyKey is sent as Idempotency-Key (defaults to ID).
+	IdempotencyKey string
+	// Settle is how the router acks and nacks it. Required.
+	Settle Settler
+
+	batchID string
+	settled atomic.Bool
+}
+
+func (m *Message) pipelineKey() string { return m.DeliveryID }
+
+func (m *Message) group() string {
+	if strings.TrimSpace(m.Group) == "" {
+		return DefaultGroup
+	}
+	return m.Group
+}
+
+func (m *Message) batchGroup() string { return m.batchID + "|" + m.group() }
+
+// Source feeds the router.
+type Source interface {
+	// Name identifies the source in logs and warnings.
+	Name() string
+	// Run claims batches and passes them to route until ctx ends. It returns
+	// when it stopped claiming.
+	Run(ctx context.Context, route func(ctx context.Context, batch []*Message)) error
+	// LastPoll is when the source last asked for messages (zero: never).
+	LastPoll() time.Time
+}
+
+// Router routes messages from sources to pools. Create it with New, add
+// sources, Start it, Stop it.
+type Router struct {
+	cfg      Config
+	logger   *slog.Logger
+	warn     *warnings
+	inflight *tracker
+	mediator *mediator
+	metrics  *metrics
+	batches  atomic.Uint64 // batch ids
+
+	mu      sync.Mutex // guards pools, draining, sources and the lifecycle fields
+	pools   map[string]*pool
+	drained []*pool
+	sources []*runningSource
+	started bool
+	stopped bool
+	bg      context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // background loops (sync, health, leaks)
+	syncMu  sync.Mutex     // one configuration sync at a time
+}
+
+type runningSource struct {
+	src    Source
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New validates cfg and returns a router.
+func New(cfg Config) (*Router, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Router{
+		cfg:      cfg,
+		logger:   cfg.Logger,
+		inflight: newTracker(),
+		pools:    map[string]*pool{},
+		metrics:  newMetrics(cfg.MeterProvider),
+	}
+	r.warn = &warnings{ttl: cfg.WarningTTL, now: cfg.Clock.Now}
+	r.mediator = newMediator(cfg, r.warn)
+	return r, nil
+}
+
+// Warnings returns the current (unexpired) warnings.
+func (r *Router) Warnings() []Warning { return r.warn.list() }
+
+// AddSource registers a source; sources added after Start start at once.
+func (r *Router) AddSource(s Source) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rs := &runningSource{src: s}
+	r.sources = append(r.sources, rs)
+	if r.started && !r.stopped {
+		r.runSource(rs)
+	}
+}
+
+// Start loads the configuration (from ConfigSource: up to StartupAttempts
+// tries, then ErrConfigUnavailable), creates the pools and starts the
+// sources and the background checks. It returns once running.
+func (r *Router) Start(ctx context.Context) error {
+	r.mu.Lock()
+	if r.started {
+		r.mu.Unlock()
+		return ErrStarted
+	}
+	r.started = true
+	r.bg, r.cancel = context.WithCancel(context.Background())
+	r.mu.Unlock()
+
+	r.applyPools(r.cfg.Pools)
+	if r.cfg.ConfigSource != nil {
+		if err := r.initialSync(ctx); err != nil {
+			r.cancel()
+			return err
+		}
+		r.loop(r.cfg.SyncInterval, func() { _ = r.Sync(r.bg) })
+	}
+	r.loop(r.cfg.HealthInterval, r.checkSources)
+	r.loop(r.cfg.LeakCheckInterval, r.checkLeaks)
+	r.mu.Lock()
+	for _, rs := range r.sources {
+		r.runSource(rs)
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *Router) loop(every time.Duration, f func()) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.bg.Done():
+				return
+			case <-t.C:
+				f()
+			}
+		}
+	}()
+}
+
+func (r *Router) initialSync(ctx context.Context) error {
+	var err error
+	for attempt := 1; attempt <= r.cfg.StartupAttempts; attempt++ {
+		if err = r.Sync(ctx); err == nil {
+			return nil
+		}
+		r.logger.Warn("pgoutbox router: configuration sync failed at start-up", slog.Int("attempt", attempt), slog.Any("error", err))
+		if attempt < r.cfg.StartupAttempts {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w: %w", ErrConfigUnavailable, ctx.Err())
+			case <-time.After(r.cfg.StartupRetryDelay):
+			}
+		}
+	}
+	r.warn.add(WarnConfigSyncFailed, SeverityCritical, fmt.Sprintf("initial configuration sync failed after %d attempts: %v", r.cfg.StartupAttempts, err))
+	return fmt.Errorf("%w after %d attempts: %w", ErrConfigUnavailable, r.cfg.StartupAttempts, err)
+}
+
+// Sync fetches the configuration once and applies it; on failure the last
+// good configuration stays and a warning is raised.
+func (r *Router) Sync(ctx context.Context) error {
+	if r.cfg.ConfigSource == nil {
+		return nil
+	}
+	r.syncMu.Lock()
+	defer r.syncMu.Unlock()
+	pools, err := r.cfg.ConfigSource.Pools(ctx)
+	if err == nil {
+		for _, p := range pools {
+			if err = p.validate(); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		r.mu.Lock()
+		have := len(r.pools) > 0
+		r.mu.Unlock()
+		if have {
+			r.warn.add(WarnConfigSyncFailed, SeverityWarn, "configuration sync failed; keeping the last configuration: "+err.Error())
+		}
+		return err
+	}
+	r.applyPools(pools)
+	return nil
+}
+
+// applyPools creates new pools, updates changed ones live, and drains
+// pools that left the configuration.
+func (r *Router) applyPools(cfgs []PoolConfig) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	want := map[string]PoolConfig{}
+	for _, c := range cfgs {
+		want[c.Code] = c
+	}
+	for code, p := range r.pools {
+		c, keep := want[code]
+		if !keep && code != DefaultPoolCode {
+			p.drain()
+			r.drained = append(r.drained, p)
+			delete(r.pools, code)
+			r.logger.Info("pgoutbox router: pool left the configuration; draining", slog.String("pool", code))
+			continue
+		}
+		if keep {
+			p.update(c)
+		}
+	}
+	for code, c := range want {
+		if _, ok := r.pools[code]; ok {
+			continue
+		}
+		if len(r.pools) >= r.cfg.MaxPools {
+			r.warn.add(WarnPoolLimit, SeverityCritical, fmt.Sprintf("pool %q not created: %d pools is the maximum", code, r.cfg.MaxPools))
+			continue
+		}
+		if len(r.pools) >= r.cfg.PoolWarningThreshold {
+			r.warn.add(WarnPoolLimit, SeverityWarn, fmt.Sprintf("%d pools, warning threshold %d", len(r.pools)+1, r.cfg.PoolWarningThreshold))
+		}
+		r.pools[code] = newPool(r, c)
+	}
+}
+
+// PoolStats describes a pool.
+type PoolStats struct {
+	Code               string
+	Concurrency        int
+	RateLimitPerMinute int
+	Capacity, Queued   int
+	InFlight           int // deliveries holding a concurrency permit
+	ActiveGroups       int
+}
+
+// Pools describes the active pools.
+func (r *Router) Pools() []PoolStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]PoolStats, 0, len(r.pools))
+	for _, p := range r.pools {
+		out = append(out, p.stats())
+	}
+	return out
+}
+
+// InFlight is the number of messages between routing and their ack/nack.
+func (r *Router) InFlight() int { return r.inflight.size() }
+
+// Route takes a batch of claimed messages through the three routing phases.
+// It returns once every message was submitted to a pool or settled.
+func (r *Router) Route(ctx context.Context, batch []*Message) {
+	batchID := strconv.FormatUint(r.batches.Add(1), 36)
+	r.mu.Lock()
+	pools := make(map[string]*pool, len(r.pools))
+	for k, v := range r.pools {
+		pools[k] = v
+	}
+	r.mu.Unlock()
+
+	// Phase 1: dedupe against the in-flight map.
+	byPool := map[string][]*Message{}
+	var poolOrder []string
+	for _, m := range batch {
+		m.batchID = batchID
+		switch r.inflight.check(m) {
+		case physicalDuplicate:
+			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+			r.metrics.duplicates.Add(ctx, 1)
+			continue
+		case logicalRequeue:
+			r.settle(ctx, m, ackIt, false)
+			r.metrics.duplicates.Add(ctx, 1)
+			continue
+		}
+		if err := r.mediator.checkTarget(m.Target); err != nil {
+			r.warn.add(WarnTargetNotAllowed, SeverityError, fmt.Sprintf("message %s: %v", m.ID, err))
+			r.settle(ctx, m, deadLetterWith(err.Error()), false)
+			continue
+		}
+		code := m.Pool
+		if _, ok := pools[code]; !ok {
+			if code != DefaultPoolCode {
+				r.warn.add(WarnRouting, SeverityWarn, fmt.Sprintf("no pool %q; message %s routed to %s", code, m.ID, DefaultPoolCode))
+			}
+			code = DefaultPoolCode
+			pools[code] = r.defaultPool()
+		}
+		if _, seen := byPool[code]; !seen {
+			poolOrder = append(poolOrder, code)
+		}
+		byPool[code] = append(byPool[code], m)
+	}
+
+	for _, code := range poolOrder {
+		p, msgs := pools[code], byPool[code]
+		// Phase 2: the pool takes all of them or none.
+		if p.free() < len(msgs) {
+			r.warn.add(WarnQueueFull, SeverityWarn, fmt.Sprintf("pool %q full; %d messages nacked", code, len(msgs)))
+			for _, m := range msgs {
+				r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+			}
+			continue
+		}
+		// Phase 3: per group, in order; after a refusal the rest of the group is nacked.
+		refused := map[string]bool{}
+		for _, m := range msgs {
+			g := m.group()
+			if refused[g] {
+				r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
+				continue
+			}
+			if r.inflight.track(m) != tracked {
+				r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+				continue
+			}
+			if !p.submit(m) {
+				r.inflight.remove(m)
+				r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
+				refused[g] = true
+			}
+		}
+	}
+}
+
+// defaultPool returns DEFAULT-POOL, creating it on demand.
+func (r *Router) defaultPool() *pool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.pools[DefaultPoolCode]; ok {
+		return p
+	}
+	p := newPool(r, PoolConfig{Code: DefaultPoolCode, Concurrency: DefaultPoolConcurrency})
+	r.pools[DefaultPoolCode] = p
+	return p
+}
+
+type settlement struct {
+	kind      int // 0 ack, 1 nack, 2 dead-letter
+	delay     time.Duration
+	reason    string
+	attempted bool
+}
+
+var ackIt = settlement{kind: 0}
+
+func nackWith(d time.Duration) settlement  { return settlement{kind: 1, delay: d} }
+func retryWith(d time.Duration) settlement { return settlement{kind: 1, delay: d, attempted: true} }
+func deadLetterWith(r string) settlement   { return settlement{kind: 2, reason: r} }
+
+// settle acks, nacks or dead-letters m exactly once and, when it was
+// tracked, removes it from the in-flight map.
+func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracked bool) {
+	if !m.settled.CompareAndSwap(false, true) {
+		return
+	}
+	if wasTracked {
+		defer r.inflight.remove(m)
+	}
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	switch s.kind {
+	case 0:
+		err = m.Settle.Ack(ctx)
+		r.metrics.acked.Add(ctx, 1)
+	case 1:
+		err = m.Settle.Nack(ctx, clampDelay(s.delay), s.attempted)
+		r.metrics.nacked.Add(ctx, 1)
+	case 2:
+		err = m.Settle.DeadLetter(ctx, s.reason)
+		r.metrics.deadLettered.Add(ctx, 1)
+	}
+	if err != nil {
+		r.logger.Warn("pgoutbox router: settling a message failed; its source redelivers it", slog.String("id", m.ID), slog.Any("error", err))
+	}
+}
+
+func clampDelay(d time.Duration) time.Duration { return min(max(d, MinDelay), MaxDelay) }
+
+func (r *Router) runSource(rs *runningSource) {
+	ctx, cancel := context.WithCancel(r.bg)
+	rs.cancel, rs.done = cancel, make(chan struct{})
+	go func() {
+		defer close(rs.done)
+		if err := rs.src.Run(ctx, r.Route); err != nil && ctx.Err() == nil {
+			r.logger.Error("pgoutbox router: source stopped", slog.String("source", rs.src.Name()), slog.Any("error", err))
+		}
+	}()
+}
+
+// checkSources restarts sources that stopped polling.
+func (r *Router) checkSources() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	for _, rs := range r.sources {
+		last := rs.src.LastPoll()
+		stalled := !last.IsZero() && r.cfg.Clock.Now().Sub(last) > r.cfg.StallTimeout
+		exited := rs.done != nil && isClosed(rs.done)
+		if !stalled && !exited {
+			continue
+		}
+		r.warn.add(WarnConsumerRestart, SeverityWarn, fmt.Sprintf("source %s stalled (last poll %v); restarting", rs.src.Name(), last))
+		rs.cancel()
+		r.runSource(rs)
+	}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// checkLeaks warns when the in-flight map outgrows what the pools can hold.
+func (r *Router) checkLeaks() {
+	r.mu.Lock()
+	total := 0
+	for _, p := range r.pools {
+		total += p.stats().Capacity
+	}
+	r.mu.Unlock()
+	total = max(total, MinQueueCapacity)
+	if n := r.inflight.size(); n > total {
+		r.warn.add(WarnPipelineMapLeak, SeverityWarn, fmt.Sprintf("in-flight map holds %d messages, pools hold at most %d", n, total))
+	}
+}
+
+// Stop shuts down gracefully: sources stop claiming, pools stop accepting
+// and nack what they queued, in-progress HTTP calls finish (until ctx
+// ends), then everything still tracked is nacked. Nothing is acked that was
+// not delivered. Safe to call more than once.
+func (r *Router) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	if !r.started || r.stopped {
+		r.mu.Unlock()
+		return nil
+	}
+	r.stopped = true
+	sources := r.sources
+	r.mu.Unlock()
+
+	for _, rs := range sources {
+		if rs.cancel != nil {
+			rs.cancel()
+		}
+	}
+	var err error
+	for _, rs := range sources {
+		if rs.done == nil {
+			continue
+		}
+		select {
+		case <-rs.done:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	r.cancel()
+	r.wg.Wait()
+
+	r.mu.Lock()
+	pools := make([]*pool, 0, len(r.pools)+len(r.drained))
+	for _, p := range r.pools {
+		pools = append(pools, p)
+	}
+	pools = append(pools, r.drained...)
+	r.mu.Unlock()
+	for _, p := range pools {
+		p.drain()
+	}
+	for _, p := range pools {
+		if werr := p.wait(ctx); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	failures := 0
+	for _, m := range r.inflight.drain() {
+		if e := m.Settle.Nack(context.WithoutCancel(ctx), MinDelay, false); e != nil {
+			failures++
+		}
+		m.settled.Store(true)
+	}
+	if failures > 0 {
+		r.warn.add(WarnShutdownCleanup, SeverityWarn, fmt.Sprintf("%d messages could not be nacked at shutdown", failures))
+	}
+	return err
+}
+
+// validTarget parses an absolute http(s) URL.
+func validTarget(target string) (*url.URL, error) {
+	u, err := url.Parse(target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%w: %q", ErrInvalidTarget, target)
+	}
+	return u, nil
+}
