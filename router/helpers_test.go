@@ -1,0 +1,142 @@
+package router_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/router"
+)
+
+// settled records how the router settled one message.
+type settled struct {
+	kind      string // ack, nack, dead
+	delay     time.Duration
+	attempted bool
+	reason    string
+}
+
+// recorder is a Settler that records outcomes, standing in for a source
+// so router behaviour can be checked message by message.
+type recorder struct {
+	mu   sync.Mutex
+	got  map[string][]settled
+	wait map[string]chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{got: map[string][]settled{}, wait: map[string]chan struct{}{}}
+}
+
+type recSettler struct {
+	r  *recorder
+	id string
+}
+
+func (s recSettler) add(v settled) error {
+	s.r.mu.Lock()
+	defer s.r.mu.Unlock()
+	s.r.got[s.id] = append(s.r.got[s.id], v)
+	if ch, ok := s.r.wait[s.id]; ok {
+		close(ch)
+		delete(s.r.wait, s.id)
+	}
+	return nil
+}
+func (s recSettler) Ack(context.Context) error { return s.add(settled{kind: "ack"}) }
+func (s recSettler) Nack(_ context.Context, d time.Duration, attempted bool) error {
+	return s.add(settled{kind: "nack", delay: d, attempted: attempted})
+}
+func (s recSettler) DeadLetter(_ context.Context, reason string) error {
+	return s.add(settled{kind: "dead", reason: reason})
+}
+func (s recSettler) Extend(context.Context) error { return nil }
+
+func (r *recorder) msg(id, delivery, target, group string) *router.Message {
+	return &router.Message{ID: id, DeliveryID: delivery, Target: target, Group: group, Pool: "P",
+		Payload: []byte(`{"id":"` + id + `"}`), Settle: recSettler{r: r, id: delivery}}
+}
+
+// outcome waits for delivery's first settlement.
+func (r *recorder) outcome(t *testing.T, delivery string) settled {
+	t.Helper()
+	r.mu.Lock()
+	if got := r.got[delivery]; len(got) > 0 {
+		r.mu.Unlock()
+		return got[0]
+	}
+	ch := make(chan struct{})
+	r.wait[delivery] = ch
+	r.mu.Unlock()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("delivery %s never settled", delivery)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[delivery][0]
+}
+
+func (r *recorder) all(delivery string) []settled {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]settled(nil), r.got[delivery]...)
+}
+
+// endpoint is a loopback HTTP server with a programmable handler.
+func endpoint(t *testing.T, h http.HandlerFunc) (*httptest.Server, string) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	return srv, u.Host
+}
+
+func newRouter(t *testing.T, cfg router.Config) *router.Router {
+	t.Helper()
+	if cfg.Pools == nil {
+		cfg.Pools = []router.PoolConfig{{Code: "P", Concurrency: 10}}
+	}
+	if cfg.RetryBackoff == nil {
+		cfg.RetryBackoff = func(int) time.Duration { return time.Millisecond }
+	}
+	r, err := router.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+	return r
+}
+
+func hasWarning(r *router.Router, code string, sev router.Severity) bool {
+	for _, w := range r.Warnings() {
+		if w.Code == code && w.Severity == sev {
+			return true
+		}
+	}
+	return false
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var _ = fmt.Sprint

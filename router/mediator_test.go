@@ -1,0 +1,209 @@
+package router_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/router"
+)
+
+// Every row of the seed's response table, one case each.
+func TestResponseTable(t *testing.T) {
+	t.Parallel()
+	future := time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)
+	cases := []struct {
+		name      string
+		status    int
+		header    map[string]string
+		body      string
+		want      string
+		delay     time.Duration // expected nack delay (0: don't check)
+		attempts  int32         // expected HTTP attempts
+		warning   string
+		severity  router.Severity
+		attempted bool
+	}{
+		{name: "200 ack", status: 200, body: `{"ack":true}`, want: "ack", attempts: 1},
+		{name: "200 nack with delay", status: 200, body: `{"ack":false,"delaySeconds":120}`, want: "nack", delay: 120 * time.Second, attempts: 1, attempted: true},
+		{name: "200 nack without delay", status: 200, body: `{"ack":false}`, want: "nack", delay: 5 * time.Second, attempts: 1, attempted: true},
+		{name: "200 nack delay clamped to 12h", status: 200, body: `{"ack":false,"delaySeconds":999999}`, want: "nack", delay: 12 * time.Hour, attempts: 1, attempted: true},
+		{name: "200 unparseable body", status: 200, body: `<html>ok</html>`, want: "ack", attempts: 1, warning: router.WarnResponseParse, severity: router.SeverityWarn},
+		{name: "400", status: 400, want: "dead", attempts: 1, warning: router.WarnConfiguration, severity: router.SeverityError},
+		{name: "401", status: 401, want: "dead", attempts: 1, warning: router.WarnConfiguration, severity: router.SeverityError},
+		{name: "403", status: 403, want: "dead", attempts: 1, warning: router.WarnConfiguration, severity: router.SeverityError},
+		{name: "404", status: 404, want: "dead", attempts: 1, warning: router.WarnConfiguration, severity: router.SeverityError},
+		{name: "429 delta-seconds", status: 429, header: map[string]string{"Retry-After": "42"}, want: "nack", delay: 42 * time.Second, attempts: 1, attempted: true},
+		{name: "429 HTTP-date", status: 429, header: map[string]string{"Retry-After": future}, want: "nack", delay: 90 * time.Second, attempts: 1, attempted: true},
+		{name: "429 without Retry-After", status: 429, want: "nack", delay: 5 * time.Second, attempts: 1, attempted: true},
+		{name: "501", status: 501, want: "dead", attempts: 1, warning: router.WarnConfiguration, severity: router.SeverityCritical},
+		{name: "500 retried 3 times", status: 500, want: "nack", delay: 5 * time.Second, attempts: 3, attempted: true},
+		{name: "503 retried 3 times", status: 503, want: "nack", delay: 5 * time.Second, attempts: 3, attempted: true},
+		{name: "unexpected 304", status: 304, want: "nack", attempts: 1, attempted: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var hits atomic.Int32
+			_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+				hits.Add(1)
+				for k, v := range tc.header {
+					w.Header().Set(k, v)
+				}
+				w.WriteHeader(tc.status)
+				_, _ = w.Write([]byte(tc.body))
+			})
+			rt := newRouter(t, router.Config{AllowedHosts: []string{host}, DefaultRetryDelay: 5 * time.Second})
+			rec := newRecorder()
+			rt.Route(context.Background(), []*router.Message{rec.msg("m1", "m1/1", "http://"+host+"/hook", "g")})
+			got := rec.outcome(t, "m1/1")
+			require.Equal(t, tc.want, got.kind)
+			if tc.delay != 0 {
+				require.InDelta(t, tc.delay.Seconds(), got.delay.Seconds(), 2)
+			}
+			require.Equal(t, tc.attempted, got.attempted)
+			require.Equal(t, tc.attempts, hits.Load())
+			if tc.warning != "" {
+				require.True(t, hasWarning(rt, tc.warning, tc.severity), "warning %s/%s in %+v", tc.warning, tc.severity, rt.Warnings())
+			}
+			require.Zero(t, rt.InFlight())
+		})
+	}
+}
+
+func TestConnectionErrorsAndTimeouts(t *testing.T) {
+	t.Parallel()
+	// Connection refused: a listener that closed.
+	srv, host := endpoint(t, func(http.ResponseWriter, *http.Request) {})
+	srv.Close()
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
+	rec := newRecorder()
+	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://"+host+"/", "g")})
+	got := rec.outcome(t, "a/1")
+	require.Equal(t, "nack", got.kind)
+	require.True(t, got.attempted)
+
+	// A request timeout.
+	release := make(chan struct{})
+	var hits atomic.Int32
+	_, slowHost := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	rt2 := newRouter(t, router.Config{AllowedHosts: []string{slowHost}, RequestTimeout: 50 * time.Millisecond})
+	rt2.Route(context.Background(), []*router.Message{rec.msg("b", "b/1", "http://"+slowHost+"/", "g")})
+	got = rec.outcome(t, "b/1")
+	require.Equal(t, "nack", got.kind)
+	require.EqualValues(t, 3, hits.Load(), "timeouts are retried")
+}
+
+func TestTargetsMustBeAllowed(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { hits.Add(1); _, _ = w.Write([]byte(`{"ack":true}`)) })
+	rt := newRouter(t, router.Config{AllowedHosts: []string{"example.invalid:1"}})
+	rec := newRecorder()
+	rt.Route(context.Background(), []*router.Message{
+		rec.msg("a", "a/1", "http://"+host+"/", "g"),
+		rec.msg("b", "b/1", "not a url", "g"),
+		rec.msg("c", "c/1", "ftp://example.invalid:1/x", "g"),
+	})
+	for _, id := range []string{"a/1", "b/1", "c/1"} {
+		got := rec.outcome(t, id)
+		require.Equal(t, "dead", got.kind, id)
+	}
+	require.Contains(t, rec.all("a/1")[0].reason, "not allowed")
+	require.Contains(t, rec.all("b/1")[0].reason, "invalid target")
+	require.Zero(t, hits.Load())
+	require.True(t, hasWarning(rt, router.WarnTargetNotAllowed, router.SeverityError))
+
+	_, err := router.New(router.Config{})
+	require.ErrorIs(t, err, router.ErrInvalidConfig, "an empty allow-list is refused")
+	_, err = router.New(router.Config{AllowedHosts: []string{"x"}, Pools: []router.PoolConfig{{Code: "p", Concurrency: -1}}})
+	require.ErrorIs(t, err, router.ErrInvalidConfig)
+}
+
+// Redirects to another host are not followed; same-host ones are.
+func TestRedirects(t *testing.T) {
+	t.Parallel()
+	var otherHits atomic.Int32
+	_, other := endpoint(t, func(w http.ResponseWriter, r *http.Request) { otherHits.Add(1); _, _ = w.Write([]byte(`{"ack":true}`)) })
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/moved") {
+			_, _ = w.Write([]byte(`{"ack":true}`))
+			return
+		}
+		if strings.HasSuffix(r.URL.Path, "/away") {
+			http.Redirect(w, r, "http://"+other+"/", http.StatusTemporaryRedirect)
+			return
+		}
+		http.Redirect(w, r, "/moved", http.StatusTemporaryRedirect)
+	})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host, other}})
+	rec := newRecorder()
+	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://"+host+"/here", "a"), rec.msg("b", "b/1", "http://"+host+"/away", "b")})
+	require.Equal(t, "ack", rec.outcome(t, "a/1").kind)
+	require.Equal(t, "nack", rec.outcome(t, "b/1").kind)
+	require.Zero(t, otherHits.Load())
+}
+
+// Credentials come from configuration or the token callback.
+func TestAuthorizationAndHeaders(t *testing.T) {
+	t.Parallel()
+	seen := make(chan http.Header, 2)
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { seen <- r.Header.Clone(); _, _ = w.Write([]byte(`{"ack":true}`)) })
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Tokens: map[string]string{host: "s3cret"}})
+	rec := newRecorder()
+	m := rec.msg("a", "a/1", "http://"+host+"/", "grp")
+	m.Topic = "orders"
+	rt.Route(context.Background(), []*router.Message{m})
+	h := <-seen
+	require.Equal(t, "Bearer s3cret", h.Get("Authorization"))
+	require.Equal(t, "a", h.Get("X-Message-Id"))
+	require.Equal(t, "orders", h.Get("X-Message-Topic"))
+	require.Equal(t, "grp", h.Get("X-Message-Group"))
+	require.Equal(t, "a", h.Get("Idempotency-Key"))
+}
+
+// The circuit opens after failures and recovers when the host does.
+func TestCircuitBreakerOpensAndRecovers(t *testing.T) {
+	t.Parallel()
+	var healthy atomic.Bool
+	var hits atomic.Int32
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		if !healthy.Load() {
+			w.WriteHeader(500)
+			return
+		}
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1,
+		Breaker: router.BreakerConfig{MinRequests: 4, FailureRatio: 0.5, OpenFor: 300 * time.Millisecond, HalfOpenRequests: 1}})
+	rec := newRecorder()
+	for i := range 4 {
+		id := string(rune('a' + i))
+		rt.Route(context.Background(), []*router.Message{rec.msg(id, id+"/1", "http://"+host+"/", id)})
+		require.Equal(t, "nack", rec.outcome(t, id+"/1").kind)
+	}
+	require.EqualValues(t, 4, hits.Load())
+	rt.Route(context.Background(), []*router.Message{rec.msg("x", "x/1", "http://"+host+"/", "x")})
+	got := rec.outcome(t, "x/1")
+	require.Equal(t, "nack", got.kind)
+	require.EqualValues(t, 4, hits.Load(), "open circuit: the host is not called")
+	healthy.Store(true)
+	time.Sleep(350 * time.Millisecond)
+	rt.Route(context.Background(), []*router.Message{rec.msg("y", "y/1", "http://"+host+"/", "y")})
+	require.Equal(t, "ack", rec.outcome(t, "y/1").kind)
+	rt.Route(context.Background(), []*router.Message{rec.msg("z", "z/1", "http://"+host+"/", "z")})
+	require.Equal(t, "ack", rec.outcome(t, "z/1").kind, "closed again")
+}
