@@ -160,7 +160,10 @@ func TestRedirects(t *testing.T) {
 func TestAuthorizationAndHeaders(t *testing.T) {
 	t.Parallel()
 	seen := make(chan http.Header, 2)
-	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { seen <- r.Header.Clone(); _, _ = w.Write([]byte(`{"ack":true}`)) })
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Tokens: map[string]string{host: "s3cret"}})
 	rec := newRecorder()
 	m := rec.msg("a", "a/1", "http://"+host+"/", "grp")
