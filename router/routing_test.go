@@ -53,11 +53,14 @@ func TestPoolCapacityAndDefaultPool(t *testing.T) {
 	rec := newRecorder()
 	target := "http://" + host + "/"
 	var first []*router.Message
-	for i := range 50 { // capacity max(1*20, 50) = 50
-		first = append(first, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, fmt.Sprint(i)))
+	for i := range 50 { // capacity max(1*20, 50) = 50; one group, so they stay queued
+		first = append(first, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, "g"))
 	}
 	rt.Route(context.Background(), first)
-	eventually(t, 5*time.Second, "one in flight", func() bool { return rt.Pools()[0].InFlight == 1 })
+	eventually(t, 5*time.Second, "one in flight, 49 queued", func() bool {
+		p := rt.Pools()[0]
+		return p.InFlight == 1 && p.Queued == 49
+	})
 	var second []*router.Message
 	for i := 50; i < 52; i++ {
 		second = append(second, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, "x"))
