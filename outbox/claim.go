@@ -1,9 +1,11 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,7 +21,8 @@ var ErrLeaseLost = errors.New("outbox: lease lost")
 // expired and was reclaimed since changes nothing and returns ErrLeaseLost.
 
 // Claim leases up to limit available messages of a QUEUE topic to owner,
-// highest priority first, for the topic's Lease.
+// highest priority first, for the topic's Lease. The batch is returned in
+// id order.
 func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*Delivery, error) {
 	t, err := c.Topic(ctx, topic)
 	if err != nil {
@@ -35,7 +38,7 @@ func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Delivery, error) {
+	ds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Delivery, error) {
 		d := &Delivery{Topic: topic, MaxAttempts: t.MaxAttempts}
 		var prio int16
 		var availableAt time.Time
@@ -43,6 +46,12 @@ func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*
 		d.Priority = int(prio)
 		return d, err
 	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	// In id order, so messages of one group come in the order they were written.
+	slices.SortFunc(ds, func(a, b *Delivery) int { return cmp.Compare(a.ID, b.ID) })
+	return ds, nil
 }
 
 // Ack deletes handled messages.
@@ -76,6 +85,29 @@ func (c *Client) DeadLetter(ctx context.Context, d *Delivery, reason string) err
 // the attempt (it was not tried).
 func (c *Client) Postpone(ctx context.Context, d *Delivery, delay time.Duration) error {
 	return c.settleOne(ctx, d, delay, false, "postponed", 1)
+}
+
+// PostponeUntil is Postpone to an absolute time: messages postponed to the
+// same instant are claimed again in id order.
+func (c *Client) PostponeUntil(ctx context.Context, d *Delivery, at time.Time) error {
+	return c.settleAt(ctx, d, at, false, "postponed", 1)
+}
+
+// RetryAt is Retry with an absolute time.
+func (c *Client) RetryAt(ctx context.Context, d *Delivery, at time.Time, reason string) error {
+	return c.settleAt(ctx, d, at, d.Attempt >= d.MaxAttempts && d.MaxAttempts > 0, reason, 0)
+}
+
+func (c *Client) settleAt(ctx context.Context, d *Delivery, at time.Time, dead bool, reason string, uncount int32) error {
+	tag, err := c.pool.Exec(ctx, c.sql.Settle, []int64{d.ID}, []int32{int32(d.Attempt)}, []int64{0},
+		[]bool{dead}, []*string{&reason}, []int32{uncount}, at)
+	if err != nil {
+		return fmt.Errorf("outbox: settle: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: message %d attempt %d", ErrLeaseLost, d.ID, d.Attempt)
+	}
+	return nil
 }
 
 // Release gives the message back for immediate redelivery; started says

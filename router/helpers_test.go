@@ -51,8 +51,8 @@ func (s recSettler) add(v settled) error {
 	return nil
 }
 func (s recSettler) Ack(context.Context) error { return s.add(settled{kind: "ack"}) }
-func (s recSettler) Nack(_ context.Context, d time.Duration, attempted bool) error {
-	return s.add(settled{kind: "nack", delay: d, attempted: attempted})
+func (s recSettler) Nack(_ context.Context, until time.Time, attempted bool) error {
+	return s.add(settled{kind: "nack", delay: time.Until(until).Round(time.Second), attempted: attempted})
 }
 func (s recSettler) DeadLetter(_ context.Context, reason string) error {
 	return s.add(settled{kind: "dead", reason: reason})

@@ -184,8 +184,14 @@ func (p *pool) serve(name string, g *groupQueue) {
 		p.mu.Lock()
 		failed := p.failed[key]
 		p.mu.Unlock()
-		if failed { // an earlier message of this batch+group failed: keep the order
-			p.r.settle(ctx, m, nackWith(p.r.cfg.FastFailDelay), true)
+		// An earlier message of this batch+group failed, or one of an earlier
+		// batch of the group awaits its retry: keep the order.
+		if resume, held := p.r.holds.heldBack(m, p.r.cfg.Clock.Now()); failed || held {
+			s := nackWith(p.r.cfg.FastFailDelay)
+			if held {
+				s = settlement{kind: 1, until: resume}
+			}
+			p.r.settle(ctx, m, s, true)
 			p.done(key)
 			continue
 		}
@@ -257,6 +263,9 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		p.mu.Lock()
 		p.failed[m.batchGroup()] = true
 		p.mu.Unlock()
+		// Hold the group's later batches back until this one returns; the
+		// hold lapses if it never does (dead-lettered by its source).
+		p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
 		p.r.logger.Info("pgoutbox router: delivery failed; retrying later", slog.String("id", m.ID), slog.String("pool", p.code),
 			slog.String("result", o.Result.String()), slog.Duration("delay", delay), slog.String("reason", o.Reason))
 		p.r.settle(ctx, m, retryWith(delay), true)

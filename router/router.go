@@ -37,10 +37,11 @@ import (
 type Settler interface {
 	// Ack: delivered (or not to be delivered again).
 	Ack(ctx context.Context) error
-	// Nack: deliver again after delay. attempted says whether a delivery
+	// Nack: deliver again from until on. attempted says whether a delivery
 	// was tried (a message held back or refused before delivery should not
-	// use up one of its attempts).
-	Nack(ctx context.Context, delay time.Duration, attempted bool) error
+	// use up one of its attempts). Messages nacked to the same instant
+	// should come back in the order they were written.
+	Nack(ctx context.Context, until time.Time, attempted bool) error
 	// DeadLetter: park the message with the reason; it will not be retried.
 	DeadLetter(ctx context.Context, reason string) error
 	// Extend is called before each delivery: a source with leases renews
@@ -100,6 +101,7 @@ type Router struct {
 	mediator *mediator
 	metrics  *metrics
 	batches  atomic.Uint64 // batch ids
+	holds    *holds        // groups held back behind a message awaiting its retry
 
 	mu      sync.Mutex // guards pools, draining, sources and the lifecycle fields
 	pools   map[string]*pool
@@ -129,6 +131,7 @@ func New(cfg Config) (*Router, error) {
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		inflight: newTracker(),
+		holds:    &holds{m: map[string]hold{}},
 		pools:    map[string]*pool{},
 		metrics:  newMetrics(cfg.MeterProvider),
 	}
@@ -367,6 +370,12 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 		refused := map[string]bool{}
 		for _, m := range msgs {
 			g := m.group()
+			if resume, held := r.holds.heldBack(m, r.cfg.Clock.Now()); held {
+				// An earlier message of the group awaits its retry: this one
+				// must not overtake it.
+				r.settle(ctx, m, settlement{kind: 1, until: resume}, false)
+				continue
+			}
 			if refused[g] {
 				r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
 				continue
@@ -384,6 +393,52 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	}
 }
 
+// holds remembers, per topic and message group, a message that failed and
+// will be redelivered: until it comes back (or the hold expires), newer
+// messages of the group from later batches are nacked instead of delivered
+// ahead of it. Sources like SQS FIFO enforce this themselves; a database
+// queue does not.
+type holds struct {
+	mu sync.Mutex
+	m  map[string]hold
+}
+
+type hold struct {
+	messageID string
+	resume    time.Time // held-back messages come back at this one instant
+	until     time.Time // the hold lapses then (the message never returned)
+}
+
+func holdKey(m *Message) string { return m.Topic + "|" + m.group() }
+
+// hold holds m's group back: m returns at retryAt; its group mates are
+// nacked to one instant just after, so they come back together, in order.
+func (h *holds) hold(m *Message, retryAt time.Time, gap time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.m[holdKey(m)] = hold{messageID: m.ID, resume: retryAt.Add(gap), until: retryAt.Add(2 * gap)}
+}
+
+// heldBack reports whether m must wait for an earlier message of its
+// group, and until when.
+func (h *holds) heldBack(m *Message, now time.Time) (time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := holdKey(m)
+	hd, ok := h.m[k]
+	if !ok {
+		return time.Time{}, false
+	}
+	if hd.messageID == m.ID || now.After(hd.until) {
+		delete(h.m, k) // the held message is back (or the hold lapsed)
+		return time.Time{}, false
+	}
+	if hd.resume.Before(now) {
+		return now.Add(MinDelay), true
+	}
+	return hd.resume, true
+}
+
 // defaultPool returns DEFAULT-POOL, creating it on demand.
 func (r *Router) defaultPool() *pool {
 	r.mu.Lock()
@@ -399,6 +454,7 @@ func (r *Router) defaultPool() *pool {
 type settlement struct {
 	kind      int // 0 ack, 1 nack, 2 dead-letter
 	delay     time.Duration
+	until     time.Time // nack to this instant instead of now+delay
 	reason    string
 	attempted bool
 }
@@ -425,7 +481,11 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 		err = m.Settle.Ack(ctx)
 		r.metrics.acked.Add(ctx, 1)
 	case 1:
-		err = m.Settle.Nack(ctx, clampDelay(s.delay), s.attempted)
+		until := s.until
+		if until.IsZero() {
+			until = r.cfg.Clock.Now().Add(clampDelay(s.delay))
+		}
+		err = m.Settle.Nack(ctx, until, s.attempted)
 		r.metrics.nacked.Add(ctx, 1)
 	case 2:
 		err = m.Settle.DeadLetter(ctx, s.reason)
@@ -542,7 +602,7 @@ func (r *Router) Stop(ctx context.Context) error {
 	}
 	failures := 0
 	for _, m := range r.inflight.drain() {
-		if e := m.Settle.Nack(context.WithoutCancel(ctx), MinDelay, false); e != nil {
+		if e := m.Settle.Nack(context.WithoutCancel(ctx), r.cfg.Clock.Now().Add(MinDelay), false); e != nil {
 			failures++
 		}
 		m.settled.Store(true)

@@ -54,12 +54,19 @@ type QueueSourceConfig struct {
 	Lease time.Duration
 	// Mapper maps a delivery to its route. Defaults to HeaderMapper.
 	Mapper Mapper
+	// MaxInFlight caps this source's messages between claim and settlement;
+	// it claims only what fits. Keep it at most the capacity of the pools
+	// its messages go to (max(concurrency×20, 50)), so the router never has
+	// to refuse a batch for lack of room. Defaults to BatchSize.
+	MaxInFlight int
 }
 
 // QueueSource claims messages of a QUEUE topic for the router.
 type QueueSource struct {
-	cfg      QueueSourceConfig
-	lastPoll atomic.Int64 // unix nanos
+	cfg         QueueSourceConfig
+	lastPoll    atomic.Int64 // unix nanos
+	outstanding atomic.Int64 // claimed, not yet settled
+	room        chan struct{}
 }
 
 // NewQueueSource returns a source for cfg.Topic.
@@ -82,7 +89,13 @@ func NewQueueSource(cfg QueueSourceConfig) (*QueueSource, error) {
 	if cfg.Mapper == nil {
 		cfg.Mapper = HeaderMapper
 	}
-	return &QueueSource{cfg: cfg}, nil
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = cfg.BatchSize
+	}
+	if cfg.BatchSize < 1 || cfg.MaxInFlight < 1 {
+		return nil, fmt.Errorf("%w: BatchSize and MaxInFlight must be at least 1", ErrInvalidConfig)
+	}
+	return &QueueSource{cfg: cfg, room: make(chan struct{}, 1)}, nil
 }
 
 // Name implements Source.
@@ -109,10 +122,20 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 	}
 	for ctx.Err() == nil {
 		s.lastPoll.Store(time.Now().UnixNano())
+		limit := min(int64(s.cfg.BatchSize), int64(s.cfg.MaxInFlight)-s.outstanding.Load())
+		if limit <= 0 {
+			select { // full: wait for settlements
+			case <-ctx.Done():
+				return nil
+			case <-s.room:
+			case <-time.After(s.cfg.PollInterval):
+			}
+			continue
+		}
 		// Claims are not cancelled by ctx: a claim cut off after it
 		// committed would leave its messages leased until they expire.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		ds, err := s.cfg.Client.Claim(cctx, s.cfg.Topic, s.cfg.Owner, s.cfg.BatchSize)
+		ds, err := s.cfg.Client.Claim(cctx, s.cfg.Topic, s.cfg.Owner, int(limit))
 		cancel()
 		if err != nil {
 			if !sleep(ctx, s.cfg.PollInterval) {
@@ -121,8 +144,9 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 			continue
 		}
 		batch := make([]*Message, 0, len(ds))
+		s.outstanding.Add(int64(len(ds)))
 		for _, d := range ds {
-			st := &queueSettler{client: s.cfg.Client, d: d, lease: lease}
+			st := &queueSettler{client: s.cfg.Client, d: d, lease: lease, src: s}
 			r, err := s.cfg.Mapper(d)
 			if err != nil {
 				_ = st.DeadLetter(context.WithoutCancel(ctx), err.Error())
@@ -137,7 +161,7 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 		if len(batch) > 0 {
 			route(ctx, batch)
 		}
-		if len(ds) < s.cfg.BatchSize && !sleep(ctx, s.cfg.PollInterval) {
+		if int64(len(ds)) < limit && !sleep(ctx, s.cfg.PollInterval) {
 			return nil
 		}
 	}
@@ -158,18 +182,33 @@ type queueSettler struct {
 	client *outbox.Client
 	d      *outbox.Delivery
 	lease  time.Duration
+	src    *QueueSource
 }
 
-func (q *queueSettler) Ack(ctx context.Context) error { return q.client.Ack(ctx, q.d) }
-
-func (q *queueSettler) Nack(ctx context.Context, delay time.Duration, attempted bool) error {
-	if attempted {
-		return q.client.Retry(ctx, q.d, delay, "router: delivery failed")
+// done frees the message's place in the source's in-flight budget.
+func (q *queueSettler) done() {
+	q.src.outstanding.Add(-1)
+	select {
+	case q.src.room <- struct{}{}:
+	default:
 	}
-	return q.client.Postpone(ctx, q.d, delay)
+}
+
+func (q *queueSettler) Ack(ctx context.Context) error {
+	defer q.done()
+	return q.client.Ack(ctx, q.d)
+}
+
+func (q *queueSettler) Nack(ctx context.Context, until time.Time, attempted bool) error {
+	defer q.done()
+	if attempted {
+		return q.client.RetryAt(ctx, q.d, until, "router: delivery failed")
+	}
+	return q.client.PostponeUntil(ctx, q.d, until)
 }
 
 func (q *queueSettler) DeadLetter(ctx context.Context, reason string) error {
+	defer q.done()
 	return q.client.DeadLetter(ctx, q.d, "router: "+reason)
 }
 
