@@ -65,6 +65,8 @@ type Group struct {
 	started bool
 	stopped bool
 
+	batchHandler BatchHandler // set before Start
+
 	// Set by Start, read-only afterwards.
 	topic   outbox.TopicConfig
 	tracker pubsub.Tracker
@@ -139,7 +141,7 @@ func (g *Group) RemoveConsumer(id string) error {
 	if i < 0 {
 		return fmt.Errorf("%w: %q", ErrUnknownMember, id)
 	}
-	if len(g.members) == 1 && g.started && !g.stopped {
+	if len(g.members) == 1 && g.started && !g.stopped && g.batchHandler == nil {
 		return fmt.Errorf("%w: %q", ErrLastMember, id)
 	}
 	members := slices.Delete(slices.Clone(g.members), i, i+1)
@@ -147,6 +149,26 @@ func (g *Group) RemoveConsumer(id string) error {
 	if g.run != nil {
 		g.run.members.Store(&members)
 	}
+	return nil
+}
+
+// BatchHandler handles a whole batch, in commit order, and returns one
+// result per message with the meaning of a Handler's result (nil acks;
+// outbox.RetryAfter, outbox.Permanent and other errors as documented
+// there). ctx ends shortly before the batch's lease does.
+type BatchHandler func(ctx context.Context, batch []*outbox.Delivery) []error
+
+// SetBatchHandler makes this instance hand each batch to h as a whole
+// instead of to its members one message at a time (the router's group
+// source uses it to keep message groups in order). Call it before Start;
+// an instance with a batch handler needs no members.
+func (g *Group) SetBatchHandler(h BatchHandler) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.started {
+		return fmt.Errorf("%w: SetBatchHandler after Start", outbox.ErrAlreadyStarted)
+	}
+	g.batchHandler = h
 	return nil
 }
 
@@ -188,7 +210,7 @@ func (g *Group) Start(ctx context.Context, opts SubscriptionOptions) error {
 	if g.started {
 		return fmt.Errorf("%w: group %q instance %s", outbox.ErrAlreadyStarted, g.cfg.Group, g.cfg.InstanceID)
 	}
-	if len(g.members) == 0 {
+	if len(g.members) == 0 && g.batchHandler == nil {
 		return fmt.Errorf("%w: group %q", ErrNoMembers, g.cfg.Group)
 	}
 	reg, err := g.register(ctx, opts)

@@ -352,12 +352,63 @@ func (r *runner) dispatch(ctx context.Context, id int64, leaseUntil time.Time, r
 	b := &batch{id: id, size: len(rows), deadline: time.Now().Add(leaseLeft(leaseUntil, g.now(), g.topic.Lease))}
 	b.remaining.Store(int64(len(rows)))
 	r.inflight.Add(int64(len(rows)))
-	for _, x := range rows {
+	jobs := make([]*job, len(rows))
+	for i, x := range rows {
 		x.d.LeaseUntil = leaseUntil
-		r.jobs <- &job{d: x.d, batch: b, done: done[x.d.ID]}
+		jobs[i] = &job{d: x.d, batch: b, done: done[x.d.ID]}
 	}
 	g.metrics.delivered.Add(ctx, int64(len(rows)))
+	if bh := g.batchHandler; bh != nil {
+		r.workWG.Add(1) // Stop waits for it with the workers
+		go r.handleBatch(bh, b, jobs)
+		return len(rows), false, nil
+	}
+	for _, j := range jobs {
+		r.jobs <- j
+	}
 	return len(rows), false, nil
+}
+
+// handleBatch gives a whole batch, in commit order, to the batch handler.
+func (r *runner) handleBatch(bh BatchHandler, b *batch, jobs []*job) {
+	defer r.workWG.Done()
+	var todo []*job
+	var ds []*outbox.Delivery
+	for _, j := range jobs {
+		if j.done {
+			r.finishJob(j, ack, failure{id: j.d.ID, attempts: j.d.Attempt})
+			continue
+		}
+		todo = append(todo, j)
+		ds = append(ds, j.d)
+	}
+	if len(ds) == 0 {
+		return
+	}
+	ctx, cancel := context.WithDeadline(r.workCtx, b.deadline)
+	defer cancel()
+	errs, err := runBatchHandler(ctx, bh, ds)
+	for i, j := range todo {
+		e := err
+		if e == nil && i < len(errs) {
+			e = errs[i]
+		}
+		o, f := r.classify(j, e)
+		r.finishJob(j, o, f)
+	}
+}
+
+func runBatchHandler(ctx context.Context, bh BatchHandler, ds []*outbox.Delivery) (errs []error, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("batch handler panic: %v\n%s", p, debug.Stack())
+		}
+	}()
+	errs = bh(ctx, ds)
+	if len(errs) != len(ds) {
+		return nil, fmt.Errorf("batch handler returned %d results for %d messages", len(errs), len(ds))
+	}
+	return errs, nil
 }
 
 // alreadyCompleted asks the tracker which rows the group completed. Batch
@@ -494,6 +545,14 @@ func (r *runner) handle(j *job) (outcome, failure) {
 	start := time.Now()
 	err := runHandler(ctx, m.handler, j.d)
 	g.metrics.handlerTime.Record(ctx, time.Since(start).Seconds())
+	return r.classify(j, err)
+}
+
+// classify turns a handler's result into an outcome: ack, release (the
+// instance is stopping), or a failure to retry or dead-letter.
+func (r *runner) classify(j *job, err error) (outcome, failure) {
+	g := r.g
+	f := failure{id: j.d.ID, attempts: j.d.Attempt}
 	if err == nil {
 		return ack, f
 	}

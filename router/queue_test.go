@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -295,4 +296,39 @@ func TestUnroutableMessagesAreDeadLettered(t *testing.T) {
 	dl, err := b.client.DeadLetters(context.Background(), "hooks", 0, 10)
 	require.NoError(t, err)
 	require.Contains(t, dl[0].LastError, router.HeaderTarget)
+}
+
+// A consumer group on a PUB_SUB topic feeds the router: every message
+// reaches the endpoint, in order per group, and completes for the group.
+func TestGroupSource(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	rv := newReceiver()
+	_, host := endpoint(t, rv.ServeHTTP)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 5}}})
+	src, err := router.NewGroupSource(router.GroupSourceConfig{Pool: b.db.Pool,
+		Group: consumergroup.Config{Topic: "hooks", Group: "webhooks", Schema: b.db.Schema, PollInterval: 20 * time.Millisecond, BatchSize: 30}})
+	require.NoError(t, err)
+	rt.AddSource(src)
+	eventually(t, 10*time.Second, "group subscribed", func() bool {
+		return b.count(t, "true") >= 0 && subscribed(t, b)
+	})
+	b.sendInterleaved(t, "http://"+host+"/hook", 10, 10)
+	eventually(t, 30*time.Second, "all delivered", func() bool { return rv.total.Load() == 100 })
+	eventually(t, 10*time.Second, "all completed by the group", func() bool {
+		return b.count(t, "done_bits = required_bits AND required_bits <> 0") == 100
+	})
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for g, seqs := range rv.order {
+		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, seqs, g)
+	}
+}
+
+func subscribed(t *testing.T, b *pgBundle) bool {
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.db.Table("outbox_topic_subscriptions")).Scan(&n))
+	return n == 1
 }
