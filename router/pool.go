@@ -244,7 +244,7 @@ func (p *pool) acquire() bool {
 func (p *pool) release() {
 	p.mu.Lock()
 	p.inFlight--
-	p.cond.Broadcast()
+	p.cond.Signal() // one permit, one waiter (Broadcast would wake every waiting group)
 	p.mu.Unlock()
 }
 
