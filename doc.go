@@ -1,13 +1,14 @@
 // Package pgoutbox turns PostgreSQL into a reliable message backbone for Go
 // services: a transactional outbox, QUEUE topics with competing consumers,
-// PUB_SUB fan-out to consumer groups, and (later) an HTTP router. This
-// package holds only the overview; the API lives in:
+// PUB_SUB fan-out to consumer groups, and an HTTP router. This package
+// holds only the overview; the API lives in:
 //
 //   - [github.com/pgoutbox/pgoutbox/migrations]: create and upgrade the tables at boot.
 //   - [github.com/pgoutbox/pgoutbox/outbox]: topics, the Producer, the QUEUE Consumer,
 //     dead letters.
 //   - [github.com/pgoutbox/pgoutbox/consumergroup]: PUB_SUB consumer groups (fan-out).
 //   - [github.com/pgoutbox/pgoutbox/pubsub]: the completion tracking modes of PUB_SUB topics.
+//   - [github.com/pgoutbox/pgoutbox/router]: delivery to HTTP endpoints, FIFO per message group.
 //
 // # Boot
 //
