@@ -71,7 +71,7 @@ func TestResponseTable(t *testing.T) {
 			if tc.warning != "" {
 				require.True(t, hasWarning(rt, tc.warning, tc.severity), "warning %s/%s in %+v", tc.warning, tc.severity, rt.Warnings())
 			}
-			require.Zero(t, rt.InFlight())
+			eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
 		})
 	}
 }
