@@ -242,3 +242,51 @@ func TestPoolLimits(t *testing.T) {
 	require.True(t, hasWarning(rt, router.WarnPoolLimit, router.SeverityCritical))
 	require.True(t, hasWarning(rt, router.WarnPoolLimit, router.SeverityWarn))
 }
+
+// High-priority messages of a group are served before its regular ones;
+// PointerBody sends {"messageId": …} instead of the payload.
+func TestHighPriorityLaneAndPointerBody(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	var mu sync.Mutex
+	var order []string
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		var b map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&b)
+		if b["messageId"] == "first" {
+			<-release // hold the group while the rest queues up
+		}
+		mu.Lock()
+		order = append(order, b["messageId"])
+		mu.Unlock()
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, PointerBody: true})
+	rec := newRecorder()
+	target := "http://" + host + "/"
+	rt.Route(context.Background(), []*router.Message{rec.msg("first", "first/1", target, "g")})
+	eventually(t, 5*time.Second, "first in flight", func() bool { return rt.Pools()[0].InFlight == 1 })
+	low := rec.msg("low", "low/1", target, "g")
+	high := rec.msg("high", "high/1", target, "g")
+	high.HighPriority = true
+	rt.Route(context.Background(), []*router.Message{low, high})
+	once.Do(func() { close(release) })
+	rec.outcome(t, "low/1")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"first", "high", "low"}, order)
+}
+
+// Warnings expire after their TTL.
+func TestWarningsExpire(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	rt := newRouter(t, router.Config{AllowedHosts: []string{"x"}, Clock: clock, WarningTTL: time.Hour})
+	rec := newRecorder()
+	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://elsewhere/", "g")})
+	require.True(t, hasWarning(rt, router.WarnTargetNotAllowed, router.SeverityError))
+	clock.Advance(61 * time.Minute)
+	require.Empty(t, rt.Warnings())
+}
