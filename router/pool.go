@@ -151,7 +151,9 @@ func (p *pool) next(name string, g *groupQueue) *Message {
 			m, g.regular = g.regular[0], g.regular[1:]
 		}
 		if m != nil {
-			p.queued--
+			// Still counted in queued until it holds a permit (or is settled
+			// without delivery), so capacity bounds every message waiting in
+			// the pool, not just those still in a group queue.
 			p.mu.Unlock()
 			return m
 		}
@@ -191,11 +193,13 @@ func (p *pool) serve(name string, g *groupQueue) {
 			if held {
 				s = settlement{kind: 1, until: resume}
 			}
+			p.unqueue()
 			p.r.settle(ctx, m, s, true)
 			p.done(key)
 			continue
 		}
 		if !p.waitRate() || !p.acquire() {
+			p.unqueue()
 			p.r.settle(ctx, m, nackWith(MinDelay), true) // draining: not delivered
 			p.done(key)
 			continue
@@ -238,7 +242,17 @@ func (p *pool) acquire() bool {
 		return false
 	}
 	p.inFlight++
+	p.queued--
 	return true
+}
+
+// unqueue forgets a message taken from a group queue that will not be delivered.
+func (p *pool) unqueue() {
+	p.mu.Lock()
+	if p.running { // drain already reset the count
+		p.queued--
+	}
+	p.mu.Unlock()
 }
 
 func (p *pool) release() {

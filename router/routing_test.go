@@ -290,3 +290,38 @@ func TestWarningsExpire(t *testing.T) {
 	clock.Advance(61 * time.Minute)
 	require.Empty(t, rt.Warnings())
 }
+
+// Capacity bounds every message waiting in a pool, also those whose group
+// goroutine took them and waits for a concurrency permit.
+func TestCapacityCountsMessagesWaitingForAPermit(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { <-release; _, _ = w.Write([]byte(`{"ack":true}`)) })
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
+	rec := newRecorder()
+	target := "http://" + host + "/"
+	var first []*router.Message
+	for i := range 50 { // 50 groups: 50 goroutines, 1 permit
+		first = append(first, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, fmt.Sprint(i)))
+	}
+	rt.Route(context.Background(), first)
+	eventually(t, 5*time.Second, "1 in flight, 49 waiting", func() bool {
+		p := rt.Pools()[0]
+		return p.InFlight == 1 && p.Queued == 49 && p.ActiveGroups == 50
+	})
+	var second []*router.Message
+	for i := 50; i < 52; i++ {
+		second = append(second, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, fmt.Sprint(i)))
+	}
+	rt.Route(context.Background(), second)
+	for _, m := range second {
+		require.Equal(t, "nack", rec.outcome(t, m.DeliveryID).kind, "pool full")
+	}
+	require.LessOrEqual(t, rt.InFlight(), 50)
+	once.Do(func() { close(release) })
+	for i := range 50 {
+		require.Equal(t, "ack", rec.outcome(t, fmt.Sprintf("%d/1", i)).kind)
+	}
+}
