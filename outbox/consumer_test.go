@@ -99,8 +99,10 @@ func TestCrashedConsumerMessagesRedeliveredAfterLease(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, doomed.Start(ctx))
 	eventually(t, 10*time.Second, "doomed consumer holds 5 messages", func() bool { return doomedCount.Load() == 5 })
-	held := b.count(t, "status = 'PROCESSING' AND lease_owner = 'doomed'")
-	require.Equal(t, 15, held, "5 running + 10 prefetched")
+	eventually(t, 10*time.Second, "5 running + 10 prefetched", func() bool {
+		return b.count(t, "status = 'PROCESSING' AND lease_owner = 'doomed'") == 15
+	})
+	held := 15
 
 	// Crash: the pool goes away first, so no ack, release or nack is written.
 	doomedPool.Close()
