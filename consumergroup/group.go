@@ -100,9 +100,14 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With(slog.String("topic", cfg.Topic), slog.String("group", cfg.Group), slog.String("instance", cfg.InstanceID))
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema, Logger: logger, MeterProvider: cfg.MeterProvider, Clock: cfg.Clock})
-	if err != nil {
-		return nil, err
+	client := cfg.Client
+	if client == nil {
+		client, err = outbox.NewClient(pool, outbox.Config{Schema: schema, Logger: logger, MeterProvider: cfg.MeterProvider, Clock: cfg.Clock})
+		if err != nil {
+			return nil, err
+		}
+	} else if client.Schema() != schema {
+		return nil, fmt.Errorf("%w: Client works in schema %q, the group in %q", outbox.ErrInvalidConfig, client.Schema(), schema)
 	}
 	return &Group{cfg: cfg, pool: pool, client: client, schema: schema, q: sqlq.ForPubSub(schema),
 		logger: logger, metrics: newMetrics(cfg.MeterProvider, cfg.Topic, cfg.Group)}, nil

@@ -176,6 +176,11 @@ type Config struct {
 	Group string
 	// Schema holds pgoutbox's tables. Defaults to "public".
 	Schema string
+	// Client, when set, is used for topic configuration and shares its
+	// LISTEN connection with the client's other consumers and groups; its
+	// schema must be Schema, and its Clock replaces Clock. Defaults to a
+	// client of the group's own.
+	Client *outbox.Client
 	// BatchSize is the most messages one fetch hands to this instance.
 	// Defaults to DefaultBatchSize.
 	BatchSize int

@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
-	"github.com/pgoutbox/pgoutbox/internal/notify"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -31,7 +30,6 @@ type runner struct {
 
 	hbPool    *pgxpool.Pool
 	ownHBPool bool
-	listener  *notify.Listener
 	wake      <-chan struct{}
 	unsub     func()
 	bloom     *bloom.BloomFilter // counter mode: ids this group completed (completer only)
@@ -109,8 +107,6 @@ func (g *Group) newRunner() (*runner, error) {
 	if g.topic.Tracking == outbox.Counter {
 		r.bloom = newBloom()
 	}
-	r.listener = notify.New(g.pool.Config().ConnConfig, outbox.NotifyChannel(g.schema), g.logger)
-	r.wake, r.unsub = r.listener.Subscribe(g.cfg.Topic)
 	capacity := g.cfg.Concurrency + g.cfg.BatchSize
 	r.jobs = make(chan *job, capacity)
 	r.finished = make(chan settled, capacity)
@@ -121,7 +117,7 @@ func (g *Group) newRunner() (*runner, error) {
 }
 
 func (r *runner) start() {
-	r.listener.Start()
+	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)
 	r.doneWG.Add(1)
 	go r.complete()
 	for range r.g.cfg.Concurrency {
@@ -152,7 +148,6 @@ func (r *runner) stop(ctx context.Context) error {
 	close(r.finished)
 	r.doneWG.Wait()
 	r.unsub()
-	r.listener.Stop()
 	if r.ownHBPool {
 		r.hbPool.Close()
 	}

@@ -46,6 +46,7 @@ type Client struct {
 	logger  *slog.Logger
 	metrics *metrics
 	clock   Clock
+	wake    wakeups // the shared LISTEN connection
 }
 
 // NewClient returns a client using pool and the tables in cfg.Schema.

@@ -19,7 +19,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
-	"github.com/pgoutbox/pgoutbox/internal/notify"
 )
 
 // Handler handles one delivery. Returning nil acks the message (it is
@@ -145,7 +144,6 @@ type Consumer struct {
 	started bool
 	stopped bool
 
-	listener    *notify.Listener
 	wake        <-chan struct{}
 	unsubscribe func()
 
@@ -218,9 +216,7 @@ func (k *Consumer) Start(ctx context.Context) error {
 	k.topic.Store(&topic)
 	k.started = true
 
-	k.listener = notify.New(k.client.pool.Config().ConnConfig, NotifyChannel(k.client.schema), k.client.logger)
-	k.wake, k.unsubscribe = k.listener.Subscribe(k.cfg.Topic)
-	k.listener.Start()
+	k.wake, k.unsubscribe = k.client.WakeUps(k.cfg.Topic)
 
 	k.fetchCtx, k.fetchCancel = context.WithCancel(context.Background())
 	k.workCtx, k.workCancel = context.WithCancel(context.Background())
@@ -275,7 +271,6 @@ func (k *Consumer) Stop(ctx context.Context) error {
 	k.doneWG.Wait()
 
 	k.unsubscribe()
-	k.listener.Stop()
 	k.client.logger.Info("pgoutbox: consumer stopped", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
 	return err
 }

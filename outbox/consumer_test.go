@@ -457,3 +457,32 @@ func TestLateAckAfterLeaseExpiryIsIgnored(t *testing.T) {
 	close(release[2])
 	eventually(t, 5*time.Second, "second delivery acked", func() bool { return b.count(t, "true") == 0 })
 }
+
+// Consumers (and consumer groups) of one Client share one LISTEN connection,
+// closed when the last of them stops.
+func TestConsumersShareOneListenConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	listeners := func() int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n))
+		return n
+	}
+	noop := func(context.Context, *outbox.Delivery) error { return nil }
+	var consumers []*outbox.Consumer
+	for _, topic := range []string{"a", "b", "c"} {
+		k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: topic, Handler: noop})
+		require.NoError(t, err)
+		require.NoError(t, k.Start(ctx))
+		consumers = append(consumers, k)
+	}
+	eventually(t, 5*time.Second, "one LISTEN connection", func() bool { return listeners() == 1 })
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, 1, listeners())
+	for _, k := range consumers {
+		require.NoError(t, k.Stop(ctx))
+	}
+	eventually(t, 5*time.Second, "LISTEN connection closed", func() bool { return listeners() == 0 })
+}

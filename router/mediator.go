@@ -29,6 +29,7 @@ const (
 	ErrorConnection               // nack
 )
 
+// String names the result as the seed does (SUCCESS, ERROR_CONFIG, ...).
 func (r Result) String() string {
 	return [...]string{"SUCCESS", "ERROR_CONFIG", "ERROR_PROCESS", "ERROR_CONNECTION"}[r]
 }
