@@ -1,0 +1,28 @@
+# Common tasks. `make` or `make help` lists them.
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+test: ## run the tests against a real PostgreSQL, with the race detector (what CI runs)
+	go test -race -count=1 ./...
+
+ci: ## run CI locally: start PostgreSQL if needed, gofmt, vet, tests, examples
+	bash .ci/run
+
+fmt: ## format the code
+	gofmt -w .
+
+vet: ## go vet
+	go vet ./...
+
+bench: ## pgoutbox's own benchmark program, workload W=W1..W4 (MODE=bitmap|counter|offset for W3)
+	go run ./internal/bench -workload $(or $(W),W2) $(if $(MODE),-mode $(MODE))
+
+peers: ## pgoutbox beside raw pgx, River and Watermill-SQL (../shared/bench)
+	PGOUTBOX_DIR=$(CURDIR) ../shared/bench/run-peers.sh
+
+router-bench: ## router overhead against direct HTTP calls, and idle group memory
+	go test -run '^$$' -bench 'Deliver|IdleGroup' -benchtime 20000x ./router
+
+.PHONY: help test ci fmt vet bench peers router-bench
