@@ -14,8 +14,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
-func pubsubRangeAll(pos string) pubsub.Range { return pubsub.Range{Position: pos, All: true} }
-
 // retryDelay is the handler's RetryAfter delay, else the topic's backoff.
 func retryDelay(err error, attempt int, topic outbox.TopicConfig) time.Duration {
 	if d, ok := outbox.RetryDelay(err); ok {

@@ -302,8 +302,9 @@ func (g *Group) Cancel(ctx context.Context) error {
 	return g.forgetAll(ctx, subscriptionRef{id: g.sub.ID, bit: g.sub.Bit}, true)
 }
 
-// bloomFilter returns a Bloom filter sized for a group's recent completions.
+// newBloom returns a Bloom filter sized for a group's recent completions
+// (1M ids at 1% false positives, ~1.2 MB).
 func newBloom() *bloom.BloomFilter { return bloom.NewWithEstimates(1_000_000, 0.01) }
 
-// nowOr is the injected clock's time, or nil for database time.
+// now is the injected clock's time, or nil for database time.
 func (g *Group) now() *time.Time { return g.client.Now() }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 // runner is a started instance's machinery. Goroutines: one fetcher, the
@@ -32,7 +33,8 @@ type runner struct {
 	ownHBPool bool
 	wake      <-chan struct{}
 	unsub     func()
-	bloom     *bloom.BloomFilter // counter mode: ids this group completed (completer only)
+	bloomMu   sync.Mutex         // the fetcher reads the filter, the completer writes it
+	bloom     *bloom.BloomFilter // counter mode: ids this instance completed
 
 	fetchCtx    context.Context
 	fetchCancel context.CancelFunc
@@ -429,17 +431,15 @@ func (r *runner) alreadyCompleted(ctx context.Context, rows []row, reread bool) 
 	return g.tracker.Completed(ctx, g.pool, g.sub, ids)
 }
 
-var bloomMu sync.Mutex // the bloom filter is read by the fetcher and written by the completer
-
 func (r *runner) bloomTest(id int64) bool {
-	bloomMu.Lock()
-	defer bloomMu.Unlock()
+	r.bloomMu.Lock()
+	defer r.bloomMu.Unlock()
 	return r.bloom.Test(idKey(id))
 }
 
 func (r *runner) bloomAdd(ids []int64) {
-	bloomMu.Lock()
-	defer bloomMu.Unlock()
+	r.bloomMu.Lock()
+	defer r.bloomMu.Unlock()
 	for _, id := range ids {
 		r.bloom.Add(idKey(id))
 	}
@@ -760,7 +760,7 @@ func (r *runner) beat() {
 		}
 		pos, err := g.committedPosition(ctx, g.pool, g.sub.ID)
 		if err == nil {
-			err = g.backfill(ctx, pubsubRangeAll(pos), SubscriptionOptions{}.withDefaults())
+			err = g.backfill(ctx, pubsub.Range{Position: pos, All: true}, SubscriptionOptions{}.withDefaults())
 		}
 		if err != nil {
 			g.logger.Error("pgoutbox: resurrection backfill failed", slog.Any("error", err))
