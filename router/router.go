@@ -253,6 +253,14 @@ func (r *Router) Sync(ctx context.Context) error {
 // applyPools creates new pools, updates changed ones live, and drains
 // pools that left the configuration.
 func (r *Router) applyPools(cfgs []PoolConfig) {
+	var leaving []*pool
+	// Drain after unlocking: nacking what a pool queued can be slow, and
+	// routing must not wait for it.
+	defer func() {
+		for _, p := range leaving {
+			p.drain()
+		}
+	}()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	want := map[string]PoolConfig{}
@@ -262,7 +270,7 @@ func (r *Router) applyPools(cfgs []PoolConfig) {
 	for code, p := range r.pools {
 		c, keep := want[code]
 		if !keep && code != DefaultPoolCode {
-			p.drain()
+			leaving = append(leaving, p)
 			r.drained = append(r.drained, p)
 			delete(r.pools, code)
 			r.logger.Info("pgoutbox router: pool left the configuration; draining", slog.String("pool", code))
