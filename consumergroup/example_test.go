@@ -7,8 +7,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
@@ -18,16 +16,11 @@ import (
 // Two groups subscribe to one PUB_SUB topic; each receives every message.
 func Example() {
 	ctx := context.Background()
-	dsn, drop, err := pgtest.ExampleDSN()
+	pool, cleanup, err := pgtest.ExamplePool() // a fresh database
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer drop()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
+	defer cleanup()
 	if err := migrations.Up(ctx, pool, migrations.Config{}); err != nil {
 		log.Fatal(err)
 	}

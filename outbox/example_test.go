@@ -17,15 +17,11 @@ import (
 
 // exampleDB opens a pool on a fresh database of the test server.
 func exampleDB() (*pgxpool.Pool, func()) {
-	dsn, drop, err := pgtest.ExampleDSN()
+	pool, cleanup, err := pgtest.ExamplePool()
 	if err != nil {
 		log.Fatal(err)
 	}
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		log.Fatal(err)
-	}
-	return pool, func() { pool.Close(); drop() }
+	return pool, cleanup
 }
 
 type OrderPaid struct {

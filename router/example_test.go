@@ -10,8 +10,6 @@ import (
 	"net/url"
 	"sync"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -22,16 +20,11 @@ import (
 // within each message group.
 func Example() {
 	ctx := context.Background()
-	dsn, drop, err := pgtest.ExampleDSN()
+	pool, cleanup, err := pgtest.ExamplePool() // a fresh database
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer drop()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
+	defer cleanup()
 	if err := migrations.Up(ctx, pool, migrations.Config{}); err != nil {
 		log.Fatal(err)
 	}

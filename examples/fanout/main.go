@@ -42,7 +42,7 @@ func main() {
 func run(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	dsn, stop, err := databaseURL(ctx)
+	dsn, stop, err := pgfind.DatabaseURL(ctx)
 	if err != nil {
 		return err
 	}
@@ -131,15 +131,4 @@ func run(ctx context.Context) error {
 		fmt.Printf("group %-9s handled %d messages\n", name, counts[i].Load())
 	}
 	return nil
-}
-
-func databaseURL(ctx context.Context) (string, func(), error) {
-	if dsn := os.Getenv("DATABASE_URL"); dsn != "" {
-		return dsn, func() {}, nil
-	}
-	srv, err := pgfind.Locate(ctx, "DATABASE_URL")
-	if err != nil {
-		return "", nil, err
-	}
-	return srv.AdminDSN, srv.Stop, nil
 }

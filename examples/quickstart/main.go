@@ -43,7 +43,7 @@ func run(ctx context.Context) error {
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-	dsn, stop, err := databaseURL(ctx)
+	dsn, stop, err := pgfind.DatabaseURL(ctx)
 	if err != nil {
 		return err
 	}
@@ -129,18 +129,4 @@ func run(ctx context.Context) error {
 	}
 	fmt.Printf("done: %d messages sent and handled\n", handled.Load())
 	return nil
-}
-
-// databaseURL returns DATABASE_URL, or a server found (or started) locally,
-// and a function that stops a server it started.
-func databaseURL(ctx context.Context) (string, func(), error) {
-	if dsn := os.Getenv("DATABASE_URL"); dsn != "" {
-		return dsn, func() {}, nil
-	}
-	srv, err := pgfind.Locate(ctx, "DATABASE_URL")
-	if err != nil {
-		return "", nil, err
-	}
-	fmt.Println("using PostgreSQL from", srv.Source)
-	return srv.AdminDSN, srv.Stop, nil
 }

@@ -77,7 +77,7 @@ func run(ctx context.Context) error {
 	defer srv.Close()
 	target := "http://" + ln.Addr().String() + "/events"
 
-	dsn, stop, err := databaseURL(ctx)
+	dsn, stop, err := pgfind.DatabaseURL(ctx)
 	if err != nil {
 		return err
 	}
@@ -163,15 +163,4 @@ func run(ctx context.Context) error {
 	}
 	fmt.Printf("delivered %d messages, FIFO within each customer\n", total)
 	return nil
-}
-
-func databaseURL(ctx context.Context) (string, func(), error) {
-	if dsn := os.Getenv("DATABASE_URL"); dsn != "" {
-		return dsn, func() {}, nil
-	}
-	srv, err := pgfind.Locate(ctx, "DATABASE_URL")
-	if err != nil {
-		return "", nil, err
-	}
-	return srv.AdminDSN, srv.Stop, nil
 }

@@ -301,3 +301,18 @@ func migrationsChecksum() (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// ExamplePool opens a pool on a new empty database for a runnable example
+// and returns a function that closes it and drops the database.
+func ExamplePool() (*pgxpool.Pool, func(), error) {
+	dsn, drop, err := ExampleDSN()
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	return pool, func() { pool.Close(); drop() }, nil
+}
