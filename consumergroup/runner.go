@@ -707,19 +707,11 @@ func (r *runner) completeRetry(o *retryOut) {
 	}
 }
 
+// withRetry retries a completion write briefly; a batch taken over by
+// another member is final.
 func withRetry(ctx context.Context, f func() error) error {
-	var err error
-	for attempt := 1; attempt <= 3; attempt++ {
-		if err = f(); err == nil || errors.Is(err, errBatchLost) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff.Exponential(attempt, 50*time.Millisecond, time.Second)):
-		}
-	}
-	return err
+	return backoff.Retry(ctx, 3, 50*time.Millisecond, time.Second,
+		func(err error) bool { return errors.Is(err, errBatchLost) }, f)
 }
 
 // ---------------------------------------------------------------- heartbeats

@@ -34,24 +34,43 @@ func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*
 	if limit < 1 || owner == "" {
 		return nil, fmt.Errorf("%w: Claim needs an owner and limit >= 1", ErrInvalidConfig)
 	}
-	rows, err := c.pool.Query(ctx, c.sql.Claim, topic, limit, c.now(), owner, t.Lease.Microseconds())
+	claimed, err := c.claim(ctx, t, owner, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
+		return nil, err
 	}
-	ds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Delivery, error) {
-		d := &Delivery{Topic: topic, MaxAttempts: t.MaxAttempts}
-		var prio int16
-		var availableAt time.Time
-		err := r.Scan(&d.ID, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.Attempt, &d.CreatedAt, &d.LeaseUntil, &availableAt)
-		d.Priority = int(prio)
-		return d, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
+	ds := make([]*Delivery, len(claimed))
+	for i, cl := range claimed {
+		ds[i] = cl.d
 	}
 	// In id order, so messages of one group come in the order they were written.
 	slices.SortFunc(ds, func(a, b *Delivery) int { return cmp.Compare(a.ID, b.ID) })
 	return ds, nil
+}
+
+// claimed is a claimed delivery and when it had become available.
+type claimed struct {
+	d           *Delivery
+	availableAt time.Time
+}
+
+// claim runs the claim statement for topic t (rows in no particular order).
+func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit int) ([]claimed, error) {
+	rows, err := c.pool.Query(ctx, c.sql.Claim, t.Name, limit, c.now(), owner, t.Lease.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
+		cl := claimed{d: &Delivery{Topic: t.Name, MaxAttempts: t.MaxAttempts}}
+		var prio int16
+		err := r.Scan(&cl.d.ID, &cl.d.Payload, &cl.d.Headers, &cl.d.CorrelationID, &cl.d.Group, &prio,
+			&cl.d.Attempt, &cl.d.CreatedAt, &cl.d.LeaseUntil, &cl.availableAt)
+		cl.d.Priority = int(prio)
+		return cl, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	return out, nil
 }
 
 // Ack deletes handled messages.
@@ -98,18 +117,6 @@ func (c *Client) RetryAt(ctx context.Context, d *Delivery, at time.Time, reason 
 	return c.settleAt(ctx, d, at, d.Attempt >= d.MaxAttempts && d.MaxAttempts > 0, reason, 0)
 }
 
-func (c *Client) settleAt(ctx context.Context, d *Delivery, at time.Time, dead bool, reason string, uncount int32) error {
-	tag, err := c.pool.Exec(ctx, c.sql.Settle, []int64{d.ID}, []int32{int32(d.Attempt)}, []int64{0},
-		[]bool{dead}, []*string{&reason}, []int32{uncount}, at)
-	if err != nil {
-		return fmt.Errorf("outbox: settle: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: message %d attempt %d", ErrLeaseLost, d.ID, d.Attempt)
-	}
-	return nil
-}
-
 // Release gives the message back for immediate redelivery; started says
 // whether handling began (if not, the attempt is not counted).
 func (c *Client) Release(ctx context.Context, d *Delivery, started bool) error {
@@ -120,9 +127,19 @@ func (c *Client) Release(ctx context.Context, d *Delivery, started bool) error {
 	return c.settleOne(ctx, d, 0, false, "released", uncount)
 }
 
+// settleOne settles one delivery: available again delay after now (the
+// clock's, or the database's), or from the instant at when it is set.
 func (c *Client) settleOne(ctx context.Context, d *Delivery, delay time.Duration, dead bool, reason string, uncount int32) error {
+	return c.settle(ctx, d, c.now(), delay, dead, reason, uncount)
+}
+
+func (c *Client) settleAt(ctx context.Context, d *Delivery, at time.Time, dead bool, reason string, uncount int32) error {
+	return c.settle(ctx, d, &at, 0, dead, reason, uncount)
+}
+
+func (c *Client) settle(ctx context.Context, d *Delivery, base *time.Time, delay time.Duration, dead bool, reason string, uncount int32) error {
 	tag, err := c.pool.Exec(ctx, c.sql.Settle, []int64{d.ID}, []int32{int32(d.Attempt)}, []int64{delay.Microseconds()},
-		[]bool{dead}, []*string{&reason}, []int32{uncount}, c.now())
+		[]bool{dead}, []*string{&reason}, []int32{uncount}, base)
 	if err != nil {
 		return fmt.Errorf("outbox: settle: %w", err)
 	}

@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -336,27 +335,11 @@ func (k *Consumer) claim(limit int) (int, error) {
 	// it would leave its messages leased until the lease expires.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.fetchCtx), 30*time.Second)
 	defer cancel()
-	rows, err := k.client.pool.Query(ctx, k.client.sql.Claim, k.cfg.Topic, limit, k.client.now(), k.cfg.ID, topic.Lease.Microseconds())
+	batch, err := k.client.claim(ctx, *topic, k.cfg.ID, limit)
 	if err != nil {
 		return 0, err
 	}
 	claimedAt := time.Now()
-	type claimed struct {
-		d           *Delivery
-		availableAt time.Time
-	}
-	batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
-		d := &Delivery{Topic: k.cfg.Topic, MaxAttempts: topic.MaxAttempts}
-		var c claimed
-		var prio int16
-		err := r.Scan(&d.ID, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.Attempt, &d.CreatedAt, &d.LeaseUntil, &c.availableAt)
-		d.Priority = int(prio)
-		c.d = d
-		return c, err
-	})
-	if err != nil {
-		return 0, err
-	}
 	sort.Slice(batch, func(i, j int) bool {
 		a, b := batch[i], batch[j]
 		if a.d.Priority != b.d.Priority {
@@ -518,15 +501,14 @@ func (k *Consumer) flush(batch []result) {
 // exec runs a completion statement, retrying briefly. If it still fails the
 // leases expire and the messages are redelivered: at least once holds.
 func (k *Consumer) exec(what, sql string, args ...any) {
-	var err error
-	for attempt := 1; attempt <= 3; attempt++ {
+	err := backoff.Retry(context.Background(), 3, 50*time.Millisecond, time.Second, nil, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err = k.client.pool.Exec(ctx, sql, args...)
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(backoff.Exponential(attempt, 50*time.Millisecond, time.Second))
+		defer cancel()
+		_, err := k.client.pool.Exec(ctx, sql, args...)
+		return err
+	})
+	if err == nil {
+		return
 	}
 	k.client.logger.Error("pgoutbox: completion write failed; messages will be redelivered after their lease",
 		slog.String("topic", k.cfg.Topic), slog.String("op", what), slog.Any("error", err))

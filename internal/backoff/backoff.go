@@ -2,6 +2,7 @@
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -26,4 +27,22 @@ func Exponential(attempt int, initial, max time.Duration) time.Duration {
 		return d
 	}
 	return half + rand.N(d-half+1)
+}
+
+// Retry calls f up to attempts times, waiting Exponential(n, initial, max)
+// after the n-th failure, until f succeeds, stop(err) reports an error not
+// worth retrying, or ctx ends. It returns f's last error.
+func Retry(ctx context.Context, attempts int, initial, max time.Duration, stop func(error) bool, f func() error) error {
+	var err error
+	for n := 1; n <= attempts; n++ {
+		if err = f(); err == nil || (stop != nil && stop(err)) || n == attempts {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(Exponential(n, initial, max)):
+		}
+	}
+	return err
 }

@@ -1,6 +1,8 @@
 package backoff
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -17,5 +19,32 @@ func TestExponential(t *testing.T) {
 	}
 	if d := Exponential(0, 0, 0); d != 0 {
 		t.Fatalf("zero config: got %v", d)
+	}
+}
+
+func TestRetry(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	errBoom := errors.New("boom")
+	err := Retry(context.Background(), 3, time.Millisecond, time.Millisecond, nil, func() error { calls++; return errBoom })
+	if !errors.Is(err, errBoom) || calls != 3 {
+		t.Fatalf("3 failing attempts: err %v, calls %d", err, calls)
+	}
+	calls = 0
+	errStop := errors.New("stop")
+	err = Retry(context.Background(), 3, time.Millisecond, time.Millisecond, func(e error) bool { return errors.Is(e, errStop) },
+		func() error { calls++; return errStop })
+	if !errors.Is(err, errStop) || calls != 1 {
+		t.Fatalf("stop error: err %v, calls %d", err, calls)
+	}
+	calls = 0
+	err = Retry(context.Background(), 3, time.Millisecond, time.Millisecond, nil, func() error {
+		if calls++; calls < 2 {
+			return errBoom
+		}
+		return nil
+	})
+	if err != nil || calls != 2 {
+		t.Fatalf("success on the 2nd attempt: err %v, calls %d", err, calls)
 	}
 }
