@@ -79,16 +79,16 @@ func newMediator(cfg Config, warn *warnings) *mediator {
 	return m
 }
 
-// checkTarget validates a target URL against the allow-list.
-func (m *mediator) checkTarget(target string) error {
+// checkTarget parses a target URL and checks it against the allow-list.
+func (m *mediator) checkTarget(target string) (*url.URL, error) {
 	u, err := validTarget(target)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !m.allowed[strings.ToLower(u.Host)] && !m.allowed[strings.ToLower(u.Hostname())] {
-		return fmt.Errorf("%w: %q", ErrTargetNotAllowed, u.Host)
+		return nil, fmt.Errorf("%w: %q", ErrTargetNotAllowed, u.Host)
 	}
-	return nil
+	return u, nil
 }
 
 func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
@@ -120,10 +120,7 @@ var errAttemptFailed = errors.New("attempt failed")
 
 // deliver runs up to MaxAttempts attempts for retryable failures.
 func (m *mediator) deliver(ctx context.Context, msg *Message) Outcome {
-	if err := m.checkTarget(msg.Target); err != nil {
-		return Outcome{Result: ErrorConfig, Reason: err.Error()}
-	}
-	u, _ := url.Parse(msg.Target)
+	u := msg.target // parsed and allow-listed by Route, the only way into a pool
 	b := m.breaker(u.Host)
 	var out Outcome
 	for attempt := 1; attempt <= m.cfg.MaxAttempts; attempt++ {

@@ -66,6 +66,7 @@ type Message struct {
 	Settle Settler
 
 	batchID string
+	target  *url.URL // Target, parsed and allow-listed by Route
 	settled atomic.Bool
 }
 
@@ -345,11 +346,13 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 			r.metrics.duplicates.Add(ctx, 1)
 			continue
 		}
-		if err := r.mediator.checkTarget(m.Target); err != nil {
+		u, err := r.mediator.checkTarget(m.Target)
+		if err != nil {
 			r.warn.add(WarnTargetNotAllowed, SeverityError, fmt.Sprintf("message %s: %v", m.ID, err))
 			r.settle(ctx, m, deadLetterWith(err.Error()), false)
 			continue
 		}
+		m.target = u
 		code := m.Pool
 		if _, ok := pools[code]; !ok {
 			if code != DefaultPoolCode {
