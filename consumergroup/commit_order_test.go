@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -78,7 +79,7 @@ func TestNoLossOnOutOfOrderCommits(t *testing.T) {
 			wg.Wait()
 			require.NotEmpty(t, rolledBack)
 			for i, r := range recs {
-				eventually(t, 30*time.Second, fmt.Sprintf("group %d got every committed message", i), func() bool {
+				pgtest.Eventually(t, 30*time.Second, fmt.Sprintf("group %d got every committed message", i), func() bool {
 					return r.distinct() >= len(committed)
 				})
 				time.Sleep(50 * time.Millisecond)
@@ -121,7 +122,7 @@ func TestNoGlobalStallFromOpenTransaction(t *testing.T) {
 			for i := range 50 {
 				b.send(t, i)
 			}
-			eventually(t, 10*time.Second, "messages after the open transaction delivered", func() bool { return r.distinct() == 50 })
+			pgtest.Eventually(t, 10*time.Second, "messages after the open transaction delivered", func() bool { return r.distinct() == 50 })
 			var stillOpen bool
 			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_xact_status($1::xid8) = 'in progress'`, xid).Scan(&stillOpen))
 			require.True(t, stillOpen)

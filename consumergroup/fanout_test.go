@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
 // Three groups each receive every one of 10,000 messages once; a message is
@@ -28,7 +29,7 @@ func TestFanOutEveryGroupGetsEveryMessage(t *testing.T) {
 			}
 			b.sendRange(t, 0, n)
 			for i, r := range recs {
-				eventually(t, 60*time.Second, fmt.Sprintf("group %d drained", i), func() bool { return r.distinct() == n })
+				pgtest.Eventually(t, 60*time.Second, fmt.Sprintf("group %d drained", i), func() bool { return r.distinct() == n })
 				require.Zero(t, r.dups(), "group %d handled a message twice", i)
 			}
 			// Groups complete the same rows concurrently; they must lock

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -31,7 +32,7 @@ func TestMemberFiltersAndRejectedMessages(t *testing.T) {
 	require.NoError(t, g.AddConsumer("odd", func(context.Context, *outbox.Delivery) error { odd.Add(1); return nil }, isSeq(func(s int) bool { return s%2 == 1 })))
 	start(t, g, consumergroup.FromNow())
 	b.send(t, 0, 1, 2, 3, 4, -1) // -1: rejected by both filters
-	eventually(t, 5*time.Second, "all handled or filtered", func() bool {
+	pgtest.Eventually(t, 5*time.Second, "all handled or filtered", func() bool {
 		return b.count(t, "done_bits = required_bits AND required_bits <> 0") == 6
 	})
 	require.EqualValues(t, 3, even.Load())

@@ -266,8 +266,7 @@ func (g *Group) Subscription() pubsub.Subscription { return g.sub }
 // State reads the subscription's current state.
 func (g *Group) State(ctx context.Context) (State, error) {
 	var s string
-	err := g.pool.QueryRow(ctx, `SELECT subscription_status FROM `+ident.Quote(g.schema)+`.outbox_topic_subscriptions WHERE topic = $1 AND group_name = $2`,
-		g.cfg.Topic, g.cfg.Group).Scan(&s)
+	err := g.pool.QueryRow(ctx, g.q.SubscriptionStatus, g.cfg.Topic, g.cfg.Group).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
 	}

@@ -38,7 +38,7 @@ func TestGroupsNeverBlockEachOther(t *testing.T) {
 	require.NoError(t, g.AddConsumer("m", rb.handler, nil))
 	start(t, g, consumergroup.FromNow())
 	b.sendRange(t, 0, 2000)
-	eventually(t, 9*time.Second, "group B drained while A is blocked", func() bool { return rb.distinct() == 2000 })
+	pgtest.Eventually(t, 9*time.Second, "group B drained while A is blocked", func() bool { return rb.distinct() == 2000 })
 	require.True(t, blocked.Load())
 	close(release)
 }
@@ -63,7 +63,7 @@ func TestTwoInstancesShareAGroup(t *testing.T) {
 				start(t, g, consumergroup.FromNow())
 			}
 			b.sendRange(t, 0, 3000)
-			eventually(t, 30*time.Second, "drained", func() bool { return r.distinct() == 3000 })
+			pgtest.Eventually(t, 30*time.Second, "drained", func() bool { return r.distinct() == 3000 })
 			time.Sleep(50 * time.Millisecond)
 			require.Zero(t, r.dups())
 			require.Positive(t, perInstance[0].Load())
@@ -94,7 +94,7 @@ func TestCrashedMemberBatchRedeliveredAfterLease(t *testing.T) {
 			}, nil))
 			require.NoError(t, doomed.Start(ctx, consumergroup.FromNow()))
 			b.sendRange(t, 0, 10)
-			eventually(t, 10*time.Second, "doomed member holds the batch", func() bool { return doomedGot.Load() > 0 })
+			pgtest.Eventually(t, 10*time.Second, "doomed member holds the batch", func() bool { return doomedGot.Load() > 0 })
 			doomedPool.Close() // crash: nothing it does from now reaches the database
 			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 			_ = doomed.Stop(stopCtx)
@@ -107,7 +107,7 @@ func TestCrashedMemberBatchRedeliveredAfterLease(t *testing.T) {
 			time.Sleep(300 * time.Millisecond)
 			require.Zero(t, r.distinct(), "nothing redelivered before the lease expires")
 			clock.Advance(31 * time.Second)
-			eventually(t, 10*time.Second, "batch re-read after the lease", func() bool { return r.distinct() == 10 })
+			pgtest.Eventually(t, 10*time.Second, "batch re-read after the lease", func() bool { return r.distinct() == 10 })
 			require.Zero(t, r.dups())
 		})
 	}
@@ -140,7 +140,7 @@ func TestGroupRetryAndDeadLetter(t *testing.T) {
 
 	ids := b.send(t, 1)
 	require.Equal(t, 1, <-attempts)
-	eventually(t, 5*time.Second, "healthy group done", func() bool { return ok.distinct() == 1 })
+	pgtest.Eventually(t, 5*time.Second, "healthy group done", func() bool { return ok.distinct() == 1 })
 	select {
 	case a := <-attempts:
 		t.Fatalf("attempt %d before the backoff", a)
@@ -148,7 +148,7 @@ func TestGroupRetryAndDeadLetter(t *testing.T) {
 	}
 	clock.Advance(11 * time.Second)
 	require.Equal(t, 2, <-attempts)
-	eventually(t, 5*time.Second, "dead-lettered", func() bool {
+	pgtest.Eventually(t, 5*time.Second, "dead-lettered", func() bool {
 		dl, err := g.DeadLetters(ctx, 0, 10)
 		return err == nil && len(dl) == 1 && dl[0].ID == ids[0]
 	})
@@ -158,7 +158,7 @@ func TestGroupRetryAndDeadLetter(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.Equal(t, 1, <-attempts)
-	eventually(t, 5*time.Second, "completed by both", func() bool { return b.count(t, "id = $1 AND completed_count = 2", ids[0]) == 1 })
+	pgtest.Eventually(t, 5*time.Second, "completed by both", func() bool { return b.count(t, "id = $1 AND completed_count = 2", ids[0]) == 1 })
 }
 
 // Completion is recorded only when every required group acked, per mode;
@@ -183,15 +183,15 @@ func TestCompletionNeedsEveryRequiredGroup(t *testing.T) {
 			}, nil))
 			start(t, g2, consumergroup.FromNow())
 			b.sendRange(t, 0, 100)
-			eventually(t, 10*time.Second, "fast group done", func() bool { return fast.distinct() == 100 })
+			pgtest.Eventually(t, 10*time.Second, "fast group done", func() bool { return fast.distinct() == 100 })
 			time.Sleep(50 * time.Millisecond)
 			n, err := g1.Cleanup(ctx, 1000)
 			require.NoError(t, err)
 			require.Zero(t, n, "nothing deleted while the slow group has not acked")
 			require.Equal(t, 100, b.count(t, "status = 'PUBLISHED'"))
 			close(gate)
-			eventually(t, 10*time.Second, "slow group done", func() bool { return slow.distinct() == 100 })
-			eventually(t, 10*time.Second, "cleanup after both", func() bool {
+			pgtest.Eventually(t, 10*time.Second, "slow group done", func() bool { return slow.distinct() == 100 })
+			pgtest.Eventually(t, 10*time.Second, "cleanup after both", func() bool {
 				_, err := g1.Cleanup(ctx, 1000)
 				return err == nil && b.count(t, "status = 'PUBLISHED'") == 0
 			})
@@ -241,7 +241,7 @@ func TestStateMachine(t *testing.T) {
 	g2 := b.newGroup(t, "g")
 	require.NoError(t, g2.AddConsumer("m", r.handler, nil))
 	start(t, g2, consumergroup.FromBeginning(false)) // options ignored: the subscription exists
-	eventually(t, 5*time.Second, "messages sent while stopped", func() bool { return r.distinct() == 3 })
+	pgtest.Eventually(t, 5*time.Second, "messages sent while stopped", func() bool { return r.distinct() == 3 })
 	require.NoError(t, g2.Stop(ctx))
 
 	// ACTIVE → DEAD when heartbeats stop; DEAD → ACTIVE on restart (resurrection).

@@ -142,17 +142,6 @@ func start(t *testing.T, g *consumergroup.Group, opts consumergroup.Subscription
 	})
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func inTx(t *testing.T, b *bundle, f func(tx pgx.Tx)) {
 	t.Helper()
 	ctx := context.Background()

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -52,7 +53,7 @@ func TestRegistrationRace(t *testing.T) {
 					}
 				}()
 			}
-			eventually(t, 5*time.Second, "producers running", func() bool { return sent.Load() > 200 })
+			pgtest.Eventually(t, 5*time.Second, "producers running", func() bool { return sent.Load() > 200 })
 			late := newRecorder()
 			var handledIDs sync.Map
 			g1 := b.newGroup(t, "late")
@@ -75,7 +76,7 @@ func TestRegistrationRace(t *testing.T) {
 					time.Sleep(5 * time.Millisecond)
 				}
 			}()
-			eventually(t, 5*time.Second, "more sends after registration", func() bool { return late.distinct() > 500 })
+			pgtest.Eventually(t, 5*time.Second, "more sends after registration", func() bool { return late.distinct() > 500 })
 			close(stop)
 			wg.Wait()
 			<-cleanerDone
@@ -87,7 +88,7 @@ func TestRegistrationRace(t *testing.T) {
 			}
 			var required int
 			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox")+` WHERE `+requires).Scan(&required))
-			eventually(t, 20*time.Second, "late group got everything that requires it", func() bool {
+			pgtest.Eventually(t, 20*time.Second, "late group got everything that requires it", func() bool {
 				var left int
 				done := "done_bits & " + fmt.Sprint(sub.Mask()) + " = 0"
 				if mode == outbox.Counter {
@@ -123,7 +124,7 @@ func TestLateJoiners(t *testing.T) {
 				ids = append(ids, b.send(t, i)...)
 				time.Sleep(2 * time.Millisecond)
 			}
-			eventually(t, 5*time.Second, "early group done", func() bool { return early.distinct() == 5 })
+			pgtest.Eventually(t, 5*time.Second, "early group done", func() bool { return early.distinct() == 5 })
 			var midTime time.Time
 			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT created_at FROM `+b.db.Table("outbox")+` WHERE id = $1`, ids[2]).Scan(&midTime))
 			later := b.send(t, 5, 6) // one early-group message still unfinished below
@@ -148,7 +149,7 @@ func TestLateJoiners(t *testing.T) {
 				if c.want == 0 {
 					time.Sleep(150 * time.Millisecond)
 				} else {
-					eventually(t, 10*time.Second, c.name, func() bool { return r.distinct() == c.want })
+					pgtest.Eventually(t, 10*time.Second, c.name, func() bool { return r.distinct() == c.want })
 				}
 				time.Sleep(50 * time.Millisecond)
 				require.Equal(t, c.want, r.distinct(), c.name)
@@ -216,7 +217,7 @@ func TestBackfillRaisesUnfinishedMessages(t *testing.T) {
 			require.NoError(t, gn.AddConsumer("m", without.handler, nil))
 			start(t, gn, consumergroup.FromBeginning(false))
 			require.Zero(t, requiredOn(gn))
-			eventually(t, 10*time.Second, "both late groups read the old messages", func() bool {
+			pgtest.Eventually(t, 10*time.Second, "both late groups read the old messages", func() bool {
 				return with.distinct() == 4 && without.distinct() == 4
 			})
 			_ = ctx

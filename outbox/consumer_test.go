@@ -30,7 +30,7 @@ func TestConsumerDrainsQueue(t *testing.T) {
 			return nil
 		},
 	})
-	eventually(t, 10*time.Second, "queue drained", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 10*time.Second, "queue drained", func() bool { return b.count(t, "true") == 0 })
 	require.EqualValues(t, 500, handled.Load())
 }
 
@@ -63,7 +63,7 @@ func TestCompetingConsumersNoLossNoDuplicates(t *testing.T) {
 		startConsumer(t, c, outbox.ConsumerConfig{Topic: "jobs", Handler: handler, Concurrency: 4, BatchSize: 50,
 			PollInterval: 50 * time.Millisecond, ID: fmt.Sprintf("consumer-%d", i)})
 	}
-	eventually(t, 60*time.Second, "all messages handled and acked", func() bool {
+	pgtest.Eventually(t, 60*time.Second, "all messages handled and acked", func() bool {
 		return total.Load() >= n && b.count(t, "true") == 0
 	})
 	for seq := range counts {
@@ -98,8 +98,8 @@ func TestCrashedConsumerMessagesRedeliveredAfterLease(t *testing.T) {
 		}})
 	require.NoError(t, err)
 	require.NoError(t, doomed.Start(ctx))
-	eventually(t, 10*time.Second, "doomed consumer holds 5 messages", func() bool { return doomedCount.Load() == 5 })
-	eventually(t, 10*time.Second, "5 running + 10 prefetched", func() bool {
+	pgtest.Eventually(t, 10*time.Second, "doomed consumer holds 5 messages", func() bool { return doomedCount.Load() == 5 })
+	pgtest.Eventually(t, 10*time.Second, "5 running + 10 prefetched", func() bool {
 		return b.count(t, "status = 'PROCESSING' AND lease_owner = 'doomed'") == 15
 	})
 	held := 15
@@ -120,12 +120,12 @@ func TestCrashedConsumerMessagesRedeliveredAfterLease(t *testing.T) {
 			mu.Unlock()
 			return nil
 		}})
-	eventually(t, 10*time.Second, "the unclaimed messages handled", func() bool { return b.count(t, "true") == held })
+	pgtest.Eventually(t, 10*time.Second, "the unclaimed messages handled", func() bool { return b.count(t, "true") == held })
 	time.Sleep(200 * time.Millisecond) // ten reaper periods: the leases must hold
 	require.Equal(t, held, b.count(t, "status = 'PROCESSING'"), "not redelivered before the lease expires")
 
 	clock.Advance(31 * time.Second)
-	eventually(t, 10*time.Second, "redelivered after the lease", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 10*time.Second, "redelivered after the lease", func() bool { return b.count(t, "true") == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, seen, n)
@@ -187,7 +187,7 @@ func TestRetryBackoffDeadLetterReplay(t *testing.T) {
 	}
 
 	expectAttempt(1)
-	eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "status = 'PENDING' AND attempts = 1") == 1 })
+	pgtest.Eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "status = 'PENDING' AND attempts = 1") == 1 })
 	d := availableIn()
 	require.True(t, d >= 5*time.Second && d <= 10*time.Second, "first backoff %v in [5s, 10s]", d)
 	expectNone()
@@ -195,12 +195,12 @@ func TestRetryBackoffDeadLetterReplay(t *testing.T) {
 	expectNone()
 	clock.Advance(time.Second)
 	expectAttempt(2)
-	eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "status = 'PENDING' AND attempts = 2") == 1 })
+	pgtest.Eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "status = 'PENDING' AND attempts = 2") == 1 })
 	d = availableIn()
 	require.True(t, d >= 10*time.Second && d <= 20*time.Second, "second backoff %v in [10s, 20s]", d)
 	clock.Advance(d)
 	expectAttempt(3)
-	eventually(t, 5*time.Second, "dead-lettered", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
+	pgtest.Eventually(t, 5*time.Second, "dead-lettered", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
 	clock.Advance(time.Hour)
 	expectNone()
 
@@ -215,7 +215,7 @@ func TestRetryBackoffDeadLetterReplay(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 	fail.Store(false)
 	expectAttempt(1)
-	eventually(t, 5*time.Second, "acked after replay", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 5*time.Second, "acked after replay", func() bool { return b.count(t, "true") == 0 })
 }
 
 func TestHandlerChosenDelayAndPermanentError(t *testing.T) {
@@ -234,7 +234,7 @@ func TestHandlerChosenDelayAndPermanentError(t *testing.T) {
 			}
 			return outbox.RetryAfter(42*time.Minute, errors.New("rate limited"))
 		}})
-	eventually(t, 5*time.Second, "both settled", func() bool {
+	pgtest.Eventually(t, 5*time.Second, "both settled", func() bool {
 		return b.count(t, "status = 'DEAD_LETTER' AND id = $1 AND attempts = 1", permID) == 1 &&
 			b.count(t, "status = 'PENDING' AND id = $1 AND attempts = 1", retryID) == 1
 	})
@@ -305,7 +305,7 @@ func TestPrioritiesClaimedFirst(t *testing.T) {
 			mu.Unlock()
 			return nil
 		}})
-	eventually(t, 5*time.Second, "all handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 20 })
+	pgtest.Eventually(t, 5*time.Second, "all handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 20 })
 	for i, p := range order {
 		want := 0
 		if i < 10 {
@@ -361,7 +361,7 @@ func TestStopReleasesUnstartedClaims(t *testing.T) {
 		}})
 	require.NoError(t, err)
 	require.NoError(t, k.Start(ctx))
-	eventually(t, 5*time.Second, "two handlers running", func() bool { return started.Load() == 2 })
+	pgtest.Eventually(t, 5*time.Second, "two handlers running", func() bool { return started.Load() == 2 })
 	require.Equal(t, 10, b.count(t, "status = 'PROCESSING'"), "one batch; 2 running, 8 waiting")
 
 	stopped := make(chan error)
@@ -455,7 +455,7 @@ func TestLateAckAfterLeaseExpiryIsIgnored(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	require.Equal(t, 1, b.count(t, "id = $1 AND status = 'PROCESSING' AND attempts = 2", id), "late ack ignored")
 	close(release[2])
-	eventually(t, 5*time.Second, "second delivery acked", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 5*time.Second, "second delivery acked", func() bool { return b.count(t, "true") == 0 })
 }
 
 // Consumers (and consumer groups) of one Client share one LISTEN connection,
@@ -478,11 +478,11 @@ func TestConsumersShareOneListenConnection(t *testing.T) {
 		require.NoError(t, k.Start(ctx))
 		consumers = append(consumers, k)
 	}
-	eventually(t, 5*time.Second, "one LISTEN connection", func() bool { return listeners() == 1 })
+	pgtest.Eventually(t, 5*time.Second, "one LISTEN connection", func() bool { return listeners() == 1 })
 	time.Sleep(100 * time.Millisecond)
 	require.Equal(t, 1, listeners())
 	for _, k := range consumers {
 		require.NoError(t, k.Stop(ctx))
 	}
-	eventually(t, 5*time.Second, "LISTEN connection closed", func() bool { return listeners() == 0 })
+	pgtest.Eventually(t, 5*time.Second, "LISTEN connection closed", func() bool { return listeners() == 0 })
 }

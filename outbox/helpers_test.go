@@ -76,15 +76,3 @@ func startConsumer(t *testing.T, c *outbox.Client, cfg outbox.ConsumerConfig) *o
 	})
 	return k
 }
-
-// eventually waits for cond, polling every 10ms, failing after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -36,7 +37,7 @@ func TestStalledSourceIsRestarted(t *testing.T) {
 	src := &stuckSource{}
 	rt := newRouter(t, router.Config{AllowedHosts: []string{"x"}, HealthInterval: 20 * time.Millisecond, StallTimeout: 50 * time.Millisecond})
 	rt.AddSource(src)
-	eventually(t, 5*time.Second, "restarted", func() bool { return src.runs.Load() >= 2 })
+	pgtest.Eventually(t, 5*time.Second, "restarted", func() bool { return src.runs.Load() >= 2 })
 	require.True(t, hasWarning(rt, router.WarnConsumerRestart, router.SeverityWarn))
 }
 
@@ -84,11 +85,11 @@ func TestLeakDetection(t *testing.T) {
 		batch = append(batch, m)
 	}
 	rt.Route(context.Background(), batch)
-	eventually(t, 5*time.Second, "3 in flight", func() bool { return rt.Pools()[0].InFlight == 3 })
+	pgtest.Eventually(t, 5*time.Second, "3 in flight", func() bool { return rt.Pools()[0].InFlight == 3 })
 	require.False(t, hasWarning(rt, router.WarnPipelineMapLeak, router.SeverityWarn))
 	src.set([]router.PoolConfig{{Code: "Q", Concurrency: 1}})
 	go func() { _ = rt.Sync(context.Background()) }() // drains P: its nacks block
-	eventually(t, 5*time.Second, "leak warning", func() bool { return hasWarning(rt, router.WarnPipelineMapLeak, router.SeverityWarn) })
+	pgtest.Eventually(t, 5*time.Second, "leak warning", func() bool { return hasWarning(rt, router.WarnPipelineMapLeak, router.SeverityWarn) })
 	once.Do(func() { close(release); close(hold) })
-	eventually(t, 10*time.Second, "everything settled", func() bool { return rt.InFlight() == 0 })
+	pgtest.Eventually(t, 10*time.Second, "everything settled", func() bool { return rt.InFlight() == 0 })
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -73,7 +74,7 @@ func TestResponseTable(t *testing.T) {
 			if tc.warning != "" {
 				require.True(t, hasWarning(rt, tc.warning, tc.severity), "warning %s/%s in %+v", tc.warning, tc.severity, rt.Warnings())
 			}
-			eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
+			pgtest.Eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
 		})
 	}
 }

@@ -134,7 +134,7 @@ func TestFIFOPerGroup(t *testing.T) {
 	_, host := endpoint(t, rv.ServeHTTP)
 	b.sendInterleaved(t, "http://"+host+"/hook", 50, 10)
 	b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 10}}})
-	eventually(t, 30*time.Second, "all delivered and acked", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 30*time.Second, "all delivered and acked", func() bool { return b.count(t, "true") == 0 })
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	require.Len(t, rv.order, 50)
@@ -153,7 +153,7 @@ func TestConcurrencyAcrossGroups(t *testing.T) {
 	_, host := endpoint(t, rv.ServeHTTP)
 	b.sendInterleaved(t, "http://"+host+"/hook", 10, 10)
 	b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 10}}})
-	eventually(t, 30*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 30*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	require.GreaterOrEqual(t, rv.peak, 5, "groups in flight at once")
@@ -184,7 +184,7 @@ func TestBatchGroupCascade(t *testing.T) {
 	b.sendInterleaved(t, "http://"+host+"/hook", 3, 4)
 	rt := b.startRouter(t, host, router.Config{MaxAttempts: 1, DefaultRetryDelay: time.Second, FastFailDelay: time.Second,
 		Pools: []router.PoolConfig{{Code: "P", Concurrency: 5}}})
-	eventually(t, 30*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 30*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	require.Equal(t, []int{0, 1, 2, 3}, rv.order["g1"], "g1 in order after its retry")
@@ -192,7 +192,7 @@ func TestBatchGroupCascade(t *testing.T) {
 	require.Equal(t, []int{0, 1, 2, 3}, rv.order["g2"])
 	require.GreaterOrEqual(t, time.Duration(g1Third.Load()-failedAt.Load()), 900*time.Millisecond,
 		"g1's 3rd message waited for the retry of the 2nd")
-	eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
+	pgtest.Eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
 	require.Zero(t, b.count(t, "status = 'DEAD_LETTER'"))
 }
 
@@ -216,7 +216,7 @@ func TestCascadeAcrossBatches(t *testing.T) {
 	b.sendInterleaved(t, "http://"+host+"/hook", 2, 8)
 	b.startRouterBatch(t, host, router.Config{MaxAttempts: 1, DefaultRetryDelay: time.Second, FastFailDelay: time.Second,
 		Pools: []router.PoolConfig{{Code: "P", Concurrency: 2}}}, 4)
-	eventually(t, 60*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 60*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, rv.order["g1"])
@@ -246,7 +246,7 @@ func TestShutdownWithCallsInFlight(t *testing.T) {
 	})
 	b.sendInterleaved(t, "http://"+host+"/hook", 20, 5)
 	rt := b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 4}}})
-	eventually(t, 10*time.Second, "4 calls in flight", func() bool { return started.Load() == 4 })
+	pgtest.Eventually(t, 10*time.Second, "4 calls in flight", func() bool { return started.Load() == 4 })
 	stopped := make(chan error)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -292,7 +292,7 @@ func TestUnroutableMessagesAreDeadLettered(t *testing.T) {
 	_, err := b.producer.Send(context.Background(), b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`)})
 	require.NoError(t, err)
 	b.startRouter(t, "127.0.0.1:1", router.Config{})
-	eventually(t, 10*time.Second, "dead-lettered", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
+	pgtest.Eventually(t, 10*time.Second, "dead-lettered", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
 	dl, err := b.client.DeadLetters(context.Background(), "hooks", 0, 10)
 	require.NoError(t, err)
 	require.Contains(t, dl[0].LastError, router.HeaderTarget)
@@ -312,12 +312,12 @@ func TestGroupSource(t *testing.T) {
 		Group: consumergroup.Config{Topic: "hooks", Group: "webhooks", Schema: b.db.Schema, PollInterval: 20 * time.Millisecond, BatchSize: 30}})
 	require.NoError(t, err)
 	rt.AddSource(src)
-	eventually(t, 10*time.Second, "group subscribed", func() bool {
+	pgtest.Eventually(t, 10*time.Second, "group subscribed", func() bool {
 		return b.count(t, "true") >= 0 && subscribed(t, b)
 	})
 	b.sendInterleaved(t, "http://"+host+"/hook", 10, 10)
-	eventually(t, 30*time.Second, "all delivered", func() bool { return rv.total.Load() == 100 })
-	eventually(t, 10*time.Second, "all completed by the group", func() bool {
+	pgtest.Eventually(t, 30*time.Second, "all delivered", func() bool { return rv.total.Load() == 100 })
+	pgtest.Eventually(t, 10*time.Second, "all completed by the group", func() bool {
 		return b.count(t, "done_bits = required_bits AND required_bits <> 0") == 100
 	})
 	rv.mu.Lock()

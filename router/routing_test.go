@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/clocktest"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -31,13 +32,13 @@ func TestDuplicateDeliveryOfInFlightMessage(t *testing.T) {
 	rec := newRecorder()
 	target := "http://" + host + "/"
 	rt.Route(context.Background(), []*router.Message{rec.msg("m", "m/1", target, "g")})
-	eventually(t, 5*time.Second, "first delivery in flight", func() bool { return hits.Load() == 1 })
+	pgtest.Eventually(t, 5*time.Second, "first delivery in flight", func() bool { return hits.Load() == 1 })
 	rt.Route(context.Background(), []*router.Message{rec.msg("m", "m/1", target, "g")}) // same delivery again
 	rt.Route(context.Background(), []*router.Message{rec.msg("m", "m/2", target, "g")}) // requeued copy
 	require.Equal(t, []settled{{kind: "nack", delay: 30 * time.Second}}, rec.all("m/1"), "physical redelivery nacked")
 	require.Equal(t, []settled{{kind: "ack"}}, rec.all("m/2"), "logical requeue acked")
 	close(release)
-	eventually(t, 5*time.Second, "original acked", func() bool { return len(rec.all("m/1")) == 2 })
+	pgtest.Eventually(t, 5*time.Second, "original acked", func() bool { return len(rec.all("m/1")) == 2 })
 	require.Equal(t, "ack", rec.all("m/1")[1].kind)
 	require.EqualValues(t, 1, hits.Load())
 }
@@ -57,7 +58,7 @@ func TestPoolCapacityAndDefaultPool(t *testing.T) {
 		first = append(first, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, "g"))
 	}
 	rt.Route(context.Background(), first)
-	eventually(t, 5*time.Second, "one in flight, 49 queued", func() bool {
+	pgtest.Eventually(t, 5*time.Second, "one in flight, 49 queued", func() bool {
 		p := rt.Pools()[0]
 		return p.InFlight == 1 && p.Queued == 49
 	})
@@ -76,7 +77,7 @@ func TestPoolCapacityAndDefaultPool(t *testing.T) {
 	m.Pool = "NO-SUCH-POOL"
 	rt.Route(context.Background(), []*router.Message{m})
 	require.True(t, hasWarning(rt, router.WarnRouting, router.SeverityWarn))
-	eventually(t, 5*time.Second, "DEFAULT-POOL exists", func() bool {
+	pgtest.Eventually(t, 5*time.Second, "DEFAULT-POOL exists", func() bool {
 		for _, p := range rt.Pools() {
 			if p.Code == router.DefaultPoolCode && p.Concurrency == router.DefaultPoolConcurrency {
 				return true
@@ -107,7 +108,7 @@ func TestRateLimitPerMinute(t *testing.T) {
 		for s := 0; s < 60; s += 10 {
 			clock.Advance(10 * time.Second) // one permit every 10s
 			want := before + int32(s/10+1)
-			eventually(t, 5*time.Second, "a permit per 10s", func() bool { return hits.Load() >= want })
+			pgtest.Eventually(t, 5*time.Second, "a permit per 10s", func() bool { return hits.Load() >= want })
 		}
 		time.Sleep(50 * time.Millisecond)
 		require.LessOrEqual(t, hits.Load()-before, int32(6), "minute %d", minute)
@@ -145,13 +146,13 @@ func TestConcurrencyUpdateAndDrainWhileBusy(t *testing.T) {
 		batch = append(batch, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), "http://"+host+"/", fmt.Sprint(i)))
 	}
 	rt.Route(context.Background(), batch)
-	eventually(t, 5*time.Second, "2 in flight", func() bool { return inFlight.Load() == 2 })
+	pgtest.Eventually(t, 5*time.Second, "2 in flight", func() bool { return inFlight.Load() == 2 })
 	time.Sleep(50 * time.Millisecond)
 	require.EqualValues(t, 2, peak.Load())
 
 	src.set([]router.PoolConfig{{Code: "P", Concurrency: 5}})
 	require.NoError(t, rt.Sync(context.Background()))
-	eventually(t, 5*time.Second, "5 in flight after the update", func() bool { return inFlight.Load() == 5 })
+	pgtest.Eventually(t, 5*time.Second, "5 in flight after the update", func() bool { return inFlight.Load() == 5 })
 
 	src.set([]router.PoolConfig{{Code: "Q", Concurrency: 1}})
 	require.NoError(t, rt.Sync(context.Background()))
@@ -167,10 +168,10 @@ func TestConcurrencyUpdateAndDrainWhileBusy(t *testing.T) {
 		return n
 	}
 	// Waiting, never delivered: nacked without counting an attempt.
-	eventually(t, 5*time.Second, "15 waiting messages nacked", func() bool { return count("nack", false) == 15 })
+	pgtest.Eventually(t, 5*time.Second, "15 waiting messages nacked", func() bool { return count("nack", false) == 15 })
 	require.Zero(t, count("ack", false), "nothing acked that was not delivered")
 	once.Do(func() { close(release) })
-	eventually(t, 5*time.Second, "the 5 deliveries in progress finish and are acked", func() bool { return count("ack", false) == 5 })
+	pgtest.Eventually(t, 5*time.Second, "the 5 deliveries in progress finish and are acked", func() bool { return count("ack", false) == 5 })
 	pools := rt.Pools()
 	require.Len(t, pools, 1)
 	require.Equal(t, "Q", pools[0].Code)
@@ -222,12 +223,12 @@ func TestConfigSync(t *testing.T) {
 	mu.Lock()
 	status = 503
 	mu.Unlock()
-	eventually(t, 5*time.Second, "sync failure warning", func() bool { return hasWarning(rt, router.WarnConfigSyncFailed, router.SeverityWarn) })
+	pgtest.Eventually(t, 5*time.Second, "sync failure warning", func() bool { return hasWarning(rt, router.WarnConfigSyncFailed, router.SeverityWarn) })
 	require.Len(t, rt.Pools(), 2, "the last configuration stays")
 	mu.Lock()
 	status, pools = 200, []router.PoolConfig{{Code: "A", Concurrency: 7}}
 	mu.Unlock()
-	eventually(t, 5*time.Second, "B removed, A updated", func() bool {
+	pgtest.Eventually(t, 5*time.Second, "B removed, A updated", func() bool {
 		p := rt.Pools()
 		return len(p) == 1 && p[0].Code == "A" && p[0].Concurrency == 7
 	})
@@ -267,7 +268,7 @@ func TestHighPriorityLaneAndPointerBody(t *testing.T) {
 	rec := newRecorder()
 	target := "http://" + host + "/"
 	rt.Route(context.Background(), []*router.Message{rec.msg("first", "first/1", target, "g")})
-	eventually(t, 5*time.Second, "first in flight", func() bool { return rt.Pools()[0].InFlight == 1 })
+	pgtest.Eventually(t, 5*time.Second, "first in flight", func() bool { return rt.Pools()[0].InFlight == 1 })
 	low := rec.msg("low", "low/1", target, "g")
 	high := rec.msg("high", "high/1", target, "g")
 	high.HighPriority = true
@@ -307,7 +308,7 @@ func TestCapacityCountsMessagesWaitingForAPermit(t *testing.T) {
 		first = append(first, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, fmt.Sprint(i)))
 	}
 	rt.Route(context.Background(), first)
-	eventually(t, 5*time.Second, "1 in flight, 49 waiting", func() bool {
+	pgtest.Eventually(t, 5*time.Second, "1 in flight, 49 waiting", func() bool {
 		p := rt.Pools()[0]
 		return p.InFlight == 1 && p.Queued == 49 && p.ActiveGroups == 50
 	})

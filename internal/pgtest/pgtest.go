@@ -316,3 +316,16 @@ func ExamplePool() (*pgxpool.Pool, func(), error) {
 	}
 	return pool, func() { pool.Close(); drop() }, nil
 }
+
+// Eventually polls cond every 5ms until it is true, failing the test with
+// what after timeout.
+func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -18,6 +18,7 @@ type PubSub struct {
 	ReadBatchRows, InsertRetries, ClaimRetries, SettleRetry         string
 	DeleteRetry, ReapRetries, ListDeadLetters, ReplayDeadLetters    string
 	DeadCandidates, CommittedPosition, DeleteGroupState             string
+	SubscriptionStatus                                              string
 
 	BitmapComplete, BitmapCompleted, BitmapBackfill, BitmapForget, BitmapCleanup      string
 	CounterComplete, CounterCompleted, CounterBackfill, CounterForget, CounterCleanup string
@@ -59,6 +60,7 @@ func ForPubSub(schema string) *PubSub {
 		DeadCandidates:     q(deadCandidates),
 		CommittedPosition:  q(committedPosition),
 		DeleteGroupState:   q(deleteGroupState),
+		SubscriptionStatus: q(subscriptionStatus),
 
 		BitmapComplete:   q(bitmapComplete),
 		BitmapCompleted:  q(bitmapCompleted),
@@ -272,6 +274,9 @@ const replayGroupDeadLetters = `
 UPDATE {{schema}}.outbox_group_retries
 SET status = 'RETRY', attempts = 0, available_at = now(), dead_lettered_at = NULL
 WHERE subscription_id = $1 AND status = 'DEAD_LETTER' AND ($2::bigint[] IS NULL OR message_id = ANY($2::bigint[]))`
+
+const subscriptionStatus = `
+SELECT subscription_status FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND group_name = $2`
 
 // deadCandidates: ACTIVE groups of topic $1 whose heartbeats stopped.
 const deadCandidates = `
