@@ -226,16 +226,7 @@ func (b *bench) w3(ctx context.Context) error {
 		if err != nil {
 			return nil, err
 		}
-		return g, g.AddConsumer("c", func(ctx context.Context, d *outbox.Delivery) error {
-			var m struct {
-				Seq int `json:"seq"`
-			}
-			if err := json.Unmarshal(d.Payload, &m); err != nil {
-				return outbox.Permanent(err)
-			}
-			tr.handled(m.Seq)
-			return nil
-		}, nil)
+		return g, g.AddConsumer("c", tr.handler, nil)
 	}
 	// Subscribe every group first, so the preloaded messages require them.
 	for i := range b.c.groups {
@@ -340,16 +331,7 @@ func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (*
 	k, err := b.client.NewConsumer(outbox.ConsumerConfig{
 		Topic:       topic,
 		Concurrency: b.c.workers,
-		Handler: func(ctx context.Context, d *outbox.Delivery) error {
-			var m struct {
-				Seq int `json:"seq"`
-			}
-			if err := json.Unmarshal(d.Payload, &m); err != nil {
-				return outbox.Permanent(err)
-			}
-			tr.handled(m.Seq)
-			return nil
-		},
+		Handler:     tr.handler,
 	})
 	if err != nil {
 		return nil, err
@@ -547,6 +529,18 @@ func (t *tracker) handled(seq int) {
 	t.nDistinct.Add(1)
 	for old := t.last.Load(); now > old && !t.last.CompareAndSwap(old, now); old = t.last.Load() {
 	}
+}
+
+// handler is the workloads' handler: it records the message's seq.
+func (t *tracker) handler(_ context.Context, d *outbox.Delivery) error {
+	var m struct {
+		Seq int `json:"seq"`
+	}
+	if err := json.Unmarshal(d.Payload, &m); err != nil {
+		return outbox.Permanent(err)
+	}
+	t.handled(m.Seq)
+	return nil
 }
 
 func (t *tracker) committed(seq int) { t.commits[seq].Store(t.now()) }
