@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -140,13 +139,4 @@ func start(t *testing.T, g *consumergroup.Group, opts consumergroup.Subscription
 		defer cancel()
 		_ = g.Stop(ctx)
 	})
-}
-
-func inTx(t *testing.T, b *bundle, f func(tx pgx.Tx)) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := b.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	f(tx)
-	require.NoError(t, tx.Commit(ctx))
 }
