@@ -27,6 +27,15 @@ func retryDelay(err error, attempt int, topic outbox.TopicConfig) time.Duration 
 // required sets of the messages they had not finished. Safe when many
 // instances run it at once (SKIP LOCKED, idempotent updates).
 func (g *Group) detectDead(ctx context.Context, pool *pgxpool.Pool) {
+	// Most beats find nobody dead: check without taking the topic row's lock,
+	// which every insert reads.
+	var found bool
+	if err := pool.QueryRow(ctx, g.q.AnyDeadCandidate, g.cfg.Topic).Scan(&found); err != nil || !found {
+		if err != nil && ctx.Err() == nil {
+			g.logger.Error("pgoutbox: dead group detection failed", slog.Any("error", err))
+		}
+		return
+	}
 	var dead []subscriptionRef
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var semantics, tracking string

@@ -18,7 +18,7 @@ type PubSub struct {
 	ReadBatchRows, InsertRetries, ClaimRetries, SettleRetry         string
 	DeleteRetry, ReapRetries, ListDeadLetters, ReplayDeadLetters    string
 	DeadCandidates, CommittedPosition, DeleteGroupState             string
-	SubscriptionStatus                                              string
+	SubscriptionStatus, AnyDeadCandidate                            string
 
 	BitmapComplete, BitmapCompleted, BitmapBackfill, BitmapForget, BitmapCleanup      string
 	CounterComplete, CounterCompleted, CounterBackfill, CounterForget, CounterCleanup string
@@ -61,6 +61,7 @@ func ForPubSub(schema string) *PubSub {
 		CommittedPosition:  q(committedPosition),
 		DeleteGroupState:   q(deleteGroupState),
 		SubscriptionStatus: q(subscriptionStatus),
+		AnyDeadCandidate:   q(anyDeadCandidate),
 
 		BitmapComplete:   q(bitmapComplete),
 		BitmapCompleted:  q(bitmapCompleted),
@@ -277,6 +278,12 @@ WHERE subscription_id = $1 AND status = 'DEAD_LETTER' AND ($2::bigint[] IS NULL 
 
 const subscriptionStatus = `
 SELECT subscription_status FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND group_name = $2`
+
+// anyDeadCandidate is deadCandidates' cheap, lock-free pre-check.
+const anyDeadCandidate = `
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions
+               WHERE topic = $1 AND subscription_status = 'ACTIVE'
+                     AND last_heartbeat_at < now() - heartbeat_timeout)`
 
 // deadCandidates: ACTIVE groups of topic $1 whose heartbeats stopped.
 const deadCandidates = `
