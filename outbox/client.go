@@ -87,6 +87,13 @@ func (c *Client) now() *time.Time {
 // ConfigureTopic creates or replaces a topic's configuration. Zero fields
 // take the defaults (TopicConfig.WithDefaults). Messages already written
 // keep flowing; consumers pick the new settings up within a poll interval.
+//
+// A topic's semantics are fixed by its first configuration: producers
+// write a configured QUEUE topic's messages without reading its
+// configuration again, so changing Queue to PubSub (or back) fails with
+// ErrInvalidConfig. A PUB_SUB topic's tracking mode can change while no
+// group is subscribed. Configure topics before sending to them: sends to a
+// topic that was never configured read the topic table every time.
 func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -105,7 +112,11 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		return fmt.Errorf("outbox: configure topic %q: %w", cfg.Name, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: topic %q has subscribed groups; its semantics and tracking mode cannot change", ErrInvalidConfig, cfg.Name)
+		current, err := c.loadTopic(ctx, c.pool, cfg.Name)
+		if err == nil && current.Semantics != cfg.Semantics {
+			return fmt.Errorf("%w: topic %q is a %s topic; a topic's semantics never change once configured", ErrInvalidConfig, cfg.Name, current.Semantics)
+		}
+		return fmt.Errorf("%w: topic %q has subscribed groups; its tracking mode cannot change", ErrInvalidConfig, cfg.Name)
 	}
 	return nil
 }

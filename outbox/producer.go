@@ -58,9 +58,25 @@ type Producer struct {
 	channel        string
 	notifyInterval time.Duration
 	lastNotify     sync.Map // topic -> *notifyState
+	semantics      sync.Map // topic -> learnedSemantics
 	metrics        *metrics
 	clock          Clock
 }
+
+// learnedSemantics is what a producer last read of a topic's semantics.
+// Semantics never change once configured, so a configured topic is read
+// once; a topic without configuration is read again after
+// recheckUnconfigured, in case it has been configured meanwhile.
+type learnedSemantics struct {
+	semantics Semantics // "" while the topic is not configured
+	readAt    time.Time
+}
+
+// recheckUnconfigured is how long a producer trusts that a topic is not
+// configured. Until it reads the configuration, it writes the topic's
+// messages with the statement that reads the topic row (always correct,
+// slightly slower).
+const recheckUnconfigured = time.Second
 
 type notifyState struct {
 	mu   sync.Mutex
@@ -121,10 +137,17 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if !m.NotBefore.IsZero() {
 		notBefore = &m.NotBefore
 	}
+	queued, err := p.isQueue(ctx, tx, m.Topic)
+	if err != nil {
+		return 0, err
+	}
 	args := []any{m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority), notBefore, m.Delay.Microseconds(), p.now()}
-	query := p.sql.InsertOne
+	query, notifyQuery := p.sql.InsertOne, p.sql.InsertOneNotify
+	if queued {
+		query, notifyQuery = p.sql.InsertQueued, p.sql.InsertQueuedNotify
+	}
 	if len(p.topicsToNotify([]string{m.Topic})) > 0 {
-		query = p.sql.InsertOneNotify
+		query = notifyQuery
 		args = append(args, p.channel)
 	}
 	rows, err := tx.Query(ctx, query, args...)
@@ -137,6 +160,33 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	}
 	p.metrics.sent.Add(ctx, 1)
 	return id, nil
+}
+
+// isQueue reports whether topic is configured as a QUEUE topic, so its
+// messages can be written without reading the topic row (sqlq's
+// insertQueued). It reads the configuration with tx the first time, and
+// again every recheckUnconfigured while the topic is not configured.
+func (p *Producer) isQueue(ctx context.Context, tx Executor, topic string) (bool, error) {
+	if v, ok := p.semantics.Load(topic); ok {
+		l := v.(learnedSemantics)
+		if l.semantics != "" || time.Since(l.readAt) < recheckUnconfigured {
+			return l.semantics == Queue, nil
+		}
+	}
+	rows, err := tx.Query(ctx, p.sql.SelectSemantics, topic)
+	if err != nil {
+		return false, sendError(err)
+	}
+	semantics, err := pgx.CollectRows(rows, pgx.RowTo[Semantics])
+	if err != nil {
+		return false, sendError(err)
+	}
+	l := learnedSemantics{readAt: time.Now()}
+	if len(semantics) == 1 {
+		l.semantics = semantics[0]
+	}
+	p.semantics.Store(topic, l)
+	return l.semantics == Queue, nil
 }
 
 func (p *Producer) now() *time.Time {

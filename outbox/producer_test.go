@@ -277,3 +277,62 @@ func TestTopicDefaultsAndConfiguration(t *testing.T) {
 		t.Fatal("unreachable")
 	}
 }
+
+// A configured QUEUE topic's messages are written without reading the topic
+// row; the rows must be the same as those the general statement writes, and
+// a topic's semantics can then never change under a producer.
+func TestSendLearnsTopicSemantics(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "queued"}))
+	send := func(topic string) int64 {
+		t.Helper()
+		var id int64
+		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			var err error
+			id, err = b.producer.Send(ctx, tx, outbox.Message{
+				Topic: topic, Payload: json.RawMessage(`{"a":1}`), Headers: map[string]string{"k": "v"},
+				Group: "g", Priority: 3, Delay: 90 * time.Second, CorrelationID: "c",
+			})
+			return err
+		}))
+		return id
+	}
+	type row struct {
+		Status, Group, Corr, Payload, Headers string
+		Priority                              int
+		Delay                                 time.Duration
+		PubSubColumnsNull                     bool
+	}
+	read := func(id int64) row {
+		t.Helper()
+		var r row
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT status, message_group, correlation_id, payload::text, headers::text, priority,
+			available_at - created_at, num_nulls(required_bits, done_bits, required_ids, required_count, completed_count) = 5
+			FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).
+			Scan(&r.Status, &r.Group, &r.Corr, &r.Payload, &r.Headers, &r.Priority, &r.Delay, &r.PubSubColumnsNull))
+		return r
+	}
+	want := row{Status: "PENDING", Group: "g", Corr: "c", Payload: `{"a": 1}`, Headers: `{"k": "v"}`, Priority: 3,
+		Delay: 90 * time.Second, PubSubColumnsNull: true}
+	for _, topic := range []string{"queued", "queued", "unconfigured", "unconfigured"} {
+		require.Equal(t, want, read(send(topic)), topic)
+	}
+
+	// Semantics never change once configured; the tracking mode may while
+	// no group is subscribed.
+	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "queued", Semantics: outbox.PubSub}), outbox.ErrInvalidConfig)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "queued", MaxAttempts: 3}))
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events"}), outbox.ErrInvalidConfig)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+
+	// The producer has seen "unconfigured" without configuration. Configured
+	// as PUB_SUB now, its next message must be a PUB_SUB message at once.
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unconfigured", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	got := read(send("unconfigured"))
+	require.Equal(t, "PUBLISHED", got.Status)
+	require.False(t, got.PubSubColumnsNull, "required groups are fixed at insert")
+	require.Equal(t, "PENDING", read(send("queued")).Status)
+}

@@ -114,6 +114,11 @@ func run(ctx context.Context, c *config) error {
 		return err
 	}
 	b := &bench{c: c, pool: pool, client: client, producer: producer}
+	if c.mode == "" { // QUEUE workloads: configure the topic, as a service would at boot
+		if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: strings.ToLower(c.workload)}); err != nil {
+			return err
+		}
+	}
 	switch c.workload {
 	case "W1":
 		return b.w1(ctx)

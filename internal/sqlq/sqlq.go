@@ -18,6 +18,8 @@ import (
 // Outbox is the SQL of the outbox table and topic configuration.
 type Outbox struct {
 	InsertOne, InsertOneNotify             string
+	InsertQueued, InsertQueuedNotify       string
+	SelectSemantics                        string
 	Insert, InsertNotify, SelectIdempotent string
 	UpsertTopic, SelectTopic               string
 	Claim, Ack, Settle, ReapExpired        string
@@ -29,20 +31,23 @@ type Outbox struct {
 func For(schema string) *Outbox {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	return &Outbox{
-		InsertOne:         r.Replace(insertOne),
-		InsertOneNotify:   r.Replace(insertOneNotify),
-		Insert:            r.Replace(insert),
-		InsertNotify:      r.Replace(insertNotify),
-		SelectIdempotent:  r.Replace(selectIdempotent),
-		UpsertTopic:       r.Replace(upsertTopic),
-		SelectTopic:       r.Replace(selectTopic),
-		Claim:             r.Replace(claim),
-		Ack:               r.Replace(ack),
-		Settle:            r.Replace(settle),
-		ReapExpired:       r.Replace(reapExpired),
-		ExtendLease:       r.Replace(extendLease),
-		ListDeadLetters:   r.Replace(listDeadLetters),
-		ReplayDeadLetters: r.Replace(replayDeadLetters),
+		InsertOne:          r.Replace(insertOne),
+		InsertOneNotify:    r.Replace(insertOneNotify),
+		InsertQueued:       r.Replace(insertQueued),
+		InsertQueuedNotify: r.Replace(insertQueuedNotify),
+		SelectSemantics:    r.Replace(selectSemantics),
+		Insert:             r.Replace(insert),
+		InsertNotify:       r.Replace(insertNotify),
+		SelectIdempotent:   r.Replace(selectIdempotent),
+		UpsertTopic:        r.Replace(upsertTopic),
+		SelectTopic:        r.Replace(selectTopic),
+		Claim:              r.Replace(claim),
+		Ack:                r.Replace(ack),
+		Settle:             r.Replace(settle),
+		ReapExpired:        r.Replace(reapExpired),
+		ExtendLease:        r.Replace(extendLease),
+		ListDeadLetters:    r.Replace(listDeadLetters),
+		ReplayDeadLetters:  r.Replace(replayDeadLetters),
 	}
 }
 
@@ -85,6 +90,26 @@ const insertOneNotify = `
 WITH inserted AS (` + insertOne + `
 )
 SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
+
+// insertQueued is insertOne for a topic configured as QUEUE. A topic's
+// semantics never change once configured, so such a row needs nothing from
+// the topic row: status defaults to PENDING and there are no required
+// groups. Skipping the topic lookup makes it a plain single-row INSERT.
+const insertQueued = `
+INSERT INTO {{schema}}.outbox
+    (topic, payload, headers, correlation_id, message_group, priority, available_at)
+VALUES ($1, $2, $3, $4, $5, $6,
+        coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'))
+RETURNING id`
+
+// insertQueuedNotify is insertQueued that also notifies channel $10 with the topic.
+const insertQueuedNotify = `
+WITH inserted AS (` + insertQueued + `
+)
+SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
+
+// selectSemantics reads a topic's semantics (no row: never configured).
+const selectSemantics = `SELECT semantics FROM {{schema}}.outbox_topics WHERE topic = $1`
 
 // insertRows turns the producer's parallel arrays into rows, in input order
 // (ids are then ascending in input order, which SendBatch relies on).
@@ -140,11 +165,12 @@ ON CONFLICT (topic) DO UPDATE SET
     zero_subscription_retention = excluded.zero_subscription_retention,
     block_writes_on_zero_subscriptions = excluded.block_writes_on_zero_subscriptions,
     updated_at = now()
--- Semantics and tracking mode are fixed while any group is subscribed.
-WHERE (outbox_topics.semantics = excluded.semantics
-       AND outbox_topics.tracking_mode IS NOT DISTINCT FROM excluded.tracking_mode)
-   OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions s
-                  WHERE s.topic = excluded.topic AND s.subscription_status <> 'CANCELLED')`
+-- Semantics never change (producers rely on them, see insertQueued); the
+-- tracking mode is fixed while any group is subscribed.
+WHERE outbox_topics.semantics = excluded.semantics
+  AND (outbox_topics.tracking_mode IS NOT DISTINCT FROM excluded.tracking_mode
+       OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions s
+                      WHERE s.topic = excluded.topic AND s.subscription_status <> 'CANCELLED'))`
 
 const selectTopic = `
 SELECT semantics, coalesce(tracking_mode, ''),

@@ -1,0 +1,2 @@
+ALTER TABLE outbox ADD CONSTRAINT outbox_status_check
+    CHECK (status IN ('PENDING', 'PROCESSING', 'DEAD_LETTER', 'PUBLISHED'));
