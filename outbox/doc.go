@@ -13,6 +13,12 @@
 // wake-up was skipped is picked up by a busy consumer's next claim, or by an
 // idle one within its PollInterval.
 //
+// A topic's semantics are fixed by its first ConfigureTopic. A producer reads
+// them once per topic, so a configured QUEUE topic's Send is a plain
+// single-row INSERT; the messages of a PUB_SUB topic, or of a topic that was
+// never configured, are written by a statement that also reads the topic row
+// (a PUB_SUB message records the groups it needs as it is written).
+//
 // # Consuming
 //
 // A Consumer claims batches with FOR UPDATE SKIP LOCKED, so any number of
