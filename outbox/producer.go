@@ -141,10 +141,14 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if err != nil {
 		return 0, err
 	}
-	args := []any{m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority), notBefore, m.Delay.Microseconds(), p.now()}
-	query, notifyQuery := p.sql.InsertOne, p.sql.InsertOneNotify
-	if queued {
-		query, notifyQuery = p.sql.InsertQueued, p.sql.InsertQueuedNotify
+	args := []any{m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority)}
+	query, notifyQuery := p.sql.InsertQueued, p.sql.InsertQueuedNotify
+	if !queued || notBefore != nil || m.Delay != 0 || p.clock != nil {
+		args = append(args, notBefore, m.Delay.Microseconds(), p.now())
+		query, notifyQuery = p.sql.InsertOne, p.sql.InsertOneNotify
+		if queued {
+			query, notifyQuery = p.sql.InsertQueuedAt, p.sql.InsertQueuedAtNotify
+		}
 	}
 	if len(p.topicsToNotify([]string{m.Topic})) > 0 {
 		query = notifyQuery

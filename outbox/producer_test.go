@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -286,14 +287,14 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "queued"}))
-	send := func(topic string) int64 {
+	sendAfter := func(topic string, delay time.Duration) int64 {
 		t.Helper()
 		var id int64
 		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
 			var err error
 			id, err = b.producer.Send(ctx, tx, outbox.Message{
 				Topic: topic, Payload: json.RawMessage(`{"a":1}`), Headers: map[string]string{"k": "v"},
-				Group: "g", Priority: 3, Delay: 90 * time.Second, CorrelationID: "c",
+				Group: "g", Priority: 3, Delay: delay, CorrelationID: "c",
 			})
 			return err
 		}))
@@ -316,8 +317,15 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 	}
 	want := row{Status: "PENDING", Group: "g", Corr: "c", Payload: `{"a": 1}`, Headers: `{"k": "v"}`, Priority: 3,
 		Delay: 90 * time.Second, PubSubColumnsNull: true}
+	send := func(topic string) int64 {
+		t.Helper()
+		return sendAfter(topic, want.Delay)
+	}
 	for _, topic := range []string{"queued", "queued", "unconfigured", "unconfigured"} {
 		require.Equal(t, want, read(send(topic)), topic)
+		now := want
+		now.Delay = 0
+		require.Equal(t, now, read(sendAfter(topic, 0)), topic)
 	}
 
 	// Semantics never change once configured; the tracking mode may while
@@ -335,4 +343,23 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 	require.Equal(t, "PUBLISHED", got.Status)
 	require.False(t, got.PubSubColumnsNull, "required groups are fixed at insert")
 	require.Equal(t, "PENDING", read(send("queued")).Status)
+}
+
+// With an injected clock, a configured QUEUE topic's message becomes
+// available at the clock's time plus its delay, as any other topic's.
+func TestSendQueuedUsesInjectedClock(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	b := setup(t, outbox.Config{Clock: clocktest.New(at)})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "queued"}))
+	for _, topic := range []string{"queued", "queued", "unconfigured"} {
+		for _, delay := range []time.Duration{0, time.Minute} {
+			id, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: topic, Payload: json.RawMessage(`{}`), Delay: delay})
+			require.NoError(t, err)
+			var availableAt time.Time
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&availableAt))
+			require.True(t, at.Add(delay).Equal(availableAt), "%s delay %v: available at %v", topic, delay, availableAt)
+		}
+	}
 }

@@ -10,6 +10,7 @@
 package sqlq
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
@@ -17,8 +18,11 @@ import (
 
 // Outbox is the SQL of the outbox table and topic configuration.
 type Outbox struct {
-	InsertOne, InsertOneNotify             string
-	InsertQueued, InsertQueuedNotify       string
+	// Send's single-message statements, each with a variant that also
+	// notifies (the channel is the parameter after the last one).
+	InsertOne, InsertOneNotify             string // any topic: $1..$9
+	InsertQueued, InsertQueuedNotify       string // configured QUEUE topic, available now: $1..$6
+	InsertQueuedAt, InsertQueuedAtNotify   string // configured QUEUE topic: $1..$9
 	SelectSemantics                        string
 	Insert, InsertNotify, SelectIdempotent string
 	UpsertTopic, SelectTopic               string
@@ -31,28 +35,30 @@ type Outbox struct {
 func For(schema string) *Outbox {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	return &Outbox{
-		InsertOne:          r.Replace(insertOne),
-		InsertOneNotify:    r.Replace(insertOneNotify),
-		InsertQueued:       r.Replace(insertQueued),
-		InsertQueuedNotify: r.Replace(insertQueuedNotify),
-		SelectSemantics:    r.Replace(selectSemantics),
-		Insert:             r.Replace(insert),
-		InsertNotify:       r.Replace(insertNotify),
-		SelectIdempotent:   r.Replace(selectIdempotent),
-		UpsertTopic:        r.Replace(upsertTopic),
-		SelectTopic:        r.Replace(selectTopic),
-		Claim:              r.Replace(claim),
-		Ack:                r.Replace(ack),
-		Settle:             r.Replace(settle),
-		ReapExpired:        r.Replace(reapExpired),
-		ExtendLease:        r.Replace(extendLease),
-		ListDeadLetters:    r.Replace(listDeadLetters),
-		ReplayDeadLetters:  r.Replace(replayDeadLetters),
+		InsertOne:            r.Replace(insertOne),
+		InsertOneNotify:      r.Replace(notifying(insertOne, 10)),
+		InsertQueued:         r.Replace(insertQueued),
+		InsertQueuedNotify:   r.Replace(notifying(insertQueued, 7)),
+		InsertQueuedAt:       r.Replace(insertQueuedAt),
+		InsertQueuedAtNotify: r.Replace(notifying(insertQueuedAt, 10)),
+		SelectSemantics:      r.Replace(selectSemantics),
+		Insert:               r.Replace(insert),
+		InsertNotify:         r.Replace(insertNotify),
+		SelectIdempotent:     r.Replace(selectIdempotent),
+		UpsertTopic:          r.Replace(upsertTopic),
+		SelectTopic:          r.Replace(selectTopic),
+		Claim:                r.Replace(claim),
+		Ack:                  r.Replace(ack),
+		Settle:               r.Replace(settle),
+		ReapExpired:          r.Replace(reapExpired),
+		ExtendLease:          r.Replace(extendLease),
+		ListDeadLetters:      r.Replace(listDeadLetters),
+		ReplayDeadLetters:    r.Replace(replayDeadLetters),
 	}
 }
 
 // insertOne is the common case of Send: one message without an idempotency
-// key. $9 not-before, $10 delay in microseconds, $11 now.
+// key. $7 not-before, $8 delay in microseconds, $9 now.
 const insertOne = `
 INSERT INTO {{schema}}.outbox
     (topic, payload, headers, correlation_id, message_group, priority, available_at,
@@ -85,28 +91,31 @@ const blocked = `coalesce(t.block_writes_on_zero_subscriptions AND cardinality(t
 // NoSubscriptionsMarker starts the error message of a blocked write.
 const NoSubscriptionsMarker = `'pgoutbox: no subscriptions on topic '`
 
-// insertOneNotify is insertOne that also notifies channel $10 with the topic.
-const insertOneNotify = `
-WITH inserted AS (` + insertOne + `
-)
-SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
-
 // insertQueued is insertOne for a topic configured as QUEUE. A topic's
 // semantics never change once configured, so such a row needs nothing from
 // the topic row: status defaults to PENDING and there are no required
-// groups. Skipping the topic lookup makes it a plain single-row INSERT.
+// groups. Without the topic lookup it is a plain single-row INSERT; without
+// a delay or not-before time the row is available at once (the column
+// default now()), and the statement takes only $1..$6 of insertOne.
 const insertQueued = `
+INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING id`
+
+// insertQueuedAt is insertQueued with insertOne's available_at ($7..$9).
+const insertQueuedAt = `
 INSERT INTO {{schema}}.outbox
     (topic, payload, headers, correlation_id, message_group, priority, available_at)
 VALUES ($1, $2, $3, $4, $5, $6,
         coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'))
 RETURNING id`
 
-// insertQueuedNotify is insertQueued that also notifies channel $10 with the topic.
-const insertQueuedNotify = `
-WITH inserted AS (` + insertQueued + `
-)
-SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
+// notifying wraps a single-row insert returning id so that it also notifies
+// channel $channelParam with the topic ($1) when the transaction commits.
+func notifying(insert string, channelParam int) string {
+	return "WITH inserted AS (" + insert + "\n)\nSELECT inserted.id FROM inserted, (SELECT pg_notify($" +
+		strconv.Itoa(channelParam) + ", $1)) AS n"
+}
 
 // selectSemantics reads a topic's semantics (no row: never configured).
 const selectSemantics = `SELECT semantics FROM {{schema}}.outbox_topics WHERE topic = $1`
