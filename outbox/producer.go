@@ -116,7 +116,8 @@ func (p *Producer) Send(ctx context.Context, tx Executor, msg Message) (int64, e
 	return ids[0], nil
 }
 
-// sendOne is Send's fast path: a plain single-row INSERT.
+// sendOne is Send without an idempotency key: one single-row INSERT, the
+// cheapest the topic's semantics allow (see the Insert* statements of sqlq).
 func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64, error) {
 	if isNil(tx) {
 		return 0, ErrNilExecutor
@@ -137,17 +138,21 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if !m.NotBefore.IsZero() {
 		notBefore = &m.NotBefore
 	}
-	queued, err := p.isQueue(ctx, tx, m.Topic)
+	semantics, err := p.topicSemantics(ctx, tx, m.Topic)
 	if err != nil {
 		return 0, err
 	}
 	args := []any{m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority)}
 	query, notifyQuery := p.sql.InsertQueued, p.sql.InsertQueuedNotify
-	if !queued || notBefore != nil || m.Delay != 0 || p.clock != nil {
+	if semantics != Queue || notBefore != nil || m.Delay != 0 || p.clock != nil {
 		args = append(args, notBefore, m.Delay.Microseconds(), p.now())
-		query, notifyQuery = p.sql.InsertOne, p.sql.InsertOneNotify
-		if queued {
+		switch semantics {
+		case Queue:
 			query, notifyQuery = p.sql.InsertQueuedAt, p.sql.InsertQueuedAtNotify
+		case PubSub:
+			query, notifyQuery = p.sql.InsertPublished, p.sql.InsertPublishedNotify
+		default:
+			query, notifyQuery = p.sql.InsertOne, p.sql.InsertOneNotify
 		}
 	}
 	if len(p.topicsToNotify([]string{m.Topic})) > 0 {
@@ -159,6 +164,9 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 		return 0, sendError(err)
 	}
 	id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if errors.Is(err, pgx.ErrNoRows) { // the PUB_SUB topic's row was deleted by hand
+		return 0, fmt.Errorf("outbox: send: topic %q lost its configuration; restart the producer", m.Topic)
+	}
 	if err != nil {
 		return 0, sendError(err)
 	}
@@ -166,31 +174,31 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	return id, nil
 }
 
-// isQueue reports whether topic is configured as a QUEUE topic, so its
-// messages can be written without reading the topic row (sqlq's
-// insertQueued). It reads the configuration with tx the first time, and
-// again every recheckUnconfigured while the topic is not configured.
-func (p *Producer) isQueue(ctx context.Context, tx Executor, topic string) (bool, error) {
+// topicSemantics returns topic's semantics, or "" for a topic that is not
+// configured. It reads the configuration with tx the first time, and again
+// every recheckUnconfigured while the topic is not configured; a configured
+// topic's semantics never change, so they are not read again.
+func (p *Producer) topicSemantics(ctx context.Context, tx Executor, topic string) (Semantics, error) {
 	if v, ok := p.semantics.Load(topic); ok {
 		l := v.(learnedSemantics)
 		if l.semantics != "" || time.Since(l.readAt) < recheckUnconfigured {
-			return l.semantics == Queue, nil
+			return l.semantics, nil
 		}
 	}
 	rows, err := tx.Query(ctx, p.sql.SelectSemantics, topic)
 	if err != nil {
-		return false, sendError(err)
+		return "", sendError(err)
 	}
 	semantics, err := pgx.CollectRows(rows, pgx.RowTo[Semantics])
 	if err != nil {
-		return false, sendError(err)
+		return "", sendError(err)
 	}
 	l := learnedSemantics{readAt: time.Now()}
 	if len(semantics) == 1 {
 		l.semantics = semantics[0]
 	}
 	p.semantics.Store(topic, l)
-	return l.semantics == Queue, nil
+	return l.semantics, nil
 }
 
 func (p *Producer) now() *time.Time {

@@ -339,10 +339,19 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 	// The producer has seen "unconfigured" without configuration. Configured
 	// as PUB_SUB now, its next message must be a PUB_SUB message at once.
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unconfigured", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
-	got := read(send("unconfigured"))
-	require.Equal(t, "PUBLISHED", got.Status)
-	require.False(t, got.PubSubColumnsNull, "required groups are fixed at insert")
+	for range 2 { // the first send learns the semantics, the second relies on them
+		got := read(send("unconfigured"))
+		require.Equal(t, "PUBLISHED", got.Status)
+		require.False(t, got.PubSubColumnsNull, "required groups are fixed at insert")
+	}
 	require.Equal(t, "PENDING", read(send("queued")).Status)
+
+	// A PUB_SUB topic's statement still reads the topic row on every send:
+	// writes are refused while nobody subscribes, if the topic says so.
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unconfigured", Semantics: outbox.PubSub,
+		Tracking: outbox.Bitmap, BlockWritesOnZeroSubscriptions: true}))
+	_, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "unconfigured", Payload: json.RawMessage(`{}`)})
+	require.ErrorIs(t, err, outbox.ErrNoSubscriptions)
 }
 
 // With an injected clock, a configured QUEUE topic's message becomes

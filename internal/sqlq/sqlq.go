@@ -23,6 +23,7 @@ type Outbox struct {
 	InsertOne, InsertOneNotify             string // any topic: $1..$9
 	InsertQueued, InsertQueuedNotify       string // configured QUEUE topic, available now: $1..$6
 	InsertQueuedAt, InsertQueuedAtNotify   string // configured QUEUE topic: $1..$9
+	InsertPublished, InsertPublishedNotify string // configured PUB_SUB topic: $1..$9
 	SelectSemantics                        string
 	Insert, InsertNotify, SelectIdempotent string
 	UpsertTopic, SelectTopic               string
@@ -35,25 +36,27 @@ type Outbox struct {
 func For(schema string) *Outbox {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	return &Outbox{
-		InsertOne:            r.Replace(insertOne),
-		InsertOneNotify:      r.Replace(notifying(insertOne, 10)),
-		InsertQueued:         r.Replace(insertQueued),
-		InsertQueuedNotify:   r.Replace(notifying(insertQueued, 7)),
-		InsertQueuedAt:       r.Replace(insertQueuedAt),
-		InsertQueuedAtNotify: r.Replace(notifying(insertQueuedAt, 10)),
-		SelectSemantics:      r.Replace(selectSemantics),
-		Insert:               r.Replace(insert),
-		InsertNotify:         r.Replace(insertNotify),
-		SelectIdempotent:     r.Replace(selectIdempotent),
-		UpsertTopic:          r.Replace(upsertTopic),
-		SelectTopic:          r.Replace(selectTopic),
-		Claim:                r.Replace(claim),
-		Ack:                  r.Replace(ack),
-		Settle:               r.Replace(settle),
-		ReapExpired:          r.Replace(reapExpired),
-		ExtendLease:          r.Replace(extendLease),
-		ListDeadLetters:      r.Replace(listDeadLetters),
-		ReplayDeadLetters:    r.Replace(replayDeadLetters),
+		InsertOne:             r.Replace(insertOne),
+		InsertOneNotify:       r.Replace(notifying(insertOne, 10)),
+		InsertQueued:          r.Replace(insertQueued),
+		InsertQueuedNotify:    r.Replace(notifying(insertQueued, 7)),
+		InsertQueuedAt:        r.Replace(insertQueuedAt),
+		InsertQueuedAtNotify:  r.Replace(notifying(insertQueuedAt, 10)),
+		InsertPublished:       r.Replace(insertPublished),
+		InsertPublishedNotify: r.Replace(notifying(insertPublished, 10)),
+		SelectSemantics:       r.Replace(selectSemantics),
+		Insert:                r.Replace(insert),
+		InsertNotify:          r.Replace(insertNotify),
+		SelectIdempotent:      r.Replace(selectIdempotent),
+		UpsertTopic:           r.Replace(upsertTopic),
+		SelectTopic:           r.Replace(selectTopic),
+		Claim:                 r.Replace(claim),
+		Ack:                   r.Replace(ack),
+		Settle:                r.Replace(settle),
+		ReapExpired:           r.Replace(reapExpired),
+		ExtendLease:           r.Replace(extendLease),
+		ListDeadLetters:       r.Replace(listDeadLetters),
+		ReplayDeadLetters:     r.Replace(replayDeadLetters),
 	}
 }
 
@@ -73,9 +76,12 @@ RETURNING id`
 // requiredColumns fixes a message's status and required groups from its
 // topic row t (NULL for a topic never configured: a QUEUE topic). This is
 // the "snapshot at insert" of the groups a PUB_SUB message needs.
-const requiredColumns = `CASE WHEN ` + blocked + ` THEN (` + NoSubscriptionsMarker + ` || t.topic)::integer::text
+const requiredColumns = `CASE WHEN ` + blocked + ` THEN ` + refuse + `
             WHEN t.semantics = 'PUB_SUB' THEN 'PUBLISHED' ELSE 'PENDING' END,
-       CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_bits END,
+       ` + requiredGroups
+
+// requiredGroups are the required-group columns of requiredColumns.
+const requiredGroups = `CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_bits END,
        CASE WHEN t.tracking_mode = 'COUNTER' THEN t.subscribed_ids END,
        CASE WHEN t.tracking_mode = 'COUNTER' THEN cardinality(t.subscribed_ids) END,
        CASE WHEN t.tracking_mode = 'BITMAP' THEN 0 END,
@@ -87,6 +93,24 @@ const requiredColumns = `CASE WHEN ` + blocked + ` THEN (` + NoSubscriptionsMark
 // (22P02) with the marker in its message; the producer maps it to
 // outbox.ErrNoSubscriptions.
 const blocked = `coalesce(t.block_writes_on_zero_subscriptions AND cardinality(t.subscribed_ids) = 0, false)`
+
+// refuse fails the statement with the marker and the topic's name.
+const refuse = `(` + NoSubscriptionsMarker + ` || t.topic)::integer::text`
+
+// insertPublished is insertOne for a topic configured as PUB_SUB (which it
+// stays): the topic row is still read, for the groups the message needs,
+// but an inner join suffices as the row exists.
+const insertPublished = `
+INSERT INTO {{schema}}.outbox
+    (topic, payload, headers, correlation_id, message_group, priority, available_at,
+     status, required_bits, required_ids, required_count, done_bits, completed_count)
+SELECT $1, $2, $3, $4, $5, $6,
+       coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'),
+       CASE WHEN ` + blocked + ` THEN ` + refuse + ` ELSE 'PUBLISHED' END,
+       ` + requiredGroups + `
+FROM {{schema}}.outbox_topics AS t
+WHERE t.topic = $1
+RETURNING id`
 
 // NoSubscriptionsMarker starts the error message of a blocked write.
 const NoSubscriptionsMarker = `'pgoutbox: no subscriptions on topic '`
