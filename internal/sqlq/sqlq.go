@@ -60,18 +60,27 @@ func For(schema string) *Outbox {
 	}
 }
 
-// insertOne is the common case of Send: one message without an idempotency
-// key. $7 not-before, $8 delay in microseconds, $9 now.
-const insertOne = `
-INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, available_at,
-     status, required_bits, required_ids, required_count, done_bits, completed_count)
-SELECT $1, $2, $3, $4, $5, $6,
-       coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'),
-       ` + requiredColumns + `
+// insertOne writes one message (Send without an idempotency key) to a topic
+// that is not configured, or whose semantics the producer has not read yet:
+// status and required groups come from the topic row, if there is one.
+// $7 not-before, $8 delay in microseconds, $9 now.
+const insertOne = insertHead + requiredColumns + `
 FROM (SELECT 1) AS one
 LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = $1
 RETURNING id`
+
+// insertHead starts insertOne and insertPublished: the message's own
+// values, followed by the columns taken from its topic row t.
+const insertHead = `
+INSERT INTO {{schema}}.outbox
+    (topic, payload, headers, correlation_id, message_group, priority, available_at,
+     status, required_bits, required_ids, required_count, done_bits, completed_count)
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
+       `
+
+// availableAt is when a message may first be delivered: $7 (not-before), or
+// $8 microseconds after $9 (the injected clock) or the database's now().
+const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond')`
 
 // requiredColumns fixes a message's status and required groups from its
 // topic row t (NULL for a topic never configured: a QUEUE topic). This is
@@ -100,13 +109,7 @@ const refuse = `(` + NoSubscriptionsMarker + ` || t.topic)::integer::text`
 // insertPublished is insertOne for a topic configured as PUB_SUB (which it
 // stays): the topic row is still read, for the groups the message needs,
 // but an inner join suffices as the row exists.
-const insertPublished = `
-INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, available_at,
-     status, required_bits, required_ids, required_count, done_bits, completed_count)
-SELECT $1, $2, $3, $4, $5, $6,
-       coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'),
-       CASE WHEN ` + blocked + ` THEN ` + refuse + ` ELSE 'PUBLISHED' END,
+const insertPublished = insertHead + `CASE WHEN ` + blocked + ` THEN ` + refuse + ` ELSE 'PUBLISHED' END,
        ` + requiredGroups + `
 FROM {{schema}}.outbox_topics AS t
 WHERE t.topic = $1
@@ -130,8 +133,7 @@ RETURNING id`
 const insertQueuedAt = `
 INSERT INTO {{schema}}.outbox
     (topic, payload, headers, correlation_id, message_group, priority, available_at)
-VALUES ($1, $2, $3, $4, $5, $6,
-        coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond'))
+VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `)
 RETURNING id`
 
 // notifying wraps a single-row insert returning id so that it also notifies
