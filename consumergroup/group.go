@@ -23,13 +23,10 @@ package consumergroup
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -39,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/instance"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/pubsub"
@@ -90,10 +88,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 		return nil, err
 	}
 	if cfg.InstanceID == "" {
-		host, _ := os.Hostname()
-		var b [3]byte
-		_, _ = rand.Read(b[:])
-		cfg.InstanceID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+		cfg.InstanceID = instance.NewID()
 	}
 	logger := cfg.Logger
 	if logger == nil {

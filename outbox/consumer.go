@@ -2,12 +2,9 @@ package outbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime/debug"
 	"sort"
 	"sync"
@@ -18,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/instance"
 )
 
 // Handler handles one delivery. Returning nil acks the message (it is
@@ -99,10 +97,7 @@ func (cfg ConsumerConfig) withDefaults() ConsumerConfig {
 		cfg.PollInterval = DefaultPollInterval
 	}
 	if cfg.ID == "" {
-		host, _ := os.Hostname()
-		var b [3]byte
-		_, _ = rand.Read(b[:])
-		cfg.ID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+		cfg.ID = instance.NewID()
 	}
 	return cfg
 }
