@@ -1,6 +1,7 @@
 package consumergroup
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -122,15 +123,9 @@ func FromMessageID(id int64) SubscriptionOptions {
 }
 
 func (o SubscriptionOptions) withDefaults() SubscriptionOptions {
-	if o.Position == "" {
-		o.Position = StartNow
-	}
-	if o.MaxBackfill == 0 {
-		o.MaxBackfill = DefaultMaxBackfill
-	}
-	if o.BackfillBatchSize == 0 {
-		o.BackfillBatchSize = DefaultBackfillBatchSize
-	}
+	o.Position = cmp.Or(o.Position, StartNow)
+	o.MaxBackfill = cmp.Or(o.MaxBackfill, DefaultMaxBackfill)
+	o.BackfillBatchSize = cmp.Or(o.BackfillBatchSize, DefaultBackfillBatchSize)
 	return o
 }
 
@@ -213,21 +208,11 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = DefaultHeartbeatTimeout
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.HeartbeatTimeout = cmp.Or(c.HeartbeatTimeout, DefaultHeartbeatTimeout)
 	return c
 }
 

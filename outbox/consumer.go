@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,15 +88,9 @@ type ConsumerConfig struct {
 }
 
 func (cfg ConsumerConfig) withDefaults() ConsumerConfig {
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = DefaultConcurrency
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = DefaultPollInterval
-	}
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	if cfg.ID == "" {
 		cfg.ID = instance.NewID()
 	}

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -31,9 +32,7 @@ func (c *Client) DeadLetters(ctx context.Context, topic string, afterID int64, l
 	if limit < 0 {
 		return nil, fmt.Errorf("%w: negative limit", ErrInvalidConfig)
 	}
-	if limit == 0 {
-		limit = DefaultDeadLetterPage
-	}
+	limit = cmp.Or(limit, DefaultDeadLetterPage)
 	rows, err := c.pool.Query(ctx, c.sql.ListDeadLetters, topic, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -89,14 +90,10 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if err != nil {
 		return nil, err
 	}
-	interval := cfg.NotifyInterval
-	if interval == 0 {
-		interval = DefaultNotifyInterval
-	}
 	return &Producer{
 		sql:            sqlq.For(schema),
 		channel:        NotifyChannel(schema),
-		notifyInterval: interval,
+		notifyInterval: cmp.Or(cfg.NotifyInterval, DefaultNotifyInterval),
 		metrics:        newMetrics(cfg.MeterProvider),
 		clock:          cfg.Clock,
 	}, nil

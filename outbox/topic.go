@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -92,32 +93,16 @@ type TopicConfig struct {
 
 // WithDefaults returns c with its zero fields filled in.
 func (c TopicConfig) WithDefaults() TopicConfig {
-	if c.Semantics == "" {
-		c.Semantics = Queue
-	}
+	c.Semantics = cmp.Or(c.Semantics, Queue)
 	if c.Semantics == PubSub {
-		if c.Tracking == "" {
-			c.Tracking = Offset
-		}
-		if c.Retention == 0 {
-			c.Retention = DefaultPubSubRetention
-		}
+		c.Tracking = cmp.Or(c.Tracking, Offset)
+		c.Retention = cmp.Or(c.Retention, DefaultPubSubRetention)
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BackoffInitial == 0 {
-		c.BackoffInitial = DefaultBackoffInitial
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
-	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-	}
-	if c.ZeroSubscriptionRetention == 0 {
-		c.ZeroSubscriptionRetention = DefaultZeroSubscriptionRetention
-	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.BackoffInitial = cmp.Or(c.BackoffInitial, DefaultBackoffInitial)
+	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.ZeroSubscriptionRetention = cmp.Or(c.ZeroSubscriptionRetention, DefaultZeroSubscriptionRetention)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -202,45 +203,29 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	defInt := func(d *int, v int) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.SyncInterval, DefaultSyncInterval)
-	def(&c.StartupRetryDelay, DefaultStartupRetryDelay)
-	def(&c.ConnectTimeout, DefaultConnectTimeout)
-	def(&c.RequestTimeout, DefaultRequestTimeout)
-	def(&c.IdleTimeout, DefaultIdleTimeout)
-	def(&c.DefaultRetryDelay, DefaultRetryDelay)
-	def(&c.FastFailDelay, DefaultFastFailDelay)
-	def(&c.RateLimitPollEvery, DefaultRateLimitPollEvery)
-	def(&c.HealthInterval, DefaultHealthInterval)
-	def(&c.StallTimeout, DefaultStallTimeout)
-	def(&c.LeakCheckInterval, DefaultLeakCheckInterval)
-	def(&c.WarningTTL, DefaultWarningTTL)
-	def(&c.Breaker.OpenFor, 5*time.Second)
-	defInt(&c.StartupAttempts, DefaultStartupAttempts)
-	defInt(&c.MaxPools, DefaultMaxPools)
-	defInt(&c.PoolWarningThreshold, DefaultPoolWarnThreshold)
-	defInt(&c.MaxAttempts, DefaultMaxAttempts)
+	c.SyncInterval = cmp.Or(c.SyncInterval, DefaultSyncInterval)
+	c.StartupRetryDelay = cmp.Or(c.StartupRetryDelay, DefaultStartupRetryDelay)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.DefaultRetryDelay = cmp.Or(c.DefaultRetryDelay, DefaultRetryDelay)
+	c.FastFailDelay = cmp.Or(c.FastFailDelay, DefaultFastFailDelay)
+	c.RateLimitPollEvery = cmp.Or(c.RateLimitPollEvery, DefaultRateLimitPollEvery)
+	c.HealthInterval = cmp.Or(c.HealthInterval, DefaultHealthInterval)
+	c.StallTimeout = cmp.Or(c.StallTimeout, DefaultStallTimeout)
+	c.LeakCheckInterval = cmp.Or(c.LeakCheckInterval, DefaultLeakCheckInterval)
+	c.WarningTTL = cmp.Or(c.WarningTTL, DefaultWarningTTL)
+	c.Breaker.OpenFor = cmp.Or(c.Breaker.OpenFor, 5*time.Second)
+	c.StartupAttempts = cmp.Or(c.StartupAttempts, DefaultStartupAttempts)
+	c.MaxPools = cmp.Or(c.MaxPools, DefaultMaxPools)
+	c.PoolWarningThreshold = cmp.Or(c.PoolWarningThreshold, DefaultPoolWarnThreshold)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	if c.RetryBackoff == nil {
 		c.RetryBackoff = func(attempt int) time.Duration { return time.Duration(attempt) * time.Second }
 	}
-	if c.Breaker.MinRequests == 0 {
-		c.Breaker.MinRequests = 10
-	}
-	if c.Breaker.FailureRatio == 0 {
-		c.Breaker.FailureRatio = 0.5
-	}
-	if c.Breaker.HalfOpenRequests == 0 {
-		c.Breaker.HalfOpenRequests = 3
-	}
+	c.Breaker.MinRequests = cmp.Or(c.Breaker.MinRequests, 10)
+	c.Breaker.FailureRatio = cmp.Or(c.Breaker.FailureRatio, 0.5)
+	c.Breaker.HalfOpenRequests = cmp.Or(c.Breaker.HalfOpenRequests, 3)
 	if c.Clock == nil {
 		c.Clock = systemClock{}
 	}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -271,9 +272,7 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		p.r.settle(ctx, m, deadLetterWith(o.Reason), true)
 	default: // ErrorProcess, ErrorConnection: retry later, and hold back the rest of the batch+group
 		delay := o.Delay
-		if delay == 0 {
-			delay = p.r.cfg.DefaultRetryDelay
-		}
+		delay = cmp.Or(delay, p.r.cfg.DefaultRetryDelay)
 		p.mu.Lock()
 		p.failed[m.batchGroup()] = true
 		p.mu.Unlock()

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
@@ -77,21 +78,13 @@ func NewQueueSource(cfg QueueSourceConfig) (*QueueSource, error) {
 	if err := outbox.ValidateTopic(cfg.Topic); err != nil {
 		return nil, err
 	}
-	if cfg.Owner == "" {
-		cfg.Owner = "router"
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = 100
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = 100 * time.Millisecond
-	}
+	cfg.Owner = cmp.Or(cfg.Owner, "router")
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, 100)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, 100*time.Millisecond)
 	if cfg.Mapper == nil {
 		cfg.Mapper = HeaderMapper
 	}
-	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = cfg.BatchSize
-	}
+	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, cfg.BatchSize)
 	if cfg.BatchSize < 1 || cfg.MaxInFlight < 1 {
 		return nil, fmt.Errorf("%w: BatchSize and MaxInFlight must be at least 1", ErrInvalidConfig)
 	}
