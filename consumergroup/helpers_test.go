@@ -65,7 +65,7 @@ func (b *bundle) sendRange(t *testing.T, from, to int) {
 func (b *bundle) count(t *testing.T, where string, args ...any) int {
 	t.Helper()
 	var n int
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.db.Table("outbox")+" WHERE "+where, args...).Scan(&n))
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.db.Table("outbox_published")+" WHERE "+where, args...).Scan(&n))
 	return n
 }
 

@@ -87,21 +87,21 @@ func TestRegistrationRace(t *testing.T) {
 				requires = fmt.Sprint(sub.ID) + " = ANY(required_ids)"
 			}
 			var required int
-			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox")+` WHERE `+requires).Scan(&required))
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_published")+` WHERE `+requires).Scan(&required))
 			pgtest.Eventually(t, 20*time.Second, "late group got everything that requires it", func() bool {
 				var left int
 				done := "done_bits & " + fmt.Sprint(sub.Mask()) + " = 0"
 				if mode == outbox.Counter {
 					done = "NOT EXISTS (SELECT 1 FROM " + b.db.Table("outbox_consumer_groups") + " c WHERE c.message_id = o.id AND c.subscription_id = " + fmt.Sprint(sub.ID) + ")"
 				}
-				require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox")+` o WHERE `+requires+` AND `+done).Scan(&left))
+				require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_published")+` o WHERE `+requires+` AND `+done).Scan(&left))
 				return left == 0
 			})
 			// Every message it handled and that still exists requires it (none deleted before its ack).
 			var notRequired int
 			var ids []int64
 			handledIDs.Range(func(k, _ any) bool { ids = append(ids, k.(int64)); return true })
-			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox")+` WHERE id = ANY($1) AND NOT (`+requires+`)`, ids).Scan(&notRequired))
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_published")+` WHERE id = ANY($1) AND NOT (`+requires+`)`, ids).Scan(&notRequired))
 			require.Zero(t, notRequired, "the late group received a message that does not require it")
 			require.Zero(t, late.dups())
 			t.Logf("%s: %d sent, %d required the late group (still present), %d handled by it", mode, sent.Load(), required, late.distinct())
@@ -126,7 +126,7 @@ func TestLateJoiners(t *testing.T) {
 			}
 			pgtest.Eventually(t, 5*time.Second, "early group done", func() bool { return early.distinct() == 5 })
 			var midTime time.Time
-			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT created_at FROM `+b.db.Table("outbox")+` WHERE id = $1`, ids[2]).Scan(&midTime))
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT created_at FROM `+b.db.Table("outbox_published")+` WHERE id = $1`, ids[2]).Scan(&midTime))
 			later := b.send(t, 5, 6) // one early-group message still unfinished below
 			_ = later
 
@@ -161,7 +161,7 @@ func TestLateJoiners(t *testing.T) {
 			// only; without backfill it was not.
 			requiredOn := func(g string) int {
 				var n int
-				q := `SELECT count(*) FROM ` + b.db.Table("outbox") + ` o JOIN ` + b.db.Table("outbox_topic_subscriptions") +
+				q := `SELECT count(*) FROM ` + b.db.Table("outbox_published") + ` o JOIN ` + b.db.Table("outbox_topic_subscriptions") +
 					` s ON s.group_name = $1 AND s.topic = o.topic WHERE o.id < $2 AND `
 				if mode == outbox.Bitmap {
 					q += `o.required_bits & (1::bigint << s.bit) <> 0`

@@ -29,7 +29,7 @@ func tables(t *testing.T, pool *pgxpool.Pool, schema string) []string {
 	return out
 }
 
-var wantTables = []string{"outbox", "outbox_consumer_groups", "outbox_group_batches", "outbox_group_retries", "outbox_subscription_offsets", "outbox_topic_subscriptions", "outbox_topic_watermarks", "outbox_topics", migrations.VersionTable}
+var wantTables = []string{"outbox", "outbox_consumer_groups", "outbox_group_batches", "outbox_group_retries", "outbox_published", "outbox_subscription_offsets", "outbox_topic_subscriptions", "outbox_topic_watermarks", "outbox_topics", migrations.VersionTable}
 
 func TestUpConcurrentIdempotentDownUp(t *testing.T) {
 	t.Parallel()

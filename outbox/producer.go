@@ -139,36 +139,69 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if err != nil {
 		return 0, err
 	}
+	// A QUEUE message available at once is written with the six-argument
+	// statement; every other statement also takes the delivery time.
+	atOnce := semantics == Queue && notBefore == nil && m.Delay == 0 && p.clock == nil
 	args := []any{m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority)}
-	query, notifyQuery := p.sql.InsertQueued, p.sql.InsertQueuedNotify
-	if semantics != Queue || notBefore != nil || m.Delay != 0 || p.clock != nil {
+	if !atOnce {
 		args = append(args, notBefore, m.Delay.Microseconds(), p.now())
-		switch semantics {
-		case Queue:
-			query, notifyQuery = p.sql.InsertQueuedAt, p.sql.InsertQueuedAtNotify
-		case PubSub:
-			query, notifyQuery = p.sql.InsertPublished, p.sql.InsertPublishedNotify
-		default:
-			query, notifyQuery = p.sql.InsertOne, p.sql.InsertOneNotify
-		}
 	}
-	if len(p.topicsToNotify([]string{m.Topic})) > 0 {
-		query = notifyQuery
+	notify := len(p.topicsToNotify([]string{m.Topic})) > 0
+	if notify {
 		args = append(args, p.channel)
 	}
-	rows, err := tx.Query(ctx, query, args...)
-	if err != nil {
-		return 0, sendError(err)
+	id, written, err := p.insertOne(ctx, tx, p.insertStatement(semantics, atOnce, notify), args)
+	if err == nil && !written && semantics == "" {
+		// The topic has been configured as PUB_SUB since the producer last
+		// looked; insertUnconfigured wrote nothing.
+		p.semantics.Store(m.Topic, learnedSemantics{semantics: PubSub, readAt: time.Now()})
+		id, written, err = p.insertOne(ctx, tx, p.insertStatement(PubSub, false, notify), args)
 	}
-	id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
-	if errors.Is(err, pgx.ErrNoRows) { // the PUB_SUB topic's row was deleted by hand
+	if err != nil {
+		return 0, err
+	}
+	if !written { // the PUB_SUB topic's row was deleted by hand
 		return 0, fmt.Errorf("outbox: send: topic %q lost its configuration; restart the producer", m.Topic)
-	}
-	if err != nil {
-		return 0, sendError(err)
 	}
 	p.metrics.sent.Add(ctx, 1)
 	return id, nil
+}
+
+// insertStatement picks sendOne's statement for a topic's semantics (""
+// if not configured); atOnce selects insertQueued.
+func (p *Producer) insertStatement(semantics Semantics, atOnce, notify bool) string {
+	var query, notifyQuery string
+	switch {
+	case atOnce:
+		query, notifyQuery = p.sql.InsertQueued, p.sql.InsertQueuedNotify
+	case semantics == Queue:
+		query, notifyQuery = p.sql.InsertQueuedAt, p.sql.InsertQueuedAtNotify
+	case semantics == PubSub:
+		query, notifyQuery = p.sql.InsertPublished, p.sql.InsertPublishedNotify
+	default:
+		query, notifyQuery = p.sql.InsertUnconfigured, p.sql.InsertUnconfiguredNotify
+	}
+	if notify {
+		return notifyQuery
+	}
+	return query
+}
+
+// insertOne runs a single-row insert statement; written is false when it
+// wrote no row.
+func (p *Producer) insertOne(ctx context.Context, tx Executor, query string, args []any) (id int64, written bool, err error) {
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return 0, false, sendError(err)
+	}
+	id, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, sendError(err)
+	}
+	return id, true, nil
 }
 
 // topicSemantics returns topic's semantics, or "" for a topic that is not
@@ -260,30 +293,25 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 	if err != nil {
 		return nil, sendError(err)
 	}
-	type inserted struct {
-		id    int64
-		topic string
-		key   *string
-	}
-	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (inserted, error) {
-		var v inserted
-		return v, r.Scan(&v.id, &v.topic, &v.key)
+	// Each written row comes back as (position, id); rows skipped for an
+	// existing idempotency key are missing and looked up below.
+	ids := make([]int64, n)
+	var pos, id int64
+	_, err = pgx.ForEachRow(rows, []any{&pos, &id}, func() error {
+		if pos < 1 || pos > int64(n) {
+			return fmt.Errorf("outbox: send: row position %d out of range", pos)
+		}
+		ids[pos-1] = id
+		return nil
 	})
 	if err != nil {
 		return nil, sendError(err)
 	}
-	// Inserted rows come back in input order; rows skipped for an existing
-	// idempotency key are missing and looked up below.
-	ids := make([]int64, n)
-	next := 0
 	var missing []int
-	for i := range msgs {
-		if next < len(got) && got[next].topic == topics[i] && equalKey(got[next].key, keys[i]) {
-			ids[i] = got[next].id
-			next++
-			continue
+	for i := range ids {
+		if ids[i] == 0 {
+			missing = append(missing, i)
 		}
-		missing = append(missing, i)
 	}
 	if len(missing) > 0 {
 		if err := p.resolveIdempotent(ctx, tx, msgs, missing, ids); err != nil {
@@ -292,13 +320,6 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 	}
 	p.metrics.sent.Add(ctx, int64(n))
 	return ids, nil
-}
-
-func equalKey(a, b *string) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
-	}
-	return *a == *b
 }
 
 // resolveIdempotent fills ids[i] for messages skipped because their

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,20 +63,43 @@ func TestSendRecordsWritingTransaction(t *testing.T) {
 	require.True(t, same)
 }
 
+// A batch may mix QUEUE, PUB_SUB and unconfigured topics: each message goes
+// to its semantics' table, ids ascend in input order, and a repeated
+// idempotency key returns the first message's id.
 func TestSendBatchReturnsIDsInOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
-	msgs := []outbox.Message{seqMessage("a", 0), seqMessage("b", 1), seqMessage("a", 2)}
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "q"}))
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+	topics := []string{"unconfigured", "events", "q", "events", "q", "events"}
+	msgs := make([]outbox.Message, len(topics))
+	for i, topic := range topics {
+		msgs[i] = seqMessage(topic, i)
+	}
 	msgs[1].IdempotencyKey = "k1"
+	msgs[4].IdempotencyKey = "k1"
+	dup := msgs[1]
+	dup.Payload = json.RawMessage(`{"seq": 99}`)
+	msgs = append(msgs, dup) // same key and topic as message 1
 	ids, err := b.producer.SendBatch(ctx, b.db.Pool, msgs)
 	require.NoError(t, err)
-	require.Len(t, ids, 3)
-	for i, id := range ids {
+	require.Len(t, ids, len(msgs))
+	require.Equal(t, ids[1], ids[6], "repeated idempotency key")
+	require.True(t, slices.IsSorted(ids[:6]), "ids ascend in input order: %v", ids)
+	for i, id := range ids[:6] {
+		table := "outbox"
+		if topics[i] == "events" {
+			table = "outbox_published"
+		}
 		var got seqPayload
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT payload FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&got))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT payload FROM `+b.db.Table(table)+` WHERE id = $1`, id).Scan(&got), "message %d", i)
 		require.Equal(t, i, got.Seq)
 	}
+	require.Equal(t, 3, b.count(t, "true"))
+	var published int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_published")+` WHERE required_count = 0`).Scan(&published))
+	require.Equal(t, 3, published)
 }
 
 func TestRollbackNeverDeliveredNorNotified(t *testing.T) {
@@ -304,19 +328,26 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 		Status, Group, Corr, Payload, Headers string
 		Priority                              int
 		Delay                                 time.Duration
-		PubSubColumnsNull                     bool
+		Table                                 string
+		RequiredGroups                        bool
 	}
 	read := func(id int64) row {
 		t.Helper()
 		var r row
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT status, message_group, correlation_id, payload::text, headers::text, priority,
-			available_at - created_at, num_nulls(required_bits, done_bits, required_ids, required_count, completed_count) = 5
-			FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).
-			Scan(&r.Status, &r.Group, &r.Corr, &r.Payload, &r.Headers, &r.Priority, &r.Delay, &r.PubSubColumnsNull))
+			available_at - created_at, tbl, required FROM (
+				SELECT *, 'outbox' AS tbl, false AS required FROM `+b.db.Table("outbox")+`
+				UNION ALL
+				SELECT id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, status,
+				       attempts, available_at, lease_owner, lease_until, last_error, created_at, dead_lettered_at, xid,
+				       'outbox_published', required_bits IS NOT NULL AND done_bits IS NOT NULL
+				FROM `+b.db.Table("outbox_published")+`) AS m
+			WHERE id = $1`, id).
+			Scan(&r.Status, &r.Group, &r.Corr, &r.Payload, &r.Headers, &r.Priority, &r.Delay, &r.Table, &r.RequiredGroups))
 		return r
 	}
 	want := row{Status: "PENDING", Group: "g", Corr: "c", Payload: `{"a": 1}`, Headers: `{"k": "v"}`, Priority: 3,
-		Delay: 90 * time.Second, PubSubColumnsNull: true}
+		Delay: 90 * time.Second, Table: "outbox"}
 	send := func(topic string) int64 {
 		t.Helper()
 		return sendAfter(topic, want.Delay)
@@ -342,7 +373,8 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 	for range 2 { // the first send learns the semantics, the second relies on them
 		got := read(send("unconfigured"))
 		require.Equal(t, "PUBLISHED", got.Status)
-		require.False(t, got.PubSubColumnsNull, "required groups are fixed at insert")
+		require.Equal(t, "outbox_published", got.Table)
+		require.True(t, got.RequiredGroups, "required groups are fixed at insert")
 	}
 	require.Equal(t, "PENDING", read(send("queued")).Status)
 

@@ -108,7 +108,7 @@ SELECT bit, subscription_status FROM {{schema}}.outbox_topic_subscriptions
 WHERE topic = $1 AND bit IS NOT NULL`
 
 const bitStillReferenced = `
-SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_published
                WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 <> 0)`
 
 const releaseBit = `
@@ -176,7 +176,7 @@ const messageColumns = `id, xid::text, payload, headers, correlation_id, coalesc
 // the two snapshots, whatever their ids.
 const fetchRows = `
 SELECT ` + messageColumns + `
-FROM {{schema}}.outbox
+FROM {{schema}}.outbox_published
 WHERE topic = $1 AND status = 'PUBLISHED'
       AND xid >= pg_snapshot_xmin($2::pg_snapshot) AND xid < pg_snapshot_xmax($3::pg_snapshot)
       AND (xid, id) > ($4::text::xid8, $5::bigint)
@@ -188,7 +188,7 @@ LIMIT $6`
 // readBatchRows re-reads a batch exactly: the same pair, the same range.
 const readBatchRows = `
 SELECT ` + messageColumns + `
-FROM {{schema}}.outbox
+FROM {{schema}}.outbox_published
 WHERE topic = $1 AND status = 'PUBLISHED'
       AND xid >= pg_snapshot_xmin($2::pg_snapshot) AND xid <= $12::text::xid8
       AND (xid, id) > ($4::text::xid8, $5::bigint) AND (xid, id) <= ($12::text::xid8, $6::bigint)
@@ -240,7 +240,7 @@ WITH claimed AS (
 )
 SELECT o.id, o.xid::text, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''), o.priority,
        o.created_at, c.attempts, c.lease_until
-FROM claimed AS c JOIN {{schema}}.outbox AS o ON o.id = c.message_id`
+FROM claimed AS c JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id`
 
 const settleRetry = `
 UPDATE {{schema}}.outbox_group_retries
@@ -266,7 +266,7 @@ WHERE subscription_id = $1 AND status = 'PROCESSING' AND lease_until < coalesce(
 const listGroupDeadLetters = `
 SELECT o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''), o.priority,
        r.attempts, o.created_at, r.dead_lettered_at, coalesce(r.last_error, '')
-FROM {{schema}}.outbox_group_retries AS r JOIN {{schema}}.outbox AS o ON o.id = r.message_id
+FROM {{schema}}.outbox_group_retries AS r JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
 WHERE r.subscription_id = $1 AND r.status = 'DEAD_LETTER' AND r.message_id > $2
 ORDER BY r.message_id
 LIMIT $3`
@@ -311,19 +311,19 @@ DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
 
 // bitmapComplete ORs the group's bit into done_bits: one UPDATE a batch.
 const bitmapComplete = `
-UPDATE {{schema}}.outbox SET done_bits = done_bits | $2
+UPDATE {{schema}}.outbox_published SET done_bits = done_bits | $2
 WHERE id = ANY($1::bigint[]) AND required_bits & $2 <> 0 AND done_bits & $2 = 0`
 
 const bitmapCompleted = `
-SELECT id FROM {{schema}}.outbox WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0`
+SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0`
 
 // bitmapBackfill makes a late group required on up to $4 unfinished rows of
 // its stream (not visible in $3) it is not yet required on; finished rows
 // are never re-opened. $5 all rows / $6 from time / $7 from id narrow it.
 const bitmapBackfill = `
-UPDATE {{schema}}.outbox SET required_bits = required_bits | $2
+UPDATE {{schema}}.outbox_published SET required_bits = required_bits | $2
 WHERE id IN (
-    SELECT id FROM {{schema}}.outbox
+    SELECT id FROM {{schema}}.outbox_published
     WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 = 0
           AND required_bits <> 0 AND done_bits & required_bits <> required_bits
           AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
@@ -332,9 +332,9 @@ WHERE id IN (
 
 // bitmapForget drops the group from up to $3 rows it had not completed.
 const bitmapForget = `
-UPDATE {{schema}}.outbox SET required_bits = required_bits & ~$2::bigint
+UPDATE {{schema}}.outbox_published SET required_bits = required_bits & ~$2::bigint
 WHERE id IN (
-    SELECT id FROM {{schema}}.outbox
+    SELECT id FROM {{schema}}.outbox_published
     WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 <> 0 AND done_bits & $2 = 0
     ORDER BY id LIMIT $3)`
 
@@ -348,8 +348,8 @@ const retention = `
                       WHERE r.message_id = o.id AND s.subscription_status IN ('ACTIVE', 'PAUSED'))`
 
 const bitmapCleanup = `
-DELETE FROM {{schema}}.outbox WHERE id IN (
-    SELECT o.id FROM {{schema}}.outbox AS o
+DELETE FROM {{schema}}.outbox_published WHERE id IN (
+    SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND coalesce(o.done_bits, 0) & o.required_bits = o.required_bits
           AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
@@ -366,7 +366,7 @@ WITH fresh AS (
     ON CONFLICT DO NOTHING
     RETURNING message_id
 )
-UPDATE {{schema}}.outbox AS o SET completed_count = o.completed_count + 1
+UPDATE {{schema}}.outbox_published AS o SET completed_count = o.completed_count + 1
 FROM (SELECT message_id FROM fresh ORDER BY message_id) AS f -- lock rows in id order, like every group
 WHERE o.id = f.message_id AND $2 = ANY(o.required_ids)`
 
@@ -375,10 +375,10 @@ SELECT message_id FROM {{schema}}.outbox_consumer_groups
 WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
 
 const counterBackfill = `
-UPDATE {{schema}}.outbox
+UPDATE {{schema}}.outbox_published
 SET required_ids = array_append(required_ids, $2::bigint), required_count = required_count + 1
 WHERE id IN (
-    SELECT id FROM {{schema}}.outbox AS o
+    SELECT id FROM {{schema}}.outbox_published AS o
     WHERE topic = $1 AND status = 'PUBLISHED' AND NOT ($2::bigint = ANY(required_ids))
           AND required_count > 0 AND completed_count < required_count
           AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
@@ -388,10 +388,10 @@ WHERE id IN (
     ORDER BY id LIMIT $4)`
 
 const counterForget = `
-UPDATE {{schema}}.outbox
+UPDATE {{schema}}.outbox_published
 SET required_ids = array_remove(required_ids, $2::bigint), required_count = required_count - 1
 WHERE id IN (
-    SELECT id FROM {{schema}}.outbox AS o
+    SELECT id FROM {{schema}}.outbox_published AS o
     WHERE topic = $1 AND status = 'PUBLISHED' AND $2::bigint = ANY(required_ids)
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                           WHERE c.message_id = o.id AND c.subscription_id = $2)
@@ -399,8 +399,8 @@ WHERE id IN (
 
 const counterCleanup = `
 WITH gone AS (
-    DELETE FROM {{schema}}.outbox WHERE id IN (
-        SELECT o.id FROM {{schema}}.outbox AS o
+    DELETE FROM {{schema}}.outbox_published WHERE id IN (
+        SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)
               AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
@@ -417,8 +417,8 @@ SELECT count(*) FROM gone`
 // the watermark $6 (the least committed position), or, with no subscribed
 // group ($6 NULL), past the zero-subscription floor.
 const offsetCleanup = `
-DELETE FROM {{schema}}.outbox WHERE id IN (
-    SELECT o.id FROM {{schema}}.outbox AS o
+DELETE FROM {{schema}}.outbox_published WHERE id IN (
+    SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.status = 'PUBLISHED'
           AND CASE WHEN $6::pg_snapshot IS NULL
                    THEN o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'

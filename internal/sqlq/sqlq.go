@@ -16,85 +16,106 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 )
 
-// Outbox is the SQL of the outbox table and topic configuration.
+// Outbox is the SQL of the message tables (QUEUE messages in outbox,
+// PUB_SUB messages in outbox_published) and of topic configuration.
 type Outbox struct {
 	// Send's single-message statements, each with a variant that also
 	// notifies (the channel is the parameter after the last one).
-	InsertOne, InsertOneNotify             string // any topic: $1..$9
-	InsertQueued, InsertQueuedNotify       string // configured QUEUE topic, available now: $1..$6
-	InsertQueuedAt, InsertQueuedAtNotify   string // configured QUEUE topic: $1..$9
-	InsertPublished, InsertPublishedNotify string // configured PUB_SUB topic: $1..$9
-	SelectSemantics                        string
-	Insert, InsertNotify, SelectIdempotent string
-	UpsertTopic, SelectTopic               string
-	Claim, Ack, Settle, ReapExpired        string
-	ExtendLease                            string
-	ListDeadLetters, ReplayDeadLetters     string
+	InsertUnconfigured, InsertUnconfiguredNotify string // topic not seen configured: $1..$9
+	InsertQueued, InsertQueuedNotify             string // configured QUEUE topic, available now: $1..$6
+	InsertQueuedAt, InsertQueuedAtNotify         string // configured QUEUE topic: $1..$9
+	InsertPublished, InsertPublishedNotify       string // configured PUB_SUB topic: $1..$9
+	SelectSemantics                              string
+	Insert, InsertNotify, SelectIdempotent       string
+	UpsertTopic, SelectTopic                     string
+	Claim, Ack, Settle, ReapExpired              string
+	ExtendLease                                  string
+	ListDeadLetters, ReplayDeadLetters           string
 }
 
 // For returns the statements for schema (already validated).
 func For(schema string) *Outbox {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	return &Outbox{
-		InsertOne:             r.Replace(insertOne),
-		InsertOneNotify:       r.Replace(notifying(insertOne, 10)),
-		InsertQueued:          r.Replace(insertQueued),
-		InsertQueuedNotify:    r.Replace(notifying(insertQueued, 7)),
-		InsertQueuedAt:        r.Replace(insertQueuedAt),
-		InsertQueuedAtNotify:  r.Replace(notifying(insertQueuedAt, 10)),
-		InsertPublished:       r.Replace(insertPublished),
-		InsertPublishedNotify: r.Replace(notifying(insertPublished, 10)),
-		SelectSemantics:       r.Replace(selectSemantics),
-		Insert:                r.Replace(insert),
-		InsertNotify:          r.Replace(insertNotify),
-		SelectIdempotent:      r.Replace(selectIdempotent),
-		UpsertTopic:           r.Replace(upsertTopic),
-		SelectTopic:           r.Replace(selectTopic),
-		Claim:                 r.Replace(claim),
-		Ack:                   r.Replace(ack),
-		Settle:                r.Replace(settle),
-		ReapExpired:           r.Replace(reapExpired),
-		ExtendLease:           r.Replace(extendLease),
-		ListDeadLetters:       r.Replace(listDeadLetters),
-		ReplayDeadLetters:     r.Replace(replayDeadLetters),
+		InsertUnconfigured:       r.Replace(insertUnconfigured),
+		InsertUnconfiguredNotify: r.Replace(notifying(insertUnconfigured, 10)),
+		InsertQueued:             r.Replace(insertQueued),
+		InsertQueuedNotify:       r.Replace(notifying(insertQueued, 7)),
+		InsertQueuedAt:           r.Replace(insertQueuedAt),
+		InsertQueuedAtNotify:     r.Replace(notifying(insertQueuedAt, 10)),
+		InsertPublished:          r.Replace(insertPublished),
+		InsertPublishedNotify:    r.Replace(notifying(insertPublished, 10)),
+		SelectSemantics:          r.Replace(selectSemantics),
+		Insert:                   r.Replace(insert),
+		InsertNotify:             r.Replace(insertNotify),
+		SelectIdempotent:         r.Replace(selectIdempotent),
+		UpsertTopic:              r.Replace(upsertTopic),
+		SelectTopic:              r.Replace(selectTopic),
+		Claim:                    r.Replace(claim),
+		Ack:                      r.Replace(ack),
+		Settle:                   r.Replace(settle),
+		ReapExpired:              r.Replace(reapExpired),
+		ExtendLease:              r.Replace(extendLease),
+		ListDeadLetters:          r.Replace(listDeadLetters),
+		ReplayDeadLetters:        r.Replace(replayDeadLetters),
 	}
 }
 
-// insertOne writes one message (Send without an idempotency key) to a topic
-// that is not configured, or whose semantics the producer has not read yet:
-// status and required groups come from the topic row, if there is one.
-// $7 not-before, $8 delay in microseconds, $9 now.
-const insertOne = insertHead + requiredColumns + `
-FROM (SELECT 1) AS one
-LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = $1
+// insertQueued writes one message of a topic configured as QUEUE: a plain
+// single-row INSERT into outbox. Such a row needs nothing from the topic
+// row (a topic's semantics never change once configured); it is available
+// at once (the column default now()).
+const insertQueued = `
+INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority)
+VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING id`
 
-// insertHead starts insertOne and insertPublished: the message's own
-// values, followed by the columns taken from its topic row t.
-const insertHead = `
+// insertQueuedAt is insertQueued with a delivery time: $7 not-before, $8
+// delay in microseconds, $9 now.
+const insertQueuedAt = `
 INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, available_at,
-     status, required_bits, required_ids, required_count, done_bits, completed_count)
-SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
-       `
+    (topic, payload, headers, correlation_id, message_group, priority, available_at)
+VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `)
+RETURNING id`
 
 // availableAt is when a message may first be delivered: $7 (not-before), or
 // $8 microseconds after $9 (the injected clock) or the database's now().
 const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond')`
 
-// requiredColumns fixes a message's status and required groups from its
-// topic row t (NULL for a topic never configured: a QUEUE topic). This is
-// the "snapshot at insert" of the groups a PUB_SUB message needs.
-const requiredColumns = `CASE WHEN ` + blocked + ` THEN ` + refuse + `
-            WHEN t.semantics = 'PUB_SUB' THEN 'PUBLISHED' ELSE 'PENDING' END,
-       ` + requiredGroups
+// insertUnconfigured is insertQueuedAt for a topic the producer has not
+// seen configured, which is a QUEUE topic with the defaults, unless it has
+// been configured as PUB_SUB since: then it writes nothing and returns no
+// row, and the producer sends with insertPublished instead.
+const insertUnconfigured = `
+INSERT INTO {{schema}}.outbox
+    (topic, payload, headers, correlation_id, message_group, priority, available_at)
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `
+WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND semantics = 'PUB_SUB')
+RETURNING id`
 
-// requiredGroups are the required-group columns of requiredColumns.
-const requiredGroups = `CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_bits END,
-       CASE WHEN t.tracking_mode = 'COUNTER' THEN t.subscribed_ids END,
-       CASE WHEN t.tracking_mode = 'COUNTER' THEN cardinality(t.subscribed_ids) END,
-       CASE WHEN t.tracking_mode = 'BITMAP' THEN 0 END,
-       CASE WHEN t.tracking_mode = 'COUNTER' THEN 0 END`
+// insertPublished writes one message of a topic configured as PUB_SUB,
+// with the groups it needs from the topic row (the "snapshot at insert").
+const insertPublished = `
+INSERT INTO {{schema}}.outbox_published
+    (topic, payload, headers, correlation_id, message_group, priority, available_at,
+     status, ` + requiredGroupColumns + `)
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
+       CASE WHEN ` + blocked + ` THEN ` + refuse + ` ELSE 'PUBLISHED' END,
+       ` + requiredGroups + `
+FROM {{schema}}.outbox_topics AS t
+WHERE t.topic = $1
+RETURNING id`
+
+// requiredGroupColumns are the columns requiredGroups fills.
+const requiredGroupColumns = `required_bits, required_ids, required_count, done_bits, completed_count`
+
+// requiredGroups are the groups a PUB_SUB message of topic row t must be
+// completed by, per the topic's tracking mode (see requiredGroupColumns).
+const requiredGroups = `CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_bits END AS required_bits,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN t.subscribed_ids END AS required_ids,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN cardinality(t.subscribed_ids) END AS required_count,
+       CASE WHEN t.tracking_mode = 'BITMAP' THEN 0 END AS done_bits,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN 0 END AS completed_count`
 
 // blocked is true for a topic that blocks writes while nobody subscribes.
 // Such a row fails the whole statement (so a batch is never half-written):
@@ -106,35 +127,8 @@ const blocked = `coalesce(t.block_writes_on_zero_subscriptions AND cardinality(t
 // refuse fails the statement with the marker and the topic's name.
 const refuse = `(` + NoSubscriptionsMarker + ` || t.topic)::integer::text`
 
-// insertPublished is insertOne for a topic configured as PUB_SUB (which it
-// stays): the topic row is still read, for the groups the message needs,
-// but an inner join suffices as the row exists.
-const insertPublished = insertHead + `CASE WHEN ` + blocked + ` THEN ` + refuse + ` ELSE 'PUBLISHED' END,
-       ` + requiredGroups + `
-FROM {{schema}}.outbox_topics AS t
-WHERE t.topic = $1
-RETURNING id`
-
 // NoSubscriptionsMarker starts the error message of a blocked write.
 const NoSubscriptionsMarker = `'pgoutbox: no subscriptions on topic '`
-
-// insertQueued is insertOne for a topic configured as QUEUE. A topic's
-// semantics never change once configured, so such a row needs nothing from
-// the topic row: status defaults to PENDING and there are no required
-// groups. Without the topic lookup it is a plain single-row INSERT; without
-// a delay or not-before time the row is available at once (the column
-// default now()), and the statement takes only $1..$6 of insertOne.
-const insertQueued = `
-INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority)
-VALUES ($1, $2, $3, $4, $5, $6)
-RETURNING id`
-
-// insertQueuedAt is insertQueued with insertOne's available_at ($7..$9).
-const insertQueuedAt = `
-INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, available_at)
-VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `)
-RETURNING id`
 
 // notifying wraps a single-row insert returning id so that it also notifies
 // channel $channelParam with the topic ($1) when the transaction commits.
@@ -146,41 +140,64 @@ func notifying(insert string, channelParam int) string {
 // selectSemantics reads a topic's semantics (no row: never configured).
 const selectSemantics = `SELECT semantics FROM {{schema}}.outbox_topics WHERE topic = $1`
 
-// insertRows turns the producer's parallel arrays into rows, in input order
-// (ids are then ascending in input order, which SendBatch relies on).
-// Rows whose idempotency key already exists are skipped.
+// insertRows writes SendBatch's messages, given as parallel arrays, each
+// into the table of its topic's semantics, and returns (position, id) for
+// every row written. Ids are drawn in input order from the sequence both
+// tables share. Rows whose idempotency key already exists are skipped.
 const insertRows = `
-INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at,
-     status, required_bits, required_ids, required_count, done_bits, completed_count)
-SELECT m.topic, m.payload, m.headers, m.correlation_id, m.message_group, m.priority, m.idempotency_key,
-       coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond'),
-       ` + requiredColumns + `
-FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
-            $7::text[], $8::timestamptz[], $9::bigint[])
-     WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
-                          idempotency_key, not_before, delay_us, ord)
-LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = m.topic
-ORDER BY m.ord
-ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, topic, idempotency_key`
+WITH m AS MATERIALIZED (
+    SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
+    FROM (SELECT m.*,
+                 coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
+                     AS available_at,
+                 t.semantics IS NOT DISTINCT FROM 'PUB_SUB' AS published,
+                 CASE WHEN ` + blocked + ` THEN ` + refuse + ` ELSE 'PUBLISHED' END AS status,
+                 ` + requiredGroups + `
+          FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
+                      $7::text[], $8::timestamptz[], $9::bigint[])
+               WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
+                                    idempotency_key, not_before, delay_us, ord)
+          LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = m.topic
+          ORDER BY m.ord) AS r
+), queued AS (
+    INSERT INTO {{schema}}.outbox
+        (id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at)
+    SELECT id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at
+    FROM m WHERE NOT published
+    ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+), published AS (
+    INSERT INTO {{schema}}.outbox_published
+        (id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at,
+         status, ` + requiredGroupColumns + `)
+    OVERRIDING SYSTEM VALUE
+    SELECT id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at,
+           status, ` + requiredGroupColumns + `
+    FROM m WHERE published
+    ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+), written AS (
+    SELECT id FROM queued UNION ALL SELECT id FROM published
+)`
 
-const insert = insertRows
+// insert is insertRows' result: positions (1-based) and ids.
+const insert = insertRows + `
+SELECT m.ord, m.id FROM m JOIN written USING (id)`
 
-// insertNotify also wakes listening consumers of the topics in $12, on
-// channel $11, when the producer's transaction commits (NOTIFY is
-// transactional: a rollback notifies nobody).
-const insertNotify = `
-WITH inserted AS (` + insertRows + `
-), notified AS (
+// insertNotify is insert that also wakes listening consumers of the topics
+// in $12, on channel $11, when the producer's transaction commits (NOTIFY
+// is transactional: a rollback notifies nobody).
+const insertNotify = insertRows + `, notified AS (
     SELECT pg_notify($11, t) FROM unnest($12::text[]) AS t
 )
-SELECT inserted.id, inserted.topic, inserted.idempotency_key
-FROM inserted, (SELECT count(*) FROM notified) AS n -- the join makes notified run`
+SELECT m.ord, m.id FROM m JOIN written USING (id), (SELECT count(*) FROM notified) AS n -- the join makes notified run`
 
 // selectIdempotent finds the messages an idempotent send collided with.
 const selectIdempotent = `
 SELECT idempotency_key, id FROM {{schema}}.outbox
+WHERE topic = $1 AND idempotency_key = ANY($2::text[])
+UNION ALL
+SELECT idempotency_key, id FROM {{schema}}.outbox_published
 WHERE topic = $1 AND idempotency_key = ANY($2::text[])`
 
 const upsertTopic = `
