@@ -72,9 +72,11 @@ func (m *Message) validate() (headers []byte, err error) {
 	if m.Delay > 0 && !m.NotBefore.IsZero() {
 		return nil, fmt.Errorf("%w: set Delay or NotBefore, not both", ErrInvalidMessage)
 	}
-	for name, v := range map[string]string{"correlation id": m.CorrelationID, "group": m.Group, "idempotency key": m.IdempotencyKey} {
-		if len(v) > MaxKeyBytes {
-			return nil, fmt.Errorf("%w: %s is %d bytes, at most %d allowed", ErrInvalidMessage, name, len(v), MaxKeyBytes)
+	for _, f := range [...]struct{ name, value string }{
+		{"correlation id", m.CorrelationID}, {"group", m.Group}, {"idempotency key", m.IdempotencyKey},
+	} {
+		if len(f.value) > MaxKeyBytes {
+			return nil, fmt.Errorf("%w: %s is %d bytes, at most %d allowed", ErrInvalidMessage, f.name, len(f.value), MaxKeyBytes)
 		}
 	}
 	if len(m.Headers) == 0 {

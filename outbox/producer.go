@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,8 +59,9 @@ type Producer struct {
 	sql            *sqlq.Outbox
 	channel        string
 	notifyInterval time.Duration
-	lastNotify     sync.Map // topic -> *notifyState
-	semantics      sync.Map // topic -> learnedSemantics
+	epoch          time.Time // notifyAt values are durations since epoch (monotonic)
+	notifyAt       sync.Map  // topic -> *atomic.Int64: when it may be notified again
+	semantics      sync.Map  // topic -> learnedSemantics
 	metrics        *metrics
 	clock          Clock
 }
@@ -75,14 +77,9 @@ type learnedSemantics struct {
 
 // recheckUnconfigured is how long a producer trusts that a topic is not
 // configured. Until it reads the configuration, it writes the topic's
-// messages with the statement that reads the topic row (always correct,
-// slightly slower).
+// messages with the statement that checks the topic is not PUB_SUB (always
+// correct, slightly slower).
 const recheckUnconfigured = time.Second
-
-type notifyState struct {
-	mu   sync.Mutex
-	last time.Time
-}
 
 // NewProducer returns a producer for the tables in cfg.Schema.
 func NewProducer(cfg ProducerConfig) (*Producer, error) {
@@ -94,6 +91,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		sql:            sqlq.For(schema),
 		channel:        NotifyChannel(schema),
 		notifyInterval: cmp.Or(cfg.NotifyInterval, DefaultNotifyInterval),
+		epoch:          time.Now(),
 		metrics:        newMetrics(cfg.MeterProvider),
 		clock:          cfg.Clock,
 	}, nil
@@ -146,7 +144,7 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if !atOnce {
 		args = append(args, notBefore, m.Delay.Microseconds(), p.now())
 	}
-	notify := len(p.topicsToNotify([]string{m.Topic})) > 0
+	notify := p.notifyDue(m.Topic, p.sinceEpoch())
 	if notify {
 		args = append(args, p.channel)
 	}
@@ -194,14 +192,19 @@ func (p *Producer) insertOne(ctx context.Context, tx Executor, query string, arg
 	if err != nil {
 		return 0, false, sendError(err)
 	}
-	id, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, nil
+	defer rows.Close()
+	if rows.Next() {
+		written = true
+		err = rows.Scan(&id)
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
 	}
 	if err != nil {
 		return 0, false, sendError(err)
 	}
-	return id, true, nil
+	return id, written, nil
 }
 
 // topicSemantics returns topic's semantics, or "" for a topic that is not
@@ -359,41 +362,40 @@ func (p *Producer) resolveIdempotent(ctx context.Context, tx Executor, msgs []Me
 	return nil
 }
 
-// topicsToNotify returns the topics of this send whose last notification is
-// older than the notify interval, and marks them notified.
+// topicsToNotify returns the distinct topics of a batch that are due a
+// notification (see notifyDue).
 func (p *Producer) topicsToNotify(topics []string) []string {
-	if p.notifyInterval < 0 {
-		return nil
-	}
-	now := time.Now()
+	now := p.sinceEpoch()
 	var out []string
-	for i, t := range topics {
-		if i > 0 && contains(topics[:i], t) {
-			continue
+	seen := make(map[string]bool)
+	for _, t := range topics {
+		if !seen[t] {
+			seen[t] = true
+			if p.notifyDue(t, now) {
+				out = append(out, t)
+			}
 		}
-		v, ok := p.lastNotify.Load(t)
-		if !ok {
-			v, _ = p.lastNotify.LoadOrStore(t, &notifyState{})
-		}
-		st := v.(*notifyState)
-		st.mu.Lock()
-		if now.Sub(st.last) >= p.notifyInterval {
-			st.last = now
-			out = append(out, t)
-		}
-		st.mu.Unlock()
 	}
 	return out
 }
 
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
+// notifyDue reports whether topic was last notified at least the notify
+// interval before now (a duration since p.epoch), and if so marks it
+// notified at now: of concurrent sends, one wins.
+func (p *Producer) notifyDue(topic string, now time.Duration) bool {
+	if p.notifyInterval < 0 {
+		return false
 	}
-	return false
+	v, ok := p.notifyAt.Load(topic)
+	if !ok {
+		v, _ = p.notifyAt.LoadOrStore(topic, new(atomic.Int64))
+	}
+	at := v.(*atomic.Int64)
+	next := at.Load()
+	return int64(now) >= next && at.CompareAndSwap(next, int64(now+p.notifyInterval))
 }
+
+func (p *Producer) sinceEpoch() time.Duration { return time.Since(p.epoch) }
 
 // isNil reports whether e is nil or a typed nil pointer (a nil *pgxpool.Pool
 // stored in the interface).

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/clocktest"
@@ -403,4 +405,64 @@ func TestSendQueuedUsesInjectedClock(t *testing.T) {
 			require.True(t, at.Add(delay).Equal(availableAt), "%s delay %v: available at %v", topic, delay, availableAt)
 		}
 	}
+}
+
+// A producer notifies each topic at most once per NotifyInterval, however
+// many sends and batches it makes, and not at all with a negative interval.
+func TestNotifyInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	listen, err := pgx.Connect(ctx, b.db.DSN)
+	require.NoError(t, err)
+	defer listen.Close(ctx)
+	_, err = listen.Exec(ctx, "LISTEN "+ident.Quote(outbox.NotifyChannel(b.db.Schema)))
+	require.NoError(t, err)
+	received := func() []string {
+		t.Helper()
+		var got []string
+		for {
+			waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			n, err := listen.WaitForNotification(waitCtx)
+			cancel()
+			if err != nil {
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				slices.Sort(got)
+				return got
+			}
+			got = append(got, n.Payload)
+		}
+	}
+
+	hourly, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, NotifyInterval: time.Hour})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for i := range 8 { // concurrent first sends: one of them notifies
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := hourly.Send(ctx, b.db.Pool, seqMessage("a", i))
+			assert.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	_, err = hourly.SendBatch(ctx, b.db.Pool, []outbox.Message{seqMessage("a", 8), seqMessage("b", 9), seqMessage("b", 10), seqMessage("c", 11)})
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b", "c"}, received(), "each topic once")
+
+	silent, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, NotifyInterval: -1})
+	require.NoError(t, err)
+	_, err = silent.Send(ctx, b.db.Pool, seqMessage("d", 12))
+	require.NoError(t, err)
+	_, err = silent.SendBatch(ctx, b.db.Pool, []outbox.Message{seqMessage("e", 13)})
+	require.NoError(t, err)
+	require.Empty(t, received())
+
+	often, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, NotifyInterval: time.Nanosecond})
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err = often.Send(ctx, b.db.Pool, seqMessage("f", 14+i))
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{"f", "f", "f"}, received(), "a send after the interval notifies again")
 }
