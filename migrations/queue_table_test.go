@@ -23,16 +23,7 @@ const queueColumns = `id, topic, payload, headers, correlation_id, message_group
 
 func rowsAsJSON(t *testing.T, pool *pgxpool.Pool, query string) []string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT to_jsonb(r)::text FROM (`+query+`) AS r ORDER BY r.id`)
-	require.NoError(t, err)
-	var out []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		out = append(out, s)
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return queryStrings(t, pool, `SELECT to_jsonb(r)::text FROM (`+query+`) AS r ORDER BY r.id`)
 }
 
 // Migration 6 moves QUEUE messages out of the shared table, unchanged and

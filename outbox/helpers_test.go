@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -75,4 +76,16 @@ func startConsumer(t *testing.T, c *outbox.Client, cfg outbox.ConsumerConfig) *o
 		_ = k.Stop(ctx)
 	})
 	return k
+}
+
+// listen returns a connection listening on the producer's notify channel.
+func (b *testBundle) listen(t *testing.T) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, b.db.DSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(ctx) })
+	_, err = conn.Exec(ctx, "LISTEN "+ident.Quote(outbox.NotifyChannel(b.db.Schema)))
+	require.NoError(t, err)
+	return conn
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/clocktest"
-	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -109,11 +108,7 @@ func TestRollbackNeverDeliveredNorNotified(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
 
-	listen, err := pgx.Connect(ctx, b.db.DSN)
-	require.NoError(t, err)
-	defer listen.Close(ctx)
-	_, err = listen.Exec(ctx, "LISTEN "+ident.Quote(outbox.NotifyChannel(b.db.Schema)))
-	require.NoError(t, err)
+	listen := b.listen(t)
 
 	tx, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -413,11 +408,7 @@ func TestNotifyInterval(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
-	listen, err := pgx.Connect(ctx, b.db.DSN)
-	require.NoError(t, err)
-	defer listen.Close(ctx)
-	_, err = listen.Exec(ctx, "LISTEN "+ident.Quote(outbox.NotifyChannel(b.db.Schema)))
-	require.NoError(t, err)
+	listen := b.listen(t)
 	received := func() []string {
 		t.Helper()
 		var got []string
