@@ -24,15 +24,15 @@ var ErrLeaseLost = errors.New("outbox: lease lost")
 // highest priority first, for the topic's Lease. The batch is returned in
 // id order.
 func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*Delivery, error) {
+	if limit < 1 || owner == "" {
+		return nil, fmt.Errorf("%w: Claim needs an owner and limit >= 1", ErrInvalidConfig)
+	}
 	t, err := c.Topic(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
 	if t.Semantics != Queue {
 		return nil, fmt.Errorf("%w: %q is a %s topic", ErrWrongSemantics, topic, t.Semantics)
-	}
-	if limit < 1 || owner == "" {
-		return nil, fmt.Errorf("%w: Claim needs an owner and limit >= 1", ErrInvalidConfig)
 	}
 	claimed, err := c.claim(ctx, t, owner, limit)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -485,4 +486,48 @@ func TestConsumersShareOneListenConnection(t *testing.T) {
 		require.NoError(t, k.Stop(ctx))
 	}
 	pgtest.Eventually(t, 5*time.Second, "LISTEN connection closed", func() bool { return listeners() == 0 })
+}
+
+// Claim is the primitive the router's QueueSource builds on: bad arguments
+// and PUB_SUB topics get typed errors; a claim takes the highest priorities
+// first, leases them for the topic's Lease and returns them in id order.
+func TestClaimPrimitive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "q", Lease: 2 * time.Minute}))
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	for _, tc := range []struct {
+		topic, owner string
+		limit        int
+		want         error
+	}{
+		{"q", "", 10, outbox.ErrInvalidConfig},
+		{"q", "me", 0, outbox.ErrInvalidConfig},
+		{"events", "me", 10, outbox.ErrWrongSemantics},
+		{"bad topic!", "me", 10, outbox.ErrInvalidTopic},
+	} {
+		_, err := b.client.Claim(ctx, tc.topic, tc.owner, tc.limit)
+		require.ErrorIs(t, err, tc.want, "%+v", tc)
+	}
+
+	var ids []int64
+	for i, prio := range []int{0, 5, 0} {
+		m := seqMessage("q", i)
+		m.Priority = prio
+		id, err := b.producer.Send(ctx, b.db.Pool, m)
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	ds, err := b.client.Claim(ctx, "q", "me", 2)
+	require.NoError(t, err)
+	require.Len(t, ds, 2)
+	require.Equal(t, []int64{ids[0], ids[1]}, []int64{ds[0].ID, ds[1].ID}, "priority 5 and the oldest priority 0, in id order")
+	for _, d := range ds {
+		require.InDelta(t, (2 * time.Minute).Seconds(), d.LeaseUntil.Sub(d.CreatedAt).Seconds(), 5)
+		require.Equal(t, 1, d.Attempt)
+	}
+	require.NoError(t, b.client.Ack(ctx, ds...))
+	require.Equal(t, 1, b.count(t, "true"))
+	require.Equal(t, 1, b.count(t, "status = 'PENDING' AND id = "+strconv.FormatInt(ids[2], 10)))
 }
