@@ -125,13 +125,16 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if corrID == "" {
 		corrID = newCorrelationID()
 	}
+	// Pointers to copies, not into m, so that m stays on the stack.
 	var group *string
 	if m.Group != "" {
-		group = &m.Group
+		g := m.Group
+		group = &g
 	}
 	var notBefore *time.Time
 	if !m.NotBefore.IsZero() {
-		notBefore = &m.NotBefore
+		nb := m.NotBefore
+		notBefore = &nb
 	}
 	semantics, err := p.topicSemantics(ctx, tx, m.Topic)
 	if err != nil {
@@ -140,7 +143,8 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	// A QUEUE message available at once is written with the six-argument
 	// statement; every other statement also takes the delivery time.
 	atOnce := semantics == Queue && notBefore == nil && m.Delay == 0 && p.clock == nil
-	args := []any{m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority)}
+	args := make([]any, 6, 10)
+	args[0], args[1], args[2], args[3], args[4], args[5] = m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority)
 	if !atOnce {
 		args = append(args, notBefore, m.Delay.Microseconds(), p.now())
 	}
