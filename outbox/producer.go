@@ -125,7 +125,7 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if corrID == "" {
 		corrID = newCorrelationID()
 	}
-	// Pointers to copies, not into m, so that m stays on the stack.
+	// Pointers to copies, not into *m, so that Send's message stays on the stack.
 	var group *string
 	if m.Group != "" {
 		g := m.Group
