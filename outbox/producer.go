@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,42 +27,53 @@ type Executor interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// DefaultNotifyInterval is how often, at most, a producer wakes the
-// consumers of one topic.
-const DefaultNotifyInterval = time.Millisecond
+// Defaults of ProducerConfig.
+const (
+	DefaultNotifyInterval     = time.Millisecond
+	DefaultBusyNotifyInterval = 10 * time.Millisecond
+)
 
 // ProducerConfig configures a Producer.
 type ProducerConfig struct {
 	// Schema holds pgoutbox's tables. Defaults to "public".
 	Schema string
-	// NotifyInterval is the least time between two wake-up notifications for
-	// the same topic from this producer. NOTIFY serialises committing
-	// transactions on a database-wide lock, so notifying on every send halves
-	// throughput under concurrency; a message whose send skipped it is still
-	// picked up by a busy consumer at once, or by an idle one within its poll
-	// interval. Zero means DefaultNotifyInterval; negative disables
-	// notifications (consumers then rely on polling).
+	// NotifyInterval is the least time between two wake-up notifications
+	// for the same topic from this producer, and the pause after which a
+	// send notifies: a send notifies when this producer's previous send to
+	// the topic is at least NotifyInterval old (its consumers may have gone
+	// idle since). NOTIFY serialises committing transactions on a
+	// database-wide lock, so notifying on every send halves throughput under
+	// concurrency. A message whose send did not notify is picked up by a
+	// busy consumer when it claims again (within about a millisecond of a
+	// claim that found work), or by an idle one at the next notification or
+	// within its poll interval. Zero means DefaultNotifyInterval; negative
+	// disables notifications (consumers then rely on polling).
 	NotifyInterval time.Duration
+	// BusyNotifyInterval is how often, at most, a producer notifies a topic
+	// while its sends to it come less than NotifyInterval apart: busy
+	// consumers need no wake-up then, and an idle one waits at most this
+	// long. Zero means DefaultBusyNotifyInterval; shorter than
+	// NotifyInterval means NotifyInterval.
+	BusyNotifyInterval time.Duration
 	// Logger defaults to a logger that discards everything.
 	Logger *slog.Logger
 	// MeterProvider defaults to the no-op provider.
 	MeterProvider metric.MeterProvider
-	// Clock replaces database time as the base of Message.Delay.
-	// Defaults to nil: the database's now().
+	// Clock replaces database time as the base of Message.Delay, and the
+	// system clock in the notification intervals. Defaults to nil: the
+	// database's now() and the system's clock.
 	Clock Clock
 }
 
 // Producer writes messages inside the caller's transaction. It holds no
 // connection and is safe for concurrent use.
 type Producer struct {
-	sql            *sqlq.Outbox
-	channel        string
-	notifyInterval time.Duration
-	epoch          time.Time // notifyAt values are durations since epoch (monotonic)
-	notifyAt       sync.Map  // topic -> *atomic.Int64: when it may be notified again
-	semantics      sync.Map  // topic -> learnedSemantics
-	metrics        *metrics
-	clock          Clock
+	sql       *sqlq.Outbox
+	channel   string
+	notifier  *notifier
+	semantics sync.Map // topic -> learnedSemantics
+	metrics   *metrics
+	clock     Clock
 }
 
 // learnedSemantics is what a producer last read of a topic's semantics.
@@ -88,12 +98,12 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		return nil, err
 	}
 	return &Producer{
-		sql:            sqlq.For(schema),
-		channel:        NotifyChannel(schema),
-		notifyInterval: cmp.Or(cfg.NotifyInterval, DefaultNotifyInterval),
-		epoch:          time.Now(),
-		metrics:        newMetrics(cfg.MeterProvider),
-		clock:          cfg.Clock,
+		sql:     sqlq.For(schema),
+		channel: NotifyChannel(schema),
+		notifier: newNotifier(cmp.Or(cfg.NotifyInterval, DefaultNotifyInterval),
+			cmp.Or(cfg.BusyNotifyInterval, DefaultBusyNotifyInterval), cfg.Clock),
+		metrics: newMetrics(cfg.MeterProvider),
+		clock:   cfg.Clock,
 	}, nil
 }
 
@@ -148,7 +158,7 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if !atOnce {
 		args = append(args, notBefore, m.Delay.Microseconds(), p.now())
 	}
-	notify := p.notifyDue(m.Topic, p.sinceEpoch())
+	notify := p.notifier.due(m.Topic, p.notifier.now())
 	if notify {
 		args = append(args, p.channel)
 	}
@@ -292,7 +302,7 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 
 	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays, p.now()}
 	query := p.sql.Insert
-	if wake := p.topicsToNotify(topics); len(wake) > 0 {
+	if wake := p.notifier.dueTopics(topics); len(wake) > 0 {
 		query = p.sql.InsertNotify
 		args = append(args, p.channel, wake)
 	}
@@ -365,41 +375,6 @@ func (p *Producer) resolveIdempotent(ctx context.Context, tx Executor, msgs []Me
 	}
 	return nil
 }
-
-// topicsToNotify returns the distinct topics of a batch that are due a
-// notification (see notifyDue).
-func (p *Producer) topicsToNotify(topics []string) []string {
-	now := p.sinceEpoch()
-	var out []string
-	seen := make(map[string]bool)
-	for _, t := range topics {
-		if !seen[t] {
-			seen[t] = true
-			if p.notifyDue(t, now) {
-				out = append(out, t)
-			}
-		}
-	}
-	return out
-}
-
-// notifyDue reports whether topic was last notified at least the notify
-// interval before now (a duration since p.epoch), and if so marks it
-// notified at now: of concurrent sends, one wins.
-func (p *Producer) notifyDue(topic string, now time.Duration) bool {
-	if p.notifyInterval < 0 {
-		return false
-	}
-	v, ok := p.notifyAt.Load(topic)
-	if !ok {
-		v, _ = p.notifyAt.LoadOrStore(topic, new(atomic.Int64))
-	}
-	at := v.(*atomic.Int64)
-	next := at.Load()
-	return int64(now) >= next && at.CompareAndSwap(next, int64(now+p.notifyInterval))
-}
-
-func (p *Producer) sinceEpoch() time.Duration { return time.Since(p.epoch) }
 
 // isNil reports whether e is nil or a typed nil pointer (a nil *pgxpool.Pool
 // stored in the interface).

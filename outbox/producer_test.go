@@ -457,3 +457,53 @@ func TestNotifyInterval(t *testing.T) {
 	}
 	require.Equal(t, []string{"f", "f", "f"}, received(), "a send after the interval notifies again")
 }
+
+// While sends to a topic come closer than NotifyInterval, busy consumers
+// need no wake-up: the producer notifies once per BusyNotifyInterval, and
+// again at the first send after a pause (injected clock; no sleeping).
+func TestBusyNotifyInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	listen := b.listen(t)
+	clock := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	p, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, Clock: clock,
+		NotifyInterval: time.Millisecond, BusyNotifyInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	notified := 0
+	count := func() int {
+		t.Helper()
+		for {
+			waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			_, err := listen.WaitForNotification(waitCtx)
+			cancel()
+			if err != nil {
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				return notified
+			}
+			notified++
+		}
+	}
+	send := func() {
+		t.Helper()
+		_, err := p.Send(ctx, b.db.Pool, seqMessage("busy", 0))
+		require.NoError(t, err)
+	}
+
+	send() // the first send notifies
+	require.Equal(t, 1, count())
+	for range 19 { // 0.5 ms apart: busy until 10 ms after the first notification
+		clock.Advance(500 * time.Microsecond)
+		send()
+	}
+	require.Equal(t, 1, count(), "sends 0.5 ms apart within 10 ms")
+	clock.Advance(500 * time.Microsecond)
+	send() // 10 ms after the first notification
+	require.Equal(t, 2, count(), "once per BusyNotifyInterval while busy")
+	clock.Advance(500 * time.Microsecond)
+	send()
+	require.Equal(t, 2, count())
+	clock.Advance(time.Millisecond)
+	send() // after a pause of NotifyInterval
+	require.Equal(t, 3, count(), "the first send after a pause")
+}
