@@ -47,6 +47,10 @@ INSERT INTO outbox (topic, payload, correlation_id, status, required_bits, done_
 VALUES ('events', '{"n":4}', 'c4', 'PUBLISHED', 3, 1);
 RESET search_path`)
 	require.NoError(t, err)
+	indexes := func() []string {
+		return queryStrings(t, db.Pool, `SELECT indexdef FROM pg_indexes WHERE schemaname = 'q6' ORDER BY indexname`)
+	}
+	v5Indexes := indexes()
 	queue := rowsAsJSON(t, db.Pool, `SELECT `+queueColumns+` FROM q6.outbox WHERE status <> 'PUBLISHED'`)
 	published := rowsAsJSON(t, db.Pool, `SELECT * FROM q6.outbox WHERE status = 'PUBLISHED'`)
 	require.Len(t, queue, 3)
@@ -71,4 +75,5 @@ RESET search_path`)
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM q6.outbox`).Scan(&n))
 	require.Equal(t, 6, n)
+	require.Equal(t, v5Indexes, indexes(), "Down restores version 5's indexes")
 }

@@ -16,6 +16,9 @@ ALTER INDEX outbox_pkey RENAME TO outbox_published_pkey;
 ALTER INDEX outbox_idempotency_idx RENAME TO outbox_published_idempotency_idx;
 DROP INDEX outbox_claim_idx;
 DROP INDEX outbox_parked_idx;
+-- Every row left is PUBLISHED: the fetch index needs no predicate (which
+-- every insert would evaluate).
+DROP INDEX outbox_pubsub_xid_idx;
 
 CREATE TABLE outbox (
     id               bigint      PRIMARY KEY DEFAULT nextval('outbox_id_seq'),
@@ -53,3 +56,5 @@ SELECT id, topic, payload, headers, correlation_id, message_group, priority, ide
 FROM outbox_published
 WHERE status <> 'PUBLISHED';
 DELETE FROM outbox_published WHERE status <> 'PUBLISHED';
+-- Snapshot-pair fetches: a topic's messages by writing transaction.
+CREATE INDEX outbox_published_xid_idx ON outbox_published (topic, xid, id);
