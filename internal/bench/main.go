@@ -43,6 +43,7 @@ type config struct {
 	cpuProfile                  string
 	n, workers, groups, rate    int
 	timeout, notifyInterval     time.Duration
+	busyNotifyInterval          time.Duration
 }
 
 func main() {
@@ -76,6 +77,7 @@ func parseFlags() *config {
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.StringVar(&c.mode, "mode", "", "PUB_SUB tracking mode for W3: bitmap, counter or offset")
 	flag.DurationVar(&c.notifyInterval, "notify-interval", 0, "producer NotifyInterval (0 = library default, negative = no NOTIFY)")
+	flag.DurationVar(&c.busyNotifyInterval, "busy-notify-interval", 0, "producer BusyNotifyInterval (0 = library default)")
 	flag.Parse()
 	c.workload = strings.ToUpper(c.workload)
 	if c.mode != "" {
@@ -109,7 +111,8 @@ func run(ctx context.Context, c *config) error {
 	if err != nil {
 		return err
 	}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema, NotifyInterval: c.notifyInterval})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema, NotifyInterval: c.notifyInterval,
+		BusyNotifyInterval: c.busyNotifyInterval})
 	if err != nil {
 		return err
 	}
