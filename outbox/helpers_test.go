@@ -89,3 +89,20 @@ func (b *testBundle) listen(t *testing.T) *pgx.Conn {
 	require.NoError(t, err)
 	return conn
 }
+
+// drainNotifications returns the payloads of the notifications conn
+// receives until none arrives for 200 ms.
+func drainNotifications(t *testing.T, conn *pgx.Conn) []string {
+	t.Helper()
+	var got []string
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		n, err := conn.WaitForNotification(ctx)
+		cancel()
+		if err != nil {
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			return got
+		}
+		got = append(got, n.Payload)
+	}
+}

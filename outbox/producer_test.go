@@ -411,18 +411,9 @@ func TestNotifyInterval(t *testing.T) {
 	listen := b.listen(t)
 	received := func() []string {
 		t.Helper()
-		var got []string
-		for {
-			waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			n, err := listen.WaitForNotification(waitCtx)
-			cancel()
-			if err != nil {
-				require.ErrorIs(t, err, context.DeadlineExceeded)
-				slices.Sort(got)
-				return got
-			}
-			got = append(got, n.Payload)
-		}
+		got := drainNotifications(t, listen)
+		slices.Sort(got)
+		return got
 	}
 
 	hourly, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, NotifyInterval: time.Hour})
@@ -473,16 +464,8 @@ func TestBusyNotifyInterval(t *testing.T) {
 	notified := 0
 	count := func() int {
 		t.Helper()
-		for {
-			waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			_, err := listen.WaitForNotification(waitCtx)
-			cancel()
-			if err != nil {
-				require.ErrorIs(t, err, context.DeadlineExceeded)
-				return notified
-			}
-			notified++
-		}
+		notified += len(drainNotifications(t, listen))
+		return notified
 	}
 	send := func() {
 		t.Helper()
