@@ -206,7 +206,6 @@ func (p *Producer) insertOne(ctx context.Context, tx Executor, query string, arg
 	if err != nil {
 		return 0, false, sendError(err)
 	}
-	defer rows.Close()
 	if rows.Next() {
 		written = true
 		err = rows.Scan(&id)

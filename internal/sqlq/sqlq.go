@@ -73,10 +73,12 @@ RETURNING id`
 // insertQueuedAt is insertQueued with a delivery time: $7 not-before, $8
 // delay in microseconds, $9 now.
 const insertQueuedAt = `
-INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, available_at)
+INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
 VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `)
 RETURNING id`
+
+// queuedAtColumns are the columns insertQueuedAt and insertUnconfigured write.
+const queuedAtColumns = `(topic, payload, headers, correlation_id, message_group, priority, available_at)`
 
 // availableAt is when a message may first be delivered: $7 (not-before), or
 // $8 microseconds after $9 (the injected clock) or the database's now().
@@ -87,8 +89,7 @@ const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) 
 // been configured as PUB_SUB since: then it writes nothing and returns no
 // row, and the producer sends with insertPublished instead.
 const insertUnconfigured = `
-INSERT INTO {{schema}}.outbox
-    (topic, payload, headers, correlation_id, message_group, priority, available_at)
+INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `
 WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND semantics = 'PUB_SUB')
 RETURNING id`
@@ -100,7 +101,7 @@ INSERT INTO {{schema}}.outbox_published
     (topic, payload, headers, correlation_id, message_group, priority, available_at,
      status, ` + requiredGroupColumns + `)
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
-       CASE WHEN ` + blocked + ` THEN ` + refuse + ` ELSE 'PUBLISHED' END,
+       ` + publishedStatus + `,
        ` + requiredGroups + `
 FROM {{schema}}.outbox_topics AS t
 WHERE t.topic = $1
@@ -124,8 +125,10 @@ const requiredGroups = `CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_b
 // outbox.ErrNoSubscriptions.
 const blocked = `coalesce(t.block_writes_on_zero_subscriptions AND cardinality(t.subscribed_ids) = 0, false)`
 
-// refuse fails the statement with the marker and the topic's name.
-const refuse = `(` + NoSubscriptionsMarker + ` || t.topic)::integer::text`
+// publishedStatus is a PUB_SUB message's status, PUBLISHED, unless its
+// topic row t blocks the write: then it fails the statement with the
+// marker and the topic's name.
+const publishedStatus = `CASE WHEN ` + blocked + ` THEN (` + NoSubscriptionsMarker + ` || t.topic)::integer::text ELSE 'PUBLISHED' END`
 
 // NoSubscriptionsMarker starts the error message of a blocked write.
 const NoSubscriptionsMarker = `'pgoutbox: no subscriptions on topic '`
@@ -151,7 +154,7 @@ WITH m AS MATERIALIZED (
                  coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
                      AS available_at,
                  t.semantics IS NOT DISTINCT FROM 'PUB_SUB' AS published,
-                 CASE WHEN ` + blocked + ` THEN ` + refuse + ` ELSE 'PUBLISHED' END AS status,
+                 ` + publishedStatus + ` AS status,
                  ` + requiredGroups + `
           FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
                       $7::text[], $8::timestamptz[], $9::bigint[])
