@@ -77,3 +77,49 @@ RESET search_path`)
 	require.Equal(t, 6, n)
 	require.Equal(t, v5Indexes, indexes(), "Down restores version 5's indexes")
 }
+
+// Migration 7 folds a QUEUE message's lease end and dead-lettering time
+// into available_at, and Down gives them their columns back.
+func TestLeaseTimesMigration(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	ctx := context.Background()
+	cfg := migrations.Config{Schema: "q7"}
+	migrateTo(t, db.Pool, cfg, 6)
+	_, err := db.Pool.Exec(ctx, `SET search_path = q7;
+INSERT INTO outbox (topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at)
+VALUES ('jobs', '{"n":1}', '{"h":"v"}', 'c1', 'g', 5, 'key-1', '2030-01-01T00:00:00Z');
+INSERT INTO outbox (topic, payload, correlation_id, status, attempts, lease_owner, lease_until, available_at)
+VALUES ('jobs', '{"n":2}', 'c2', 'PROCESSING', 1, 'worker-1', '2030-01-02T00:00:00Z', '2029-01-01T00:00:00Z');
+INSERT INTO outbox (topic, payload, correlation_id, status, attempts, last_error, dead_lettered_at, available_at)
+VALUES ('jobs', '{"n":3}', 'c3', 'DEAD_LETTER', 3, 'boom', '2030-01-03T00:00:00Z', '2029-01-01T00:00:00Z');
+RESET search_path`)
+	require.NoError(t, err)
+	indexes := func() []string {
+		return queryStrings(t, db.Pool, `SELECT indexdef FROM pg_indexes WHERE schemaname = 'q7' ORDER BY indexname`)
+	}
+	v6Indexes := indexes()
+	const kept = `id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, status,
+	attempts, lease_owner, last_error, created_at, xid`
+	before := rowsAsJSON(t, db.Pool, `SELECT `+kept+` FROM q7.outbox`)
+
+	migrateTo(t, db.Pool, cfg, 7)
+	require.Equal(t, before, rowsAsJSON(t, db.Pool, `SELECT `+kept+` FROM q7.outbox`))
+	require.Equal(t, []string{"2030-01-01 00:00:00+00", "2030-01-02 00:00:00+00", "2030-01-03 00:00:00+00"},
+		queryStrings(t, db.Pool, `SELECT (available_at AT TIME ZONE 'UTC')::text || '+00' FROM q7.outbox ORDER BY id`),
+		"available_at: the delivery time, the lease's end, the dead-lettering time")
+	require.Empty(t, queryStrings(t, db.Pool, `SELECT column_name::text FROM information_schema.columns
+		WHERE table_schema = 'q7' AND table_name = 'outbox' AND column_name IN ('lease_until', 'dead_lettered_at')`))
+	var id int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `INSERT INTO q7.outbox (topic, payload, correlation_id) VALUES ('jobs', '{}', 'c4') RETURNING id`).Scan(&id))
+	require.Equal(t, int64(4), id, "ids continue from the same sequence")
+	_, err = db.Pool.Exec(ctx, `INSERT INTO q7.outbox (topic, payload, correlation_id, idempotency_key) VALUES ('jobs', '{}', 'c5', 'key-1')`)
+	require.ErrorContains(t, err, "outbox_idempotency_idx", "the idempotency key moved with its message")
+
+	migrateTo(t, db.Pool, cfg, 6)
+	require.Equal(t, before, rowsAsJSON(t, db.Pool, `SELECT `+kept+` FROM q7.outbox WHERE id < 4`))
+	require.Equal(t, []string{"1||", "2|2030-01-02 00:00:00+00|", "3||2030-01-03 00:00:00+00", "4||"},
+		queryStrings(t, db.Pool, `SELECT id || '|' || coalesce((lease_until AT TIME ZONE 'UTC')::text || '+00', '')
+			|| '|' || coalesce((dead_lettered_at AT TIME ZONE 'UTC')::text || '+00', '') FROM q7.outbox ORDER BY id`))
+	require.Equal(t, v6Indexes, indexes(), "Down restores version 6's indexes")
+}

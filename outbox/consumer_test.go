@@ -202,6 +202,7 @@ func TestRetryBackoffDeadLetterReplay(t *testing.T) {
 	clock.Advance(d)
 	expectAttempt(3)
 	pgtest.Eventually(t, 5*time.Second, "dead-lettered", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
+	deadAt := clock.Now()
 	clock.Advance(time.Hour)
 	expectNone()
 
@@ -211,6 +212,7 @@ func TestRetryBackoffDeadLetterReplay(t *testing.T) {
 	require.Equal(t, id, dead[0].ID)
 	require.Equal(t, 3, dead[0].Attempt)
 	require.Contains(t, dead[0].LastError, "smtp down")
+	require.WithinDuration(t, deadAt, dead[0].DeadLetteredAt, time.Millisecond)
 
 	_, err = b.client.ReplayDeadLetters(ctx, "mail", id, 999999)
 	require.ErrorIs(t, err, outbox.ErrNotFound)
@@ -242,6 +244,50 @@ func TestHandlerChosenDelayAndPermanentError(t *testing.T) {
 	var at time.Time
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at FROM `+b.db.Table("outbox")+` WHERE id = $1`, retryID).Scan(&at))
 	require.WithinDuration(t, clock.Now().Add(42*time.Minute), at, time.Second)
+	dead, err := b.client.DeadLetters(ctx, "t", 0, 0)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.WithinDuration(t, clock.Now(), dead[0].DeadLetteredAt, time.Millisecond, "dead-lettered now, not after the retry delay")
+}
+
+// A lease ends when the claim says, ExtendLease moves that end, and the
+// reaper takes back only leases that ended: an expired one on its last
+// attempt becomes a dead letter, dead-lettered at the reaper's time.
+func TestExtendedLeaseOutlivesReaper(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "q", Lease: time.Minute, MaxAttempts: 1}))
+	b.sendN(t, "q", 2)
+	ds, err := b.client.Claim(ctx, "q", "holder", 2)
+	require.NoError(t, err)
+	require.Len(t, ds, 2)
+	for _, d := range ds {
+		require.WithinDuration(t, clock.Now().Add(time.Minute), d.LeaseUntil, time.Millisecond)
+	}
+	kept, dropped := ds[0], ds[1]
+	require.NoError(t, b.client.ExtendLease(ctx, kept, 10*time.Minute))
+	require.WithinDuration(t, clock.Now().Add(10*time.Minute), kept.LeaseUntil, time.Millisecond)
+
+	clock.Advance(2 * time.Minute)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "q", PollInterval: 20 * time.Millisecond,
+		Handler: func(context.Context, *outbox.Delivery) error {
+			t.Error("nothing is deliverable: one lease holds, the other message used its only attempt")
+			return nil
+		}})
+	pgtest.Eventually(t, 5*time.Second, "the expired lease reaped", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
+	dead, err := b.client.DeadLetters(ctx, "q", 0, 0)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, dropped.ID, dead[0].ID)
+	require.WithinDuration(t, clock.Now(), dead[0].DeadLetteredAt, time.Millisecond)
+	require.Equal(t, "lease expired (consumer holder)", dead[0].LastError)
+
+	time.Sleep(100 * time.Millisecond) // five reaper periods: the extended lease must hold
+	require.NoError(t, b.client.Ack(ctx, kept), "the extended lease is still held")
+	require.Equal(t, 1, b.count(t, "true"))
+	require.ErrorIs(t, b.client.ExtendLease(ctx, dropped, time.Minute), outbox.ErrLeaseLost)
 }
 
 func TestDelayedMessages(t *testing.T) {
