@@ -336,7 +336,7 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 				SELECT *, 'outbox' AS tbl, false AS required FROM `+b.db.Table("outbox")+`
 				UNION ALL
 				SELECT id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, status,
-				       attempts, available_at, lease_owner, last_error, created_at, xid,
+				       attempts, available_at, lease_owner, lease_until, last_error, created_at, dead_lettered_at, xid,
 				       'outbox_published', required_bits IS NOT NULL AND done_bits IS NOT NULL
 				FROM `+b.db.Table("outbox_published")+`) AS m
 			WHERE id = $1`, id).

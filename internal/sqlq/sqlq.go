@@ -239,12 +239,10 @@ FROM {{schema}}.outbox_topics WHERE topic = $1`
 
 // claim leases up to $2 available messages of topic $1, highest priority
 // first, skipping rows other consumers are claiming right now.
-// $3 now, $4 lease owner, $5 lease in microseconds. A PROCESSING message's
-// available_at is the end of its lease; the claim returns that and the time
-// the message had been available since.
+// $3 now, $4 lease owner, $5 lease in microseconds.
 const claim = `
 WITH picked AS (
-    SELECT id, available_at FROM {{schema}}.outbox
+    SELECT id FROM {{schema}}.outbox
     WHERE topic = $1 AND status = 'PENDING' AND available_at <= coalesce($3::timestamptz, now())
     ORDER BY priority DESC, available_at, id
     LIMIT $2
@@ -254,11 +252,11 @@ UPDATE {{schema}}.outbox AS o
 SET status = 'PROCESSING',
     attempts = o.attempts + 1,
     lease_owner = $4,
-    available_at = coalesce($3::timestamptz, now()) + $5 * interval '1 microsecond'
+    lease_until = coalesce($3::timestamptz, now()) + $5 * interval '1 microsecond'
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''),
-          o.priority, o.attempts, o.created_at, o.available_at, picked.available_at`
+          o.priority, o.attempts, o.created_at, o.lease_until, o.available_at`
 
 // ack deletes handled messages. A delivery is (id, attempts): an ack whose
 // lease expired and was reclaimed since matches nothing.
@@ -269,50 +267,48 @@ WHERE o.id = a.id AND o.attempts = a.attempts AND o.status = 'PROCESSING'`
 
 // settle ends leases without deleting: retry later (nack), dead-letter, or
 // release (delay 0, and uncount=1 gives back an attempt that never started).
-// available_at becomes when the message may be delivered again, or, for a
-// dead letter, when it was dead-lettered.
 const settle = `
 UPDATE {{schema}}.outbox AS o
 SET status = CASE WHEN s.dead THEN 'DEAD_LETTER' ELSE 'PENDING' END,
     attempts = o.attempts - s.uncount,
-    available_at = coalesce($7::timestamptz, now())
-                   + CASE WHEN s.dead THEN 0 ELSE s.delay_us END * interval '1 microsecond',
+    available_at = coalesce($7::timestamptz, now()) + s.delay_us * interval '1 microsecond',
+    dead_lettered_at = CASE WHEN s.dead THEN coalesce($7::timestamptz, now()) END,
     last_error = coalesce(s.err, o.last_error),
-    lease_owner = NULL
+    lease_owner = NULL,
+    lease_until = NULL
 FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::bool[], $5::text[], $6::int[])
      AS s(id, attempts, delay_us, dead, err, uncount)
 WHERE o.id = s.id AND o.attempts = s.attempts AND o.status = 'PROCESSING'`
 
 // extendLease pushes a held lease out to $3 + $4 microseconds.
 const extendLease = `
-UPDATE {{schema}}.outbox SET available_at = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
+UPDATE {{schema}}.outbox SET lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
 WHERE id = $1 AND attempts = $2 AND status = 'PROCESSING'
-RETURNING available_at`
+RETURNING lease_until`
 
 // reapExpired returns up to $3 messages of topic $1 whose lease ended before
 // $2 to PENDING, or dead-letters them when they used their last attempt ($4).
-// Either way available_at becomes $2: available from then, or dead-lettered then.
 const reapExpired = `
 WITH expired AS (
     SELECT id FROM {{schema}}.outbox
-    WHERE topic = $1 AND status = 'PROCESSING' AND available_at < coalesce($2::timestamptz, now())
-    ORDER BY available_at
+    WHERE topic = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())
+    ORDER BY lease_until
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {{schema}}.outbox AS o
 SET status = CASE WHEN o.attempts >= $4 THEN 'DEAD_LETTER' ELSE 'PENDING' END,
+    dead_lettered_at = CASE WHEN o.attempts >= $4 THEN coalesce($2::timestamptz, now()) END,
     available_at = coalesce($2::timestamptz, now()),
     last_error = 'lease expired (consumer ' || coalesce(o.lease_owner, '?') || ')',
-    lease_owner = NULL
+    lease_owner = NULL,
+    lease_until = NULL
 FROM expired
 WHERE o.id = expired.id`
 
-// listDeadLetters lists dead letters; a dead letter's available_at is when
-// it was dead-lettered.
 const listDeadLetters = `
 SELECT id, payload, headers, correlation_id, coalesce(message_group, ''), priority, attempts,
-       created_at, available_at, coalesce(last_error, '')
+       created_at, dead_lettered_at, coalesce(last_error, '')
 FROM {{schema}}.outbox
 WHERE topic = $1 AND status = 'DEAD_LETTER' AND id > $2
 ORDER BY id
@@ -322,6 +318,6 @@ LIMIT $3`
 // NULL) deliverable again with a fresh attempt budget.
 const replayDeadLetters = `
 UPDATE {{schema}}.outbox
-SET status = 'PENDING', attempts = 0, available_at = now()
+SET status = 'PENDING', attempts = 0, available_at = now(), dead_lettered_at = NULL
 WHERE topic = $1 AND status = 'DEAD_LETTER' AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[]))
 RETURNING id`
