@@ -461,14 +461,25 @@ func ensureDatabase(ctx context.Context, dsn string) error {
 	return nil
 }
 
+// resetSchema drops and re-creates the benchmark's schema, then checkpoints.
+// The DROP runs on a connection of its own: a backend that once held the
+// hundreds of locks a cascading DROP SCHEMA takes keeps a grown lock table,
+// and scans all of it at every later commit, which would slow whichever
+// pooled connection a producer got. (A service's pool never runs it; the
+// migrations open connections of their own too.)
 func resetSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 		return err
 	}
 	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+	if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
 		logf("CHECKPOINT skipped: %v", err)
 	}
 	return nil
