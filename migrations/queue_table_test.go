@@ -77,3 +77,52 @@ RESET search_path`)
 	require.Equal(t, 6, n)
 	require.Equal(t, v5Indexes, indexes(), "Down restores version 5's indexes")
 }
+
+// Migration 7 moves dead letters and idempotency keys out of the message
+// tables and keeps a lease's end in available_at; Down puts them back.
+func TestLeanQueueMigrationKeepsMessages(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	ctx := context.Background()
+	cfg := migrations.Config{Schema: "q7"}
+	migrateTo(t, db.Pool, cfg, 6)
+	_, err := db.Pool.Exec(ctx, `SET search_path = q7;
+INSERT INTO outbox (topic, payload, headers, correlation_id, message_group, priority, idempotency_key)
+VALUES ('jobs', '{"n":1}', '{"h":"v"}', 'c1', 'g', 5, 'key-1');
+INSERT INTO outbox (topic, payload, correlation_id, status, attempts, lease_owner, lease_until, last_error)
+VALUES ('jobs', '{"n":2}', 'c2', 'PROCESSING', 2, 'worker-1', now() + interval '30 seconds', 'timeout');
+INSERT INTO outbox (topic, payload, correlation_id, status, attempts, last_error, dead_lettered_at)
+VALUES ('jobs', '{"n":3}', 'c3', 'DEAD_LETTER', 3, 'boom', now());
+INSERT INTO outbox_published (topic, payload, correlation_id, status, idempotency_key, required_bits, done_bits)
+VALUES ('events', '{"n":4}', 'c4', 'PUBLISHED', 'key-1', 3, 1);
+RESET search_path`)
+	require.NoError(t, err)
+	indexes := func() []string {
+		return queryStrings(t, db.Pool, `SELECT indexdef FROM pg_indexes WHERE schemaname = 'q7' ORDER BY indexname`)
+	}
+	v6Indexes := indexes()
+	queue := rowsAsJSON(t, db.Pool, `SELECT `+queueColumns+` FROM q7.outbox`)
+	published := rowsAsJSON(t, db.Pool, `SELECT * FROM q7.outbox_published`)
+
+	migrateTo(t, db.Pool, cfg, 7)
+	require.Equal(t, []string{
+		`{"id": 1, "pending": true, "attempts": 0, "last_error": null, "lease_owner": null, "available_kept": true}`,
+		`{"id": 2, "pending": false, "attempts": 2, "last_error": "timeout", "lease_owner": "worker-1", "available_kept": false}`,
+	}, rowsAsJSON(t, db.Pool, `SELECT id, lease_owner IS NULL AS pending, attempts, lease_owner, last_error,
+		available_at = created_at AS available_kept FROM q7.outbox`), "the lease's end is the leased row's available_at")
+	require.Equal(t, []string{`{"id": 3, "attempts": 3, "last_error": "boom", "correlation_id": "c3"}`},
+		rowsAsJSON(t, db.Pool, `SELECT id, attempts, last_error, correlation_id FROM q7.outbox_dead_letters`))
+	require.Equal(t, []string{"jobs key-1 1", "events key-1 4"},
+		queryStrings(t, db.Pool, `SELECT topic || ' ' || idempotency_key || ' ' || message_id FROM q7.outbox_idempotency_keys ORDER BY message_id`))
+	var expiresInADay bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT bool_and(expires_at > now() + interval '23 hours') FROM q7.outbox_idempotency_keys`).Scan(&expiresInADay))
+	require.True(t, expiresInADay, "keys of the messages there are kept for a window from the upgrade")
+	var leaseEnd bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT available_at > now() + interval '20 seconds' FROM q7.outbox WHERE id = 2`).Scan(&leaseEnd))
+	require.True(t, leaseEnd)
+
+	migrateTo(t, db.Pool, cfg, 6)
+	require.Equal(t, queue, rowsAsJSON(t, db.Pool, `SELECT `+queueColumns+` FROM q7.outbox`), "QUEUE messages are back, unchanged")
+	require.Equal(t, published, rowsAsJSON(t, db.Pool, `SELECT * FROM q7.outbox_published`), "and PUB_SUB ones")
+	require.Equal(t, v6Indexes, indexes(), "Down restores version 6's indexes")
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -54,23 +55,50 @@ type claimed struct {
 }
 
 // claim runs the claim statement for topic t (rows in no particular order).
+// It also takes back messages whose lease expired: one that had used its
+// last attempt is dead-lettered instead of delivered.
 func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit int) ([]claimed, error) {
 	rows, err := c.pool.Query(ctx, c.sql.Claim, t.Name, limit, c.now(), owner, t.Lease.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
+	var expired []*Delivery // leases that had expired, with their previous owner
+	var expiredOwners []string
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
 		cl := claimed{d: &Delivery{Topic: t.Name, MaxAttempts: t.MaxAttempts}}
 		var prio int16
+		var previousOwner *string
 		err := r.Scan(&cl.d.ID, &cl.d.Payload, &cl.d.Headers, &cl.d.CorrelationID, &cl.d.Group, &prio,
-			&cl.d.Attempt, &cl.d.CreatedAt, &cl.d.LeaseUntil, &cl.availableAt)
+			&cl.d.Attempt, &cl.d.CreatedAt, &cl.d.LeaseUntil, &cl.availableAt, &previousOwner)
 		cl.d.Priority = int(prio)
+		if previousOwner != nil {
+			expired = append(expired, cl.d)
+			expiredOwners = append(expiredOwners, *previousOwner)
+		}
 		return cl, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	return out, nil
+	if len(expired) == 0 {
+		return out, nil
+	}
+	c.logger.Warn("pgoutbox: reclaimed messages whose lease expired",
+		slog.String("topic", t.Name), slog.Int("count", len(expired)))
+	exhausted := map[int64]bool{}
+	for i, d := range expired {
+		if d.Attempt <= t.MaxAttempts {
+			continue
+		}
+		// Its last attempt ended with the lease: park it, giving back the
+		// attempt this claim counted.
+		reason := "lease expired (consumer " + expiredOwners[i] + ")"
+		if err := c.settle(ctx, d, c.now(), 0, true, reason, 1); err != nil {
+			return nil, err
+		}
+		exhausted[d.ID] = true
+	}
+	return slices.DeleteFunc(out, func(cl claimed) bool { return exhausted[cl.d.ID] }), nil
 }
 
 // Ack deletes handled messages.
@@ -138,12 +166,13 @@ func (c *Client) settleAt(ctx context.Context, d *Delivery, at time.Time, dead b
 }
 
 func (c *Client) settle(ctx context.Context, d *Delivery, base *time.Time, delay time.Duration, dead bool, reason string, uncount int32) error {
-	tag, err := c.pool.Exec(ctx, c.sql.Settle, []int64{d.ID}, []int32{int32(d.Attempt)}, []int64{delay.Microseconds()},
-		[]bool{dead}, []*string{&reason}, []int32{uncount}, base)
+	var settled int64
+	err := c.pool.QueryRow(ctx, c.sql.Settle, []int64{d.ID}, []int32{int32(d.Attempt)}, []int64{delay.Microseconds()},
+		[]bool{dead}, []*string{&reason}, []int32{uncount}, base).Scan(&settled)
 	if err != nil {
 		return fmt.Errorf("outbox: settle: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if settled == 0 {
 		return fmt.Errorf("%w: message %d attempt %d", ErrLeaseLost, d.ID, d.Attempt)
 	}
 	return nil

@@ -107,7 +107,8 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	tag, err := c.pool.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
 		cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
 		cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds(),
-		cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions)
+		cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions,
+		cfg.IdempotencyWindow.Microseconds())
 	if err != nil {
 		return fmt.Errorf("outbox: configure topic %q: %w", cfg.Name, err)
 	}
@@ -157,12 +158,12 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 	var (
 		semantics, tracking                            string
 		retention, backoffInitial, backoffMax, leaseUS int64
-		zeroRetention                                  int64
+		zeroRetention, idempotencyWindow               int64
 		maxAttempts                                    int
 		block                                          bool
 	)
 	err := db.QueryRow(ctx, c.sql.SelectTopic, name).Scan(&semantics, &tracking, &retention, &maxAttempts,
-		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block)
+		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block, &idempotencyWindow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return TopicConfig{Name: name}.WithDefaults(), nil
 	}
@@ -181,6 +182,7 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 
 		ZeroSubscriptionRetention:      time.Duration(zeroRetention) * time.Microsecond,
 		BlockWritesOnZeroSubscriptions: block,
+		IdempotencyWindow:              time.Duration(idempotencyWindow) * time.Microsecond,
 		Configured:                     true,
 	}, nil
 }

@@ -79,8 +79,10 @@ type ConsumerConfig struct {
 	// may wait, leased, for a free handler. Defaults to DefaultBatchSize.
 	BatchSize int
 	// PollInterval is the longest an idle consumer waits before looking for
-	// work when no notification woke it, and the period of the expired-lease
-	// reaper. Defaults to DefaultPollInterval.
+	// work when no notification woke it (a message whose lease expired is
+	// claimed again by the next look), and how often the consumer reloads
+	// the topic's configuration and deletes expired idempotency keys.
+	// Defaults to DefaultPollInterval.
 	PollInterval time.Duration
 	// ID names this consumer in lease_owner and logs. Defaults to
 	// host-pid-random.
@@ -127,7 +129,7 @@ func (cfg ConsumerConfig) validate() error {
 type Consumer struct {
 	client *Client
 	cfg    ConsumerConfig
-	topic  atomic.Pointer[TopicConfig] // reloaded by the reaper
+	topic  atomic.Pointer[TopicConfig] // reloaded by maintain
 
 	mu      sync.Mutex // guards started/stopped and the fields set by Start
 	started bool
@@ -146,7 +148,7 @@ type Consumer struct {
 	room     chan struct{}  // completer -> fetcher: capacity freed (coalesced)
 	inflight atomic.Int64   // claimed and not yet settled in the database
 	stopping atomic.Bool    // workers release instead of handling
-	fetchWG  sync.WaitGroup // fetcher and reaper
+	fetchWG  sync.WaitGroup // fetcher and maintain
 	workWG   sync.WaitGroup // workers
 	doneWG   sync.WaitGroup // completer
 	attrs    metric.MeasurementOption
@@ -222,7 +224,7 @@ func (k *Consumer) Start(ctx context.Context) error {
 	}
 	k.fetchWG.Add(2)
 	go k.fetch()
-	go k.reap()
+	go k.maintain()
 	k.client.logger.Info("pgoutbox: consumer started", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
 	return nil
 }
@@ -312,7 +314,7 @@ func (k *Consumer) fetch() {
 		select {
 		case <-k.fetchCtx.Done():
 		case <-k.wake: // a producer committed
-		case <-k.room: // handlers finished, or the reaper returned messages
+		case <-k.room: // handlers finished
 		case <-poll.C:
 		}
 	}
@@ -504,14 +506,15 @@ func (k *Consumer) exec(what, sql string, args ...any) {
 		slog.String("topic", k.cfg.Topic), slog.String("op", what), slog.Any("error", err))
 }
 
-// reap periodically returns messages with expired leases to the queue (or
-// dead-letters them), and reloads the topic's configuration.
-func (k *Consumer) reap() {
+// maintain periodically reloads the topic's configuration and deletes
+// expired idempotency keys. (Expired leases need no sweeper: the next claim
+// takes them back.)
+func (k *Consumer) maintain() {
 	defer k.fetchWG.Done()
 	tick := time.NewTicker(k.cfg.PollInterval)
 	defer tick.Stop()
 	for {
-		k.reapOnce()
+		k.maintainOnce()
 		select {
 		case <-k.fetchCtx.Done():
 			return
@@ -520,7 +523,7 @@ func (k *Consumer) reap() {
 	}
 }
 
-func (k *Consumer) reapOnce() {
+func (k *Consumer) maintainOnce() {
 	ctx, cancel := context.WithTimeout(k.fetchCtx, 30*time.Second)
 	defer cancel()
 	if topic, err := k.client.loadTopic(ctx, k.client.pool, k.cfg.Topic); err == nil && topic.Semantics == Queue {
@@ -528,21 +531,14 @@ func (k *Consumer) reapOnce() {
 	}
 	const batch = 1000
 	for ctx.Err() == nil {
-		tag, err := k.client.pool.Exec(ctx, k.client.sql.ReapExpired, k.cfg.Topic, k.client.now(), batch, k.topic.Load().MaxAttempts)
+		n, err := k.client.ExpireIdempotencyKeys(ctx, batch)
 		if err != nil {
 			if k.fetchCtx.Err() == nil {
-				k.client.logger.Error("pgoutbox: reaping expired leases failed", slog.String("topic", k.cfg.Topic), slog.Any("error", err))
+				k.client.logger.Error("pgoutbox: deleting expired idempotency keys failed", slog.Any("error", err))
 			}
 			return
 		}
-		if n := tag.RowsAffected(); n > 0 {
-			k.client.logger.Warn("pgoutbox: reclaimed expired leases", slog.String("topic", k.cfg.Topic), slog.Int64("count", n))
-			select { // the reclaimed messages are ready now
-			case k.room <- struct{}{}:
-			default:
-			}
-		}
-		if tag.RowsAffected() < batch {
+		if n < batch {
 			return
 		}
 	}

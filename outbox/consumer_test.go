@@ -101,7 +101,7 @@ func TestCrashedConsumerMessagesRedeliveredAfterLease(t *testing.T) {
 	require.NoError(t, doomed.Start(ctx))
 	pgtest.Eventually(t, 10*time.Second, "doomed consumer holds 5 messages", func() bool { return doomedCount.Load() == 5 })
 	pgtest.Eventually(t, 10*time.Second, "5 running + 10 prefetched", func() bool {
-		return b.count(t, "status = 'PROCESSING' AND lease_owner = 'doomed'") == 15
+		return b.count(t, "lease_owner = 'doomed'") == 15
 	})
 	held := 15
 
@@ -110,7 +110,7 @@ func TestCrashedConsumerMessagesRedeliveredAfterLease(t *testing.T) {
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	_ = doomed.Stop(stopCtx)
 	cancel()
-	require.Equal(t, held, b.count(t, "status = 'PROCESSING' AND lease_owner = 'doomed'"), "crash wrote nothing")
+	require.Equal(t, held, b.count(t, "lease_owner = 'doomed'"), "crash wrote nothing")
 
 	var mu sync.Mutex
 	seen := map[int64]int{}
@@ -122,8 +122,8 @@ func TestCrashedConsumerMessagesRedeliveredAfterLease(t *testing.T) {
 			return nil
 		}})
 	pgtest.Eventually(t, 10*time.Second, "the unclaimed messages handled", func() bool { return b.count(t, "true") == held })
-	time.Sleep(200 * time.Millisecond) // ten reaper periods: the leases must hold
-	require.Equal(t, held, b.count(t, "status = 'PROCESSING'"), "not redelivered before the lease expires")
+	time.Sleep(200 * time.Millisecond) // ten poll periods: the leases must hold
+	require.Equal(t, held, b.count(t, "lease_owner IS NOT NULL"), "not redelivered before the lease expires")
 
 	clock.Advance(31 * time.Second)
 	pgtest.Eventually(t, 10*time.Second, "redelivered after the lease", func() bool { return b.count(t, "true") == 0 })
@@ -164,9 +164,9 @@ func TestRetryBackoffDeadLetterReplay(t *testing.T) {
 
 	availableIn := func() time.Duration {
 		var at time.Time
-		var status string
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at, status FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&at, &status))
-		require.Equal(t, "PENDING", status)
+		var leased bool
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at, lease_owner IS NOT NULL FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&at, &leased))
+		require.False(t, leased, "pending")
 		return at.Sub(clock.Now())
 	}
 	expectAttempt := func(want int) {
@@ -188,7 +188,7 @@ func TestRetryBackoffDeadLetterReplay(t *testing.T) {
 	}
 
 	expectAttempt(1)
-	pgtest.Eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "status = 'PENDING' AND attempts = 1") == 1 })
+	pgtest.Eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 1 })
 	d := availableIn()
 	require.True(t, d >= 5*time.Second && d <= 10*time.Second, "first backoff %v in [5s, 10s]", d)
 	expectNone()
@@ -196,12 +196,12 @@ func TestRetryBackoffDeadLetterReplay(t *testing.T) {
 	expectNone()
 	clock.Advance(time.Second)
 	expectAttempt(2)
-	pgtest.Eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "status = 'PENDING' AND attempts = 2") == 1 })
+	pgtest.Eventually(t, 5*time.Second, "nack written", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 2") == 1 })
 	d = availableIn()
 	require.True(t, d >= 10*time.Second && d <= 20*time.Second, "second backoff %v in [10s, 20s]", d)
 	clock.Advance(d)
 	expectAttempt(3)
-	pgtest.Eventually(t, 5*time.Second, "dead-lettered", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
+	pgtest.Eventually(t, 5*time.Second, "dead-lettered", func() bool { return b.countDead(t, "true") == 1 })
 	deadAt := clock.Now()
 	clock.Advance(time.Hour)
 	expectNone()
@@ -238,8 +238,8 @@ func TestHandlerChosenDelayAndPermanentError(t *testing.T) {
 			return outbox.RetryAfter(42*time.Minute, errors.New("rate limited"))
 		}})
 	pgtest.Eventually(t, 5*time.Second, "both settled", func() bool {
-		return b.count(t, "status = 'DEAD_LETTER' AND id = $1 AND attempts = 1", permID) == 1 &&
-			b.count(t, "status = 'PENDING' AND id = $1 AND attempts = 1", retryID) == 1
+		return b.countDead(t, "id = $1 AND attempts = 1", permID) == 1 &&
+			b.count(t, "lease_owner IS NULL AND id = $1 AND attempts = 1", retryID) == 1
 	})
 	var at time.Time
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at FROM `+b.db.Table("outbox")+` WHERE id = $1`, retryID).Scan(&at))
@@ -250,10 +250,10 @@ func TestHandlerChosenDelayAndPermanentError(t *testing.T) {
 	require.WithinDuration(t, clock.Now(), dead[0].DeadLetteredAt, time.Millisecond, "dead-lettered now, not after the retry delay")
 }
 
-// A lease ends when the claim says, ExtendLease moves that end, and the
-// reaper takes back only leases that ended: an expired one on its last
-// attempt becomes a dead letter, dead-lettered at the reaper's time.
-func TestExtendedLeaseOutlivesReaper(t *testing.T) {
+// A lease ends when the claim says, ExtendLease moves that end, and claims
+// take back only leases that ended: an expired one on its last attempt
+// becomes a dead letter, dead-lettered at the time of the claim that found it.
+func TestExtendedLeaseOutlivesExpiry(t *testing.T) {
 	t.Parallel()
 	clock := clocktest.New(time.Now())
 	b := setup(t, outbox.Config{Clock: clock})
@@ -276,7 +276,7 @@ func TestExtendedLeaseOutlivesReaper(t *testing.T) {
 			t.Error("nothing is deliverable: one lease holds, the other message used its only attempt")
 			return nil
 		}})
-	pgtest.Eventually(t, 5*time.Second, "the expired lease reaped", func() bool { return b.count(t, "status = 'DEAD_LETTER'") == 1 })
+	pgtest.Eventually(t, 5*time.Second, "the expired lease taken back", func() bool { return b.countDead(t, "true") == 1 })
 	dead, err := b.client.DeadLetters(ctx, "q", 0, 0)
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
@@ -284,9 +284,10 @@ func TestExtendedLeaseOutlivesReaper(t *testing.T) {
 	require.WithinDuration(t, clock.Now(), dead[0].DeadLetteredAt, time.Millisecond)
 	require.Equal(t, "lease expired (consumer holder)", dead[0].LastError)
 
-	time.Sleep(100 * time.Millisecond) // five reaper periods: the extended lease must hold
+	time.Sleep(100 * time.Millisecond) // five poll periods: the extended lease must hold
 	require.NoError(t, b.client.Ack(ctx, kept), "the extended lease is still held")
-	require.Equal(t, 1, b.count(t, "true"))
+	require.Equal(t, 0, b.count(t, "true"))
+	require.Equal(t, 1, b.countDead(t, "true"))
 	require.ErrorIs(t, b.client.ExtendLease(ctx, dropped, time.Minute), outbox.ErrLeaseLost)
 }
 
@@ -409,7 +410,7 @@ func TestStopReleasesUnstartedClaims(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, k.Start(ctx))
 	pgtest.Eventually(t, 5*time.Second, "two handlers running", func() bool { return started.Load() == 2 })
-	require.Equal(t, 10, b.count(t, "status = 'PROCESSING'"), "one batch; 2 running, 8 waiting")
+	require.Equal(t, 10, b.count(t, "lease_owner IS NOT NULL"), "one batch; 2 running, 8 waiting")
 
 	stopped := make(chan error)
 	go func() { stopped <- k.Stop(ctx) }()
@@ -421,7 +422,7 @@ func TestStopReleasesUnstartedClaims(t *testing.T) {
 	close(release)
 	require.NoError(t, <-stopped)
 	require.EqualValues(t, 2, finished.Load())
-	require.Equal(t, 28, b.count(t, "status = 'PENDING' AND attempts = 0 AND available_at <= now()"), "released with their attempt given back")
+	require.Equal(t, 28, b.count(t, "lease_owner IS NULL AND attempts = 0 AND available_at <= now()"), "released with their attempt given back")
 	require.ErrorIs(t, k.Start(ctx), outbox.ErrAlreadyStarted)
 }
 
@@ -446,7 +447,7 @@ func TestStopDeadlineCancelsHandlers(t *testing.T) {
 	stopCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, k.Stop(stopCtx), context.DeadlineExceeded)
-	require.Equal(t, 1, b.count(t, "id = $1 AND status = 'PENDING' AND attempts = 1 AND lease_owner IS NULL", id))
+	require.Equal(t, 1, b.count(t, "id = $1 AND lease_owner IS NULL AND attempts = 1", id))
 }
 
 // The handler's context ends before the lease does.
@@ -500,7 +501,7 @@ func TestLateAckAfterLeaseExpiryIsIgnored(t *testing.T) {
 	require.Equal(t, 2, <-started, "redelivered after the lease expired")
 	close(release[1]) // the first delivery acks late
 	time.Sleep(100 * time.Millisecond)
-	require.Equal(t, 1, b.count(t, "id = $1 AND status = 'PROCESSING' AND attempts = 2", id), "late ack ignored")
+	require.Equal(t, 1, b.count(t, "id = $1 AND lease_owner IS NOT NULL AND attempts = 2", id), "late ack ignored")
 	close(release[2])
 	pgtest.Eventually(t, 5*time.Second, "second delivery acked", func() bool { return b.count(t, "true") == 0 })
 }
@@ -575,5 +576,5 @@ func TestClaimPrimitive(t *testing.T) {
 	}
 	require.NoError(t, b.client.Ack(ctx, ds...))
 	require.Equal(t, 1, b.count(t, "true"))
-	require.Equal(t, 1, b.count(t, "status = 'PENDING' AND id = "+strconv.FormatInt(ids[2], 10)))
+	require.Equal(t, 1, b.count(t, "lease_owner IS NULL AND id = "+strconv.FormatInt(ids[2], 10)))
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // DeadLetter is a message that used up its attempts or was rejected
-// permanently. It stays in the outbox table until replayed.
+// permanently. It is kept (in the outbox_dead_letters table) until replayed.
 type DeadLetter struct {
 	Delivery
 	// DeadLetteredAt is when it was parked.
@@ -51,7 +51,8 @@ func (c *Client) DeadLetters(ctx context.Context, topic string, afterID int64, l
 	return out, nil
 }
 
-// ReplayDeadLetters makes dead letters of topic deliverable again at once,
+// ReplayDeadLetters puts dead letters of topic back in the queue,
+// deliverable at once (keeping their ids),
 // with a fresh attempt budget: the ones with the given ids, or all of the
 // topic's dead letters when no id is given. It returns how many it replayed;
 // when ids are given and some are not dead letters of topic, the error wraps

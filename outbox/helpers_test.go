@@ -57,11 +57,24 @@ func (b *testBundle) sendN(t *testing.T, topic string, n int) {
 	}
 }
 
+// count counts the queued messages (pending: lease_owner IS NULL, leased:
+// NOT NULL) that match where.
 func (b *testBundle) count(t *testing.T, where string, args ...any) int {
+	t.Helper()
+	return b.countIn(t, "outbox", where, args...)
+}
+
+// countDead counts the dead letters that match where.
+func (b *testBundle) countDead(t *testing.T, where string, args ...any) int {
+	t.Helper()
+	return b.countIn(t, "outbox_dead_letters", where, args...)
+}
+
+func (b *testBundle) countIn(t *testing.T, table, where string, args ...any) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM "+b.db.Table("outbox")+" WHERE "+where, args...).Scan(&n))
+		"SELECT count(*) FROM "+b.db.Table(table)+" WHERE "+where, args...).Scan(&n))
 	return n
 }
 

@@ -33,18 +33,18 @@ func TestSendWritesRow(t *testing.T) {
 		return err
 	}))
 	var (
-		topic, corr, group, status string
-		headers                    map[string]string
-		prio                       int
-		xidMatches                 bool
+		topic, corr, group  string
+		headers             map[string]string
+		prio                int
+		pending, xidMatches bool
 	)
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT topic, correlation_id, message_group, status, headers, priority,
-		xid::text::bigint > 0 FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).
-		Scan(&topic, &corr, &group, &status, &headers, &prio, &xidMatches))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT topic, correlation_id, message_group, lease_owner IS NULL, headers,
+		priority, xid::text::bigint > 0 FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).
+		Scan(&topic, &corr, &group, &pending, &headers, &prio, &xidMatches))
 	require.Equal(t, "orders", topic)
 	require.Len(t, corr, 36, "a correlation id is generated")
 	require.Equal(t, "customer-7", group)
-	require.Equal(t, "PENDING", status)
+	require.True(t, pending)
 	require.Equal(t, map[string]string{"k": "v"}, headers)
 	require.Equal(t, 5, prio)
 	require.True(t, xidMatches)
@@ -190,7 +190,60 @@ func TestIdempotencyKey(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	require.NoError(t, tx1.Commit(ctx))
 	require.Equal(t, id1, <-done)
-	require.Equal(t, 1, b.count(t, "idempotency_key = 'charge-43'"))
+	require.Equal(t, 3, b.count(t, "true"), "the second send wrote nothing")
+}
+
+// An idempotency key outlives its message for the topic's window: a retried
+// send after the message was consumed writes nothing; after the window it
+// writes a new message. Expired keys are deleted, live ones kept.
+func TestIdempotencyWindow(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "payments", IdempotencyWindow: time.Hour}))
+	msg := seqMessage("payments", 1)
+	msg.IdempotencyKey = "charge-1"
+	first, err := b.producer.Send(ctx, b.db.Pool, msg)
+	require.NoError(t, err)
+	ds, err := b.client.Claim(ctx, "payments", "worker", 10)
+	require.NoError(t, err)
+	require.Len(t, ds, 1)
+	require.NoError(t, b.client.Ack(ctx, ds...))
+	require.Equal(t, 0, b.count(t, "true"), "consumed")
+
+	clock.Advance(59 * time.Minute)
+	again, err := b.producer.Send(ctx, b.db.Pool, msg)
+	require.NoError(t, err)
+	require.Equal(t, first, again, "within the window the key still names the first message")
+	require.Equal(t, 0, b.count(t, "true"), "and nothing is written")
+	unconfigured := msg
+	unconfigured.Topic = "unconfigured"
+	other, err := b.producer.Send(ctx, b.db.Pool, unconfigured)
+	require.NoError(t, err)
+	require.NotEqual(t, first, other, "keys are per topic")
+
+	clock.Advance(2 * time.Minute) // 61 minutes after the first send
+	n, err := b.client.ExpireIdempotencyKeys(ctx, 10)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only the expired key goes; the unconfigured topic's window is a day")
+	next, err := b.producer.Send(ctx, b.db.Pool, msg)
+	require.NoError(t, err)
+	require.Greater(t, next, first, "after the window the key is recorded anew")
+	again, err = b.producer.Send(ctx, b.db.Pool, msg)
+	require.NoError(t, err)
+	require.Equal(t, next, again)
+
+	// A key that expired but was not deleted yet is taken over, too.
+	clock.Advance(2 * time.Hour)
+	last, err := b.producer.Send(ctx, b.db.Pool, msg)
+	require.NoError(t, err)
+	require.Greater(t, last, next)
+	require.Equal(t, 3, b.count(t, "topic = 'payments' OR topic = 'unconfigured'"))
+	_, err = b.client.ExpireIdempotencyKeys(ctx, 0)
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "payments", IdempotencyWindow: -time.Second}),
+		outbox.ErrInvalidConfig)
 }
 
 func TestSendBadInput(t *testing.T) {
@@ -289,7 +342,7 @@ func TestTopicDefaultsAndConfiguration(t *testing.T) {
 	require.Equal(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
 		Retention: outbox.DefaultPubSubRetention, MaxAttempts: 3, BackoffInitial: outbox.DefaultBackoffInitial,
 		BackoffMax: outbox.DefaultBackoffMax, Lease: 5 * time.Second,
-		ZeroSubscriptionRetention: outbox.DefaultZeroSubscriptionRetention, Configured: true}, got)
+		ZeroSubscriptionRetention: outbox.DefaultZeroSubscriptionRetention, IdempotencyWindow: outbox.DefaultIdempotencyWindow, Configured: true}, got)
 
 	k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "events", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
 	require.NoError(t, err)
@@ -333,10 +386,11 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 		var r row
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT status, message_group, correlation_id, payload::text, headers::text, priority,
 			available_at - created_at, tbl, required FROM (
-				SELECT *, 'outbox' AS tbl, false AS required FROM `+b.db.Table("outbox")+`
+				SELECT id, CASE WHEN lease_owner IS NULL THEN 'PENDING' END AS status, message_group, correlation_id,
+				       payload, headers, priority, available_at, created_at, 'outbox' AS tbl, false AS required
+				FROM `+b.db.Table("outbox")+`
 				UNION ALL
-				SELECT id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, status,
-				       attempts, available_at, lease_owner, lease_until, last_error, created_at, dead_lettered_at, xid,
+				SELECT id, status, message_group, correlation_id, payload, headers, priority, available_at, created_at,
 				       'outbox_published', required_bits IS NOT NULL AND done_bits IS NOT NULL
 				FROM `+b.db.Table("outbox_published")+`) AS m
 			WHERE id = $1`, id).

@@ -51,6 +51,8 @@ const (
 	// DefaultZeroSubscriptionRetention is the floor for PUB_SUB messages
 	// written while no group was subscribed.
 	DefaultZeroSubscriptionRetention = 24 * time.Hour
+	// DefaultIdempotencyWindow is how long an idempotency key is remembered.
+	DefaultIdempotencyWindow = 24 * time.Hour
 )
 
 // TopicConfig is a topic's configuration. Zero fields take the defaults above.
@@ -86,6 +88,13 @@ type TopicConfig struct {
 	// BlockWritesOnZeroSubscriptions makes sends to this PUB_SUB topic fail
 	// with ErrNoSubscriptions while no group is subscribed. Defaults to false.
 	BlockWritesOnZeroSubscriptions bool
+	// IdempotencyWindow is how long a Message.IdempotencyKey is remembered
+	// after the send that recorded it: another send with the key within the
+	// window writes nothing and returns the first message's id, whether that
+	// message is still there or was consumed long ago. A send after the
+	// window writes a new message and records the key anew.
+	// Defaults to DefaultIdempotencyWindow.
+	IdempotencyWindow time.Duration
 	// Configured reports whether the topic has a stored configuration (it
 	// is set by Client.Topic; ConfigureTopic ignores it).
 	Configured bool
@@ -103,6 +112,7 @@ func (c TopicConfig) WithDefaults() TopicConfig {
 	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.ZeroSubscriptionRetention = cmp.Or(c.ZeroSubscriptionRetention, DefaultZeroSubscriptionRetention)
+	c.IdempotencyWindow = cmp.Or(c.IdempotencyWindow, DefaultIdempotencyWindow)
 	return c
 }
 
@@ -135,6 +145,8 @@ func (c TopicConfig) validate() error {
 		return fmt.Errorf("%w: topic %q: negative ZeroSubscriptionRetention", ErrInvalidConfig, c.Name)
 	case c.BlockWritesOnZeroSubscriptions && c.Semantics != PubSub:
 		return fmt.Errorf("%w: topic %q: only PUB_SUB topics can block writes on zero subscriptions", ErrInvalidConfig, c.Name)
+	case c.IdempotencyWindow < 0:
+		return fmt.Errorf("%w: topic %q: negative IdempotencyWindow", ErrInvalidConfig, c.Name)
 	case c.Lease < time.Second:
 		return fmt.Errorf("%w: topic %q: Lease must be at least 1s", ErrInvalidConfig, c.Name)
 	}

@@ -28,9 +28,9 @@ type Outbox struct {
 	SelectSemantics                              string
 	Insert, InsertNotify, SelectIdempotent       string
 	UpsertTopic, SelectTopic                     string
-	Claim, Ack, Settle, ReapExpired              string
-	ExtendLease                                  string
+	Claim, Ack, Settle, ExtendLease              string
 	ListDeadLetters, ReplayDeadLetters           string
+	ExpireIdempotencyKeys                        string
 }
 
 // For returns the statements for schema (already validated).
@@ -54,10 +54,10 @@ func For(schema string) *Outbox {
 		Claim:                    r.Replace(claim),
 		Ack:                      r.Replace(ack),
 		Settle:                   r.Replace(settle),
-		ReapExpired:              r.Replace(reapExpired),
 		ExtendLease:              r.Replace(extendLease),
 		ListDeadLetters:          r.Replace(listDeadLetters),
 		ReplayDeadLetters:        r.Replace(replayDeadLetters),
+		ExpireIdempotencyKeys:    r.Replace(expireIdempotencyKeys),
 	}
 }
 
@@ -146,7 +146,9 @@ const selectSemantics = `SELECT semantics FROM {{schema}}.outbox_topics WHERE to
 // insertRows writes SendBatch's messages, given as parallel arrays, each
 // into the table of its topic's semantics, and returns (position, id) for
 // every row written. Ids are drawn in input order from the sequence both
-// tables share. Rows whose idempotency key already exists are skipped.
+// tables share. A message with an idempotency key is written only if it
+// records the key first: a key of the topic that has not expired yet (an
+// earlier send, or an earlier message of the batch) skips it. $10 is now.
 const insertRows = `
 WITH m AS MATERIALIZED (
     SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
@@ -154,6 +156,8 @@ WITH m AS MATERIALIZED (
                  coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
                      AS available_at,
                  t.semantics IS NOT DISTINCT FROM 'PUB_SUB' AS published,
+                 -- outbox.DefaultIdempotencyWindow for topics never configured
+                 coalesce(t.idempotency_window, interval '24 hours') AS idempotency_window,
                  ` + publishedStatus + ` AS status,
                  ` + requiredGroups + `
           FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
@@ -162,22 +166,32 @@ WITH m AS MATERIALIZED (
                                     idempotency_key, not_before, delay_us, ord)
           LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = m.topic
           ORDER BY m.ord) AS r
+), keyed AS (
+    INSERT INTO {{schema}}.outbox_idempotency_keys AS k (topic, idempotency_key, message_id, expires_at)
+    SELECT DISTINCT ON (topic, idempotency_key)
+           topic, idempotency_key, id, coalesce($10::timestamptz, now()) + idempotency_window
+    FROM m WHERE idempotency_key IS NOT NULL
+    ORDER BY topic, idempotency_key, ord
+    ON CONFLICT (topic, idempotency_key) DO UPDATE
+        SET message_id = excluded.message_id, expires_at = excluded.expires_at
+        WHERE k.expires_at <= coalesce($10::timestamptz, now())
+    RETURNING message_id
+), fresh AS (
+    SELECT * FROM m WHERE idempotency_key IS NULL OR id IN (SELECT message_id FROM keyed)
 ), queued AS (
     INSERT INTO {{schema}}.outbox
-        (id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at)
-    SELECT id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at
-    FROM m WHERE NOT published
-    ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        (id, topic, payload, headers, correlation_id, message_group, priority, available_at)
+    SELECT id, topic, payload, headers, correlation_id, message_group, priority, available_at
+    FROM fresh WHERE NOT published
     RETURNING id
 ), published AS (
     INSERT INTO {{schema}}.outbox_published
-        (id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at,
+        (id, topic, payload, headers, correlation_id, message_group, priority, available_at,
          status, ` + requiredGroupColumns + `)
     OVERRIDING SYSTEM VALUE
-    SELECT id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, available_at,
+    SELECT id, topic, payload, headers, correlation_id, message_group, priority, available_at,
            status, ` + requiredGroupColumns + `
-    FROM m WHERE published
-    ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    FROM fresh WHERE published
     RETURNING id
 ), written AS (
     SELECT id FROM queued UNION ALL SELECT id FROM published
@@ -197,18 +211,26 @@ SELECT m.ord, m.id FROM m JOIN written USING (id), (SELECT count(*) FROM notifie
 
 // selectIdempotent finds the messages an idempotent send collided with.
 const selectIdempotent = `
-SELECT idempotency_key, id FROM {{schema}}.outbox
-WHERE topic = $1 AND idempotency_key = ANY($2::text[])
-UNION ALL
-SELECT idempotency_key, id FROM {{schema}}.outbox_published
+SELECT idempotency_key, message_id FROM {{schema}}.outbox_idempotency_keys
 WHERE topic = $1 AND idempotency_key = ANY($2::text[])`
+
+// expireIdempotencyKeys deletes up to $2 keys that expired before $1 (now).
+const expireIdempotencyKeys = `
+DELETE FROM {{schema}}.outbox_idempotency_keys AS k
+USING (SELECT topic, idempotency_key FROM {{schema}}.outbox_idempotency_keys
+       WHERE expires_at <= coalesce($1::timestamptz, now())
+       ORDER BY expires_at
+       LIMIT $2
+       FOR UPDATE SKIP LOCKED) AS e
+WHERE k.topic = e.topic AND k.idempotency_key = e.idempotency_key`
 
 const upsertTopic = `
 INSERT INTO {{schema}}.outbox_topics
     (topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration,
-     zero_subscription_retention, block_writes_on_zero_subscriptions)
+     zero_subscription_retention, block_writes_on_zero_subscriptions, idempotency_window)
 VALUES ($1, $2, $3, $4 * interval '1 microsecond', $5, $6 * interval '1 microsecond',
-        $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10)
+        $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10,
+        $11 * interval '1 microsecond')
 ON CONFLICT (topic) DO UPDATE SET
     semantics = excluded.semantics,
     tracking_mode = excluded.tracking_mode,
@@ -219,6 +241,7 @@ ON CONFLICT (topic) DO UPDATE SET
     lease_duration = excluded.lease_duration,
     zero_subscription_retention = excluded.zero_subscription_retention,
     block_writes_on_zero_subscriptions = excluded.block_writes_on_zero_subscriptions,
+    idempotency_window = excluded.idempotency_window,
     updated_at = now()
 -- Semantics never change (producers rely on them, see insertQueued); the
 -- tracking mode is fixed while any group is subscribed.
@@ -234,90 +257,104 @@ SELECT semantics, coalesce(tracking_mode, ''),
        (extract(epoch FROM backoff_max) * 1e6)::bigint,
        (extract(epoch FROM lease_duration) * 1e6)::bigint,
        (extract(epoch FROM zero_subscription_retention) * 1e6)::bigint,
-       block_writes_on_zero_subscriptions
+       block_writes_on_zero_subscriptions,
+       (extract(epoch FROM idempotency_window) * 1e6)::bigint
 FROM {{schema}}.outbox_topics WHERE topic = $1`
 
+// A QUEUE message is pending while lease_owner is NULL and leased while it
+// is not; a leased row's available_at is its lease end, so a lease that
+// expired makes the message available again to the next claim.
+
 // claim leases up to $2 available messages of topic $1, highest priority
-// first, skipping rows other consumers are claiming right now.
-// $3 now, $4 lease owner, $5 lease in microseconds.
+// first, skipping rows other consumers are claiming right now: pending
+// ones and ones whose lease expired (recording that as the last error).
+// $3 now, $4 lease owner, $5 lease in microseconds. It returns each
+// message, its lease end, when it had become available and its previous
+// lease owner (NULL unless its lease had expired).
 const claim = `
 WITH picked AS (
-    SELECT id FROM {{schema}}.outbox
-    WHERE topic = $1 AND status = 'PENDING' AND available_at <= coalesce($3::timestamptz, now())
+    SELECT id, available_at, lease_owner FROM {{schema}}.outbox
+    WHERE topic = $1 AND available_at <= coalesce($3::timestamptz, now())
     ORDER BY priority DESC, available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {{schema}}.outbox AS o
-SET status = 'PROCESSING',
-    attempts = o.attempts + 1,
+SET attempts = o.attempts + 1,
     lease_owner = $4,
-    lease_until = coalesce($3::timestamptz, now()) + $5 * interval '1 microsecond'
+    available_at = coalesce($3::timestamptz, now()) + $5 * interval '1 microsecond',
+    last_error = CASE WHEN picked.lease_owner IS NULL THEN o.last_error
+                      ELSE 'lease expired (consumer ' || picked.lease_owner || ')' END
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''),
-          o.priority, o.attempts, o.created_at, o.lease_until, o.available_at`
+          o.priority, o.attempts, o.created_at, o.available_at, picked.available_at, picked.lease_owner`
 
 // ack deletes handled messages. A delivery is (id, attempts): an ack whose
-// lease expired and was reclaimed since matches nothing.
+// lease expired and was claimed again since matches nothing.
 const ack = `
 DELETE FROM {{schema}}.outbox AS o
 USING unnest($1::bigint[], $2::int[]) AS a(id, attempts)
-WHERE o.id = a.id AND o.attempts = a.attempts AND o.status = 'PROCESSING'`
+WHERE o.id = a.id AND o.attempts = a.attempts AND o.lease_owner IS NOT NULL`
 
-// settle ends leases without deleting: retry later (nack), dead-letter, or
-// release (delay 0, and uncount=1 gives back an attempt that never started).
+// settle ends leases: retry later (nack), release (delay 0, and uncount=1
+// gives back an attempt that never started), or dead-letter (the row moves
+// to outbox_dead_letters). It returns how many leases it ended.
 const settle = `
-UPDATE {{schema}}.outbox AS o
-SET status = CASE WHEN s.dead THEN 'DEAD_LETTER' ELSE 'PENDING' END,
-    attempts = o.attempts - s.uncount,
-    available_at = coalesce($7::timestamptz, now()) + s.delay_us * interval '1 microsecond',
-    dead_lettered_at = CASE WHEN s.dead THEN coalesce($7::timestamptz, now()) END,
-    last_error = coalesce(s.err, o.last_error),
-    lease_owner = NULL,
-    lease_until = NULL
-FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::bool[], $5::text[], $6::int[])
-     AS s(id, attempts, delay_us, dead, err, uncount)
-WHERE o.id = s.id AND o.attempts = s.attempts AND o.status = 'PROCESSING'`
+WITH s AS (
+    SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::bool[], $5::text[], $6::int[])
+        AS s(id, attempts, delay_us, dead, err, uncount)
+), parked AS (
+    DELETE FROM {{schema}}.outbox AS o
+    USING s
+    WHERE o.id = s.id AND o.attempts = s.attempts AND o.lease_owner IS NOT NULL AND s.dead
+    RETURNING o.id, o.topic, o.payload, o.headers, o.correlation_id, o.message_group, o.priority,
+              o.attempts - s.uncount AS attempts, coalesce(s.err, o.last_error) AS last_error, o.created_at, o.xid
+), moved AS (
+    INSERT INTO {{schema}}.outbox_dead_letters
+        (id, topic, payload, headers, correlation_id, message_group, priority, attempts, last_error, created_at,
+         dead_lettered_at, xid)
+    SELECT id, topic, payload, headers, correlation_id, message_group, priority, attempts, last_error, created_at,
+           coalesce($7::timestamptz, now()), xid
+    FROM parked
+    RETURNING id
+), retried AS (
+    UPDATE {{schema}}.outbox AS o
+    SET attempts = o.attempts - s.uncount,
+        available_at = coalesce($7::timestamptz, now()) + s.delay_us * interval '1 microsecond',
+        last_error = coalesce(s.err, o.last_error),
+        lease_owner = NULL
+    FROM s
+    WHERE o.id = s.id AND o.attempts = s.attempts AND o.lease_owner IS NOT NULL AND NOT s.dead
+    RETURNING o.id
+)
+SELECT (SELECT count(*) FROM moved) + (SELECT count(*) FROM retried)`
 
 // extendLease pushes a held lease out to $3 + $4 microseconds.
 const extendLease = `
-UPDATE {{schema}}.outbox SET lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
-WHERE id = $1 AND attempts = $2 AND status = 'PROCESSING'
-RETURNING lease_until`
-
-// reapExpired returns up to $3 messages of topic $1 whose lease ended before
-// $2 to PENDING, or dead-letters them when they used their last attempt ($4).
-const reapExpired = `
-WITH expired AS (
-    SELECT id FROM {{schema}}.outbox
-    WHERE topic = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())
-    ORDER BY lease_until
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {{schema}}.outbox AS o
-SET status = CASE WHEN o.attempts >= $4 THEN 'DEAD_LETTER' ELSE 'PENDING' END,
-    dead_lettered_at = CASE WHEN o.attempts >= $4 THEN coalesce($2::timestamptz, now()) END,
-    available_at = coalesce($2::timestamptz, now()),
-    last_error = 'lease expired (consumer ' || coalesce(o.lease_owner, '?') || ')',
-    lease_owner = NULL,
-    lease_until = NULL
-FROM expired
-WHERE o.id = expired.id`
+UPDATE {{schema}}.outbox SET available_at = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
+WHERE id = $1 AND attempts = $2 AND lease_owner IS NOT NULL
+RETURNING available_at`
 
 const listDeadLetters = `
 SELECT id, payload, headers, correlation_id, coalesce(message_group, ''), priority, attempts,
        created_at, dead_lettered_at, coalesce(last_error, '')
-FROM {{schema}}.outbox
-WHERE topic = $1 AND status = 'DEAD_LETTER' AND id > $2
+FROM {{schema}}.outbox_dead_letters
+WHERE topic = $1 AND id > $2
 ORDER BY id
 LIMIT $3`
 
-// replayDeadLetters makes dead letters of topic $1 (all of them when $2 is
-// NULL) deliverable again with a fresh attempt budget.
+// replayDeadLetters moves dead letters of topic $1 (all of them when $2 is
+// NULL) back to the queue, deliverable at once with a fresh attempt budget.
 const replayDeadLetters = `
-UPDATE {{schema}}.outbox
-SET status = 'PENDING', attempts = 0, available_at = now(), dead_lettered_at = NULL
-WHERE topic = $1 AND status = 'DEAD_LETTER' AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[]))
+WITH replayed AS (
+    DELETE FROM {{schema}}.outbox_dead_letters
+    WHERE topic = $1 AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[]))
+    RETURNING *
+)
+INSERT INTO {{schema}}.outbox
+    (id, topic, payload, headers, correlation_id, message_group, priority, attempts, available_at, last_error,
+     created_at, xid)
+SELECT id, topic, payload, headers, correlation_id, message_group, priority, 0, now(), last_error, created_at, xid
+FROM replayed
 RETURNING id`
