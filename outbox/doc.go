@@ -33,10 +33,11 @@
 //     delay given with RetryAfter;
 //   - Permanent(err), or an error on the last of MaxAttempts: dead-lettered.
 //
-// A message whose lease expires (its consumer crashed or hung) is returned to
-// the queue by any running consumer of the topic and redelivered; when that
-// was its last attempt it is dead-lettered instead. Nothing stays
-// PROCESSING forever.
+// A message whose lease expires (its consumer crashed or hung) is available
+// again: the next claim by any consumer of the topic takes it back and
+// redelivers it; when that was its last attempt it is dead-lettered instead.
+// Nothing stays leased forever. Dead letters live in a table of their own
+// (Client.DeadLetters, Client.ReplayDeadLetters).
 //
 // Ordering is not promised: handlers run concurrently and retries reorder
 // messages. Higher Message.Priority values are claimed first.

@@ -37,9 +37,10 @@ type Message struct {
 	Delay time.Duration
 	// NotBefore makes the message available no earlier than this time.
 	NotBefore time.Time
-	// IdempotencyKey, when set, makes a second Send of the same key to the
-	// same topic a no-op that returns the first message's id, for as long as
-	// that message exists (acked QUEUE messages are deleted).
+	// IdempotencyKey, when set, makes every later Send of the same key to the
+	// same topic, within the topic's IdempotencyWindow (default 24h), a no-op
+	// that returns the first message's id, whether or not that message was
+	// consumed since. The key is recorded by the sending transaction.
 	IdempotencyKey string
 }
 
