@@ -48,22 +48,20 @@ func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*
 	return ds, nil
 }
 
-// claimed is a claimed delivery and when it had become available.
+// claimed is a claimed delivery, when it had become available, and, for a
+// message taken back from an expired lease, who held that lease.
 type claimed struct {
-	d           *Delivery
-	availableAt time.Time
+	d             *Delivery
+	availableAt   time.Time
+	previousOwner string
 }
 
 // claim runs the claim statement for topic t (rows in no particular order).
-// It also takes back messages whose lease expired: one that had used its
-// last attempt is dead-lettered instead of delivered.
 func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit int) ([]claimed, error) {
 	rows, err := c.pool.Query(ctx, c.sql.Claim, t.Name, limit, c.now(), owner, t.Lease.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	var expired []*Delivery // leases that had expired, with their previous owner
-	var expiredOwners []string
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
 		cl := claimed{d: &Delivery{Topic: t.Name, MaxAttempts: t.MaxAttempts}}
 		var prio int16
@@ -72,33 +70,40 @@ func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit i
 			&cl.d.Attempt, &cl.d.CreatedAt, &cl.d.LeaseUntil, &cl.availableAt, &previousOwner)
 		cl.d.Priority = int(prio)
 		if previousOwner != nil {
-			expired = append(expired, cl.d)
-			expiredOwners = append(expiredOwners, *previousOwner)
+			cl.previousOwner = *previousOwner
 		}
 		return cl, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	if len(expired) == 0 {
+	return c.takeBackExpired(ctx, t, out)
+}
+
+// takeBackExpired logs the claimed messages whose lease had expired and
+// dead-letters, instead of delivering, those whose expired lease was their
+// last attempt (giving back the attempt the claim counted).
+func (c *Client) takeBackExpired(ctx context.Context, t TopicConfig, out []claimed) ([]claimed, error) {
+	expired := 0
+	for _, cl := range out {
+		if cl.previousOwner != "" {
+			expired++
+		}
+	}
+	if expired == 0 {
 		return out, nil
 	}
-	c.logger.Warn("pgoutbox: reclaimed messages whose lease expired",
-		slog.String("topic", t.Name), slog.Int("count", len(expired)))
-	exhausted := map[int64]bool{}
-	for i, d := range expired {
-		if d.Attempt <= t.MaxAttempts {
-			continue
+	c.logger.Warn("pgoutbox: took back messages whose lease expired",
+		slog.String("topic", t.Name), slog.Int("count", expired))
+	var err error
+	out = slices.DeleteFunc(out, func(cl claimed) bool {
+		if err != nil || cl.previousOwner == "" || cl.d.Attempt <= t.MaxAttempts {
+			return false
 		}
-		// Its last attempt ended with the lease: park it, giving back the
-		// attempt this claim counted.
-		reason := "lease expired (consumer " + expiredOwners[i] + ")"
-		if err := c.settle(ctx, d, c.now(), 0, true, reason, 1); err != nil {
-			return nil, err
-		}
-		exhausted[d.ID] = true
-	}
-	return slices.DeleteFunc(out, func(cl claimed) bool { return exhausted[cl.d.ID] }), nil
+		err = c.settle(ctx, cl.d, c.now(), 0, true, "lease expired (consumer "+cl.previousOwner+")", 1)
+		return err == nil
+	})
+	return out, err
 }
 
 // Ack deletes handled messages.
