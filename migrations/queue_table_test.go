@@ -21,6 +21,23 @@ func migrateTo(t *testing.T, pool *pgxpool.Pool, cfg migrations.Config, v uint) 
 const queueColumns = `id, topic, payload, headers, correlation_id, message_group, priority, idempotency_key, status,
 	attempts, available_at, lease_owner, lease_until, last_error, created_at, dead_lettered_at, xid`
 
+// atVersion returns a fresh database whose schema is at version v, with
+// rows written by setup (SQL run with the schema on the search path).
+func atVersion(t *testing.T, cfg migrations.Config, v uint, setup string) *pgtest.DB {
+	t.Helper()
+	db := pgtest.NewEmptyDB(t)
+	migrateTo(t, db.Pool, cfg, v)
+	_, err := db.Pool.Exec(context.Background(), `SET search_path = `+cfg.Schema+`;`+setup+`;RESET search_path`)
+	require.NoError(t, err)
+	return db
+}
+
+// indexDefs lists the definitions of the indexes in schema.
+func indexDefs(t *testing.T, pool *pgxpool.Pool, schema string) []string {
+	t.Helper()
+	return queryStrings(t, pool, `SELECT indexdef FROM pg_indexes WHERE schemaname = '`+schema+`' ORDER BY indexname`)
+}
+
 func rowsAsJSON(t *testing.T, pool *pgxpool.Pool, query string) []string {
 	t.Helper()
 	return queryStrings(t, pool, `SELECT to_jsonb(r)::text FROM (`+query+`) AS r ORDER BY r.id`)
@@ -30,11 +47,9 @@ func rowsAsJSON(t *testing.T, pool *pgxpool.Pool, query string) []string {
 // with their ids, and Down moves them back.
 func TestQueueTableMigrationKeepsMessages(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewEmptyDB(t)
 	ctx := context.Background()
 	cfg := migrations.Config{Schema: "q6"}
-	migrateTo(t, db.Pool, cfg, 5)
-	_, err := db.Pool.Exec(ctx, `SET search_path = q6;
+	db := atVersion(t, cfg, 5, `
 INSERT INTO outbox_topics (topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration)
 VALUES ('events', 'PUB_SUB', 'BITMAP', '1 day', 3, '1s', '1m', '30s');
 INSERT INTO outbox (topic, payload, headers, correlation_id, message_group, priority, idempotency_key)
@@ -44,13 +59,8 @@ VALUES ('jobs', '{"n":2}', 'c2', 'PROCESSING', 1, 'worker-1', now() + interval '
 INSERT INTO outbox (topic, payload, correlation_id, status, attempts, last_error, dead_lettered_at)
 VALUES ('jobs', '{"n":3}', 'c3', 'DEAD_LETTER', 3, 'boom', now());
 INSERT INTO outbox (topic, payload, correlation_id, status, required_bits, done_bits)
-VALUES ('events', '{"n":4}', 'c4', 'PUBLISHED', 3, 1);
-RESET search_path`)
-	require.NoError(t, err)
-	indexes := func() []string {
-		return queryStrings(t, db.Pool, `SELECT indexdef FROM pg_indexes WHERE schemaname = 'q6' ORDER BY indexname`)
-	}
-	v5Indexes := indexes()
+VALUES ('events', '{"n":4}', 'c4', 'PUBLISHED', 3, 1)`)
+	v5Indexes := indexDefs(t, db.Pool, "q6")
 	queue := rowsAsJSON(t, db.Pool, `SELECT `+queueColumns+` FROM q6.outbox WHERE status <> 'PUBLISHED'`)
 	published := rowsAsJSON(t, db.Pool, `SELECT * FROM q6.outbox WHERE status = 'PUBLISHED'`)
 	require.Len(t, queue, 3)
@@ -65,7 +75,7 @@ RESET search_path`)
 	require.NoError(t, db.Pool.QueryRow(ctx, `INSERT INTO q6.outbox_published (topic, payload, correlation_id, status) VALUES ('events', '{}', 'c6', 'PUBLISHED') RETURNING id`).Scan(&pub))
 	require.Equal(t, int64(5), queued)
 	require.Equal(t, int64(6), pub)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO q6.outbox (topic, payload, correlation_id, idempotency_key) VALUES ('jobs', '{}', 'c7', 'key-1')`)
+	_, err := db.Pool.Exec(ctx, `INSERT INTO q6.outbox (topic, payload, correlation_id, idempotency_key) VALUES ('jobs', '{}', 'c7', 'key-1')`)
 	require.ErrorContains(t, err, "outbox_idempotency_idx", "the idempotency key moved with its message")
 
 	migrateTo(t, db.Pool, cfg, 5)
@@ -75,18 +85,16 @@ RESET search_path`)
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM q6.outbox`).Scan(&n))
 	require.Equal(t, 6, n)
-	require.Equal(t, v5Indexes, indexes(), "Down restores version 5's indexes")
+	require.Equal(t, v5Indexes, indexDefs(t, db.Pool, "q6"), "Down restores version 5's indexes")
 }
 
 // Migration 7 moves dead letters and idempotency keys out of the message
 // tables and keeps a lease's end in available_at; Down puts them back.
 func TestLeanQueueMigrationKeepsMessages(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewEmptyDB(t)
 	ctx := context.Background()
 	cfg := migrations.Config{Schema: "q7"}
-	migrateTo(t, db.Pool, cfg, 6)
-	_, err := db.Pool.Exec(ctx, `SET search_path = q7;
+	db := atVersion(t, cfg, 6, `
 INSERT INTO outbox (topic, payload, headers, correlation_id, message_group, priority, idempotency_key)
 VALUES ('jobs', '{"n":1}', '{"h":"v"}', 'c1', 'g', 5, 'key-1');
 INSERT INTO outbox (topic, payload, correlation_id, status, attempts, lease_owner, lease_until, last_error)
@@ -94,13 +102,8 @@ VALUES ('jobs', '{"n":2}', 'c2', 'PROCESSING', 2, 'worker-1', now() + interval '
 INSERT INTO outbox (topic, payload, correlation_id, status, attempts, last_error, dead_lettered_at)
 VALUES ('jobs', '{"n":3}', 'c3', 'DEAD_LETTER', 3, 'boom', now());
 INSERT INTO outbox_published (topic, payload, correlation_id, status, idempotency_key, required_bits, done_bits)
-VALUES ('events', '{"n":4}', 'c4', 'PUBLISHED', 'key-1', 3, 1);
-RESET search_path`)
-	require.NoError(t, err)
-	indexes := func() []string {
-		return queryStrings(t, db.Pool, `SELECT indexdef FROM pg_indexes WHERE schemaname = 'q7' ORDER BY indexname`)
-	}
-	v6Indexes := indexes()
+VALUES ('events', '{"n":4}', 'c4', 'PUBLISHED', 'key-1', 3, 1)`)
+	v6Indexes := indexDefs(t, db.Pool, "q7")
 	queue := rowsAsJSON(t, db.Pool, `SELECT `+queueColumns+` FROM q7.outbox`)
 	published := rowsAsJSON(t, db.Pool, `SELECT * FROM q7.outbox_published`)
 
@@ -124,5 +127,5 @@ RESET search_path`)
 	migrateTo(t, db.Pool, cfg, 6)
 	require.Equal(t, queue, rowsAsJSON(t, db.Pool, `SELECT `+queueColumns+` FROM q7.outbox`), "QUEUE messages are back, unchanged")
 	require.Equal(t, published, rowsAsJSON(t, db.Pool, `SELECT * FROM q7.outbox_published`), "and PUB_SUB ones")
-	require.Equal(t, v6Indexes, indexes(), "Down restores version 6's indexes")
+	require.Equal(t, v6Indexes, indexDefs(t, db.Pool, "q7"), "Down restores version 6's indexes")
 }
