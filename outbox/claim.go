@@ -22,8 +22,10 @@ var ErrLeaseLost = errors.New("outbox: lease lost")
 // expired and was reclaimed since changes nothing and returns ErrLeaseLost.
 
 // Claim leases up to limit available messages of a QUEUE topic to owner,
-// highest priority first, for the topic's Lease. The batch is returned in
-// id order.
+// highest priority first, for the topic's Lease. Messages whose lease
+// expired are available again and claimed like the others (with the next
+// attempt); one whose expired lease was its last attempt is dead-lettered
+// instead of returned. The batch is returned in id order.
 func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*Delivery, error) {
 	if limit < 1 || owner == "" {
 		return nil, fmt.Errorf("%w: Claim needs an owner and limit >= 1", ErrInvalidConfig)
