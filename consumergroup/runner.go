@@ -718,19 +718,29 @@ func withRetry(ctx context.Context, f func() error) error {
 
 // heartbeat records this instance's liveness (database time, jittered
 // ±10% so instances do not beat in step), follows the subscription's state,
-// resurrects a DEAD group, and marks other dead groups of the topic.
+// resurrects a DEAD group, marks other dead groups of the topic, and deletes
+// expired idempotency keys.
 func (r *runner) heartbeat() {
 	defer r.fetchWG.Done()
 	g := r.g
 	for {
 		r.beat()
 		g.detectDead(r.fetchCtx, r.hbPool)
+		r.expireIdempotencyKeys()
 		jitter := time.Duration(rand.Int64N(int64(g.cfg.HeartbeatInterval)/5+1)) - g.cfg.HeartbeatInterval/10
 		select {
 		case <-r.fetchCtx.Done():
 			return
 		case <-time.After(g.cfg.HeartbeatInterval + jitter):
 		}
+	}
+}
+
+func (r *runner) expireIdempotencyKeys() {
+	ctx, cancel := context.WithTimeout(r.fetchCtx, 10*time.Second)
+	defer cancel()
+	if _, err := r.g.client.ExpireIdempotencyKeys(ctx); err != nil && r.fetchCtx.Err() == nil {
+		r.g.logger.Error("pgoutbox: deleting expired idempotency keys failed", slog.Any("error", err))
 	}
 }
 

@@ -529,18 +529,8 @@ func (k *Consumer) maintainOnce() {
 	if topic, err := k.client.loadTopic(ctx, k.client.pool, k.cfg.Topic); err == nil && topic.Semantics == Queue {
 		k.topic.Store(&topic)
 	}
-	const batch = 1000
-	for ctx.Err() == nil {
-		n, err := k.client.ExpireIdempotencyKeys(ctx, batch)
-		if err != nil {
-			if k.fetchCtx.Err() == nil {
-				k.client.logger.Error("pgoutbox: deleting expired idempotency keys failed", slog.Any("error", err))
-			}
-			return
-		}
-		if n < batch {
-			return
-		}
+	if _, err := k.client.ExpireIdempotencyKeys(ctx); err != nil && k.fetchCtx.Err() == nil {
+		k.client.logger.Error("pgoutbox: deleting expired idempotency keys failed", slog.Any("error", err))
 	}
 }
 
