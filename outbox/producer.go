@@ -299,7 +299,8 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 		delays[i] = m.Delay.Microseconds()
 	}
 
-	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays, p.now()}
+	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays, p.now(),
+		DefaultIdempotencyWindow.Microseconds()}
 	query := p.sql.Insert
 	if wake := p.notifier.dueTopics(topics); len(wake) > 0 {
 		query = p.sql.InsertNotify

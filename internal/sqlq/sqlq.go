@@ -148,7 +148,8 @@ const selectSemantics = `SELECT semantics FROM {{schema}}.outbox_topics WHERE to
 // every row written. Ids are drawn in input order from the sequence both
 // tables share. A message with an idempotency key is written only if it
 // records the key first: a key of the topic that has not expired yet (an
-// earlier send, or an earlier message of the batch) skips it. $10 is now.
+// earlier send, or an earlier message of the batch) skips it. $10 is now,
+// $11 the idempotency window (microseconds) of topics never configured.
 const insertRows = `
 WITH m AS MATERIALIZED (
     SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
@@ -156,8 +157,7 @@ WITH m AS MATERIALIZED (
                  coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
                      AS available_at,
                  t.semantics IS NOT DISTINCT FROM 'PUB_SUB' AS published,
-                 -- outbox.DefaultIdempotencyWindow for topics never configured
-                 coalesce(t.idempotency_window, interval '24 hours') AS idempotency_window,
+                 coalesce(t.idempotency_window, $11 * interval '1 microsecond') AS idempotency_window,
                  ` + publishedStatus + ` AS status,
                  ` + requiredGroups + `
           FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
@@ -202,10 +202,10 @@ const insert = insertRows + `
 SELECT m.ord, m.id FROM m JOIN written USING (id)`
 
 // insertNotify is insert that also wakes listening consumers of the topics
-// in $12, on channel $11, when the producer's transaction commits (NOTIFY
+// in $13, on channel $12, when the producer's transaction commits (NOTIFY
 // is transactional: a rollback notifies nobody).
 const insertNotify = insertRows + `, notified AS (
-    SELECT pg_notify($11, t) FROM unnest($12::text[]) AS t
+    SELECT pg_notify($12, t) FROM unnest($13::text[]) AS t
 )
 SELECT m.ord, m.id FROM m JOIN written USING (id), (SELECT count(*) FROM notified) AS n -- the join makes notified run`
 
