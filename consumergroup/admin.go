@@ -3,16 +3,28 @@ package consumergroup
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/pubsub"
 )
+
+// shortTx begins the transactions of groups, all of which are short: if
+// their instance stops answering in the middle of one (a frozen process),
+// the server ends the session after ten idle seconds, so the locks it
+// holds (a group's position, rows being completed) do not stall the
+// group's other instances, or other groups, for longer.
+var shortTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '10s'"}
+
+// beginQuerier is what lifecycle work runs on: the main or the heartbeat pool.
+type beginQuerier interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // retryDelay is the handler's RetryAfter delay, else the topic's backoff.
 func retryDelay(err error, attempt int, topic outbox.TopicConfig) time.Duration {
@@ -22,60 +34,9 @@ func retryDelay(err error, attempt int, topic outbox.TopicConfig) time.Duration 
 	return backoff.Exponential(attempt, topic.BackoffInitial, topic.BackoffMax)
 }
 
-// detectDead marks ACTIVE groups of the topic whose heartbeats stopped as
-// DEAD, takes them out of the subscribed set, and removes them from the
-// required sets of the messages they had not finished. Safe when many
-// instances run it at once (SKIP LOCKED, idempotent updates).
-func (g *Group) detectDead(ctx context.Context, pool *pgxpool.Pool) {
-	// Most beats find nobody dead: check without taking the topic row's lock,
-	// which every insert reads.
-	var found bool
-	if err := pool.QueryRow(ctx, g.q.AnyDeadCandidate, g.cfg.Topic).Scan(&found); err != nil || !found {
-		if err != nil && ctx.Err() == nil {
-			g.logger.Error("pgoutbox: dead group detection failed", slog.Any("error", err))
-		}
-		return
-	}
-	var dead []subscriptionRef
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var semantics, tracking string
-		if err := tx.QueryRow(ctx, g.q.LockTopic, g.cfg.Topic).Scan(&semantics, &tracking); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, g.q.DeadCandidates, g.cfg.Topic)
-		if err != nil {
-			return err
-		}
-		var ref subscriptionRef
-		if _, err := pgx.ForEachRow(rows, []any{&ref.id, &ref.bit}, func() error { dead = append(dead, ref); return nil }); err != nil {
-			return err
-		}
-		for _, d := range dead {
-			if _, err := tx.Exec(ctx, g.q.SetStatus, d.id, string(Dead)); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, g.q.RemoveSubscribed, g.cfg.Topic, mask(d.bit), d.id); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		if ctx.Err() == nil {
-			g.logger.Error("pgoutbox: dead group detection failed", slog.Any("error", err))
-		}
-		return
-	}
-	for _, d := range dead {
-		g.logger.Warn("pgoutbox: consumer group is DEAD (no heartbeat within its timeout)", slog.Int64("subscription", d.id))
-		if err := g.forgetAll(ctx, d, false); err != nil {
-			g.logger.Error("pgoutbox: releasing a dead group's messages failed", slog.Any("error", err))
-		}
-	}
-}
-
-// DetectDeadGroups runs dead-group detection for the group's topic once
-// (running instances do it every heartbeat interval).
+// DetectDeadGroups runs dead-group detection for the group's topic once,
+// and forgets groups that left (running instances do both every heartbeat
+// interval). It works on a Group value that was never started.
 func (g *Group) DetectDeadGroups(ctx context.Context) { g.detectDead(ctx, g.pool) }
 
 // Cleanup deletes up to limit messages of the topic that every group that
@@ -98,11 +59,12 @@ func (g *Group) Cleanup(ctx context.Context, limit int) (int64, error) {
 }
 
 // DeadLetters lists the group's dead-lettered messages with id > afterID.
+// It works on a Group value that was never started.
 func (g *Group) DeadLetters(ctx context.Context, afterID int64, limit int) ([]outbox.DeadLetter, error) {
 	if limit <= 0 {
 		limit = outbox.DefaultDeadLetterPage
 	}
-	rows, err := g.pool.Query(ctx, g.q.ListDeadLetters, g.sub.ID, afterID, limit)
+	rows, err := g.pool.Query(ctx, g.q.ListDeadLetters, g.cfg.Topic, g.cfg.Group, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("consumergroup: dead letters: %w", err)
 	}
@@ -117,13 +79,14 @@ func (g *Group) DeadLetters(ctx context.Context, afterID int64, limit int) ([]ou
 }
 
 // ReplayDeadLetters makes the group's dead letters (the given ids, or all)
-// deliverable to it again with a fresh attempt budget.
+// deliverable to it again with a fresh attempt budget. It works on a Group
+// value that was never started.
 func (g *Group) ReplayDeadLetters(ctx context.Context, ids ...int64) (int64, error) {
 	var filter []int64
 	if len(ids) > 0 {
 		filter = ids
 	}
-	tag, err := g.pool.Exec(ctx, g.q.ReplayDeadLetters, g.sub.ID, filter)
+	tag, err := g.pool.Exec(ctx, g.q.ReplayDeadLetters, g.cfg.Topic, g.cfg.Group, filter)
 	if err != nil {
 		return 0, fmt.Errorf("consumergroup: replay: %w", err)
 	}

@@ -105,6 +105,11 @@ func TestNoGlobalStallFromOpenTransaction(t *testing.T) {
 			t.Parallel()
 			b := setup(t, mode)
 			ctx := context.Background()
+			r := newRecorder()
+			g := b.newGroup(t, "g")
+			require.NoError(t, g.AddConsumer("m", r.handler, nil))
+			start(t, g, consumergroup.FromNow())
+
 			blocker, err := b.db.Pool.Begin(ctx)
 			require.NoError(t, err)
 			defer blocker.Rollback(ctx)
@@ -114,11 +119,6 @@ func TestNoGlobalStallFromOpenTransaction(t *testing.T) {
 			// It even wrote a message of the topic that stays uncommitted.
 			_, err = b.producer.Send(ctx, blocker, outbox.Message{Topic: b.topic, Payload: []byte(`{"seq":-1}`)})
 			require.NoError(t, err)
-
-			r := newRecorder()
-			g := b.newGroup(t, "g")
-			require.NoError(t, g.AddConsumer("m", r.handler, nil))
-			start(t, g, consumergroup.FromNow())
 			for i := range 50 {
 				b.send(t, i)
 			}

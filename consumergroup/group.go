@@ -31,7 +31,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bits-and-blooms/bloom/v3"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -58,17 +57,18 @@ type Group struct {
 	logger  *slog.Logger
 	metrics *metrics
 
-	mu      sync.Mutex // guards members, started, stopped and the run fields
+	mu      sync.Mutex // guards members, started, opts and run
 	members []member   // sorted by id: member selection hashes into it
 	started bool
-	stopped bool
 
 	batchHandler BatchHandler // set before Start
 
 	// Set by Start, read-only afterwards.
+	opts    SubscriptionOptions
 	topic   outbox.TopicConfig
 	tracker pubsub.Tracker
 	sub     pubsub.Subscription
+	subRow  subscription
 	stream  streamArgs
 	run     *runner
 }
@@ -141,7 +141,7 @@ func (g *Group) RemoveConsumer(id string) error {
 	if i < 0 {
 		return fmt.Errorf("%w: %q", ErrUnknownMember, id)
 	}
-	if len(g.members) == 1 && g.started && !g.stopped && g.batchHandler == nil {
+	if len(g.members) == 1 && g.started && !g.run.isStopping() && g.batchHandler == nil {
 		return fmt.Errorf("%w: %q", ErrLastMember, id)
 	}
 	members := slices.Delete(slices.Clone(g.members), i, i+1)
@@ -193,12 +193,14 @@ func pick(members []member, d *outbox.Delivery) *member {
 	return eligible[h.Sum64()%uint64(len(eligible))] // unsigned: never negative
 }
 
-// Start subscribes the group (or continues its subscription) and starts
-// this instance in the background. It fails fast without members
-// (ErrNoMembers), on an unknown (outbox.ErrUnknownTopic) or QUEUE topic
-// (outbox.ErrWrongSemantics), for a CANCELLED subscription
+// Start subscribes the group (or continues its subscription, or brings a
+// DEAD one back) and starts this instance in the background. It fails fast
+// without members (ErrNoMembers), on an unknown (outbox.ErrUnknownTopic) or
+// QUEUE topic (outbox.ErrWrongSemantics), for a CANCELLED subscription
 // (ErrInvalidTransition), and for a 65th Bitmap group (ErrTooManyGroups).
-// opts apply only when the subscription is created. An instance runs once:
+// opts apply when the subscription is created (their MaxBackfill and
+// BackfillBatchSize also when it comes back from DEAD). Every message
+// committed after Start returns reaches the group. An instance runs once:
 // a second Start returns outbox.ErrAlreadyStarted.
 func (g *Group) Start(ctx context.Context, opts SubscriptionOptions) error {
 	opts = opts.withDefaults()
@@ -213,19 +215,16 @@ func (g *Group) Start(ctx context.Context, opts SubscriptionOptions) error {
 	if len(g.members) == 0 && g.batchHandler == nil {
 		return fmt.Errorf("%w: group %q", ErrNoMembers, g.cfg.Group)
 	}
+	g.opts = opts
 	reg, err := g.register(ctx, opts)
 	if err != nil {
 		return err
 	}
-	g.topic, g.sub, g.stream = reg.topic, reg.sub, reg.stream
-	g.tracker, err = pubsub.New(g.topic.Tracking, g.schema)
-	if err != nil {
+	g.topic, g.subRow = reg.topic, reg.sub
+	g.sub = reg.sub.ref(g.cfg.Topic, g.cfg.Group)
+	g.stream = streamFor(g.topic.Tracking, reg.sub)
+	if g.tracker, err = pubsub.New(g.topic.Tracking, g.schema); err != nil {
 		return err
-	}
-	if reg.backfill != nil {
-		if err := g.backfill(ctx, *reg.backfill, opts); err != nil {
-			return err
-		}
 	}
 	r, err := g.newRunner()
 	if err != nil {
@@ -238,21 +237,62 @@ func (g *Group) Start(ctx context.Context, opts SubscriptionOptions) error {
 	return nil
 }
 
-// Stop stops this instance: no more fetching, then it waits for running
-// handlers until ctx ends (then cancels them). Batches it could not finish
-// are released for another instance (or a restart) to re-read at once.
-// The subscription stays ACTIVE. Stop is idempotent and safe on an instance
-// never started.
-func (g *Group) Stop(ctx context.Context) error {
+// subscriptionOptions are the options this instance started with, or the
+// defaults.
+func (g *Group) subscriptionOptions() SubscriptionOptions {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.started || g.stopped {
+	if g.started {
+		return g.opts
+	}
+	return SubscriptionOptions{}.withDefaults()
+}
+
+// Stop stops this instance: no more fetching, then it waits for running
+// handlers until ctx ends (then cancels them, and returns ctx's error if
+// they still do not return). What its members finished is recorded; the
+// messages it fetched and did not finish are handed back for another
+// instance (or a restart) to take at once, without spending an attempt.
+// The subscription stays ACTIVE. Stop is idempotent and safe on an
+// instance never started.
+func (g *Group) Stop(ctx context.Context) error { return g.stop(ctx, false) }
+
+// StopAndCancel is Stop that cancels running handlers at once instead of
+// waiting for them.
+func (g *Group) StopAndCancel(ctx context.Context) error { return g.stop(ctx, true) }
+
+func (g *Group) stop(ctx context.Context, cancelHandlers bool) error {
+	g.mu.Lock()
+	r := g.run
+	g.mu.Unlock()
+	if r == nil {
 		return nil
 	}
-	g.stopped = true
-	err := g.run.stop(ctx)
-	g.logger.Info("pgoutbox: consumer group instance stopped")
-	return err
+	return r.stop(ctx, cancelHandlers, nil)
+}
+
+// Stopped returns a channel that is closed once this instance has stopped:
+// after Stop, or on its own when its subscription was cancelled or deleted
+// (see Err). It is nil before Start.
+func (g *Group) Stopped() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.run == nil {
+		return nil
+	}
+	return g.run.stopped
+}
+
+// Err returns why the instance stopped on its own (ErrCancelled,
+// ErrSubscriptionGone), or nil while it runs or after a plain Stop.
+func (g *Group) Err() error {
+	g.mu.Lock()
+	r := g.run
+	g.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	return r.cause()
 }
 
 // Subscription returns the group's subscription (valid after Start).
@@ -260,8 +300,9 @@ func (g *Group) Subscription() pubsub.Subscription { return g.sub }
 
 // State reads the subscription's current state.
 func (g *Group) State(ctx context.Context) (State, error) {
+	var id int64
 	var s string
-	err := g.pool.QueryRow(ctx, g.q.SubscriptionStatus, g.cfg.Topic, g.cfg.Group).Scan(&s)
+	err := g.pool.QueryRow(ctx, g.q.SubscriptionStatus, g.cfg.Topic, g.cfg.Group).Scan(&id, &s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
 	}
@@ -271,34 +312,45 @@ func (g *Group) State(ctx context.Context) (State, error) {
 	return State(s), nil
 }
 
-// Pause stops delivery to the group (every instance) until Resume. A paused
-// group stays subscribed: messages written meanwhile still need it.
+// Pause stops delivery to the group until Resume: every running instance
+// stops fetching within its poll interval (handlers already running
+// finish), and an instance started while the group is paused fetches
+// nothing. A paused group stays subscribed: messages written meanwhile
+// still need it. Pause works on a Group value that was never started.
 func (g *Group) Pause(ctx context.Context) error { return g.transition(ctx, Paused) }
 
-// Resume continues a paused group.
+// Resume continues a paused group (every instance within its poll
+// interval), or brings a DEAD one back like a heartbeat would.
 func (g *Group) Resume(ctx context.Context) error { return g.transition(ctx, Active) }
 
 // Cancel ends the subscription for good (CANCELLED is terminal): the group
-// leaves the required set of every message it had not finished, its
-// batches and retries are dropped, and this instance stops.
+// leaves the required set of every message, its batches and retries are
+// dropped, and this instance stops (other instances stop within their
+// poll interval, with Err returning ErrCancelled). Cancel works on a Group
+// value that was never started, and calling it again after a failure
+// finishes what the first call left.
 func (g *Group) Cancel(ctx context.Context) error {
-	if err := g.transition(ctx, Cancelled); err != nil {
+	sub, err := g.cancel(ctx)
+	if err != nil {
 		return err
 	}
 	g.mu.Lock()
-	running := g.started && !g.stopped
+	r := g.run
 	g.mu.Unlock()
-	if running {
-		if err := g.Stop(ctx); err != nil {
+	if r != nil {
+		if err := r.stop(ctx, false, ErrCancelled); err != nil {
 			return err
 		}
 	}
-	return g.forgetAll(ctx, subscriptionRef{id: g.sub.ID, bit: g.sub.Bit}, true)
+	topic, err := g.client.Topic(ctx, g.cfg.Topic)
+	if err != nil {
+		return err
+	}
+	return g.forget(ctx, g.pool, topic.Tracking, sub.id)
 }
-
-// newBloom returns a Bloom filter sized for a group's recent completions
-// (1M ids at 1% false positives, ~1.2 MB).
-func newBloom() *bloom.BloomFilter { return bloom.NewWithEstimates(1_000_000, 0.01) }
 
 // now is the injected clock's time, or nil for database time.
 func (g *Group) now() *time.Time { return g.client.Now() }
+
+// handlerTimeout is how long a handler call may take.
+func (g *Group) handlerTimeout() time.Duration { return cmp.Or(g.cfg.HandlerTimeout, g.topic.Lease) }

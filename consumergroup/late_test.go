@@ -211,7 +211,9 @@ func TestBackfillRaisesUnfinishedMessages(t *testing.T) {
 			gw := b.newGroup(t, "with-backfill")
 			require.NoError(t, gw.AddConsumer("m", with.handler, nil))
 			start(t, gw, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true, MaxBackfill: 3, BackfillBatchSize: 2})
-			require.Equal(t, 3, requiredOn(gw), "backfill capped at MaxBackfill")
+			// The backfill runs before the group's first fetch, in steps of
+			// BackfillBatchSize, up to MaxBackfill messages.
+			pgtest.Eventually(t, 10*time.Second, "backfill", func() bool { return requiredOn(gw) == 3 })
 			without := newRecorder()
 			gn := b.newGroup(t, "without-backfill")
 			require.NoError(t, gn.AddConsumer("m", without.handler, nil))
@@ -220,6 +222,7 @@ func TestBackfillRaisesUnfinishedMessages(t *testing.T) {
 			pgtest.Eventually(t, 10*time.Second, "both late groups read the old messages", func() bool {
 				return with.distinct() == 4 && without.distinct() == 4
 			})
+			require.Equal(t, 3, requiredOn(gw), "backfill capped at MaxBackfill")
 			_ = ctx
 		})
 	}

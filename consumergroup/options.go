@@ -29,8 +29,15 @@ var (
 	ErrInvalidTransition = errors.New("consumergroup: invalid subscription state transition")
 	// ErrTooManyGroups: a 65th group on a Bitmap topic (or no bit is free yet).
 	ErrTooManyGroups = errors.New("consumergroup: no free bitmap bit on topic (at most 64 groups)")
-	// ErrNotStarted: an operation that needs a started group.
+	// ErrNotStarted: an operation on a group that has no subscription yet.
 	ErrNotStarted = errors.New("consumergroup: group not started")
+	// ErrSubscriptionGone: the group's subscription row was deleted while
+	// an instance ran; the instance stopped (see Group.Err).
+	ErrSubscriptionGone = errors.New("consumergroup: subscription no longer exists")
+	// ErrCancelled: the group's subscription was cancelled (by this or
+	// another instance, or an operator) while an instance ran; the
+	// instance stopped (see Group.Err).
+	ErrCancelled = errors.New("consumergroup: subscription cancelled")
 )
 
 // State is a subscription's state.
@@ -39,11 +46,22 @@ type State string
 // The states of the subscription state machine. Valid transitions:
 //
 //	ACTIVE → PAUSED (Pause), PAUSED → ACTIVE (Resume)
-//	ACTIVE → DEAD (heartbeats stopped), DEAD → ACTIVE (a heartbeat or Start: resurrection)
+//	ACTIVE → DEAD (heartbeats stopped), DEAD → ACTIVE (a heartbeat, Start or Resume: resurrection)
 //	ACTIVE, PAUSED, DEAD → CANCELLED (Cancel; terminal)
 //
 // Stop changes nothing: the subscription stays ACTIVE and, if no instance
 // returns before the heartbeat timeout, becomes DEAD.
+//
+// What DEAD costs: a DEAD group is no longer required on new messages and
+// is dropped from the messages it had not finished, so cleanup may delete
+// them once the other groups are done and the topic's retention has passed
+// (in Offset mode it stops holding the watermark back). When the group
+// comes back it receives, up to MaxBackfill, every message still stored
+// that it had not completed: what it owed when it died and what was
+// written while it was DEAD. Messages deleted meanwhile are lost to it. Size
+// HeartbeatTimeout above the longest pause an instance can take (a slow
+// deploy, a long GC or VM pause) and the topic's Retention above
+// HeartbeatTimeout plus the time a deploy may take.
 const (
 	Active    State = "ACTIVE"
 	Paused    State = "PAUSED"
@@ -191,6 +209,13 @@ type Config struct {
 	// HeartbeatTimeout: a group none of whose instances sent a heartbeat for
 	// this long becomes DEAD. Defaults to DefaultHeartbeatTimeout.
 	HeartbeatTimeout time.Duration
+	// HandlerTimeout bounds each handler call (and each BatchHandler
+	// call): its context ends then, and if it has not returned shortly
+	// after, its message is failed and retried like any failure while the
+	// rest of the group goes on (the call is left to finish on its own;
+	// Stop waits for it until its context ends). Defaults to the topic's
+	// Lease.
+	HandlerTimeout time.Duration
 	// HeartbeatPool runs heartbeats, so a busy main pool cannot starve
 	// them. Defaults to a two-connection pool opened from the main pool's
 	// configuration (closed by Stop).
@@ -230,6 +255,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: PollInterval must be at least 1ms", outbox.ErrInvalidConfig)
 	case c.HeartbeatInterval < 10*time.Millisecond || c.HeartbeatTimeout <= c.HeartbeatInterval:
 		return fmt.Errorf("%w: need 10ms <= HeartbeatInterval < HeartbeatTimeout", outbox.ErrInvalidConfig)
+	case c.HandlerTimeout < 0:
+		return fmt.Errorf("%w: negative HandlerTimeout", outbox.ErrInvalidConfig)
 	}
 	return nil
 }

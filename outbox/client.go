@@ -91,8 +91,10 @@ func (c *Client) now() *time.Time {
 // A topic's semantics are fixed by its first configuration: producers
 // write a configured QUEUE topic's messages without reading its
 // configuration again, so changing Queue to PubSub (or back) fails with
-// ErrInvalidConfig. A PUB_SUB topic's tracking mode can change while no
-// group is subscribed. Configure topics before sending to them: sends to a
+// ErrInvalidConfig. A PUB_SUB topic's tracking mode can change only while
+// no group is subscribed and no message of the topic is stored (cancel the
+// groups and let cleanup empty the topic first); otherwise ConfigureTopic
+// fails with ErrInvalidConfig and changes nothing. Configure topics before sending to them: sends to a
 // topic that was never configured read the topic table every time.
 func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	cfg = cfg.WithDefaults()
@@ -117,7 +119,7 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		if err == nil && current.Semantics != cfg.Semantics {
 			return fmt.Errorf("%w: topic %q is a %s topic; a topic's semantics never change once configured", ErrInvalidConfig, cfg.Name, current.Semantics)
 		}
-		return fmt.Errorf("%w: topic %q has subscribed groups; its tracking mode cannot change", ErrInvalidConfig, cfg.Name)
+		return fmt.Errorf("%w: topic %q has subscribed groups or stored messages; its tracking mode can change only when it has neither", ErrInvalidConfig, cfg.Name)
 	}
 	return nil
 }

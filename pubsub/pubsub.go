@@ -5,8 +5,7 @@
 //   - Bitmap: a bit per group (at most 64 per topic) in the message row; a
 //     group's completions are one UPDATE ORing its bit in.
 //   - Counter: a dedupe row per (message, group) and a completion counter;
-//     unlimited groups. A Bloom filter per group instance answers the common
-//     "not completed yet" question without a query.
+//     unlimited groups.
 //   - Offset: nothing per message; a group's committed read position says
 //     what it finished, and the topic watermark (the least position of the
 //     subscribed groups) says what every group finished.
@@ -49,14 +48,17 @@ func (s Subscription) Mask() int64 {
 	return int64(1) << uint(s.Bit)
 }
 
-// Range narrows a backfill to a late group's stream: rows its start
-// position does not see, and of those all (All), or those from From or
-// FromID on.
+// Range narrows a backfill to a group's stream: rows its start position
+// does not see, and of those all (All), or those from From or FromID on.
 type Range struct {
 	Position string // pg_snapshot text; "1:1:" sees nothing
 	All      bool
 	From     *time.Time
 	FromID   *int64
+	// Reopen also raises the group on rows every other group finished, or
+	// that no group needed: a group coming back from DEAD owes them. A new
+	// subscription's backfill leaves finished rows alone.
+	Reopen bool
 }
 
 // Retention says which finished rows cleanup may delete.
@@ -79,13 +81,18 @@ type Tracker interface {
 	// Completed returns which of ids sub already finished, for re-read
 	// batches. Offset mode cannot tell per message and returns none.
 	Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error)
-	// Backfill makes sub required on at most limit unfinished rows of r
-	// that do not require it yet, returning how many it changed.
-	// Finished rows are never re-opened.
+	// Backfill makes sub required on at most limit rows of r that neither
+	// require it nor were completed by it, returning how many it changed:
+	// unfinished rows, or with r.Reopen every such row.
 	Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error)
-	// Forget removes sub from the required set of at most limit rows it
-	// had not finished (the group died or was cancelled).
-	Forget(ctx context.Context, db DB, sub Subscription, limit int) (int64, error)
+	// Forget removes sub from the required sets of at most limit rows it
+	// had not finished (the group died or was cancelled), inside tx,
+	// returning how many rows it looked at; fewer than limit means none
+	// is left. For a cancelled group it also drops its completions, so
+	// that nothing refers to it afterwards. Forgetting is idempotent, and
+	// never counts a completion that commits while it runs as another
+	// group's.
+	Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error)
 	// Cleanup deletes at most limit rows of topic that every required group
 	// finished and that retention lets go, returning how many it deleted.
 	Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error)
@@ -148,12 +155,16 @@ func (b *Bitmap) Completed(ctx context.Context, db DB, sub Subscription, ids []i
 
 // Backfill implements Tracker.
 func (b *Bitmap) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error) {
-	return exec(ctx, db, "bitmap backfill", b.q.BitmapBackfill, sub.Topic, sub.Mask(), r.Position, limit, r.All, r.From, r.FromID)
+	return exec(ctx, db, "bitmap backfill", b.q.BitmapBackfill, sub.Topic, sub.Mask(), r.Position, limit, r.All, r.From, r.FromID, r.Reopen)
 }
 
-// Forget implements Tracker.
-func (b *Bitmap) Forget(ctx context.Context, db DB, sub Subscription, limit int) (int64, error) {
-	return exec(ctx, db, "bitmap forget", b.q.BitmapForget, sub.Topic, sub.Mask(), limit)
+// Forget implements Tracker: a cancelled group's bit is stripped from
+// every row, so it can be given to another group.
+func (b *Bitmap) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {
+	if cancelled {
+		return exec(ctx, tx, "bitmap strip", b.q.BitmapStrip, sub.Topic, sub.Mask(), limit)
+	}
+	return exec(ctx, tx, "bitmap forget", b.q.BitmapForget, sub.Topic, sub.Mask(), limit)
 }
 
 // Cleanup implements Tracker.
@@ -180,12 +191,29 @@ func (c *Counter) Completed(ctx context.Context, db DB, sub Subscription, ids []
 
 // Backfill implements Tracker.
 func (c *Counter) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error) {
-	return exec(ctx, db, "counter backfill", c.q.CounterBackfill, sub.Topic, sub.ID, r.Position, limit, r.All, r.From, r.FromID)
+	return exec(ctx, db, "counter backfill", c.q.CounterBackfill, sub.Topic, sub.ID, r.Position, limit, r.All, r.From, r.FromID, r.Reopen)
 }
 
-// Forget implements Tracker.
-func (c *Counter) Forget(ctx context.Context, db DB, sub Subscription, limit int) (int64, error) {
-	return exec(ctx, db, "counter forget", c.q.CounterForget, sub.Topic, sub.ID, limit)
+// Forget implements Tracker in two statements: lock the candidate rows,
+// then re-check each under its lock with a fresh snapshot, so a completion
+// by the group that committed in between is never undone into a count that
+// another group's completion would then satisfy.
+func (c *Counter) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, _ bool, limit int) (int64, error) {
+	rows, err := tx.Query(ctx, c.q.CounterForgetCandidates, sub.Topic, sub.ID, limit)
+	if err != nil {
+		return 0, fmt.Errorf("pubsub: counter forget: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return 0, fmt.Errorf("pubsub: counter forget: %w", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if _, err := exec(ctx, tx, "counter forget", c.q.CounterForget, ids, sub.ID); err != nil {
+		return 0, err
+	}
+	return int64(len(ids)), nil
 }
 
 // Cleanup implements Tracker.
@@ -218,7 +246,7 @@ func (*Offset) Backfill(context.Context, DB, Subscription, Range, int) (int64, e
 
 // Forget implements Tracker: a group that left simply stops holding the
 // watermark back.
-func (*Offset) Forget(context.Context, DB, Subscription, int) (int64, error) { return 0, nil }
+func (*Offset) Forget(context.Context, pgx.Tx, Subscription, bool, int) (int64, error) { return 0, nil }
 
 // Cleanup implements Tracker: it computes the watermark (the least
 // committed position of the subscribed groups), records it, and deletes

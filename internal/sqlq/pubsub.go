@@ -1,6 +1,7 @@
 package sqlq
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
@@ -9,20 +10,35 @@ import (
 // PubSub is the SQL of consumer groups on PUB_SUB topics.
 //
 // Snapshots (pg_snapshot) and transaction ids (xid8) travel as text.
+//
+// Locks are always taken in one order, so lifecycle changes never
+// deadlock: a subscription row, then its offsets row, then the topic row.
+// Producers take the topic row FOR KEY SHARE (see insertPublished), so a
+// change of the subscribed set waits for the producer transactions that
+// read the old set and holds back those that would read it next.
 type PubSub struct {
+	// Subscriptions and their state.
 	LockTopic, SelectSubscription, InsertSubscription, InsertOffset string
-	SubscribedBits, BitStillReferenced, ReleaseBit                  string
-	AddSubscribed, RemoveSubscribed, SetStatus, Heartbeat           string
-	LockOffset, TakeExpiredBatch, CurrentSnapshot, FetchRows        string
-	InsertBatch, AdvanceOffset, FinishBatch, ReleaseBatch           string
-	ReadBatchRows, InsertRetries, ClaimRetries, SettleRetry         string
-	DeleteRetry, ReapRetries, ListDeadLetters, ReplayDeadLetters    string
-	DeadCandidates, CommittedPosition, DeleteGroupState             string
-	SubscriptionStatus, AnyDeadCandidate                            string
+	SubscribedBits, AddSubscribed, RemoveSubscribed, SetStatus      string
+	LockOffsetWait, ResurrectOffset, SubscriptionStatus, Heartbeat  string
+	DeadCandidates, AnyDeadCandidate, LockOffsetsSkipLocked         string
+	PendingForgets, LockForget, ForgetDone, DeleteGroupState        string
+	CommittedPosition                                               string
 
-	BitmapComplete, BitmapCompleted, BitmapBackfill, BitmapForget, BitmapCleanup      string
-	CounterComplete, CounterCompleted, CounterBackfill, CounterForget, CounterCleanup string
-	OffsetCleanup, UpsertWatermark                                                    string
+	// Fetching.
+	LockOffset, OffsetExists, FetchState, BackfillProgress string
+	TakeOverBatch, FetchRows, AdvanceOffset, InsertBatch   string
+	ReapRetries, DeleteOrphanRetries, ClaimRetries         string
+
+	// Completing.
+	FinishBatch, InsertRetries, SettleRetry, DeleteRetry, ExtendLeases string
+
+	// Administration.
+	ListDeadLetters, ReplayDeadLetters string
+
+	BitmapComplete, BitmapCompleted, BitmapBackfill, BitmapForget, BitmapStrip, BitmapCleanup string
+	CounterComplete, CounterCompleted, CounterBackfill, CounterForgetCandidates              string
+	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark                            string
 }
 
 // ForPubSub returns the statements for schema (already validated).
@@ -30,58 +46,76 @@ func ForPubSub(schema string) *PubSub {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	q := func(s string) string { return r.Replace(s) }
 	return &PubSub{
-		LockTopic:          q(lockTopic),
-		SelectSubscription: q(selectSubscription),
-		InsertSubscription: q(insertSubscription),
-		InsertOffset:       q(insertOffset),
-		SubscribedBits:     q(subscribedBits),
-		BitStillReferenced: q(bitStillReferenced),
-		ReleaseBit:         q(releaseBit),
-		AddSubscribed:      q(addSubscribed),
-		RemoveSubscribed:   q(removeSubscribed),
-		SetStatus:          q(setStatus),
-		Heartbeat:          q(heartbeat),
-		LockOffset:         q(lockOffset),
-		TakeExpiredBatch:   q(takeExpiredBatch),
-		CurrentSnapshot:    `SELECT pg_current_snapshot()::text`,
-		FetchRows:          q(fetchRows),
-		InsertBatch:        q(insertBatch),
-		AdvanceOffset:      q(advanceOffset),
-		FinishBatch:        q(finishBatch),
-		ReleaseBatch:       q(releaseBatch),
-		ReadBatchRows:      q(readBatchRows),
-		InsertRetries:      q(insertRetries),
-		ClaimRetries:       q(claimRetries),
-		SettleRetry:        q(settleRetry),
-		DeleteRetry:        q(deleteRetry),
-		ReapRetries:        q(reapRetries),
-		ListDeadLetters:    q(listGroupDeadLetters),
-		ReplayDeadLetters:  q(replayGroupDeadLetters),
-		DeadCandidates:     q(deadCandidates),
-		CommittedPosition:  q(committedPosition),
-		DeleteGroupState:   q(deleteGroupState),
-		SubscriptionStatus: q(subscriptionStatus),
-		AnyDeadCandidate:   q(anyDeadCandidate),
+		LockTopic:             q(lockTopic),
+		SelectSubscription:    q(selectSubscription),
+		InsertSubscription:    q(insertSubscription),
+		InsertOffset:          q(insertOffset),
+		SubscribedBits:        q(subscribedBits),
+		AddSubscribed:         q(addSubscribed),
+		RemoveSubscribed:      q(removeSubscribed),
+		SetStatus:             q(setStatus),
+		LockOffsetWait:        q(lockOffsetWait),
+		ResurrectOffset:       q(resurrectOffset),
+		SubscriptionStatus:    q(subscriptionStatus),
+		Heartbeat:             q(heartbeat),
+		DeadCandidates:        q(deadCandidates),
+		AnyDeadCandidate:      q(anyDeadCandidate),
+		LockOffsetsSkipLocked: q(lockOffsetsSkipLocked),
+		PendingForgets:        q(pendingForgets),
+		LockForget:            q(lockForget),
+		ForgetDone:            q(forgetDone),
+		DeleteGroupState:      q(deleteGroupState),
+		CommittedPosition:     q(committedPosition),
 
-		BitmapComplete:   q(bitmapComplete),
-		BitmapCompleted:  q(bitmapCompleted),
-		BitmapBackfill:   q(bitmapBackfill),
-		BitmapForget:     q(bitmapForget),
-		BitmapCleanup:    q(bitmapCleanup),
-		CounterComplete:  q(counterComplete),
-		CounterCompleted: q(counterCompleted),
-		CounterBackfill:  q(counterBackfill),
-		CounterForget:    q(counterForget),
-		CounterCleanup:   q(counterCleanup),
-		OffsetCleanup:    q(offsetCleanup),
-		UpsertWatermark:  q(upsertWatermark),
+		LockOffset:          q(lockOffset),
+		OffsetExists:        q(offsetExists),
+		FetchState:          q(fetchState),
+		BackfillProgress:    q(backfillProgress),
+		TakeOverBatch:       q(takeOverBatch),
+		FetchRows:           q(fetchRows),
+		AdvanceOffset:       q(advanceOffset),
+		InsertBatch:         q(insertBatch),
+		ReapRetries:         q(reapRetries),
+		DeleteOrphanRetries: q(deleteOrphanRetries),
+		ClaimRetries:        q(claimRetries),
+
+		FinishBatch:  q(finishBatch),
+		InsertRetries: q(insertRetries),
+		SettleRetry:  q(settleRetry),
+		DeleteRetry:  q(deleteRetry),
+		ExtendLeases: q(extendLeases),
+
+		ListDeadLetters:   q(listGroupDeadLetters),
+		ReplayDeadLetters: q(replayGroupDeadLetters),
+
+		BitmapComplete:          q(bitmapComplete),
+		BitmapCompleted:         q(bitmapCompleted),
+		BitmapBackfill:          q(bitmapBackfill),
+		BitmapForget:            q(bitmapForget),
+		BitmapStrip:             q(bitmapStrip),
+		BitmapCleanup:           q(bitmapCleanup),
+		CounterComplete:         q(counterComplete),
+		CounterCompleted:        q(counterCompleted),
+		CounterBackfill:         q(counterBackfill),
+		CounterForgetCandidates: q(counterForgetCandidates),
+		CounterForget:           q(counterForget),
+		CounterCleanup:          q(counterCleanup),
+		OffsetCleanup:           q(offsetCleanup),
+		UpsertWatermark:         q(upsertWatermark),
 	}
 }
 
-// lockTopic serialises subscription changes of a topic: inserts read the
-// same row, so a change and the required sets it implies commit together.
+// ---------------------------------------------------------------- subscriptions
+
+// lockTopic serialises changes of a topic's subscribed set with the
+// producers that copy it (see insertPublished): it takes the topic's lock
+// exclusively, waiting for every producer transaction that read the set
+// (producers arriving meanwhile queue behind it), then the row FOR UPDATE,
+// which makes a producer statement that waited re-read the row.
 const lockTopic = `
-SELECT semantics, coalesce(tracking_mode, '') FROM {{schema}}.outbox_topics WHERE topic = $1 FOR UPDATE`
+SELECT semantics, coalesce(tracking_mode, '') FROM {{schema}}.outbox_topics AS t
+WHERE t.topic = $1 AND pg_advisory_xact_lock(` + topicLockClass + `, hashtext(t.topic)) IS NOT NULL
+FOR UPDATE`
 
 const selectSubscription = `
 SELECT id, subscription_status, coalesce(bit, -1), start_position,
@@ -97,23 +131,20 @@ VALUES ($1, $2, $3, $4, $5, $6, $7 * interval '1 microsecond')
 RETURNING id`
 
 // insertOffset sets a new group's start: the current snapshot for "from
-// now" (taken inside the registering transaction, under the topic lock), or
-// the empty snapshot, which sees nothing, for every other start.
+// now" (taken inside the registering transaction after it locked the topic
+// row, so every message written with the old subscribed set is visible in
+// it), or the empty snapshot, which sees nothing, for every other start.
+// $3 > 0 asks for a backfill of up to $3 older unfinished messages before
+// the group fetches.
 const insertOffset = `
-INSERT INTO {{schema}}.outbox_subscription_offsets (subscription_id, position)
-VALUES ($1, CASE WHEN $2 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END)`
+INSERT INTO {{schema}}.outbox_subscription_offsets (subscription_id, position, backfill_from, backfill_left)
+VALUES ($1, CASE WHEN $2 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END,
+        CASE WHEN $3 > 0 THEN '1:1:'::pg_snapshot END, $3)`
 
+// subscribedBits are the bits taken on topic $1: a bit belongs to its
+// subscription until a CANCELLED group was forgotten everywhere.
 const subscribedBits = `
-SELECT bit, subscription_status FROM {{schema}}.outbox_topic_subscriptions
-WHERE topic = $1 AND bit IS NOT NULL`
-
-const bitStillReferenced = `
-SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_published
-               WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 <> 0)`
-
-const releaseBit = `
-UPDATE {{schema}}.outbox_topic_subscriptions SET bit = NULL
-WHERE topic = $1 AND bit = $2 AND subscription_status = 'CANCELLED'`
+SELECT bit FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND bit IS NOT NULL`
 
 // addSubscribed and removeSubscribed keep the topic row's subscribed set,
 // which every insert copies into the message, idempotently.
@@ -130,71 +161,192 @@ SET subscribed_bits = subscribed_bits & ~$2::bigint,
     subscribed_ids = array_remove(subscribed_ids, $3::bigint)
 WHERE topic = $1`
 
+// setStatus records a state change; leaving (DEAD, CANCELLED) makes
+// forgetting pending, coming back (ACTIVE) ends it.
 const setStatus = `
 UPDATE {{schema}}.outbox_topic_subscriptions
 SET subscription_status = $2, last_active_at = now(),
     released_at = CASE WHEN $2 IN ('DEAD', 'CANCELLED') THEN now() END,
+    forget_pending = $2 IN ('DEAD', 'CANCELLED'),
     last_heartbeat_at = CASE WHEN $2 = 'ACTIVE' THEN now() ELSE last_heartbeat_at END
 WHERE id = $1`
 
+// lockOffsetWait: a state change waits for a fetch in progress, so every
+// fetch sees the state it runs under until it commits.
+const lockOffsetWait = `
+SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1 FOR UPDATE`
+
+// resurrectOffset prepares a group that comes back: before anyone fetches,
+// it is raised again (up to $2 rows) on every stored row of its stream it
+// has not completed that is not visible in its committed position (the
+// prev of its oldest open batch, else its position), finished by the
+// other groups or not. Its open batches are expired, so the next fetch
+// moves their rows to the retry table.
+const resurrectOffset = `
+WITH expired AS (
+    UPDATE {{schema}}.outbox_group_batches SET lease_until = '-infinity' WHERE subscription_id = $1
+)
+UPDATE {{schema}}.outbox_subscription_offsets AS o
+SET backfill_from = coalesce((SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
+                              WHERE b.subscription_id = $1 ORDER BY b.id LIMIT 1), o.position),
+    backfill_left = $2, backfill_reopen = true, updated_at = now()
+WHERE o.subscription_id = $1`
+
+const subscriptionStatus = `
+SELECT id, subscription_status FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND group_name = $2`
+
 // heartbeat records database time only. It reports the status, so a DEAD
-// group's instance can resurrect it.
+// group's instance can resurrect it; no row: the subscription is gone.
 const heartbeat = `
 UPDATE {{schema}}.outbox_topic_subscriptions
 SET last_heartbeat_at = now(), heartbeat_timeout = $2 * interval '1 microsecond'
 WHERE id = $1
 RETURNING subscription_status`
 
-// lockOffset: the member that gets the row fetches; the others skip.
+// anyDeadCandidate is deadCandidates' cheap, lock-free pre-check.
+const anyDeadCandidate = `
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions
+               WHERE topic = $1 AND subscription_status = 'ACTIVE'
+                     AND last_heartbeat_at < now() - heartbeat_timeout)`
+
+// deadCandidates: ACTIVE groups of topic $1 whose heartbeats stopped.
+const deadCandidates = `
+SELECT id, group_name, coalesce(bit, -1) FROM {{schema}}.outbox_topic_subscriptions
+WHERE topic = $1 AND subscription_status = 'ACTIVE'
+      AND last_heartbeat_at < now() - heartbeat_timeout
+FOR UPDATE SKIP LOCKED`
+
+// lockOffsetsSkipLocked locks the offsets rows of subscriptions $1 that no
+// fetch holds: a group fetching right now is not dead.
+const lockOffsetsSkipLocked = `
+SELECT subscription_id FROM {{schema}}.outbox_subscription_offsets
+WHERE subscription_id = ANY($1::bigint[])
+FOR UPDATE SKIP LOCKED`
+
+// pendingForgets: groups of topic $1 that left and may still be referred to.
+const pendingForgets = `
+SELECT id FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND forget_pending`
+
+// lockForget: a forget pass holds the subscription row, so a resurrection
+// waits for the pass in progress and later passes see it came back.
+const lockForget = `
+SELECT subscription_status, coalesce(bit, -1), forget_pending
+FROM {{schema}}.outbox_topic_subscriptions WHERE id = $1 FOR UPDATE`
+
+// forgetDone: nothing refers to the group any more. A CANCELLED group's
+// bit is free again.
+const forgetDone = `
+UPDATE {{schema}}.outbox_topic_subscriptions
+SET forget_pending = false,
+    bit = CASE WHEN subscription_status = 'CANCELLED' THEN NULL ELSE bit END
+WHERE id = $1`
+
+// deleteGroupState drops a cancelled group's batches and retries.
+const deleteGroupState = `
+WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1)
+DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
+
+// committedPosition is what a group has finished: the prev of its oldest
+// open batch, else its position. Rows visible in it are done by the group
+// (except its pending retries).
+const committedPosition = `
+SELECT s.id, coalesce((SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
+                       WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1), o.position)::text
+FROM {{schema}}.outbox_topic_subscriptions AS s
+JOIN {{schema}}.outbox_subscription_offsets AS o ON o.subscription_id = s.id
+WHERE s.topic = $1 AND s.subscription_status IN ('ACTIVE', 'PAUSED')`
+
+// ---------------------------------------------------------------- fetching
+
+// lockOffset: the instance that gets the row fetches; the others skip.
+// Nobody holds it while handling.
 const lockOffset = `
-SELECT position::text, pair_cur::text, resume_xid::text, resume_id
+SELECT position::text, pair_cur::text, resume_xid::text, resume_id,
+       backfill_from::text, backfill_left, backfill_reopen
 FROM {{schema}}.outbox_subscription_offsets
 WHERE subscription_id = $1
 FOR UPDATE SKIP LOCKED`
 
-// takeExpiredBatch hands a batch whose member's lease ran out to member $2.
-const takeExpiredBatch = `
-UPDATE {{schema}}.outbox_group_batches AS b
-SET member = $2, lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
-FROM (SELECT id FROM {{schema}}.outbox_group_batches
-      WHERE subscription_id = $1 AND lease_until < coalesce($3::timestamptz, now())
-      ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) AS e
-WHERE b.id = e.id
-RETURNING b.id, b.prev::text, b.cur::text, b.after_xid::text, b.after_id, b.last_xid::text, b.last_id, b.lease_until`
+// offsetExists tells a locked offsets row (another instance is fetching)
+// from a deleted subscription.
+const offsetExists = `
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1)`
 
-// streamFilter says which rows of a pair belong to the group ($7..$11):
-// those requiring it (bit $7 / subscription $8), or every row ($9), or rows
-// from a start time ($10) or message id ($11).
-const streamFilter = `
-      AND ((required_bits & $7::bigint <> 0) OR ($8::bigint = ANY(required_ids)) OR $9::bool
-           OR created_at >= $10::timestamptz OR id >= $11::bigint)`
+// fetchState runs after lockOffset: a state change holds the offsets row
+// while it commits, so this read is current until the fetch commits.
+const fetchState = `
+SELECT subscription_status, pg_current_snapshot()::text
+FROM {{schema}}.outbox_topic_subscriptions WHERE id = $1`
+
+const backfillProgress = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET backfill_left = $2, backfill_from = CASE WHEN $3 THEN NULL ELSE backfill_from END,
+    backfill_reopen = backfill_reopen AND NOT $3, updated_at = now()
+WHERE subscription_id = $1`
+
+// streamFilter says which rows of a pair belong to the group, with bind
+// parameters from $first: rows requiring it (bit $first / subscription
+// $first+1), or every row ($first+2), or rows from a start time
+// ($first+3) or message id ($first+4).
+func streamFilter(alias string, first int) string {
+	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	a := alias + "."
+	return `
+      AND ((` + a + `required_bits & ` + p(0) + `::bigint <> 0) OR (` + p(1) + `::bigint = ANY(` + a + `required_ids)) OR ` + p(2) + `::bool
+           OR ` + a + `created_at >= ` + p(3) + `::timestamptz OR ` + a + `id >= ` + p(4) + `::bigint)`
+}
+
+// notCompleted excludes rows the group completed (bit $first in Bitmap
+// mode, a dedupe row of subscription $first+1 in Counter mode).
+func notCompleted(alias string, first int) string {
+	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	return `
+      AND coalesce(` + alias + `.done_bits & ` + p(0) + `::bigint, 0) = 0
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                      WHERE c.message_id = ` + alias + `.id AND c.subscription_id = ` + p(1) + `::bigint)`
+}
+
+// takeOverBatch moves the rows of one batch of subscription $1 whose lease
+// ran out before $2 (its instance crashed or hung) to the retry table: each
+// has spent an attempt, and is retried on its own, apart from the others
+// (see claimRetries), so a message that crashes its process cannot hold its
+// batch, or the group's position, for ever. $3 topic, $4.. the stream.
+var takeOverBatch = `
+WITH b AS (
+    DELETE FROM {{schema}}.outbox_group_batches
+    WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
+                WHERE subscription_id = $1 AND lease_until < coalesce($2::timestamptz, now())
+                ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING prev, cur, after_xid, after_id, last_xid, last_id, member
+), moved AS (
+    INSERT INTO {{schema}}.outbox_group_retries
+        (subscription_id, message_id, status, attempts, available_at, last_error, lease_expiries)
+    SELECT $1, o.id, 'RETRY', 1, coalesce($2::timestamptz, now()), 'lease expired (member ' || b.member || ')', 1
+    FROM b JOIN {{schema}}.outbox_published AS o
+         ON o.topic = $3 AND o.xid >= pg_snapshot_xmin(b.prev) AND o.xid <= b.last_xid
+            AND (o.xid, o.id) > (b.after_xid, b.after_id) AND (o.xid, o.id) <= (b.last_xid, b.last_id)
+            AND pg_visible_in_snapshot(o.xid, b.cur) AND NOT pg_visible_in_snapshot(o.xid, b.prev)
+    WHERE true` + streamFilter("o", 4) + notCompleted("o", 4) + `
+    ON CONFLICT (subscription_id, message_id) DO NOTHING
+    RETURNING message_id
+)
+SELECT b.member, (SELECT count(*) FROM moved) FROM b`
 
 const messageColumns = `id, xid::text, payload, headers, correlation_id, coalesce(message_group, ''), priority, created_at`
 
 // fetchRows reads the next rows of snapshot pair ($2 prev, $3 cur) after
 // ($4, $5), in commit-safe order: only transactions that committed between
 // the two snapshots, whatever their ids.
-const fetchRows = `
+var fetchRows = `
 SELECT ` + messageColumns + `
-FROM {{schema}}.outbox_published
+FROM {{schema}}.outbox_published AS o
 WHERE topic = $1 AND status = 'PUBLISHED'
       AND xid >= pg_snapshot_xmin($2::pg_snapshot) AND xid < pg_snapshot_xmax($3::pg_snapshot)
       AND (xid, id) > ($4::text::xid8, $5::bigint)
       AND pg_visible_in_snapshot(xid, $3::pg_snapshot)
-      AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)` + streamFilter + `
+      AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)` + streamFilter("o", 7) + `
 ORDER BY xid, id
 LIMIT $6`
-
-// readBatchRows re-reads a batch exactly: the same pair, the same range.
-const readBatchRows = `
-SELECT ` + messageColumns + `
-FROM {{schema}}.outbox_published
-WHERE topic = $1 AND status = 'PUBLISHED'
-      AND xid >= pg_snapshot_xmin($2::pg_snapshot) AND xid <= $12::text::xid8
-      AND (xid, id) > ($4::text::xid8, $5::bigint) AND (xid, id) <= ($12::text::xid8, $6::bigint)
-      AND pg_visible_in_snapshot(xid, $3::pg_snapshot)
-      AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)` + streamFilter + `
-ORDER BY xid, id`
 
 const insertBatch = `
 INSERT INTO {{schema}}.outbox_group_batches
@@ -209,103 +361,127 @@ SET position = $2::pg_snapshot, pair_cur = $3::pg_snapshot,
     resume_xid = $4::text::xid8, resume_id = $5, updated_at = now()
 WHERE subscription_id = $1`
 
-// finishBatch deletes a batch its member completed; no row means the lease
-// expired and another member took the batch over.
-const finishBatch = `DELETE FROM {{schema}}.outbox_group_batches WHERE id = $1 AND member = $2`
-
-// releaseBatch ends a lease early so another member re-reads the batch now.
-const releaseBatch = `
-UPDATE {{schema}}.outbox_group_batches SET lease_until = '-infinity' WHERE id = $1 AND member = $2`
-
-const insertRetries = `
-INSERT INTO {{schema}}.outbox_group_retries
-    (subscription_id, message_id, status, attempts, available_at, last_error, dead_lettered_at)
-SELECT $1, r.message_id, CASE WHEN r.dead THEN 'DEAD_LETTER' ELSE 'RETRY' END, r.attempts,
-       coalesce($6::timestamptz, now()) + r.delay_us * interval '1 microsecond', r.err,
-       CASE WHEN r.dead THEN coalesce($6::timestamptz, now()) END
-FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::bool[], $7::text[]) AS r(message_id, attempts, delay_us, dead, err)
-ON CONFLICT (subscription_id, message_id) DO NOTHING`
-
-// claimRetries leases due retries of subscription $1 to member $2.
-const claimRetries = `
-WITH claimed AS (
-    UPDATE {{schema}}.outbox_group_retries AS r
-    SET status = 'PROCESSING', attempts = r.attempts + 1, lease_owner = $2,
-        lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
-    FROM (SELECT message_id FROM {{schema}}.outbox_group_retries
-          WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
-          ORDER BY available_at LIMIT $5 FOR UPDATE SKIP LOCKED) AS due
-    WHERE r.subscription_id = $1 AND r.message_id = due.message_id
-    RETURNING r.message_id, r.attempts, r.lease_until
-)
-SELECT o.id, o.xid::text, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''), o.priority,
-       o.created_at, c.attempts, c.lease_until
-FROM claimed AS c JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id`
-
-const settleRetry = `
-UPDATE {{schema}}.outbox_group_retries
-SET status = CASE WHEN $5 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
-    available_at = coalesce($7::timestamptz, now()) + $4 * interval '1 microsecond',
-    dead_lettered_at = CASE WHEN $5 THEN coalesce($7::timestamptz, now()) END,
-    last_error = $6, lease_owner = NULL, lease_until = NULL
-WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING'`
-
-const deleteRetry = `
-DELETE FROM {{schema}}.outbox_group_retries
-WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING'`
-
+// reapRetries returns retries whose lease ran out to the queue (or the
+// dead letters, on their last attempt), counting the expiry.
 const reapRetries = `
 UPDATE {{schema}}.outbox_group_retries
 SET status = CASE WHEN attempts >= $3 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
     dead_lettered_at = CASE WHEN attempts >= $3 THEN coalesce($2::timestamptz, now()) END,
     available_at = coalesce($2::timestamptz, now()),
     last_error = 'lease expired (member ' || coalesce(lease_owner, '?') || ')',
+    lease_expiries = lease_expiries + 1,
     lease_owner = NULL, lease_until = NULL
 WHERE subscription_id = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())`
+
+// deleteOrphanRetries drops retries of messages that no longer exist
+// (deleted while the group was DEAD).
+const deleteOrphanRetries = `
+DELETE FROM {{schema}}.outbox_group_retries AS r
+WHERE r.subscription_id = $1
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o WHERE o.id = r.message_id)`
+
+// claimRetries leases due retries of subscription $1 to member $2: up to
+// $5 ordinary ones, and at most one whose lease ran out before while no
+// other such retry of the group is leased. A message that crashes every
+// process handling it is so tried alone, and runs out of attempts alone.
+const claimRetries = `
+WITH ordinary AS (
+    SELECT message_id FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+          AND lease_expiries = 0
+    ORDER BY available_at LIMIT $5 FOR UPDATE SKIP LOCKED
+), suspect AS (
+    SELECT message_id FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+          AND lease_expiries > 0
+          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS p
+                          WHERE p.subscription_id = $1 AND p.status = 'PROCESSING' AND p.lease_expiries > 0)
+    ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT message_id FROM ordinary UNION ALL SELECT message_id FROM suspect
+), claimed AS (
+    UPDATE {{schema}}.outbox_group_retries AS r
+    SET status = 'PROCESSING', attempts = r.attempts + 1, lease_owner = $2,
+        lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
+    FROM due
+    WHERE r.subscription_id = $1 AND r.message_id = due.message_id
+    RETURNING r.message_id, r.attempts, r.lease_until
+)
+SELECT o.id, o.xid::text, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''), o.priority,
+       o.created_at, c.attempts, c.lease_until
+FROM claimed AS c JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
+ORDER BY o.xid, o.id`
+
+// ---------------------------------------------------------------- completing
+
+// finishBatch deletes a batch its member completed; no row means the lease
+// expired and another member took the batch over.
+const finishBatch = `DELETE FROM {{schema}}.outbox_group_batches WHERE id = $1 AND member = $2`
+
+// insertRetries parks failed messages of a batch (retry after a delay or
+// dead-letter), and messages a stopping instance never handled (attempts
+// given back, available at once).
+const insertRetries = `
+INSERT INTO {{schema}}.outbox_group_retries
+    (subscription_id, message_id, status, attempts, available_at, last_error, dead_lettered_at)
+SELECT $1, r.message_id, CASE WHEN r.dead THEN 'DEAD_LETTER' ELSE 'RETRY' END, r.attempts,
+       coalesce($6::timestamptz, now()) + r.delay_us * interval '1 microsecond', nullif(r.err, ''),
+       CASE WHEN r.dead THEN coalesce($6::timestamptz, now()) END
+FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::bool[], $7::text[]) AS r(message_id, attempts, delay_us, dead, err)
+ON CONFLICT (subscription_id, message_id) DO NOTHING`
+
+// settleRetry ends a retry delivery that did not succeed: retry after $4
+// microseconds, dead-letter ($5), or give the attempt back ($8 = 1) when a
+// stopping instance never ran it. The message ran to an end, so it is no
+// longer suspected of crashing its process.
+const settleRetry = `
+UPDATE {{schema}}.outbox_group_retries
+SET status = CASE WHEN $5 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
+    attempts = attempts - $8,
+    available_at = coalesce($7::timestamptz, now()) + $4 * interval '1 microsecond',
+    dead_lettered_at = CASE WHEN $5 THEN coalesce($7::timestamptz, now()) END,
+    last_error = coalesce(nullif($6, ''), last_error), lease_owner = NULL, lease_until = NULL,
+    lease_expiries = CASE WHEN $8 = 1 THEN lease_expiries ELSE 0 END
+WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING'`
+
+const deleteRetry = `
+DELETE FROM {{schema}}.outbox_group_retries
+WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING'`
+
+// extendLeases keeps the leases of the batches ($3) and retry deliveries
+// ($4) that member $2 is still working on, in one statement. It returns
+// the ids it extended: the others were taken over.
+const extendLeases = `
+WITH b AS (
+    UPDATE {{schema}}.outbox_group_batches
+    SET lease_until = coalesce($5::timestamptz, now()) + $6 * interval '1 microsecond'
+    WHERE subscription_id = $1 AND member = $2 AND id = ANY($3::bigint[])
+    RETURNING id
+), r AS (
+    UPDATE {{schema}}.outbox_group_retries
+    SET lease_until = coalesce($5::timestamptz, now()) + $6 * interval '1 microsecond'
+    WHERE subscription_id = $1 AND lease_owner = $2 AND status = 'PROCESSING' AND message_id = ANY($4::bigint[])
+    RETURNING message_id
+)
+SELECT 'batch', id FROM b UNION ALL SELECT 'retry', message_id FROM r`
+
+// ---------------------------------------------------------------- administration
+
+const groupSubscription = `(SELECT id FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND group_name = $2)`
 
 const listGroupDeadLetters = `
 SELECT o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''), o.priority,
        r.attempts, o.created_at, r.dead_lettered_at, coalesce(r.last_error, '')
 FROM {{schema}}.outbox_group_retries AS r JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
-WHERE r.subscription_id = $1 AND r.status = 'DEAD_LETTER' AND r.message_id > $2
+WHERE r.subscription_id = ` + groupSubscription + ` AND r.status = 'DEAD_LETTER' AND r.message_id > $3
 ORDER BY r.message_id
-LIMIT $3`
+LIMIT $4`
 
 const replayGroupDeadLetters = `
 UPDATE {{schema}}.outbox_group_retries
-SET status = 'RETRY', attempts = 0, available_at = now(), dead_lettered_at = NULL
-WHERE subscription_id = $1 AND status = 'DEAD_LETTER' AND ($2::bigint[] IS NULL OR message_id = ANY($2::bigint[]))`
-
-const subscriptionStatus = `
-SELECT subscription_status FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND group_name = $2`
-
-// anyDeadCandidate is deadCandidates' cheap, lock-free pre-check.
-const anyDeadCandidate = `
-SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions
-               WHERE topic = $1 AND subscription_status = 'ACTIVE'
-                     AND last_heartbeat_at < now() - heartbeat_timeout)`
-
-// deadCandidates: ACTIVE groups of topic $1 whose heartbeats stopped.
-const deadCandidates = `
-SELECT id, coalesce(bit, -1) FROM {{schema}}.outbox_topic_subscriptions
-WHERE topic = $1 AND subscription_status = 'ACTIVE'
-      AND last_heartbeat_at < now() - heartbeat_timeout
-FOR UPDATE SKIP LOCKED`
-
-// committedPosition is what a group has finished: the prev of its oldest
-// open batch, else its position. Rows visible in it are done by the group
-// (except its pending retries).
-const committedPosition = `
-SELECT s.id, coalesce((SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
-                       WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1), o.position)::text
-FROM {{schema}}.outbox_topic_subscriptions AS s
-JOIN {{schema}}.outbox_subscription_offsets AS o ON o.subscription_id = s.id
-WHERE s.topic = $1 AND s.subscription_status IN ('ACTIVE', 'PAUSED')`
-
-// deleteGroupState drops a cancelled group's batches and retries.
-const deleteGroupState = `
-WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1)
-DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
+SET status = 'RETRY', attempts = 0, available_at = now(), dead_lettered_at = NULL, lease_expiries = 0
+WHERE subscription_id = ` + groupSubscription + ` AND status = 'DEAD_LETTER'
+      AND ($3::bigint[] IS NULL OR message_id = ANY($3::bigint[]))`
 
 // ---------------------------------------------------------------- bitmap
 
@@ -317,26 +493,44 @@ WHERE id = ANY($1::bigint[]) AND required_bits & $2 <> 0 AND done_bits & $2 = 0`
 const bitmapCompleted = `
 SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0`
 
-// bitmapBackfill makes a late group required on up to $4 unfinished rows of
-// its stream (not visible in $3) it is not yet required on; finished rows
-// are never re-opened. $5 all rows / $6 from time / $7 from id narrow it.
+// bitmapBackfill makes the group (bit $2) required on up to $4 rows of its
+// stream that are not visible in $3 and that it has neither required nor
+// completed: unfinished rows, or ($8) every such row, finished by the
+// other groups or needed by none. $5 all rows / $6 from time / $7 from id
+// narrow it to the group's start.
 const bitmapBackfill = `
 UPDATE {{schema}}.outbox_published SET required_bits = required_bits | $2
 WHERE id IN (
     SELECT id FROM {{schema}}.outbox_published
-    WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 = 0
-          AND required_bits <> 0 AND done_bits & required_bits <> required_bits
+    WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 = 0 AND done_bits & $2 = 0
+          AND ($8::bool OR (required_bits <> 0 AND done_bits & required_bits <> required_bits))
           AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
           AND ($5::bool OR created_at >= $6::timestamptz OR id >= $7::bigint)
-    ORDER BY id LIMIT $4)`
+    ORDER BY id LIMIT $4)
+  AND required_bits & $2 = 0`
 
-// bitmapForget drops the group from up to $3 rows it had not completed.
+// bitmapForget drops a DEAD group (bit $2) from up to $3 rows it had not
+// completed. The row conditions are repeated outside the subquery so that
+// a completion committed while the update waited for a row is seen.
 const bitmapForget = `
 UPDATE {{schema}}.outbox_published SET required_bits = required_bits & ~$2::bigint
 WHERE id IN (
     SELECT id FROM {{schema}}.outbox_published
     WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 <> 0 AND done_bits & $2 = 0
-    ORDER BY id LIMIT $3)`
+    ORDER BY id LIMIT $3)
+  AND required_bits & $2 <> 0 AND done_bits & $2 = 0`
+
+// bitmapStrip removes a CANCELLED group's bit $2 from up to $3 rows,
+// required or done: its completions no longer matter, and the bit can go
+// to another group once no row has it.
+const bitmapStrip = `
+UPDATE {{schema}}.outbox_published
+SET required_bits = required_bits & ~$2::bigint, done_bits = done_bits & ~$2::bigint
+WHERE id IN (
+    SELECT id FROM {{schema}}.outbox_published
+    WHERE topic = $1 AND (required_bits | done_bits) & $2 <> 0
+    ORDER BY id LIMIT $3)
+  AND (required_bits | done_bits) & $2 <> 0`
 
 // retention: rows older than the topic's retention (and, for rows nobody
 // was subscribed to, older than the zero-subscription floor), with no
@@ -358,7 +552,9 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
 // ---------------------------------------------------------------- counter
 
 // counterComplete inserts dedupe rows and counts only the new ones, so a
-// redelivered message is never counted twice.
+// redelivered message is never counted twice; a row the group was
+// forgotten on meanwhile is not counted (the condition is re-checked on the
+// row version the update locks).
 const counterComplete = `
 WITH fresh AS (
     INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
@@ -375,27 +571,38 @@ SELECT message_id FROM {{schema}}.outbox_consumer_groups
 WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
 
 const counterBackfill = `
-UPDATE {{schema}}.outbox_published
+UPDATE {{schema}}.outbox_published AS o
 SET required_ids = array_append(required_ids, $2::bigint), required_count = required_count + 1
 WHERE id IN (
     SELECT id FROM {{schema}}.outbox_published AS o
     WHERE topic = $1 AND status = 'PUBLISHED' AND NOT ($2::bigint = ANY(required_ids))
-          AND required_count > 0 AND completed_count < required_count
+          AND ($8::bool OR (required_count > 0 AND completed_count < required_count))
           AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
           AND ($5::bool OR created_at >= $6::timestamptz OR id >= $7::bigint)
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                           WHERE c.message_id = o.id AND c.subscription_id = $2)
-    ORDER BY id LIMIT $4)`
+    ORDER BY id LIMIT $4)
+  AND NOT ($2::bigint = ANY(o.required_ids))`
+
+// counterForgetCandidates locks up to $3 rows that still require
+// subscription $2 and that it had not completed when the statement began.
+// counterForget, a later statement, re-checks them under those locks: a
+// completion that committed meanwhile is visible to it, and one that has
+// not yet locked a row waits and then finds the group gone from it.
+const counterForgetCandidates = `
+SELECT o.id FROM {{schema}}.outbox_published AS o
+WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND $2::bigint = ANY(o.required_ids)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                      WHERE c.message_id = o.id AND c.subscription_id = $2)
+ORDER BY o.id LIMIT $3
+FOR UPDATE`
 
 const counterForget = `
-UPDATE {{schema}}.outbox_published
-SET required_ids = array_remove(required_ids, $2::bigint), required_count = required_count - 1
-WHERE id IN (
-    SELECT id FROM {{schema}}.outbox_published AS o
-    WHERE topic = $1 AND status = 'PUBLISHED' AND $2::bigint = ANY(required_ids)
-          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                          WHERE c.message_id = o.id AND c.subscription_id = $2)
-    ORDER BY id LIMIT $3)`
+UPDATE {{schema}}.outbox_published AS o
+SET required_ids = array_remove(o.required_ids, $2::bigint), required_count = o.required_count - 1
+WHERE o.id = ANY($1::bigint[]) AND $2::bigint = ANY(o.required_ids)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                      WHERE c.message_id = o.id AND c.subscription_id = $2)`
 
 const counterCleanup = `
 WITH gone AS (

@@ -96,6 +96,17 @@ RETURNING id`
 
 // insertPublished writes one message of a topic configured as PUB_SUB,
 // with the groups it needs from the topic row (the "snapshot at insert").
+//
+// It holds the topic's lock (see TopicLock) in shared mode, and the topic
+// row FOR KEY SHARE (the lock a foreign key takes), until the transaction
+// ends. A change of the subscribed set (a group registering, dying, coming
+// back or cancelled) takes the topic's lock exclusively: it waits for the
+// producer transactions that read the old set, and producers arriving
+// meanwhile queue behind it (the lock manager is fair, so a steady stream
+// of producers cannot starve it), then read the new set (the row lock makes
+// a statement that waited re-read the row). So a message's required groups
+// and the groups' read positions always agree, in every isolation level (a
+// REPEATABLE READ producer that raced a change gets a serialization error).
 const insertPublished = `
 INSERT INTO {{schema}}.outbox_published
     (topic, payload, headers, correlation_id, message_group, priority, available_at,
@@ -104,8 +115,17 @@ SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
        ` + publishedStatus + `,
        ` + requiredGroups + `
 FROM {{schema}}.outbox_topics AS t
-WHERE t.topic = $1
+WHERE t.topic = $1 AND ` + topicLockShared + `
+FOR KEY SHARE OF t
 RETURNING id`
+
+// topicLockClass is the first key of the advisory lock pgoutbox takes per
+// topic ("pgob"); the second is hashtext of the topic's name.
+const topicLockClass = `1885826914`
+
+// topicLockShared takes the lock of topic row t's topic in shared mode,
+// until the transaction ends (a filter that is always true).
+const topicLockShared = `pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext(t.topic)) IS NOT NULL`
 
 // requiredGroupColumns are the columns requiredGroups fills.
 const requiredGroupColumns = `required_bits, required_ids, required_count, done_bits, completed_count`
@@ -164,7 +184,10 @@ WITH m AS MATERIALIZED (
                       $7::text[], $8::timestamptz[], $9::bigint[])
                WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
                                     idempotency_key, not_before, delay_us, ord)
-          LEFT JOIN {{schema}}.outbox_topics AS t ON t.topic = m.topic
+          LEFT JOIN (SELECT * FROM {{schema}}.outbox_topics AS t
+                     WHERE t.topic = ANY($1::text[]) AND ` + topicLockShared + `
+                     FOR KEY SHARE) AS t
+                 ON t.topic = m.topic -- held until commit, as in insertPublished
           ORDER BY m.ord) AS r
 ), keyed AS (
     INSERT INTO {{schema}}.outbox_idempotency_keys AS k (topic, idempotency_key, message_id, expires_at)
@@ -244,11 +267,14 @@ ON CONFLICT (topic) DO UPDATE SET
     idempotency_window = excluded.idempotency_window,
     updated_at = now()
 -- Semantics never change (producers rely on them, see insertQueued); the
--- tracking mode is fixed while any group is subscribed.
+-- tracking mode is fixed while any group is subscribed or any message of
+-- the topic is stored (its rows carry the old mode's completion columns,
+-- which the new mode's cleanup would never read).
 WHERE outbox_topics.semantics = excluded.semantics
   AND (outbox_topics.tracking_mode IS NOT DISTINCT FROM excluded.tracking_mode
-       OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions s
-                      WHERE s.topic = excluded.topic AND s.subscription_status <> 'CANCELLED'))`
+       OR (NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions s
+                       WHERE s.topic = excluded.topic AND s.subscription_status <> 'CANCELLED')
+           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published p WHERE p.topic = excluded.topic)))`
 
 const selectTopic = `
 SELECT semantics, coalesce(tracking_mode, ''),

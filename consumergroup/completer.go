@@ -1,0 +1,133 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
+)
+
+// The completer: one goroutine per instance, writing outcomes in the order
+// they come. A batch's outcome is one transaction: the batch row goes (if
+// this instance still owns it), its acked messages are completed, and its
+// failed and unhandled messages go to the retry table. A retry delivery's
+// outcome is one statement (or a transaction with its completion).
+
+func (r *runner) complete() {
+	defer r.doneWG.Done()
+	for s := range r.finished {
+		if s.batch != nil {
+			r.completeBatch(s.batch)
+			r.held.remove(s.batch.id, 0)
+		} else {
+			r.completeRetry(s.retry)
+			r.held.remove(0, s.retry.f.id)
+		}
+		r.inflight.Add(-int64(s.count))
+		select {
+		case r.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// completeBatch ends a batch. Messages a stopping instance never handled
+// go back to the group at once, with their attempt given back, so a
+// graceful stop redelivers nothing that was finished.
+func (r *runner) completeBatch(b *batch) {
+	g := r.g
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	retries := append(slices.Clip(b.failed), b.released...)
+	err := withRetry(ctx, func() error {
+		return pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, g.q.FinishBatch, b.id, g.cfg.InstanceID)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				return errBatchLost
+			}
+			if len(b.acked) > 0 {
+				// Every group locks message rows in ascending id order, so
+				// groups completing the same rows never deadlock.
+				slices.Sort(b.acked)
+				if err := g.tracker.Complete(ctx, tx, g.sub, b.acked); err != nil {
+					return err
+				}
+			}
+			if len(retries) > 0 {
+				return r.insertRetries(ctx, tx, retries)
+			}
+			return nil
+		})
+	})
+	switch {
+	case errors.Is(err, errBatchLost):
+		g.logger.Warn("pgoutbox: a batch's lease expired before it finished; its messages are retried",
+			slog.Int64("batch", b.id), slog.Int("messages", b.size))
+	case err != nil:
+		g.logger.Error("pgoutbox: completing a batch failed; its messages are retried when its lease expires",
+			slog.Int64("batch", b.id), slog.Any("error", err))
+	default:
+		g.metrics.acked.Add(ctx, int64(len(b.acked)))
+		g.metrics.retried.Add(ctx, int64(len(b.failed)))
+	}
+}
+
+var errBatchLost = errors.New("batch taken over")
+
+func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, fs []failure) error {
+	n := len(fs)
+	ids, attempts, delays, dead, errs := make([]int64, n), make([]int32, n), make([]int64, n), make([]bool, n), make([]string, n)
+	for i, f := range fs {
+		ids[i], attempts[i], delays[i], dead[i], errs[i] = f.id, int32(f.attempts), f.delay.Microseconds(), f.dead, f.err
+	}
+	_, err := tx.Exec(ctx, r.g.q.InsertRetries, r.g.sub.ID, ids, attempts, delays, dead, r.g.now(), errs)
+	return err
+}
+
+func (r *runner) completeRetry(o *retryOut) {
+	g := r.g
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := withRetry(ctx, func() error {
+		switch o.outcome {
+		case ack:
+			return pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+				tag, err := tx.Exec(ctx, g.q.DeleteRetry, g.sub.ID, o.f.id, g.cfg.InstanceID)
+				if err != nil || tag.RowsAffected() == 0 {
+					return err // lease lost: the retry is redelivered
+				}
+				return g.tracker.Complete(ctx, tx, g.sub, []int64{o.f.id})
+			})
+		case release:
+			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, 0, false, "", g.now(), 1)
+			return err
+		default:
+			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, o.f.delay.Microseconds(),
+				o.f.dead, o.f.err, g.now(), 0)
+			if err == nil {
+				g.metrics.retried.Add(ctx, 1)
+			}
+			return err
+		}
+	})
+	if err != nil {
+		g.logger.Error("pgoutbox: settling a retry failed; it is redelivered after its lease", slog.Int64("id", o.f.id), slog.Any("error", err))
+	} else if o.outcome == ack {
+		g.metrics.acked.Add(ctx, 1)
+	}
+}
+
+// withRetry retries a completion write briefly; a batch taken over by
+// another member is final.
+func withRetry(ctx context.Context, f func() error) error {
+	return backoff.Retry(ctx, 3, 50*time.Millisecond, time.Second,
+		func(err error) bool { return errors.Is(err, errBatchLost) }, f)
+}

@@ -1,0 +1,303 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// The executors run handlers: Concurrency goroutines reading jobs, each
+// owning a slot, and one goroutine per batch given to a BatchHandler. The
+// watchdog (one goroutine) fails a handler call that overran its timeout
+// and did not return shortly after its context ended: its message is
+// retried like any failure, a new executor takes the slot's place, and the
+// old one exits when the call finally returns. A hung handler so costs
+// one retry, never its batch or the rest of the group.
+
+// errHandlerTimeout is the failure recorded for an abandoned handler call.
+var errHandlerTimeout = errors.New("handler did not return within its timeout")
+
+// slot is an executor's current handler call, shared with the watchdog.
+type slot struct {
+	mu        sync.Mutex
+	j         *job
+	deadline  time.Time // the call's context ends then
+	abandoned bool
+}
+
+func (s *slot) begin(j *job, deadline time.Time) {
+	s.mu.Lock()
+	s.j, s.deadline = j, deadline
+	s.mu.Unlock()
+}
+
+// end reports whether the call returned in time; false: the watchdog gave
+// up on it and settled its job.
+func (s *slot) end() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.j = nil
+	return !s.abandoned
+}
+
+// overdue gives up on the slot's call if it ran past deadline+grace, or
+// past cancelled+grace when handlers were cancelled, returning its job.
+// abandon runs under the slot's lock, before the executor can see it.
+func (s *slot) overdue(now time.Time, grace time.Duration, cancelled time.Time, abandon func()) *job {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.j == nil || s.abandoned {
+		return nil
+	}
+	late := now.After(s.deadline.Add(grace)) || (!cancelled.IsZero() && now.After(cancelled.Add(grace)))
+	if !late {
+		return nil
+	}
+	s.abandoned = true
+	abandon()
+	return s.j
+}
+
+// abandonGrace is how long a call may run on after its context ended.
+func abandonGrace(timeout time.Duration) time.Duration {
+	return min(max(timeout/4, 10*time.Millisecond), time.Second)
+}
+
+func (r *runner) startExecutor() {
+	s := &slot{}
+	r.slotsMu.Lock()
+	r.slots[s] = struct{}{}
+	r.slotsMu.Unlock()
+	r.workWG.Add(1)
+	go r.work(s)
+}
+
+func (r *runner) work(s *slot) {
+	defer func() {
+		r.slotsMu.Lock()
+		delete(r.slots, s)
+		r.slotsMu.Unlock()
+	}()
+	for j := range r.jobs {
+		o, f, inTime := r.handle(s, j)
+		if !inTime {
+			r.abandoned.Done() // the watchdog counted this goroutine as abandoned
+			return
+		}
+		r.finishJob(j, o, f)
+	}
+	r.workWG.Done()
+}
+
+// handle runs the chosen member's handler (or none: every filter rejected
+// the message) and classifies the result; inTime is false when the
+// watchdog gave up on the call.
+func (r *runner) handle(s *slot, j *job) (o outcome, f failure, inTime bool) {
+	g := r.g
+	if r.stopping.Load() {
+		return release, failure{id: j.d.ID, attempts: j.d.Attempt - 1}, true
+	}
+	m := pick(*r.members.Load(), j.d)
+	if m == nil {
+		return ack, failure{id: j.d.ID, attempts: j.d.Attempt}, true // every member's filter rejected it: processed for this group
+	}
+	timeout := g.handlerTimeout()
+	ctx, cancel := context.WithTimeout(r.workCtx, timeout)
+	defer cancel()
+	s.begin(j, time.Now().Add(timeout))
+	start := time.Now()
+	err := runHandler(ctx, m.handler, j.d)
+	if !s.end() {
+		return 0, failure{}, false
+	}
+	g.metrics.handlerTime.Record(ctx, time.Since(start).Seconds())
+	o, f = r.classify(j, err)
+	return o, f, true
+}
+
+// classify turns a handler's result into an outcome: ack, release (the
+// instance is stopping and cancelled the call), or a failure to retry or
+// dead-letter.
+func (r *runner) classify(j *job, err error) (outcome, failure) {
+	g := r.g
+	f := failure{id: j.d.ID, attempts: j.d.Attempt}
+	if err == nil {
+		return ack, f
+	}
+	if r.workCtx.Err() != nil {
+		f.attempts--
+		return release, f
+	}
+	f.err = err.Error()
+	switch {
+	case outbox.IsPermanent(err):
+		f.dead = true
+	case j.d.Attempt >= g.topic.MaxAttempts:
+		f.dead = true
+	default:
+		f.delay = retryDelay(err, j.d.Attempt, g.topic)
+	}
+	var p *panicError
+	if errors.As(err, &p) {
+		g.logger.Error("pgoutbox: handler panicked", slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt),
+			slog.Bool("dead_lettered", f.dead), slog.Any("panic", p.value), slog.String("stack", p.stack))
+	} else {
+		g.logger.Warn("pgoutbox: handler failed", slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt),
+			slog.Bool("dead_lettered", f.dead), slog.Duration("retry_in", f.delay), slog.Any("error", err))
+	}
+	return fail, f
+}
+
+// panicError is a handler's panic, recovered.
+type panicError struct {
+	value any
+	stack string
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("handler panic: %v", p.value) }
+
+func runHandler(ctx context.Context, h outbox.Handler, d *outbox.Delivery) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &panicError{value: p, stack: string(debug.Stack())}
+		}
+	}()
+	return h(ctx, d)
+}
+
+// finishJob records a job's outcome; a batch goes to the completer when
+// its last message is done.
+func (r *runner) finishJob(j *job, o outcome, f failure) {
+	if j.batch == nil {
+		r.finished <- settled{retry: &retryOut{outcome: o, f: f}, count: 1}
+		return
+	}
+	b := j.batch
+	b.mu.Lock()
+	switch o {
+	case ack:
+		b.acked = append(b.acked, j.d.ID)
+	case fail:
+		b.failed = append(b.failed, f)
+	case release:
+		b.released = append(b.released, f)
+	}
+	b.mu.Unlock()
+	if b.remaining.Add(-1) == 0 {
+		r.finished <- settled{batch: b, count: b.size}
+	}
+}
+
+// timedOut is the outcome of a call the watchdog gave up on.
+func (r *runner) timedOut(j *job) (outcome, failure) {
+	err := fmt.Errorf("%w (%v)", errHandlerTimeout, r.g.handlerTimeout())
+	return r.classify(j, err)
+}
+
+// watch is the watchdog.
+func (r *runner) watch() {
+	defer r.keepWG.Done()
+	timeout := r.g.handlerTimeout()
+	grace := abandonGrace(timeout)
+	t := time.NewTicker(min(max(grace/2, 5*time.Millisecond), 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-r.keepCtx.Done():
+			return
+		case <-t.C:
+		}
+		var cancelled time.Time
+		if ns := r.cancelledAt.Load(); ns != 0 {
+			cancelled = time.Unix(0, ns)
+		}
+		r.slotsMu.Lock()
+		slots := make([]*slot, 0, len(r.slots))
+		for s := range r.slots {
+			slots = append(slots, s)
+		}
+		r.slotsMu.Unlock()
+		now := time.Now()
+		for _, s := range slots {
+			j := s.overdue(now, grace, cancelled, func() { r.abandoned.Add(1) })
+			if j == nil {
+				continue
+			}
+			r.g.logger.Warn("pgoutbox: handler did not return within its timeout; its message is retried and the group goes on",
+				slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt), slog.Duration("timeout", timeout))
+			o, f := r.timedOut(j)
+			r.finishJob(j, o, f)
+			r.startExecutor() // before Done: the executors' count never touches zero here
+			r.workWG.Done()   // the abandoned goroutine no longer counts as an executor
+		}
+	}
+}
+
+// handleBatch gives a whole batch (or the retry deliveries claimed
+// together), in commit order, to the batch handler.
+func (r *runner) handleBatch(bh BatchHandler, jobs []*job) {
+	defer r.workWG.Done()
+	if r.stopping.Load() {
+		for _, j := range jobs {
+			r.finishJob(j, release, failure{id: j.d.ID, attempts: j.d.Attempt - 1})
+		}
+		return
+	}
+	ds := make([]*outbox.Delivery, len(jobs))
+	for i, j := range jobs {
+		ds[i] = j.d
+	}
+	timeout := r.g.handlerTimeout()
+	ctx, cancel := context.WithTimeout(r.workCtx, timeout)
+	defer cancel()
+	type result struct {
+		errs []error
+		err  error
+	}
+	done := make(chan result, 1)
+	r.abandoned.Add(1) // until the call returns, whether or not we wait for it
+	go func() {
+		defer r.abandoned.Done()
+		errs, err := runBatchHandler(ctx, bh, ds)
+		done <- result{errs, err}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		select {
+		case res = <-done:
+		case <-time.After(abandonGrace(timeout)):
+			r.g.logger.Warn("pgoutbox: batch handler did not return within its timeout; its messages are retried",
+				slog.Int("messages", len(jobs)), slog.Duration("timeout", timeout))
+			res.err = fmt.Errorf("%w (%v)", errHandlerTimeout, timeout)
+		}
+	}
+	for i, j := range jobs {
+		err := res.err
+		if err == nil {
+			err = res.errs[i]
+		}
+		o, f := r.classify(j, err)
+		r.finishJob(j, o, f)
+	}
+}
+
+func runBatchHandler(ctx context.Context, bh BatchHandler, ds []*outbox.Delivery) (errs []error, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &panicError{value: p, stack: string(debug.Stack())}
+		}
+	}()
+	errs = bh(ctx, ds)
+	if len(errs) != len(ds) {
+		return nil, fmt.Errorf("batch handler returned %d results for %d messages", len(errs), len(ds))
+	}
+	return errs, nil
+}

@@ -1,0 +1,344 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// The fetcher: one goroutine per instance. It owns lastReap.
+//
+// Each look at the database is one short transaction that locks the
+// group's offsets row (FOR UPDATE SKIP LOCKED: if another instance holds
+// it, that instance is fetching), reads the subscription's state under
+// that lock, and then does the first thing that applies:
+//  1. nothing, if the group is PAUSED or DEAD (or stop, if it is CANCELLED
+//     or gone);
+//  2. one step of a pending backfill (nobody fetches until it is done);
+//  3. take over one batch whose lease ran out: its messages go to the
+//     retry table, each having spent an attempt;
+//  4. claim due retries;
+//  5. read the next rows of the current snapshot pair as a new batch and
+//     move the position.
+
+// fetchResult says what a look found.
+type fetchResult int
+
+const (
+	fetchedNothing fetchResult = iota // the stream is drained
+	fetchedWork                       // look again at once
+	fetchBusy                         // another instance is fetching
+	fetchInactive                     // PAUSED or DEAD
+)
+
+func (r *runner) fetch() {
+	defer r.fetchWG.Done()
+	g := r.g
+	capacity := int64(g.cfg.Concurrency + g.cfg.BatchSize)
+	threshold := int64(max(1, g.cfg.BatchSize/2))
+	poll := time.NewTimer(g.cfg.PollInterval)
+	defer poll.Stop()
+	failures, quiet := 0, 30
+	var lastReap time.Time
+	for r.fetchCtx.Err() == nil {
+		free := capacity - r.inflight.Load()
+		if free < threshold {
+			select {
+			case <-r.fetchCtx.Done():
+			case <-r.room:
+			}
+			continue
+		}
+		reap := time.Since(lastReap) >= g.cfg.PollInterval
+		if reap {
+			lastReap = time.Now()
+		}
+		res, err := r.fetchOnce(int(min(free, int64(g.cfg.BatchSize))), reap)
+		if errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
+			r.end(err)
+			return
+		}
+		if err != nil {
+			failures++
+			delay := min(backoff.Exponential(failures, 10*time.Millisecond, g.cfg.PollInterval), g.cfg.PollInterval)
+			if r.fetchCtx.Err() == nil {
+				g.logger.Error("pgoutbox: fetch failed", slog.Any("error", err), slog.Duration("retry_in", delay))
+			}
+			r.sleep(poll, delay)
+			continue
+		}
+		failures = 0
+		switch res {
+		case fetchedWork:
+			quiet = 0
+		case fetchBusy:
+			r.sleep(poll, min(g.cfg.PollInterval, 5*time.Millisecond))
+		case fetchInactive:
+			r.sleep(poll, g.cfg.PollInterval)
+		default:
+			if quiet < 30 {
+				quiet++
+			}
+			r.sleep(poll, min(g.cfg.PollInterval, time.Millisecond<<quiet))
+		}
+	}
+}
+
+// sleep waits for d, a notification, freed room or stop.
+func (r *runner) sleep(t *time.Timer, d time.Duration) {
+	t.Reset(d)
+	select {
+	case <-r.fetchCtx.Done():
+	case <-r.wake:
+	case <-r.room:
+	case <-t.C:
+	}
+}
+
+// position is the group's offsets row.
+type position struct {
+	position     string
+	pairCur      *string
+	resumeXID    *string
+	resumeID     *int64
+	backfillFrom *string
+	backfillLeft int64
+	reopen       bool
+}
+
+// fetchOnce is one look (see the top of this file). Its statements are not
+// cut off by Stop: a claim cut off after it committed would leave its
+// messages leased until the lease expires.
+func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
+	g := r.g
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.fetchCtx), 30*time.Second)
+	defer cancel()
+	tx, err := g.pool.BeginTx(ctx, shortTx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx)
+
+	var p position
+	err = tx.QueryRow(ctx, g.q.LockOffset, g.sub.ID).Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
+		&p.backfillFrom, &p.backfillLeft, &p.reopen)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var exists bool
+		if err := tx.QueryRow(ctx, g.q.OffsetExists, g.sub.ID).Scan(&exists); err != nil {
+			return 0, fmt.Errorf("lock position: %w", err)
+		}
+		if !exists {
+			return 0, fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)
+		}
+		return fetchBusy, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("lock position: %w", err)
+	}
+	var status, snapshot string
+	err = tx.QueryRow(ctx, g.q.FetchState, g.sub.ID).Scan(&status, &snapshot)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read state: %w", err)
+	}
+	switch State(status) {
+	case Active:
+	case Cancelled:
+		return 0, fmt.Errorf("%w: group %q on %q", ErrCancelled, g.cfg.Group, g.cfg.Topic)
+	default:
+		return fetchInactive, nil
+	}
+
+	if p.backfillFrom != nil {
+		return fetchedWork, r.backfillStep(ctx, tx, p)
+	}
+	if reap {
+		if _, err := tx.Exec(ctx, g.q.ReapRetries, g.sub.ID, g.now(), g.topic.MaxAttempts); err != nil {
+			return 0, fmt.Errorf("reap retries: %w", err)
+		}
+		if _, err := tx.Exec(ctx, g.q.DeleteOrphanRetries, g.sub.ID); err != nil {
+			return 0, fmt.Errorf("reap retries: %w", err)
+		}
+	}
+	if took, err := r.takeOver(ctx, tx); err != nil || took {
+		return fetchedWork, err
+	}
+	if n, err := r.claimRetries(ctx, tx, limit); err != nil || n > 0 {
+		return fetchedWork, err
+	}
+	return r.fetchBatch(ctx, tx, p, snapshot, limit)
+}
+
+// backfillStep raises the group on up to BackfillBatchSize rows of a
+// pending backfill; the backfill ends when a step finds fewer rows than it
+// may raise, or its budget (MaxBackfill) is spent.
+func (r *runner) backfillStep(ctx context.Context, tx pgx.Tx, p position) error {
+	g := r.g
+	limit := min(int64(g.opts.BackfillBatchSize), p.backfillLeft)
+	var n int64
+	if limit > 0 {
+		var err error
+		n, err = g.tracker.Backfill(ctx, tx, g.sub, backfillRange(g.subRow, *p.backfillFrom, p.reopen), int(limit))
+		if err != nil {
+			return err
+		}
+	}
+	left := p.backfillLeft - n
+	done := n < limit || left <= 0
+	if _, err := tx.Exec(ctx, g.q.BackfillProgress, g.sub.ID, left, done); err != nil {
+		return fmt.Errorf("backfill: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	if done {
+		g.logger.Info("pgoutbox: backfill done", slog.Int64("budget_left", max(left, 0)))
+	}
+	return nil
+}
+
+// takeOver moves the messages of one batch whose lease ran out to the
+// retry table (and commits), reporting whether there was one.
+func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
+	g := r.g
+	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, g.stream.binds()...)
+	var member string
+	var moved int64
+	err := tx.QueryRow(ctx, g.q.TakeOverBatch, args...).Scan(&member, &moved)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("take over batch: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, err
+	}
+	g.logger.Warn("pgoutbox: a batch's lease expired before its instance finished it; its messages are retried one by one",
+		slog.String("member", member), slog.Int64("messages", moved))
+	return true, nil
+}
+
+// claimRetries leases due retries of the group (and commits), and hands
+// them out.
+func (r *runner) claimRetries(ctx context.Context, tx pgx.Tx, limit int) (int, error) {
+	g := r.g
+	rows, err := tx.Query(ctx, g.q.ClaimRetries, g.sub.ID, g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("claim retries: %w", err)
+	}
+	ds, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (*outbox.Delivery, error) {
+		d := &outbox.Delivery{Topic: g.cfg.Topic, MaxAttempts: g.topic.MaxAttempts}
+		var xid string
+		var prio int16
+		err := cr.Scan(&d.ID, &xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt, &d.Attempt, &d.LeaseUntil)
+		d.Priority = int(prio)
+		return d, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("claim retries: %w", err)
+	}
+	if len(ds) == 0 {
+		return 0, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	jobs := make([]*job, len(ds))
+	ids := make([]int64, len(ds))
+	for i, d := range ds {
+		jobs[i], ids[i] = &job{d: d}, d.ID
+	}
+	r.held.add(0, ids)
+	r.dispatch(jobs)
+	return len(ds), nil
+}
+
+type row struct {
+	d   *outbox.Delivery
+	xid string
+}
+
+// fetchBatch reads the next rows of the snapshot pair, records them as a
+// batch with a lease and moves the position, and commits.
+func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot string, limit int) (fetchResult, error) {
+	g := r.g
+	// The next rows of the current pair, or of a new pair ending now.
+	prev, cur, afterXID, afterID := p.position, snapshot, "0", int64(0)
+	if p.pairCur != nil {
+		cur, afterXID, afterID = *p.pairCur, *p.resumeXID, *p.resumeID
+	}
+	args := append([]any{g.cfg.Topic, prev, cur, afterXID, afterID, limit}, g.stream.binds()...)
+	rows, err := tx.Query(ctx, g.q.FetchRows, args...)
+	if err != nil {
+		return 0, fmt.Errorf("fetch rows: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+		d := &outbox.Delivery{Topic: g.cfg.Topic, MaxAttempts: g.topic.MaxAttempts, Attempt: 1}
+		var x row
+		var prio int16
+		err := cr.Scan(&d.ID, &x.xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt)
+		d.Priority, x.d = int(prio), d
+		return x, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("fetch rows: %w", err)
+	}
+	if len(got) < limit { // pair exhausted: the position moves to cur
+		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, cur, nil, nil, nil)
+	} else {
+		last := got[len(got)-1]
+		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, prev, cur, last.xid, last.d.ID)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("advance position: %w", err)
+	}
+	if len(got) == 0 {
+		return fetchedNothing, tx.Commit(ctx)
+	}
+	last := got[len(got)-1]
+	var bid int64
+	var leaseUntil time.Time
+	if err := tx.QueryRow(ctx, g.q.InsertBatch, g.sub.ID, prev, cur, afterXID, afterID, last.xid, last.d.ID,
+		g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds()).Scan(&bid, &leaseUntil); err != nil {
+		return 0, fmt.Errorf("record batch: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	b := &batch{id: bid, size: len(got)}
+	b.remaining.Store(int64(len(got)))
+	jobs := make([]*job, len(got))
+	for i, x := range got {
+		x.d.LeaseUntil = leaseUntil
+		jobs[i] = &job{d: x.d, batch: b}
+	}
+	r.held.add(bid, nil)
+	r.dispatch(jobs)
+	return fetchedWork, nil
+}
+
+// dispatch hands jobs to the executors, or all of them at once to the
+// batch handler.
+func (r *runner) dispatch(jobs []*job) {
+	g := r.g
+	r.inflight.Add(int64(len(jobs)))
+	g.metrics.delivered.Add(context.Background(), int64(len(jobs)))
+	if bh := g.batchHandler; bh != nil {
+		r.workWG.Add(1) // shutdown waits for it with the executors
+		go r.handleBatch(bh, jobs)
+		return
+	}
+	for _, j := range jobs {
+		r.jobs <- j
+	}
+}

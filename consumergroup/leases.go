@@ -1,0 +1,68 @@
+package consumergroup
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The lease keeper: one goroutine per instance. Every third of the topic's
+// Lease it extends, in one statement, the leases of the batches and retry
+// deliveries that this instance still works on (held), so a message's
+// lease runs out only when its instance stopped working on it: it crashed,
+// froze, or lost its database connection. A lease it could not extend was
+// taken over meanwhile; the outcome of that work will not be recorded, and
+// the messages are retried.
+
+func (r *runner) keepLeases() {
+	defer r.keepWG.Done()
+	g := r.g
+	t := time.NewTicker(max(g.topic.Lease/3, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-r.keepCtx.Done():
+			return
+		case <-t.C:
+		}
+		r.extendLeases()
+	}
+}
+
+func (r *runner) extendLeases() {
+	g := r.g
+	batches, retries := r.held.snapshot()
+	if len(batches)+len(retries) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.topic.Lease/3)
+	defer cancel()
+	rows, err := r.hbPool.Query(ctx, g.q.ExtendLeases, g.sub.ID, g.cfg.InstanceID, batches, retries,
+		g.now(), g.topic.Lease.Microseconds())
+	if err != nil {
+		g.logger.Error("pgoutbox: extending leases failed", slog.Any("error", err))
+		return
+	}
+	kept := map[string]map[int64]bool{"batch": {}, "retry": {}}
+	var kind string
+	var id int64
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &id}, func() error { kept[kind][id] = true; return nil }); err != nil {
+		g.logger.Error("pgoutbox: extending leases failed", slog.Any("error", err))
+		return
+	}
+	for _, b := range batches {
+		if !kept["batch"][b] && r.heldBatch(b) {
+			g.logger.Warn("pgoutbox: a batch this instance works on was taken over (its lease had expired); its messages are retried",
+				slog.Int64("batch", b))
+		}
+	}
+}
+
+func (r *runner) heldBatch(id int64) bool {
+	r.held.mu.Lock()
+	defer r.held.mu.Unlock()
+	_, ok := r.held.batches[id]
+	return ok
+}

@@ -1,0 +1,562 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/pubsub"
+)
+
+// The subscription lifecycle: creating, continuing and resurrecting a
+// subscription, Pause, Resume and Cancel, dead-group detection and
+// forgetting a group that left.
+//
+// Every change follows the invariant "a group's required set and its read
+// stream agree at every instant":
+//   - Producers hold the topic row FOR KEY SHARE until they commit, and a
+//     change of the subscribed set locks it FOR UPDATE: the change waits
+//     for every transaction that read the old set, and later ones read the
+//     new set.
+//   - A change of state locks the group's offsets row, which a fetch holds
+//     until it commits: no fetch runs under a state it did not see.
+//   - Locks are taken in one order: subscription row, offsets row, topic
+//     row (a new subscription: topic row first, nothing else exists yet).
+//   - What a change leaves to do later (forgetting a group that left,
+//     backfilling one that came back) is recorded in its rows and done by
+//     idempotent, re-runnable steps: a crash between two statements
+//     leaves work that the next instance finishes.
+
+// streamArgs are the bind values of sqlq's stream filter: which rows of a
+// snapshot pair belong to the group.
+type streamArgs struct {
+	bit    int64      // Bitmap: rows requiring the group's bit
+	subID  *int64     // Counter: rows requiring the subscription
+	all    bool       // every row (offset mode, or a start from the beginning)
+	from   *time.Time // rows written from this time
+	fromID *int64     // rows from this id
+}
+
+func (s streamArgs) binds() []any { return []any{s.bit, s.subID, s.all, s.from, s.fromID} }
+
+// subscription is a group's subscription row, as a lifecycle change reads it.
+type subscription struct {
+	id     int64
+	status State
+	bit    int
+	kind   Position
+	fromTS *time.Time
+	fromID *int64
+}
+
+func (s subscription) ref(topic, group string) pubsub.Subscription {
+	return pubsub.Subscription{ID: s.id, Topic: topic, Group: group, Bit: s.bit}
+}
+
+// selectSubscription reads and locks the group's subscription (nil: none).
+func (g *Group) selectSubscription(ctx context.Context, tx pgx.Tx) (*subscription, error) {
+	s := &subscription{}
+	var status, kind string
+	err := tx.QueryRow(ctx, g.q.SelectSubscription, g.cfg.Topic, g.cfg.Group).Scan(&s.id, &status, &s.bit, &kind, &s.fromTS, &s.fromID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consumergroup: read subscription: %w", err)
+	}
+	s.status, s.kind = State(status), Position(kind)
+	return s, nil
+}
+
+// topicLockTimeout bounds each wait for the topic's lock. Producers of the
+// topic queue behind a change that waits, so a change held up by a long
+// producer transaction gives up after this long, lets them through, and
+// tries again (see changeTx).
+const topicLockTimeout = "200ms"
+
+// lockTopic takes the topic's lock and row (waiting for the producers that
+// read the subscribed set) and checks it is a PUB_SUB topic.
+func (g *Group) lockTopic(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+topicLockTimeout+"'"); err != nil {
+		return fmt.Errorf("consumergroup: lock topic: %w", err)
+	}
+	var semantics, tracking string
+	err := tx.QueryRow(ctx, g.q.LockTopic, g.cfg.Topic).Scan(&semantics, &tracking)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %q (configure it as a PUB_SUB topic first)", outbox.ErrUnknownTopic, g.cfg.Topic)
+	}
+	if err != nil {
+		return fmt.Errorf("consumergroup: lock topic: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = DEFAULT"); err != nil {
+		return fmt.Errorf("consumergroup: lock topic: %w", err)
+	}
+	if outbox.Semantics(semantics) != outbox.PubSub {
+		return fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, g.cfg.Topic, semantics)
+	}
+	return nil
+}
+
+// changeTx runs a lifecycle change in a transaction, and runs it again
+// after a lock timeout on the topic or a deadlock with another change,
+// with backoff, until ctx ends.
+func (g *Group) changeTx(ctx context.Context, f func(pgx.Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, f)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || (pgErr.Code != "55P03" && pgErr.Code != "40P01") {
+			return err
+		}
+		if attempt%10 == 0 {
+			g.logger.Warn("pgoutbox: a subscription change keeps waiting for producer transactions of the topic",
+				slog.Int("attempts", attempt))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("consumergroup: waiting for producer transactions of %q: %w", g.cfg.Topic, ctx.Err())
+		case <-time.After(backoff.Exponential(attempt, 20*time.Millisecond, 2*time.Second)):
+		}
+	}
+}
+
+// lockOffset waits for a fetch of the group in progress to commit.
+func (g *Group) lockOffset(ctx context.Context, tx pgx.Tx, id int64) error {
+	if _, err := tx.Exec(ctx, g.q.LockOffsetWait, id); err != nil {
+		return fmt.Errorf("consumergroup: lock position: %w", err)
+	}
+	return nil
+}
+
+type registration struct {
+	topic   outbox.TopicConfig
+	sub     subscription
+	created bool
+}
+
+// register creates, continues or resurrects the group's subscription.
+func (g *Group) register(ctx context.Context, opts SubscriptionOptions) (*registration, error) {
+	var reg *registration
+	err := g.changeTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		reg, err = g.registerTx(ctx, tx, opts)
+		return err
+	})
+	return reg, err
+}
+
+func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOptions) (*registration, error) {
+	reg := &registration{}
+	err := func() error {
+		sub, err := g.selectSubscription(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if sub == nil {
+			// Creating: the topic lock serialises creators; look again
+			// under it, another instance may have just created it.
+			if err := g.lockTopic(ctx, tx); err != nil {
+				return err
+			}
+			if sub, err = g.selectSubscription(ctx, tx); err != nil {
+				return err
+			}
+			if sub == nil {
+				reg.created = true
+				if sub, err = g.createSubscription(ctx, tx, opts); err != nil {
+					return err
+				}
+			}
+		}
+		switch sub.status {
+		case Cancelled:
+			return fmt.Errorf("%w: group %q on %q is CANCELLED (terminal); delete it or use another group name",
+				ErrInvalidTransition, g.cfg.Group, g.cfg.Topic)
+		case Dead:
+			if err := g.resurrectTx(ctx, tx, sub, opts); err != nil {
+				return err
+			}
+			sub.status = Active
+		}
+		if reg.topic, err = g.client.LoadTopic(ctx, tx, g.cfg.Topic); err != nil {
+			return err
+		}
+		if reg.topic.Semantics != outbox.PubSub {
+			return fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, g.cfg.Topic, reg.topic.Semantics)
+		}
+		reg.sub = *sub
+		return nil
+	}()
+	if err != nil {
+		return nil, err
+	}
+	return reg, nil
+}
+
+// createSubscription inserts a new subscription under the topic lock: its
+// start position is taken after every producer that read the old
+// subscribed set committed, and every later message requires it.
+func (g *Group) createSubscription(ctx context.Context, tx pgx.Tx, opts SubscriptionOptions) (*subscription, error) {
+	topic, err := g.client.LoadTopic(ctx, tx, g.cfg.Topic)
+	if err != nil {
+		return nil, err
+	}
+	sub := &subscription{status: Active, kind: opts.Position, bit: -1}
+	if topic.Tracking == outbox.Bitmap {
+		if sub.bit, err = g.allocateBit(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
+	var bitArg *int
+	if sub.bit >= 0 {
+		bitArg = &sub.bit
+	}
+	switch opts.Position {
+	case StartTimestamp:
+		sub.fromTS = &opts.Timestamp
+	case StartMessageID:
+		sub.fromID = &opts.MessageID
+	}
+	if err := tx.QueryRow(ctx, g.q.InsertSubscription, g.cfg.Topic, g.cfg.Group, bitArg, string(opts.Position), sub.fromTS, sub.fromID,
+		g.cfg.HeartbeatTimeout.Microseconds()).Scan(&sub.id); err != nil {
+		return nil, fmt.Errorf("consumergroup: subscribe: %w", err)
+	}
+	backfill := 0
+	if opts.Backfill && opts.Position != StartNow {
+		backfill = opts.MaxBackfill
+	}
+	if _, err := tx.Exec(ctx, g.q.InsertOffset, sub.id, opts.Position == StartNow, backfill); err != nil {
+		return nil, fmt.Errorf("consumergroup: subscribe: %w", err)
+	}
+	if _, err := tx.Exec(ctx, g.q.AddSubscribed, g.cfg.Topic, mask(sub.bit), sub.id); err != nil {
+		return nil, fmt.Errorf("consumergroup: subscribe: %w", err)
+	}
+	return sub, nil
+}
+
+// allocateBit picks the lowest bit no subscription of the topic holds. A
+// group keeps its bit while it may come back (ACTIVE, PAUSED, DEAD); a
+// CANCELLED group's bit is freed once forgetting removed it from every row.
+func (g *Group) allocateBit(ctx context.Context, tx pgx.Tx) (int, error) {
+	rows, err := tx.Query(ctx, g.q.SubscribedBits, g.cfg.Topic)
+	if err != nil {
+		return 0, fmt.Errorf("consumergroup: bits: %w", err)
+	}
+	bits, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+	if err != nil {
+		return 0, fmt.Errorf("consumergroup: bits: %w", err)
+	}
+	var held uint64
+	for _, b := range bits {
+		held |= 1 << uint(b)
+	}
+	for b := range 64 {
+		if held&(1<<uint(b)) == 0 {
+			return b, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: topic %q", ErrTooManyGroups, g.cfg.Topic)
+}
+
+// resurrectTx makes a DEAD subscription ACTIVE and subscribed again, and
+// leaves a backfill for the next fetch: the group is raised, before it
+// fetches again, on every stored message it had not completed (up to
+// MaxBackfill), and its open batches are expired so that their messages
+// are retried. sub is locked by the caller.
+func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, opts SubscriptionOptions) error {
+	if err := g.lockOffset(ctx, tx, sub.id); err != nil {
+		return err
+	}
+	if err := g.lockTopic(ctx, tx); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, g.q.SetStatus, sub.id, string(Active)); err != nil {
+		return fmt.Errorf("consumergroup: resurrect: %w", err)
+	}
+	if _, err := tx.Exec(ctx, g.q.AddSubscribed, g.cfg.Topic, mask(sub.bit), sub.id); err != nil {
+		return fmt.Errorf("consumergroup: resurrect: %w", err)
+	}
+	if _, err := tx.Exec(ctx, g.q.ResurrectOffset, sub.id, opts.MaxBackfill); err != nil {
+		return fmt.Errorf("consumergroup: resurrect: %w", err)
+	}
+	g.logger.Warn("pgoutbox: consumer group came back from DEAD; it receives what it had not completed",
+		slog.Int("max_backfill", opts.MaxBackfill))
+	return nil
+}
+
+// resurrect is resurrectTx in a transaction of its own, for an instance
+// whose heartbeat found the group DEAD.
+func (g *Group) resurrect(ctx context.Context, opts SubscriptionOptions) error {
+	return g.changeTx(ctx, func(tx pgx.Tx) error {
+		sub, err := g.selectSubscription(ctx, tx)
+		if err != nil || sub == nil || sub.status != Dead {
+			return err
+		}
+		return g.resurrectTx(ctx, tx, sub, opts)
+	})
+}
+
+// streamFor says which rows of its snapshot pairs a group handles: those
+// that require it, plus, for starts before the subscription, the old ones
+// its start position selects. Offset mode has no required sets: a group's
+// position alone decides.
+func streamFor(mode outbox.TrackingMode, sub subscription) streamArgs {
+	s := streamArgs{}
+	switch mode {
+	case outbox.Bitmap:
+		s.bit = mask(sub.bit)
+	case outbox.Counter:
+		id := sub.id
+		s.subID = &id
+	}
+	switch sub.kind {
+	case StartNow:
+		s.all = mode == outbox.Offset
+	case StartBeginning:
+		s.all = true
+	case StartTimestamp:
+		s.from = sub.fromTS
+	case StartMessageID:
+		s.fromID = sub.fromID
+	}
+	return s
+}
+
+// backfillRange is the part of the topic a backfill of sub may raise it
+// on: rows not visible in from that its start position selects.
+func backfillRange(sub subscription, from string, reopen bool) pubsub.Range {
+	return pubsub.Range{Position: from, All: sub.kind == StartNow || sub.kind == StartBeginning,
+		From: sub.fromTS, FromID: sub.fromID, Reopen: reopen}
+}
+
+func mask(bit int) int64 {
+	if bit < 0 {
+		return 0
+	}
+	return int64(1) << uint(bit)
+}
+
+// transition applies Pause or Resume (or resurrects a DEAD group on
+// Resume). It waits for a fetch in progress, so every instance's next
+// fetch, within its poll interval, runs under the new state.
+func (g *Group) transition(ctx context.Context, to State) error {
+	return g.changeTx(ctx, func(tx pgx.Tx) error {
+		sub, err := g.selectSubscription(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if sub == nil {
+			return fmt.Errorf("%w: group %q has no subscription to %q", ErrNotStarted, g.cfg.Group, g.cfg.Topic)
+		}
+		if !CanTransition(sub.status, to) {
+			return fmt.Errorf("%w: %s → %s (group %q)", ErrInvalidTransition, sub.status, to, g.cfg.Group)
+		}
+		if to == Active && sub.status == Dead {
+			return g.resurrectTx(ctx, tx, sub, g.subscriptionOptions())
+		}
+		if err := g.lockOffset(ctx, tx, sub.id); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, g.q.SetStatus, sub.id, string(to)); err != nil {
+			return fmt.Errorf("consumergroup: set state: %w", err)
+		}
+		return nil
+	})
+}
+
+// cancel makes the subscription CANCELLED (or finds it so): it leaves the
+// subscribed set, its batches and retries are dropped, and forgetting it
+// becomes pending. It returns the subscription.
+func (g *Group) cancel(ctx context.Context) (*subscription, error) {
+	var sub *subscription
+	err := g.changeTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		if sub, err = g.selectSubscription(ctx, tx); err != nil {
+			return err
+		}
+		if sub == nil {
+			return fmt.Errorf("%w: group %q has no subscription to %q", ErrNotStarted, g.cfg.Group, g.cfg.Topic)
+		}
+		if sub.status == Cancelled {
+			return nil // a Cancel that failed half-way: only forgetting is left
+		}
+		if err := g.lockOffset(ctx, tx, sub.id); err != nil {
+			return err
+		}
+		if err := g.lockTopic(ctx, tx); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, g.q.SetStatus, sub.id, string(Cancelled)); err != nil {
+			return fmt.Errorf("consumergroup: cancel: %w", err)
+		}
+		if _, err := tx.Exec(ctx, g.q.RemoveSubscribed, g.cfg.Topic, mask(sub.bit), sub.id); err != nil {
+			return fmt.Errorf("consumergroup: cancel: %w", err)
+		}
+		if _, err := tx.Exec(ctx, g.q.DeleteGroupState, sub.id); err != nil {
+			return fmt.Errorf("consumergroup: cancel: %w", err)
+		}
+		return nil
+	})
+	return sub, err
+}
+
+type deadGroup struct {
+	id   int64
+	name string
+	bit  int
+}
+
+// detectDead marks ACTIVE groups of the topic whose heartbeats stopped as
+// DEAD and takes them out of the subscribed set, then forgets them. A group
+// whose offsets row a fetch holds is fetching, so not dead. Safe when many
+// instances run it at once (SKIP LOCKED, idempotent updates).
+func (g *Group) detectDead(ctx context.Context, db beginQuerier) {
+	// Most beats find nobody dead: check without taking any lock.
+	var found bool
+	if err := db.QueryRow(ctx, g.q.AnyDeadCandidate, g.cfg.Topic).Scan(&found); err != nil || !found {
+		if err != nil && ctx.Err() == nil {
+			g.logger.Error("pgoutbox: dead group detection failed", slog.Any("error", err))
+		}
+		return
+	}
+	var dead []deadGroup
+	err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
+		dead = nil
+		rows, err := tx.Query(ctx, g.q.DeadCandidates, g.cfg.Topic)
+		if err != nil {
+			return err
+		}
+		var cands []deadGroup
+		var d deadGroup
+		if _, err := pgx.ForEachRow(rows, []any{&d.id, &d.name, &d.bit}, func() error { cands = append(cands, d); return nil }); err != nil {
+			return err
+		}
+		ids := make([]int64, len(cands))
+		for i, c := range cands {
+			ids[i] = c.id
+		}
+		rows, err = tx.Query(ctx, g.q.LockOffsetsSkipLocked, ids)
+		if err != nil {
+			return err
+		}
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		for _, c := range cands {
+			for _, id := range locked {
+				if id == c.id {
+					dead = append(dead, c)
+				}
+			}
+		}
+		if len(dead) == 0 {
+			return nil
+		}
+		if err := g.lockTopic(ctx, tx); err != nil {
+			return err
+		}
+		for _, d := range dead {
+			if _, err := tx.Exec(ctx, g.q.SetStatus, d.id, string(Dead)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, g.q.RemoveSubscribed, g.cfg.Topic, mask(d.bit), d.id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			g.logger.Warn("pgoutbox: dead group detection failed; the next heartbeat tries again", slog.Any("error", err))
+		}
+		return
+	}
+	for _, d := range dead {
+		g.logger.Warn("pgoutbox: consumer group is DEAD (no heartbeat within its timeout); it no longer holds messages back",
+			slog.String("dead_group", d.name), slog.Int64("subscription", d.id))
+	}
+	g.forgetPending(ctx, db)
+}
+
+// forgetBatch is how many rows one forgetting statement changes.
+const forgetBatch = 10_000
+
+// forgetPending forgets every group of the topic that left (DEAD or
+// CANCELLED) and may still be referred to. Running instances call it every
+// heartbeat, so a pass cut off by a crash is finished by the next one.
+func (g *Group) forgetPending(ctx context.Context, db beginQuerier) {
+	rows, err := db.Query(ctx, g.q.PendingForgets, g.cfg.Topic)
+	if err != nil {
+		if ctx.Err() == nil {
+			g.logger.Error("pgoutbox: looking for groups to forget failed", slog.Any("error", err))
+		}
+		return
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(ids) == 0 {
+		return
+	}
+	topic, err := g.client.Topic(ctx, g.cfg.Topic)
+	if err != nil {
+		return
+	}
+	for _, id := range ids {
+		if err := g.forget(ctx, db, topic.Tracking, id); err != nil && ctx.Err() == nil {
+			g.logger.Error("pgoutbox: forgetting a group that left failed; the next heartbeat tries again",
+				slog.Int64("subscription", id), slog.Any("error", err))
+		}
+	}
+}
+
+// forget removes subscription id from the required sets of the rows that
+// still refer to it, in batches, each under the subscription row's lock:
+// a group that comes back meanwhile (its resurrection waits for the batch
+// in progress) is never stripped. When a pass finds nothing, forgetting
+// is done (and a CANCELLED group's bit is free).
+func (g *Group) forget(ctx context.Context, db beginQuerier, mode outbox.TrackingMode, id int64) error {
+	tracker, err := pubsub.New(mode, g.schema)
+	if err != nil {
+		return err
+	}
+	for {
+		var n int64
+		done := false
+		err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
+			var status string
+			var bit int
+			var pending bool
+			err := tx.QueryRow(ctx, g.q.LockForget, id).Scan(&status, &bit, &pending)
+			if errors.Is(err, pgx.ErrNoRows) {
+				done = true
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			st := State(status)
+			if !pending || (st != Dead && st != Cancelled) {
+				done = true
+				return nil
+			}
+			sub := pubsub.Subscription{ID: id, Topic: g.cfg.Topic, Bit: bit}
+			if n, err = tracker.Forget(ctx, tx, sub, st == Cancelled, forgetBatch); err != nil {
+				return err
+			}
+			if n == 0 {
+				done = true
+				_, err = tx.Exec(ctx, g.q.ForgetDone, id)
+			}
+			return err
+		})
+		if err != nil || done {
+			return err
+		}
+	}
+}

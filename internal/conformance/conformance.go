@@ -1,0 +1,373 @@
+// Package conformance is pgoutbox's delivery conformance suite: one set of
+// scenarios that every delivery path (QUEUE consumers, consumer groups in
+// each tracking mode, and the paths built on them) must pass.
+//
+// Each scenario runs real consumers against a real PostgreSQL, with real
+// faults: producers committing out of order and rolling back, a process
+// killed or frozen mid-batch, a poison message that crashes its process, a
+// handler that hangs, groups cancelled, paused, declared DEAD and coming
+// back. What was committed is recorded by the producers; what was handled
+// is recorded by the handlers in a ledger table in the database (so child
+// processes record too). Every scenario then checks, per group and per
+// message: delivered or dead-lettered, never neither; no rolled-back
+// message delivered; duplicates only after a lease expired (a message
+// handled twice with Attempt 1 both times is a bug).
+package conformance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Payload is what the suite's producers send.
+type Payload struct {
+	Seq int `json:"seq"`
+}
+
+// Env is one scenario's world: a private database, a client, a producer
+// and the configured topic.
+type Env struct {
+	DB       *pgtest.DB
+	Client   *outbox.Client
+	Producer *outbox.Producer
+	Topic    outbox.TopicConfig
+	Subject  *Subject
+
+	mu   sync.Mutex
+	seq  int
+	sent map[int64]int // id -> seq of committed messages
+}
+
+// newEnv makes a database, configures s's topic with the scenario's
+// changes and creates the ledger.
+func newEnv(t *testing.T, s *Subject, topic func(*outbox.TopicConfig)) *Env {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	tc := outbox.TopicConfig{Name: "conformance", Semantics: s.Semantics, Tracking: s.Tracking,
+		MaxAttempts: 5, BackoffInitial: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Lease: time.Second}
+	if topic != nil {
+		topic(&tc)
+	}
+	require.NoError(t, client.ConfigureTopic(context.Background(), tc))
+	_, err = db.Pool.Exec(context.Background(), `
+CREATE TABLE `+db.Table("conformance_ledger")+` (
+    grp        text        NOT NULL,
+    message_id bigint      NOT NULL,
+    seq        int         NOT NULL,
+    attempt    int         NOT NULL,
+    instance   text        NOT NULL,
+    handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)`)
+	require.NoError(t, err)
+	return &Env{DB: db, Client: client, Producer: producer, Topic: tc.WithDefaults(), Subject: s, sent: map[int64]int{}}
+}
+
+// record writes a handling to the ledger. Handlers call it before they
+// return nil, so the ledger holds exactly the successful handlings.
+func record(ctx context.Context, db *pgxpool.Pool, schema, group, instance string, d *outbox.Delivery) error {
+	p, err := outbox.Decode[Payload](d)
+	if err != nil {
+		return outbox.Permanent(err)
+	}
+	_, err = db.Exec(context.WithoutCancel(ctx), `INSERT INTO `+quote(schema)+`.conformance_ledger (grp, message_id, seq, attempt, instance)
+VALUES ($1, $2, $3, $4, $5)`, group, d.ID, p.Seq, d.Attempt, instance)
+	return err
+}
+
+func quote(s string) string { return pgx.Identifier{s}.Sanitize() }
+
+// Behaviour shapes a handler: it runs before the handling is recorded; a
+// non-nil error is the handler's result (and nothing is recorded).
+type Behaviour func(ctx context.Context, d *outbox.Delivery, seq int) error
+
+// Handler returns a handler that records every successful handling of
+// group by instance in the ledger, after b (which may be nil).
+func (e *Env) Handler(group, instance string, b Behaviour) outbox.Handler {
+	return func(ctx context.Context, d *outbox.Delivery) error {
+		if b != nil {
+			p, err := outbox.Decode[Payload](d)
+			if err != nil {
+				return outbox.Permanent(err)
+			}
+			if err := b(ctx, d, p.Seq); err != nil {
+				return err
+			}
+		}
+		return record(ctx, e.DB.Pool, e.DB.Schema, group, instance, d)
+	}
+}
+
+// Sent is the outcome of a producer run.
+type Sent struct {
+	Committed  []int64
+	RolledBack []int64
+	// CommitStarted is when each committed message's Commit was called.
+	CommitStarted map[int64]time.Time
+}
+
+// ProduceOptions shape a producer run.
+type ProduceOptions struct {
+	Workers  int           // concurrent producers (8)
+	Messages int           // total messages, committed or not
+	PerTx    int           // messages per transaction (1..PerTx, random)
+	Hold     time.Duration // each transaction stays open up to this long (random) before it ends
+	Rollback int           // one transaction in Rollback rolls back (0: none)
+	Pause    time.Duration // pause between transactions of one producer
+}
+
+// Produce runs producers until o.Messages were written (committed or
+// rolled back) or ctx ends. Transactions hold random times open, so they
+// commit in a different order than they took their ids.
+func (e *Env) Produce(ctx context.Context, o ProduceOptions) (*Sent, error) {
+	o.Workers = max(o.Workers, 1)
+	o.PerTx = max(o.PerTx, 1)
+	out := &Sent{CommitStarted: map[int64]time.Time{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var errs []error
+	budget := make(chan struct{}, o.Messages)
+	for range o.Messages {
+		budget <- struct{}{}
+	}
+	close(budget)
+	for w := range o.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for ctx.Err() == nil {
+				n := 1 + rng.IntN(o.PerTx)
+				taken := 0
+				for range n {
+					if _, ok := <-budget; !ok {
+						break
+					}
+					taken++
+				}
+				if taken == 0 {
+					return
+				}
+				ids, started, rolledBack, err := e.produceTx(ctx, rng, taken, o)
+				mu.Lock()
+				if err != nil {
+					if ctx.Err() == nil {
+						errs = append(errs, err)
+					}
+				} else if rolledBack {
+					out.RolledBack = append(out.RolledBack, ids...)
+				} else {
+					out.Committed = append(out.Committed, ids...)
+					for _, id := range ids {
+						out.CommitStarted[id] = started
+					}
+				}
+				mu.Unlock()
+				if o.Pause > 0 {
+					time.Sleep(o.Pause)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// ProduceAsync runs Produce in the background; the returned function
+// waits for it and fails the test on producer errors.
+func (e *Env) ProduceAsync(t testing.TB, o ProduceOptions) func() *Sent {
+	var sent *Sent
+	var err error
+	done := make(chan struct{})
+	go func() { defer close(done); sent, err = e.Produce(context.Background(), o) }()
+	return func() *Sent {
+		t.Helper()
+		<-done
+		require.NoError(t, err, "producers")
+		return sent
+	}
+}
+
+func (e *Env) produceTx(ctx context.Context, rng *rand.Rand, n int, o ProduceOptions) ([]int64, time.Time, bool, error) {
+	tx, err := e.DB.Pool.Begin(ctx)
+	if err != nil {
+		return nil, time.Time{}, false, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	msgs := make([]outbox.Message, n)
+	seqs := make([]int, n)
+	e.mu.Lock()
+	for i := range msgs {
+		e.seq++
+		seqs[i] = e.seq
+		p, _ := json.Marshal(Payload{Seq: e.seq})
+		msgs[i] = outbox.Message{Topic: e.Topic.Name, Payload: p}
+	}
+	e.mu.Unlock()
+	ids, err := e.Producer.SendBatch(ctx, tx, msgs)
+	if err != nil {
+		return nil, time.Time{}, false, err
+	}
+	if o.Hold > 0 {
+		time.Sleep(time.Duration(rng.Int64N(int64(o.Hold))))
+	}
+	if o.Rollback > 0 && rng.IntN(o.Rollback) == 0 {
+		return ids, time.Time{}, true, tx.Rollback(ctx)
+	}
+	started := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return nil, time.Time{}, false, err
+	}
+	e.mu.Lock()
+	for i, id := range ids {
+		e.sent[id] = seqs[i]
+	}
+	e.mu.Unlock()
+	return ids, started, false, nil
+}
+
+// Send commits n messages in one transaction and returns their ids.
+func (e *Env) Send(t testing.TB, n int) []int64 {
+	t.Helper()
+	s, err := e.Produce(context.Background(), ProduceOptions{Workers: 1, Messages: n, PerTx: n})
+	require.NoError(t, err)
+	return s.Committed
+}
+
+// Handled returns, per message id, the attempts with which group handled it.
+func (e *Env) Handled(t testing.TB, group string) map[int64][]int {
+	t.Helper()
+	rows, err := e.DB.Pool.Query(context.Background(),
+		`SELECT message_id, attempt FROM `+e.DB.Table("conformance_ledger")+` WHERE grp = $1 ORDER BY handled_at`, group)
+	require.NoError(t, err)
+	out := map[int64][]int{}
+	var id int64
+	var attempt int
+	_, err = pgx.ForEachRow(rows, []any{&id, &attempt}, func() error { out[id] = append(out[id], attempt); return nil })
+	require.NoError(t, err)
+	return out
+}
+
+// DeadLettered returns the ids group dead-lettered.
+func (e *Env) DeadLettered(t testing.TB, group string) map[int64]bool {
+	t.Helper()
+	var rows pgx.Rows
+	var err error
+	if e.Subject.Groups {
+		rows, err = e.DB.Pool.Query(context.Background(), `
+SELECT r.message_id FROM `+e.DB.Table("outbox_group_retries")+` AS r
+JOIN `+e.DB.Table("outbox_topic_subscriptions")+` AS s ON s.id = r.subscription_id
+WHERE s.topic = $1 AND s.group_name = $2 AND r.status = 'DEAD_LETTER'`, e.Topic.Name, group)
+	} else {
+		rows, err = e.DB.Pool.Query(context.Background(),
+			`SELECT id FROM `+e.DB.Table("outbox_dead_letters")+` WHERE topic = $1`, e.Topic.Name)
+	}
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	out := map[int64]bool{}
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out
+}
+
+// WaitDelivered waits until group handled or dead-lettered every id.
+func (e *Env) WaitDelivered(t testing.TB, group string, ids []int64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		missing := e.missing(t, group, ids)
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group %q: %d of %d messages neither delivered nor dead-lettered after %v (first: %v)",
+				group, len(missing), len(ids), timeout, missing[:min(len(missing), 10)])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *Env) missing(t testing.TB, group string, ids []int64) []int64 {
+	handled, dead := e.Handled(t, group), e.DeadLettered(t, group)
+	var missing []int64
+	for _, id := range ids {
+		if len(handled[id]) == 0 && !dead[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing
+}
+
+// Report is what Check found for one group.
+type Report struct {
+	Delivered, DeadLettered, Duplicates int
+}
+
+// Check asserts the suite's per-message rules for group: every id of
+// want delivered or dead-lettered, no id of rolledBack delivered, and no
+// message handled twice with Attempt 1 (a duplicate without a lease expiry).
+func (e *Env) Check(t testing.TB, group string, want, rolledBack []int64) Report {
+	t.Helper()
+	handled, dead := e.Handled(t, group), e.DeadLettered(t, group)
+	var r Report
+	var missing, ghosts, firstTwice []int64
+	for _, id := range want {
+		switch {
+		case len(handled[id]) > 0:
+			r.Delivered++
+		case dead[id]:
+			r.DeadLettered++
+		default:
+			missing = append(missing, id)
+		}
+	}
+	for _, id := range rolledBack {
+		if len(handled[id]) > 0 {
+			ghosts = append(ghosts, id)
+		}
+	}
+	for id, attempts := range handled {
+		r.Duplicates += len(attempts) - 1
+		if firsts := len(slices.DeleteFunc(slices.Clone(attempts), func(a int) bool { return a != 1 })); firsts > 1 {
+			firstTwice = append(firstTwice, id)
+		}
+	}
+	slices.Sort(missing)
+	slices.Sort(firstTwice)
+	require.Empty(t, missing, "group %q: committed messages neither delivered nor dead-lettered", group)
+	require.Empty(t, ghosts, "group %q: rolled-back messages delivered", group)
+	require.Empty(t, firstTwice, "group %q: messages handled twice as first attempts (a duplicate without a lease expiry)", group)
+	t.Logf("group %q: %d delivered, %d dead-lettered, %d duplicates", group, r.Delivered, r.DeadLettered, r.Duplicates)
+	return r
+}
+
+// CheckNoDuplicates asserts that group handled no message twice.
+func (e *Env) CheckNoDuplicates(t testing.TB, group string) {
+	t.Helper()
+	var dups []string
+	for id, attempts := range e.Handled(t, group) {
+		if len(attempts) > 1 {
+			dups = append(dups, fmt.Sprintf("%d%v", id, attempts))
+		}
+	}
+	require.Empty(t, dups, "group %q: messages handled more than once", group)
+}

@@ -1,0 +1,26 @@
+package conformance_test
+
+import (
+	"testing"
+
+	"github.com/pgoutbox/pgoutbox/internal/conformance"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	if conformance.IsChild() {
+		conformance.ChildMain()
+	}
+	pgtest.Main(m)
+}
+
+// TestConformance runs the suite over every delivery path of packages
+// outbox and consumergroup.
+func TestConformance(t *testing.T) {
+	for _, s := range conformance.Subjects {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			conformance.Run(t, s)
+		})
+	}
+}

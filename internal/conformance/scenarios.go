@@ -1,0 +1,475 @@
+package conformance
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Run runs every scenario that applies to s, each in a database of its own.
+func Run(t *testing.T, s *Subject) {
+	scenarios := []struct {
+		name   string
+		groups bool // consumer-group lifecycle scenarios
+		run    func(*testing.T, *Subject)
+	}{
+		{"StartWhileProducersCommitOutOfOrder", false, startWhileProducing},
+		{"TwoInstancesOnSeparatePools", false, twoInstances},
+		{"MemberKilledMidBatch", false, killedMidBatch},
+		{"PoisonMessageCrashesProcess", false, poisonMessage},
+		{"HungHandlerDoesNotStallTheRest", false, hungHandler},
+		{"StopAndStartDoNotRedeliver", false, stopStart},
+		{"CancelUnstartedGroupBesideLiveOnes", true, cancelUnstarted},
+		{"DeadGroupResurrectsAfterFreeze", true, resurrectAfterFreeze},
+		{"DeadGroupResurrectsByStart", true, resurrectByStart},
+		{"ForgetRacesCompletionOfThreeGroups", true, forgetRacesCompletion},
+		{"PauseAndResumeTwoInstances", true, pauseResume},
+	}
+	for _, sc := range scenarios {
+		if sc.groups && !s.Groups {
+			continue
+		}
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			sc.run(t, s)
+		})
+	}
+}
+
+// shortRetention lets cleanup delete finished messages at once, so a
+// message that a group was required to read but is not required on is
+// deleted (and lost) as soon as the other groups finished it.
+func shortRetention(tc *outbox.TopicConfig) {
+	tc.Retention = time.Microsecond
+	tc.ZeroSubscriptionRetention = time.Microsecond
+}
+
+// cleaner runs Cleanup for the topic every few milliseconds until the
+// test ends (consumer-group subjects only).
+func (e *Env) cleaner(t testing.TB) {
+	if !e.Subject.Groups {
+		return
+	}
+	g, err := e.NewGroup(e.DB.Pool, Spec{Group: "cleaner"})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			_, _ = g.Cleanup(ctx, 1000)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+// startWhileProducing: 8 producers commit out of order (and roll back
+// some) while an instance starts (a group registers FromNow). Every message
+// committed after Start returned reaches it; none rolled back does.
+func startWhileProducing(t *testing.T, s *Subject) {
+	e := newEnv(t, s, shortRetention)
+	if s.Groups {
+		e.StartInstance(t, e.DB.Pool, Spec{Group: "g1"}, nil)
+	}
+	e.cleaner(t)
+	wait := e.ProduceAsync(t, ProduceOptions{Workers: 8, Messages: 1500, PerTx: 3, Hold: 4 * time.Millisecond, Rollback: 10})
+	time.Sleep(150 * time.Millisecond)
+	late := "g2"
+	if !s.Groups {
+		late = "g1"
+	}
+	e.StartInstance(t, e.DB.Pool, Spec{Group: late}, nil)
+	started := time.Now()
+	sent := wait()
+	var must []int64
+	for _, id := range sent.Committed {
+		if sent.CommitStarted[id].After(started) {
+			must = append(must, id)
+		}
+	}
+	require.NotEmpty(t, must, "no transaction committed after the start")
+	e.WaitDelivered(t, late, must, 60*time.Second)
+	e.Check(t, late, must, sent.RolledBack)
+	if s.Groups {
+		e.WaitDelivered(t, "g1", sent.Committed, 60*time.Second)
+		e.Check(t, "g1", sent.Committed, sent.RolledBack)
+	}
+}
+
+// twoInstances: every group runs two instances, each on a pool of its own
+// (two processes), while producers commit out of order.
+func twoInstances(t *testing.T, s *Subject) {
+	e := newEnv(t, s, shortRetention)
+	groups := []string{"g1"}
+	if s.Groups {
+		groups = append(groups, "g2")
+	}
+	for _, g := range groups {
+		for _, i := range []string{"a", "b"} {
+			e.StartInstance(t, pgtest.NewPool(t, e.DB.DSN), Spec{Group: g, Instance: g + "-" + i, BatchSize: 20}, nil)
+		}
+	}
+	e.cleaner(t)
+	sent := e.ProduceAsync(t, ProduceOptions{Workers: 8, Messages: 2000, PerTx: 3, Hold: 3 * time.Millisecond, Rollback: 10})()
+	for _, g := range groups {
+		e.WaitDelivered(t, g, sent.Committed, 60*time.Second)
+		e.Check(t, g, sent.Committed, sent.RolledBack)
+	}
+}
+
+// handledBy counts the ledger rows of instance.
+func (e *Env) handledBy(t testing.TB, instance string) int {
+	var n int
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM `+e.DB.Table("conformance_ledger")+` WHERE instance = $1`, instance).Scan(&n))
+	return n
+}
+
+// killedMidBatch: a process handling a batch is killed (SIGKILL); another
+// instance takes its messages over once their lease expires.
+func killedMidBatch(t *testing.T, s *Subject) {
+	e := newEnv(t, s, nil)
+	child := e.StartChild(t, ChildSpec{Spec: Spec{Group: "g1", Instance: "doomed", Concurrency: 2, BatchSize: 20}, Slow: 30 * time.Millisecond})
+	ids := e.Send(t, 200)
+	pgtest.Eventually(t, 30*time.Second, "the child handling messages", func() bool { return e.handledBy(t, "doomed") >= 5 })
+	child.Kill()
+	<-child.Exited()
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "survivor"}, nil)
+	e.WaitDelivered(t, "g1", ids, 60*time.Second)
+	e.Check(t, "g1", ids, nil)
+}
+
+// poisonMessage: one message crashes every process that handles it. The
+// process is restarted each time (a crash loop); the message is
+// dead-lettered after the topic's MaxAttempts and the others are
+// delivered.
+func poisonMessage(t *testing.T, s *Subject) {
+	e := newEnv(t, s, func(tc *outbox.TopicConfig) { tc.MaxAttempts = 3 })
+	spec := Spec{Group: "g1", Concurrency: 2, BatchSize: 10}
+	e.mu.Lock()
+	poison := e.seq + 7
+	e.mu.Unlock()
+	cs := ChildSpec{Spec: spec, CrashOnSeq: poison, Slow: time.Millisecond}
+	restarts := 0
+	spec.Instance = "child-0"
+	cs.Spec = spec
+	child := e.StartChild(t, cs)
+	ids := e.Send(t, 30)
+	deadline := time.Now().Add(90 * time.Second)
+	for len(e.missing(t, "g1", ids)) > 0 {
+		require.True(t, time.Now().Before(deadline), "poison scenario did not settle: %d messages missing after %d restarts",
+			len(e.missing(t, "g1", ids)), restarts)
+		select {
+		case <-child.Exited():
+			restarts++
+			require.LessOrEqual(t, restarts, 12, "the poison message keeps crashing the process")
+			cs.Spec.Instance = "child-" + string(rune('a'+restarts))
+			child = e.StartChild(t, cs)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	r := e.Check(t, "g1", ids, nil)
+	require.True(t, e.DeadLettered(t, "g1")[ids[6]], "the poison message is dead-lettered")
+	if s.Groups {
+		// A QUEUE consumer's crash spends an attempt of every message it
+		// held (like a receive count); a group retries the messages of a
+		// crashed batch one at a time, so only the poison runs out.
+		require.Equal(t, 1, r.DeadLettered, "only the poison message is dead-lettered (it crashed %d processes)", restarts)
+	}
+}
+
+// hungHandler: one message's handler hangs on its first attempt and
+// ignores its context. The rest of the group's messages are delivered long
+// before that message's lease would end, and the hung message is retried
+// and delivered.
+func hungHandler(t *testing.T, s *Subject) {
+	e := newEnv(t, s, func(tc *outbox.TopicConfig) { tc.Lease = 30 * time.Second })
+	release := make(chan struct{})
+	var hung sync.Once
+	hangs := make(chan int64, 1)
+	b := func(ctx context.Context, d *outbox.Delivery, seq int) error {
+		if d.Attempt == 1 && seq%50 == 7 {
+			hung.Do(func() {
+				hangs <- d.ID
+				<-release // ignores ctx
+			})
+		}
+		return nil
+	}
+	spec := Spec{Group: "g1", Concurrency: 4, BatchSize: 50, HandlerTimeout: 300 * time.Millisecond}
+	if !s.Groups {
+		e = newEnv(t, s, nil) // QUEUE handlers end with their lease (1s)
+	}
+	e.StartInstance(t, e.DB.Pool, spec, b)
+	t.Cleanup(func() { close(release) }) // runs before the instance's Stop
+	ids := e.Send(t, 200)
+	started := time.Now()
+	hungID := <-hangs
+	var others []int64
+	for _, id := range ids {
+		if id != hungID {
+			others = append(others, id)
+		}
+	}
+	e.WaitDelivered(t, "g1", others, 10*time.Second)
+	require.Less(t, time.Since(started), 5*time.Second, "the other messages waited for the hung handler")
+	e.WaitDelivered(t, "g1", ids, 30*time.Second)
+	e.Check(t, "g1", ids, nil)
+	require.Equal(t, []int{2}, e.Handled(t, "g1")[hungID], "the hung message is delivered by its retry")
+}
+
+// stopStart: an instance is stopped gracefully in the middle of its work
+// and another starts: nothing it finished is handled again, and the next
+// instance says nothing is wrong.
+func stopStart(t *testing.T, s *Subject) {
+	logs := &logRecorder{}
+	logger := slog.New(logs)
+	e := newEnv(t, s, nil)
+	slow := func(ctx context.Context, d *outbox.Delivery, seq int) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+			return nil
+		}
+	}
+	a := e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "first", Logger: logger}, slow)
+	ids := e.Send(t, 300)
+	pgtest.Eventually(t, 30*time.Second, "the first instance handling messages", func() bool { return e.handledBy(t, "first") >= 40 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	_ = a.Stop(ctx) // may cut handlers off: their messages are released
+	cancel()
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "second", Logger: logger}, slow)
+	e.WaitDelivered(t, "g1", ids, 60*time.Second)
+	e.Check(t, "g1", ids, nil)
+	e.CheckNoDuplicates(t, "g1")
+	require.Empty(t, logs.atLeast(slog.LevelWarn), "a graceful stop and start logged warnings")
+}
+
+// cancelUnstarted: a Group value that was never started cancels its
+// group's subscription beside live groups; the live groups lose nothing
+// and the cancelled group pins no message.
+func cancelUnstarted(t *testing.T, s *Subject) {
+	e := newEnv(t, s, shortRetention)
+	ctx := context.Background()
+	for _, g := range []string{"g1", "g2"} { // both subscribed, neither running
+		in := e.StartInstance(t, e.DB.Pool, Spec{Group: g, Instance: g + "-first"}, nil)
+		require.NoError(t, in.Stop(ctx))
+	}
+	ids := e.Send(t, 200)
+	g2, err := e.NewGroup(e.DB.Pool, Spec{Group: "g2", Instance: "admin"})
+	require.NoError(t, err)
+	require.NoError(t, g2.Cancel(ctx))
+	require.NoError(t, g2.Cancel(ctx), "a second Cancel finishes what the first left, or does nothing")
+	st, err := g2.State(ctx)
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.Cancelled, st)
+
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "g1-second"}, nil)
+	ids = append(ids, e.Send(t, 100)...)
+	e.WaitDelivered(t, "g1", ids, 60*time.Second)
+	e.Check(t, "g1", ids, nil)
+
+	// Nothing waits for the cancelled group: cleanup empties the topic.
+	e.cleaner(t)
+	pgtest.Eventually(t, 20*time.Second, "cleanup to delete every message", func() bool {
+		var n int
+		require.NoError(t, e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM `+e.DB.Table("outbox_published")).Scan(&n))
+		return n == 0
+	})
+}
+
+// state reads group's subscription state.
+func (e *Env) state(t testing.TB, group string) consumergroup.State {
+	var st string
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `SELECT subscription_status FROM `+
+		e.DB.Table("outbox_topic_subscriptions")+` WHERE topic = $1 AND group_name = $2`, e.Topic.Name, group).Scan(&st))
+	return consumergroup.State(st)
+}
+
+// resurrectAfterFreeze: a group's only process freezes (SIGSTOP) past its
+// heartbeat timeout while producers write; another group declares it
+// DEAD. When the process continues, the group comes back and receives
+// every message: those it owed when it died and those written while it
+// was DEAD.
+func resurrectAfterFreeze(t *testing.T, s *Subject) {
+	e := newEnv(t, s, nil)
+	fast := Spec{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: time.Second}
+	g1 := fast
+	g1.Group = "g1"
+	e.StartInstance(t, e.DB.Pool, g1, nil)
+	g2 := fast
+	g2.Group, g2.Instance = "g2", "frozen"
+	child := e.StartChild(t, ChildSpec{Spec: g2, Slow: time.Millisecond})
+	wait := e.ProduceAsync(t, ProduceOptions{Workers: 4, Messages: 1200, PerTx: 2, Hold: 2 * time.Millisecond, Pause: 5 * time.Millisecond})
+	time.Sleep(300 * time.Millisecond)
+	child.Freeze()
+	pgtest.Eventually(t, 20*time.Second, "g2 declared DEAD", func() bool { return e.state(t, "g2") == consumergroup.Dead })
+	time.Sleep(500 * time.Millisecond)
+	child.Thaw()
+	sent := wait()
+	e.WaitDelivered(t, "g1", sent.Committed, 60*time.Second)
+	e.Check(t, "g1", sent.Committed, nil)
+	e.WaitDelivered(t, "g2", sent.Committed, 60*time.Second)
+	e.Check(t, "g2", sent.Committed, nil)
+}
+
+// resurrectByStart: a group is stopped for longer than its heartbeat
+// timeout (a slow deploy) and becomes DEAD; a new instance's Start brings
+// it back with everything it owed and everything written meanwhile.
+func resurrectByStart(t *testing.T, s *Subject) {
+	e := newEnv(t, s, nil)
+	fast := Spec{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: time.Second}
+	g1 := fast
+	g1.Group = "g1"
+	e.StartInstance(t, e.DB.Pool, g1, nil)
+	g2 := fast
+	g2.Group, g2.Instance = "g2", "before"
+	slow := func(ctx context.Context, d *outbox.Delivery, seq int) error {
+		time.Sleep(2 * time.Millisecond)
+		return nil
+	}
+	old := e.StartInstance(t, e.DB.Pool, g2, slow)
+	ids := e.Send(t, 300)
+	pgtest.Eventually(t, 30*time.Second, "g2 handling", func() bool { return e.handledBy(t, "before") >= 20 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	_ = old.Stop(ctx)
+	cancel()
+	ids = append(ids, e.Send(t, 100)...)
+	pgtest.Eventually(t, 20*time.Second, "g2 declared DEAD", func() bool { return e.state(t, "g2") == consumergroup.Dead })
+	ids = append(ids, e.Send(t, 100)...)
+	g2.Instance = "after"
+	e.StartInstance(t, e.DB.Pool, g2, nil)
+	ids = append(ids, e.Send(t, 50)...)
+	e.WaitDelivered(t, "g2", ids, 60*time.Second)
+	e.Check(t, "g2", ids, nil)
+	e.WaitDelivered(t, "g1", ids, 60*time.Second)
+	e.Check(t, "g1", ids, nil)
+}
+
+// forgetRacesCompletion: three groups; the second is declared DEAD over
+// and over while it completes messages (and comes back each time), and
+// cleanup runs all along. The other two groups lose nothing: forgetting
+// the second group never counts its completions for them.
+func forgetRacesCompletion(t *testing.T, s *Subject) {
+	e := newEnv(t, s, shortRetention)
+	ctx := context.Background()
+	hb := Spec{HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: time.Minute}
+	for _, g := range []string{"g1", "g2", "g3"} {
+		spec := hb
+		spec.Group = g
+		var b Behaviour
+		switch g {
+		case "g2":
+			spec.BatchSize = 10 // many small completions for forgetting to race with
+		case "g3":
+			b = func(ctx context.Context, d *outbox.Delivery, seq int) error { time.Sleep(4 * time.Millisecond); return nil }
+		}
+		e.StartInstance(t, e.DB.Pool, spec, b)
+	}
+	e.cleaner(t)
+	detector, err := e.NewGroup(e.DB.Pool, Spec{Group: "detector"})
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			_, _ = e.DB.Pool.Exec(ctx, `UPDATE `+e.DB.Table("outbox_topic_subscriptions")+`
+SET last_heartbeat_at = now() - interval '1 hour' WHERE group_name = 'g2' AND subscription_status = 'ACTIVE'`)
+			detector.DetectDeadGroups(ctx)
+		}
+	}()
+	sent := e.ProduceAsync(t, ProduceOptions{Workers: 8, Messages: 1500, PerTx: 3, Hold: 2 * time.Millisecond, Pause: time.Millisecond})()
+	close(stop)
+	wg.Wait()
+	for _, g := range []string{"g1", "g3"} {
+		e.WaitDelivered(t, g, sent.Committed, 60*time.Second)
+		e.Check(t, g, sent.Committed, nil)
+	}
+	e.Check(t, "g2", nil, nil) // what it missed while DEAD was deleted: no rule but no double first attempts
+}
+
+// pauseResume: Pause and Resume reach every running instance within a
+// poll interval, and an instance started while the group is paused
+// fetches nothing.
+func pauseResume(t *testing.T, s *Subject) {
+	e := newEnv(t, s, nil)
+	ctx := context.Background()
+	spec := Spec{Group: "g1", PollInterval: 50 * time.Millisecond, HeartbeatInterval: 10 * time.Second}
+	for _, i := range []string{"a", "b"} {
+		spec.Instance = i
+		e.StartInstance(t, pgtest.NewPool(t, e.DB.DSN), spec, nil)
+	}
+	warm := e.Send(t, 10)
+	e.WaitDelivered(t, "g1", warm, 30*time.Second)
+	admin, err := e.NewGroup(e.DB.Pool, Spec{Group: "g1", Instance: "admin"})
+	require.NoError(t, err)
+	require.NoError(t, admin.Pause(ctx))
+	time.Sleep(3 * spec.PollInterval)
+	ids := e.Send(t, 20)
+	time.Sleep(10 * spec.PollInterval)
+	require.Empty(t, e.handledOf(t, "g1", ids), "paused group handled messages")
+	spec.Instance = "c"
+	e.StartInstance(t, pgtest.NewPool(t, e.DB.DSN), spec, nil)
+	time.Sleep(10 * spec.PollInterval)
+	require.Empty(t, e.handledOf(t, "g1", ids), "an instance started while paused handled messages")
+	require.NoError(t, admin.Resume(ctx))
+	e.WaitDelivered(t, "g1", ids, 3*time.Second)
+	e.Check(t, "g1", append(warm, ids...), nil)
+}
+
+func (e *Env) handledOf(t testing.TB, group string, ids []int64) []int64 {
+	handled := e.Handled(t, group)
+	var out []int64
+	for _, id := range ids {
+		if len(handled[id]) > 0 {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// logRecorder is a slog.Handler that keeps every record.
+type logRecorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, r)
+	return nil
+}
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecorder) atLeast(level slog.Level) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, r := range l.records {
+		if r.Level >= level {
+			out = append(out, r.Level.String()+" "+r.Message)
+		}
+	}
+	return out
+}

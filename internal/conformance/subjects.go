@@ -1,0 +1,285 @@
+package conformance
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Subject is a delivery path under test.
+type Subject struct {
+	Name      string
+	Semantics outbox.Semantics
+	Tracking  outbox.TrackingMode
+	// Groups: consumer groups on a PUB_SUB topic (the group lifecycle
+	// scenarios apply).
+	Groups bool
+	// Start starts one consumer instance with handler h on pool.
+	Start func(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error)
+}
+
+// Spec configures one consumer instance. Zero fields take the suite's
+// defaults (see withDefaults).
+type Spec struct {
+	Group             string // the consumer group; for QUEUE subjects only the ledger's name
+	Instance          string
+	Concurrency       int
+	BatchSize         int
+	PollInterval      time.Duration
+	HeartbeatInterval time.Duration
+	HeartbeatTimeout  time.Duration
+	HandlerTimeout    time.Duration // consumer groups only (QUEUE handlers end with their lease)
+	Start             consumergroup.SubscriptionOptions
+	Logger            *slog.Logger
+}
+
+func (s Spec) withDefaults() Spec {
+	if s.Group == "" {
+		s.Group = "g1"
+	}
+	if s.Instance == "" {
+		s.Instance = s.Group + "-i"
+	}
+	s.Concurrency = max(s.Concurrency, 4)
+	s.BatchSize = max(s.BatchSize, 50)
+	if s.PollInterval == 0 {
+		s.PollInterval = 20 * time.Millisecond
+	}
+	if s.HeartbeatInterval == 0 {
+		s.HeartbeatInterval = time.Second
+	}
+	if s.HeartbeatTimeout == 0 {
+		s.HeartbeatTimeout = time.Minute
+	}
+	if s.Start.Position == "" {
+		s.Start = consumergroup.FromNow()
+	}
+	return s
+}
+
+// Instance is a running consumer instance.
+type Instance interface {
+	Stop(ctx context.Context) error
+}
+
+// GroupInstance is an instance of a consumer group.
+type GroupInstance struct{ *consumergroup.Group }
+
+// Subjects are the delivery paths of packages outbox and consumergroup.
+var Subjects = []*Subject{
+	{Name: "queue", Semantics: outbox.Queue, Start: startQueue},
+	{Name: "bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Start: startGroup},
+	{Name: "counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Start: startGroup},
+	{Name: "offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Start: startGroup},
+}
+
+func subjectNamed(name string) *Subject {
+	for _, s := range Subjects {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+func startQueue(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error) {
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: e.DB.Schema, Logger: spec.Logger})
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.NewConsumer(outbox.ConsumerConfig{Topic: e.Topic.Name, Handler: h, Concurrency: spec.Concurrency,
+		BatchSize: spec.BatchSize, PollInterval: spec.PollInterval, ID: spec.Instance})
+	if err != nil {
+		return nil, err
+	}
+	return c, c.Start(ctx)
+}
+
+// NewGroup returns an instance of spec's group on pool, not started.
+func (e *Env) NewGroup(pool *pgxpool.Pool, spec Spec) (*consumergroup.Group, error) {
+	spec = spec.withDefaults()
+	return consumergroup.New(pool, consumergroup.Config{Topic: e.Topic.Name, Group: spec.Group, Schema: e.DB.Schema,
+		InstanceID: spec.Instance, BatchSize: spec.BatchSize, Concurrency: spec.Concurrency, PollInterval: spec.PollInterval,
+		HeartbeatInterval: spec.HeartbeatInterval, HeartbeatTimeout: spec.HeartbeatTimeout, HandlerTimeout: spec.HandlerTimeout,
+		Logger: spec.Logger})
+}
+
+func startGroup(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error) {
+	g, err := e.NewGroup(pool, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.AddConsumer(spec.Instance, h, nil); err != nil {
+		return nil, err
+	}
+	return GroupInstance{g}, g.Start(ctx, spec.Start)
+}
+
+// StartInstance starts an instance of the subject in this process and
+// stops it when the test ends.
+func (e *Env) StartInstance(t testing.TB, pool *pgxpool.Pool, spec Spec, b Behaviour) Instance {
+	t.Helper()
+	spec = spec.withDefaults()
+	in, err := e.Subject.Start(context.Background(), e, pool, spec, e.Handler(spec.Group, spec.Instance, b))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = in.Stop(ctx)
+	})
+	return in
+}
+
+// ---------------------------------------------------------------- child processes
+
+const childEnv = "PGOUTBOX_CONFORMANCE_CHILD"
+
+// ChildSpec is what a child process runs: one instance of a subject.
+type ChildSpec struct {
+	DSN, Schema, Subject, Topic string
+	Spec                        Spec
+	// Slow is how long each handling takes.
+	Slow time.Duration
+	// CrashOnSeq makes the process exit at once (status 3) when it
+	// handles the message with this seq.
+	CrashOnSeq int
+}
+
+// IsChild reports whether this test binary was started as a child process
+// of the suite; TestMain then calls ChildMain instead of running tests.
+func IsChild() bool { return os.Getenv(childEnv) != "" }
+
+// ChildMain runs the instance a parent asked for, prints "ready" once it
+// started, and stops it gracefully on SIGTERM. It never returns.
+func ChildMain() {
+	var cs ChildSpec
+	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &cs); err != nil {
+		fmt.Fprintln(os.Stderr, "child spec:", err)
+		os.Exit(2)
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, cs.DSN)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child pool:", err)
+		os.Exit(2)
+	}
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: cs.Schema})
+	if err != nil {
+		os.Exit(2)
+	}
+	topic, err := client.Topic(ctx, cs.Topic)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child topic:", err)
+		os.Exit(2)
+	}
+	s := subjectNamed(cs.Subject)
+	e := &Env{Client: client, Topic: topic, Subject: s}
+	e.DB = &pgtest.DB{Pool: pool, Schema: cs.Schema, DSN: cs.DSN}
+	spec := cs.Spec.withDefaults()
+	h := func(ctx context.Context, d *outbox.Delivery) error {
+		p, err := outbox.Decode[Payload](d)
+		if err != nil {
+			return outbox.Permanent(err)
+		}
+		if cs.CrashOnSeq != 0 && p.Seq == cs.CrashOnSeq {
+			os.Exit(3)
+		}
+		if cs.Slow > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(cs.Slow):
+			}
+		}
+		return record(ctx, pool, cs.Schema, spec.Group, spec.Instance, d)
+	}
+	in, err := s.Start(ctx, e, pool, spec, h)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child start:", err)
+		os.Exit(2)
+	}
+	fmt.Println("ready")
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
+	<-sig
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := in.Stop(stopCtx); err != nil {
+		fmt.Fprintln(os.Stderr, "child stop:", err)
+	}
+	pool.Close()
+	os.Exit(0)
+}
+
+// Child is an instance running in a process of its own.
+type Child struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// StartChild starts an instance of the subject in a new process (this test
+// binary, see ChildMain) and waits until it runs. The process is killed
+// when the test ends.
+func (e *Env) StartChild(t testing.TB, cs ChildSpec) *Child {
+	t.Helper()
+	cs.DSN, cs.Schema, cs.Subject, cs.Topic = e.DB.DSN, e.DB.Schema, e.Subject.Name, e.Topic.Name
+	b, err := json.Marshal(cs)
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	c := &Child{cmd: cmd, done: make(chan struct{})}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.TrimSpace(sc.Text()) == "ready" {
+				close(ready)
+			}
+		}
+	}()
+	go func() { c.err = cmd.Wait(); close(c.done) }()
+	t.Cleanup(func() { c.Kill(); <-c.done })
+	select {
+	case <-ready:
+	case <-c.done:
+		t.Fatalf("child process exited before it started: %v", c.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("child process did not start within 30s")
+	}
+	return c
+}
+
+// Kill kills the process (SIGKILL): nothing it held is released.
+func (c *Child) Kill() { _ = c.cmd.Process.Signal(syscall.SIGKILL) }
+
+// Freeze stops the process (SIGSTOP) until Thaw: it holds its connections
+// and leases but does nothing, like a process stuck in a long GC pause or
+// a VM that was suspended.
+func (c *Child) Freeze() { _ = c.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Thaw continues a frozen process.
+func (c *Child) Thaw() { _ = c.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Exited returns a channel closed when the process has exited.
+func (c *Child) Exited() <-chan struct{} { return c.done }
