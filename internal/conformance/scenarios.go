@@ -373,7 +373,10 @@ func forgetRacesCompletion(t *testing.T, s *Subject) {
 		case "g2":
 			spec.BatchSize = 10 // many small completions for forgetting to race with
 		case "g3":
-			b = func(ctx context.Context, d *outbox.Delivery, seq int) error { time.Sleep(4 * time.Millisecond); return nil }
+			b = func(ctx context.Context, d *outbox.Delivery, seq int) error {
+				time.Sleep(4 * time.Millisecond)
+				return nil
+			}
 		}
 		e.StartInstance(t, e.DB.Pool, spec, b)
 	}

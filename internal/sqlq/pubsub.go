@@ -37,8 +37,8 @@ type PubSub struct {
 	ListDeadLetters, ReplayDeadLetters string
 
 	BitmapComplete, BitmapCompleted, BitmapBackfill, BitmapForget, BitmapStrip, BitmapCleanup string
-	CounterComplete, CounterCompleted, CounterBackfill, CounterForgetCandidates              string
-	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark                            string
+	CounterComplete, CounterCompleted, CounterBackfill, CounterForgetCandidates               string
+	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark                             string
 }
 
 // ForPubSub returns the statements for schema (already validated).
@@ -79,11 +79,11 @@ func ForPubSub(schema string) *PubSub {
 		DeleteOrphanRetries: q(deleteOrphanRetries),
 		ClaimRetries:        q(claimRetries),
 
-		FinishBatch:  q(finishBatch),
+		FinishBatch:   q(finishBatch),
 		InsertRetries: q(insertRetries),
-		SettleRetry:  q(settleRetry),
-		DeleteRetry:  q(deleteRetry),
-		ExtendLeases: q(extendLeases),
+		SettleRetry:   q(settleRetry),
+		DeleteRetry:   q(deleteRetry),
+		ExtendLeases:  q(extendLeases),
 
 		ListDeadLetters:   q(listGroupDeadLetters),
 		ReplayDeadLetters: q(replayGroupDeadLetters),
