@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,14 +196,12 @@ func poisonMessage(t *testing.T, s *Subject) {
 func hungHandler(t *testing.T, s *Subject) {
 	e := newEnv(t, s, func(tc *outbox.TopicConfig) { tc.Lease = 30 * time.Second })
 	release := make(chan struct{})
-	var hung sync.Once
+	var hung atomic.Bool
 	hangs := make(chan int64, 1)
 	b := func(ctx context.Context, d *outbox.Delivery, seq int) error {
-		if d.Attempt == 1 && seq%50 == 7 {
-			hung.Do(func() {
-				hangs <- d.ID
-				<-release // ignores ctx
-			})
+		if d.Attempt == 1 && hung.CompareAndSwap(false, true) {
+			hangs <- d.ID
+			<-release // ignores ctx
 		}
 		return nil
 	}

@@ -1,0 +1,176 @@
+package consumergroup_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// A topic with churn (groups that come, complete messages and are
+// cancelled) never runs out of bitmap bits: a cancelled group's bit is
+// stripped from every row and freed.
+func TestCancelledGroupsFreeTheirBits(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Bitmap)
+	ctx := context.Background()
+	for i := range 70 {
+		r := newRecorder()
+		g := b.newGroup(t, fmt.Sprintf("churn-%d", i))
+		require.NoError(t, g.AddConsumer("m", r.handler, nil))
+		require.NoError(t, g.Start(ctx, consumergroup.FromNow()), "group %d", i)
+		b.send(t, i)
+		pgtest.Eventually(t, 10*time.Second, "message handled", func() bool { return r.distinct() == 1 })
+		require.NoError(t, g.Cancel(ctx))
+		require.Zero(t, b.count(t, "(required_bits | done_bits) & $1 <> 0", g.Subscription().Mask()),
+			"no row refers to the cancelled group %d's bit", i)
+	}
+}
+
+// A DEAD group that was not forgotten (its instance crashed between the
+// two steps, or forgetting failed) is forgotten by the next heartbeat of
+// any running instance on the topic.
+func TestForgettingIsFinishedByAnyInstance(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Counter)
+	ctx := context.Background()
+	gone := b.newGroup(t, "gone")
+	require.NoError(t, gone.AddConsumer("m", newRecorder().handler, nil))
+	require.NoError(t, gone.Start(ctx, consumergroup.FromNow()))
+	require.NoError(t, gone.Stop(ctx))
+	b.sendRange(t, 0, 50)
+	id := gone.Subscription().ID
+	// What dead-group detection commits before it forgets: DEAD, out of the
+	// subscribed set, forgetting pending.
+	_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_topic_subscriptions")+`
+SET subscription_status = 'DEAD', forget_pending = true WHERE id = $1`, id)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_topics")+` SET subscribed_ids = array_remove(subscribed_ids, $1)`, id)
+	require.NoError(t, err)
+	require.Equal(t, 50, b.count(t, "$1 = ANY(required_ids)", id))
+
+	other := b.newGroup(t, "other", func(c *consumergroup.Config) { c.HeartbeatInterval = 50 * time.Millisecond })
+	require.NoError(t, other.AddConsumer("m", newRecorder().handler, nil))
+	start(t, other, consumergroup.FromNow())
+	pgtest.Eventually(t, 10*time.Second, "the dead group forgotten", func() bool {
+		return b.count(t, "$1 = ANY(required_ids)", id) == 0
+	})
+	var pending bool
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT forget_pending FROM `+b.db.Table("outbox_topic_subscriptions")+` WHERE id = $1`, id).Scan(&pending))
+	require.False(t, pending)
+}
+
+// An instance whose subscription row was deleted stops on its own and says
+// why, instead of looking for it again and again.
+func TestDeletedSubscriptionStopsTheInstance(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, mode)
+			ctx := context.Background()
+			g := b.newGroup(t, "g")
+			require.NoError(t, g.AddConsumer("m", newRecorder().handler, nil))
+			start(t, g, consumergroup.FromNow())
+			require.Nil(t, g.Err())
+			_, err := b.db.Pool.Exec(ctx, `DELETE FROM `+b.db.Table("outbox_topic_subscriptions")+` WHERE group_name = 'g'`)
+			require.NoError(t, err)
+			select {
+			case <-g.Stopped():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the instance did not stop")
+			}
+			require.ErrorIs(t, g.Err(), consumergroup.ErrSubscriptionGone)
+			require.NoError(t, g.Stop(ctx))
+		})
+	}
+}
+
+// Cancel by another instance (or an operator's Group value) stops every
+// running instance of the group, which reports ErrCancelled.
+func TestCancelStopsOtherInstances(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Offset)
+	ctx := context.Background()
+	g := b.newGroup(t, "g")
+	require.NoError(t, g.AddConsumer("m", newRecorder().handler, nil))
+	start(t, g, consumergroup.FromNow())
+	admin := b.newGroup(t, "g")
+	require.NoError(t, admin.Cancel(ctx))
+	select {
+	case <-g.Stopped():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the instance did not stop")
+	}
+	require.ErrorIs(t, g.Err(), consumergroup.ErrCancelled)
+}
+
+// Dead letters are listed and replayed through a Group value that was
+// never started (an operator's tool).
+func TestDeadLettersOfAnUnstartedGroup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Bitmap)
+	ctx := context.Background()
+	g := b.newGroup(t, "g")
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error {
+		return outbox.Permanent(fmt.Errorf("no"))
+	}, nil))
+	start(t, g, consumergroup.FromNow())
+	ids := b.send(t, 1, 2)
+	admin := b.newGroup(t, "g")
+	pgtest.Eventually(t, 10*time.Second, "dead letters", func() bool {
+		dl, err := admin.DeadLetters(ctx, 0, 10)
+		require.NoError(t, err)
+		return len(dl) == 2
+	})
+	n, err := admin.ReplayDeadLetters(ctx, ids[0])
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+// A topic's tracking mode cannot change while messages of the old mode are
+// stored: no cleanup could ever delete them.
+func TestTrackingModeChangeRefusedWhileMessagesStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Bitmap)
+	ctx := context.Background()
+	ids := b.send(t, 1, 2, 3)
+	err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: outbox.Counter})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	topic, err := b.client.Topic(ctx, b.topic)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Bitmap, topic.Tracking, "nothing changed")
+
+	_, err = b.db.Pool.Exec(ctx, `DELETE FROM `+b.db.Table("outbox_published")+` WHERE id = ANY($1)`, ids)
+	require.NoError(t, err)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+}
+
+// A handler that ignores its context past HandlerTimeout costs one retry
+// of its message; the instance's other messages, and its Stop, go on.
+func TestHungHandlerIsAbandoned(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Offset)
+	ctx := context.Background()
+	release := make(chan struct{})
+	defer close(release)
+	r := newRecorder()
+	g := b.newGroup(t, "g", func(c *consumergroup.Config) { c.HandlerTimeout = 100 * time.Millisecond; c.Concurrency = 1 })
+	require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+		if p, _ := outbox.Decode[seqPayload](d); p.Seq == 0 && d.Attempt == 1 {
+			<-release
+		}
+		return r.handler(ctx, d)
+	}, nil))
+	start(t, g, consumergroup.FromNow())
+	b.send(t, 0, 1, 2, 3)
+	pgtest.Eventually(t, 5*time.Second, "every message, the hung one by its retry", func() bool { return r.distinct() == 4 })
+	stopCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, g.Stop(stopCtx), context.DeadlineExceeded, "Stop reports the call still running")
+}
