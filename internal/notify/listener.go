@@ -3,7 +3,8 @@
 //
 // LISTEN needs a session of its own (it does not survive PgBouncer's
 // transaction pooling), so the listener opens a connection outside the pool.
-// It reconnects with backoff when the connection drops, and wakes every
+// It reconnects with backoff when the connection drops (the backoff starts
+// afresh after every connection that got as far as LISTEN), and wakes every
 // subscriber after each (re)connect because notifications sent meanwhile are
 // lost. Consumers must keep polling: a wake-up is a hint, never the only path.
 package notify
@@ -91,9 +92,16 @@ func (l *Listener) Stop() {
 func (l *Listener) run(ctx context.Context) {
 	var readyOnce sync.Once
 	for failures := 0; ctx.Err() == nil; {
-		err := l.session(ctx, func() { readyOnce.Do(func() { close(l.ready) }) })
+		listened := false
+		err := l.session(ctx, func() {
+			listened = true
+			readyOnce.Do(func() { close(l.ready) })
+		})
 		if ctx.Err() != nil {
 			return
+		}
+		if listened {
+			failures = 0 // the connection worked: a new outage starts the backoff afresh
 		}
 		failures++
 		delay := backoff.Exponential(failures, 100*time.Millisecond, 10*time.Second)
