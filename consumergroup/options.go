@@ -154,6 +154,9 @@ func (o SubscriptionOptions) validate() error {
 		if o.Timestamp.IsZero() {
 			return fmt.Errorf("%w: FromTimestamp needs a time", outbox.ErrInvalidConfig)
 		}
+		if !outbox.StorableTime(o.Timestamp) {
+			return fmt.Errorf("%w: FromTimestamp %v is outside PostgreSQL's timestamp range", outbox.ErrInvalidConfig, o.Timestamp)
+		}
 	case StartMessageID:
 		if o.MessageID < 0 {
 			return fmt.Errorf("%w: negative message id", outbox.ErrInvalidConfig)

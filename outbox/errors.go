@@ -12,10 +12,14 @@ var (
 	// ErrInvalidTopic: a topic name is empty, too long or has characters
 	// outside [A-Za-z0-9._:-].
 	ErrInvalidTopic = errors.New("outbox: invalid topic name")
-	// ErrInvalidPayload: a payload is empty or not valid JSON.
+	// ErrInvalidPayload: a payload is empty, not valid JSON, or JSON that
+	// PostgreSQL's jsonb cannot store (invalid UTF-8, \u0000, an unpaired
+	// surrogate escape).
 	ErrInvalidPayload = errors.New("outbox: invalid payload")
 	// ErrInvalidMessage: a message field other than topic and payload is out
-	// of range (priority, delay, header names, correlation id, idempotency key).
+	// of range (priority, delay, not-before time) or cannot be stored (a NUL
+	// byte or invalid UTF-8 in the group, correlation id, idempotency key,
+	// or a header name or value).
 	ErrInvalidMessage = errors.New("outbox: invalid message")
 	// ErrHeadersTooLarge: a message's headers encode to more than MaxHeaderBytes.
 	ErrHeadersTooLarge = errors.New("outbox: headers too large")

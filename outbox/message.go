@@ -64,6 +64,9 @@ func (m *Message) validate() (headers []byte, err error) {
 	if !json.Valid(m.Payload) {
 		return nil, fmt.Errorf("%w: topic %q: payload is not valid JSON", ErrInvalidPayload, m.Topic)
 	}
+	if p := jsonbProblem(m.Payload); p != "" {
+		return nil, fmt.Errorf("%w: topic %q: payload %s", ErrInvalidPayload, m.Topic, p)
+	}
 	if m.Priority < math.MinInt16 || m.Priority > math.MaxInt16 {
 		return nil, fmt.Errorf("%w: priority %d outside [%d, %d]", ErrInvalidMessage, m.Priority, math.MinInt16, math.MaxInt16)
 	}
@@ -73,19 +76,31 @@ func (m *Message) validate() (headers []byte, err error) {
 	if m.Delay > 0 && !m.NotBefore.IsZero() {
 		return nil, fmt.Errorf("%w: set Delay or NotBefore, not both", ErrInvalidMessage)
 	}
+	if !m.NotBefore.IsZero() && !StorableTime(m.NotBefore) {
+		return nil, fmt.Errorf("%w: NotBefore %v is outside PostgreSQL's timestamp range", ErrInvalidMessage, m.NotBefore)
+	}
 	for _, f := range [...]struct{ name, value string }{
 		{"correlation id", m.CorrelationID}, {"group", m.Group}, {"idempotency key", m.IdempotencyKey},
 	} {
 		if len(f.value) > MaxKeyBytes {
 			return nil, fmt.Errorf("%w: %s is %d bytes, at most %d allowed", ErrInvalidMessage, f.name, len(f.value), MaxKeyBytes)
 		}
+		if p := textProblem(f.value); p != "" {
+			return nil, fmt.Errorf("%w: %s %s", ErrInvalidMessage, f.name, p)
+		}
 	}
 	if len(m.Headers) == 0 {
 		return nil, nil // stored as NULL
 	}
-	for k := range m.Headers {
+	for k, v := range m.Headers {
 		if k == "" {
 			return nil, fmt.Errorf("%w: empty header name", ErrInvalidMessage)
+		}
+		if p := textProblem(k); p != "" {
+			return nil, fmt.Errorf("%w: header name %q %s", ErrInvalidMessage, k, p)
+		}
+		if p := textProblem(v); p != "" {
+			return nil, fmt.Errorf("%w: header %q %s", ErrInvalidMessage, k, p)
 		}
 	}
 	headers, err = json.Marshal(m.Headers)

@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -137,8 +138,8 @@ func (c TopicConfig) validate() error {
 	switch {
 	case c.Retention < 0:
 		return fmt.Errorf("%w: topic %q: negative retention", ErrInvalidConfig, c.Name)
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("%w: topic %q: MaxAttempts must be at least 1", ErrInvalidConfig, c.Name)
+	case c.MaxAttempts < 1 || c.MaxAttempts > math.MaxInt32:
+		return fmt.Errorf("%w: topic %q: MaxAttempts must be between 1 and %d", ErrInvalidConfig, c.Name, math.MaxInt32)
 	case c.BackoffInitial < 0 || c.BackoffMax < c.BackoffInitial:
 		return fmt.Errorf("%w: topic %q: need 0 <= BackoffInitial <= BackoffMax", ErrInvalidConfig, c.Name)
 	case c.ZeroSubscriptionRetention < 0:
