@@ -100,7 +100,6 @@ func (c countingSettler) Nack(context.Context, time.Time, bool) error {
 	return nil
 }
 func (c countingSettler) DeadLetter(context.Context, string) error { c.finish(); return nil }
-func (c countingSettler) Extend(context.Context) error             { return nil }
 
 // BenchmarkDeliverRouter: the same deliveries through the router, 1,000
 // groups, pool concurrency benchConcurrency. Latency is from routing to

@@ -205,9 +205,6 @@ func (p *pool) serve(name string, g *groupQueue) {
 			p.done(key)
 			continue
 		}
-		if err := m.Settle.Extend(ctx); err != nil {
-			p.r.logger.Warn("pgoutbox router: lease extension failed; delivering anyway", slog.String("id", m.ID), slog.Any("error", err))
-		}
 		out := p.r.mediator.deliver(ctx, m)
 		p.release()
 		p.handle(ctx, m, out)

@@ -344,3 +344,91 @@ func subscribed(t *testing.T, b *pgBundle) bool {
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.db.Table("outbox_topic_subscriptions")).Scan(&n))
 	return n == 1
 }
+
+// Leases are kept alive while the router holds a message: with a 1 s
+// lease, a first delivery that takes 2.5 s and fails, and two group mates
+// queued behind it, no lease runs out, nothing is claimed again, the
+// failure is retried and every message arrives once, in order.
+func TestLeasesOutliveSlowDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", Lease: time.Second,
+		BackoffInitial: 200 * time.Millisecond, BackoffMax: 400 * time.Millisecond}))
+	var mu sync.Mutex
+	var calls []body
+	var delivered []int
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		var bd body
+		_ = json.NewDecoder(r.Body).Decode(&bd)
+		mu.Lock()
+		calls = append(calls, bd)
+		first := len(calls) == 1
+		mu.Unlock()
+		if first {
+			time.Sleep(2500 * time.Millisecond)
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		mu.Lock()
+		delivered = append(delivered, bd.Seq)
+		mu.Unlock()
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 3)
+	b.startRouter(t, host, router.Config{MaxAttempts: 1, DefaultRetryDelay: time.Second, FastFailDelay: time.Second,
+		Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
+	pgtest.Eventually(t, 20*time.Second, "all delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(delivered) == 3
+	})
+	pgtest.Eventually(t, 5*time.Second, "all acked", func() bool { return b.count(t, "true") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{0, 1, 2}, delivered)
+	require.Len(t, calls, 4, "the failed first call and three deliveries, no duplicates")
+	require.Zero(t, b.countDead(t, "true"))
+}
+
+// A message claimed again while the router still delivers it (its lease
+// ran out) is the same message: the router adopts the new claim instead of
+// acking it, so when the first delivery fails the message is retried, not lost.
+func TestReclaimWhileInFlightIsAdopted(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks",
+		BackoffInitial: 200 * time.Millisecond, BackoffMax: 400 * time.Millisecond}))
+	release := make(chan struct{})
+	var once sync.Once
+	var calls, successes atomic.Int32
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			<-release
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		successes.Add(1)
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the server closes
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, DefaultRetryDelay: time.Second})
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond,
+		RenewEvery: time.Hour}) // no renewal during the test: the lease runs out
+	require.NoError(t, err)
+	rt.AddSource(src)
+	pgtest.Eventually(t, 10*time.Second, "first delivery in flight", func() bool { return calls.Load() == 1 })
+	// The lease runs out under the delivery: the source claims the message again.
+	_, err = b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox")+` SET available_at = now() - interval '1 ms'`)
+	require.NoError(t, err)
+	pgtest.Eventually(t, 10*time.Second, "claimed again", func() bool { return b.count(t, "attempts = 2") == 1 || b.count(t, "true") == 0 })
+	require.Equal(t, 1, b.count(t, "attempts = 2 AND lease_owner IS NOT NULL"), "the new claim is held, not acked away")
+	require.Equal(t, 1, rt.InFlight())
+	once.Do(func() { close(release) })
+	pgtest.Eventually(t, 10*time.Second, "retried and delivered", func() bool { return successes.Load() == 1 })
+	pgtest.Eventually(t, 5*time.Second, "acked", func() bool { return b.count(t, "true") == 0 })
+	require.Zero(t, b.countDead(t, "true"))
+	require.EqualValues(t, 2, calls.Load())
+}

@@ -44,15 +44,39 @@ type Settler interface {
 	Nack(ctx context.Context, until time.Time, attempted bool) error
 	// DeadLetter: park the message with the reason; it will not be retried.
 	DeadLetter(ctx context.Context, reason string) error
-	// Extend is called before each delivery: a source with leases renews
-	// the message's lease when it is running short.
-	Extend(ctx context.Context) error
+}
+
+// Adopter is a Settler that can take over a newer claim of its message.
+// When a source hands the router a message it still holds under the same
+// DeliveryID (a lease ran out and the message was claimed again), the
+// router asks the settler it holds to adopt the new claim's settler; the
+// new copy is then neither delivered nor settled. A settler that cannot
+// adopt (it is settling already) returns false, and the copy is nacked.
+type Adopter interface {
+	Adopt(newer Settler) bool
+}
+
+// LeaseKeeper is a Source whose claimed messages hold leases that run out
+// (QueueSource). From the source's start until Stop has settled the last
+// message, the router calls KeepLeases every RenewEvery, so no lease runs
+// out while its message waits in a pool, waits for a rate-limit permit or
+// is in an HTTP call.
+type LeaseKeeper interface {
+	// KeepLeases renews, in one round trip, the lease of every message the
+	// source claimed and has not settled yet. It returns how many messages
+	// the source holds and how many leases it found lost.
+	KeepLeases(ctx context.Context) (held, lost int, err error)
+	// RenewEvery is the wait between two calls of KeepLeases.
+	RenewEvery() time.Duration
 }
 
 // Message is a claimed message on its way to an endpoint.
 type Message struct {
-	// ID is the application message id; DeliveryID names this delivery of
-	// it (a redelivery gets a new one). Both required.
+	// ID is the application message id. DeliveryID names the copy of it
+	// the source delivers: the same copy claimed again (its lease ran out)
+	// keeps its DeliveryID and is adopted (see Adopter); a copy requeued by
+	// someone else gets a new one and is acked while the original is in
+	// flight. Both required.
 	ID, DeliveryID string
 	// Pool chooses the pool (DEFAULT-POOL when unknown); Target is the URL
 	// to POST to; Group the message group (blank: __DEFAULT__).
@@ -104,22 +128,25 @@ type Router struct {
 	batches  atomic.Uint64 // batch ids
 	holds    *holds        // groups held back behind a message awaiting its retry
 
-	mu      sync.Mutex // guards pools, draining, sources and the lifecycle fields
-	pools   map[string]*pool
-	drained []*pool
-	sources []*runningSource
-	started bool
-	stopped bool
-	bg      context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup // background loops (sync, health, leaks)
-	syncMu  sync.Mutex     // one configuration sync at a time
+	mu       sync.Mutex // guards pools, draining, sources and the lifecycle fields
+	pools    map[string]*pool
+	drained  []*pool
+	sources  []*runningSource
+	started  bool
+	stopped  bool
+	bg       context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // background loops (sync, health, leaks)
+	syncMu   sync.Mutex     // one configuration sync at a time
+	keepStop chan struct{}  // closed when Stop settled everything: lease keepers end
+	keepers  sync.WaitGroup // lease keepers
 }
 
 type runningSource struct {
-	src    Source
-	cancel context.CancelFunc
-	done   chan struct{}
+	src     Source
+	cancel  context.CancelFunc
+	done    chan struct{}
+	keeping bool // a lease keeper runs for src
 }
 
 // New validates cfg and returns a router.
@@ -134,6 +161,7 @@ func New(cfg Config) (*Router, error) {
 		inflight: newTracker(),
 		holds:    &holds{m: map[string]hold{}},
 		pools:    map[string]*pool{},
+		keepStop: make(chan struct{}),
 		metrics:  newMetrics(cfg.MeterProvider),
 	}
 	r.warn = &warnings{ttl: cfg.WarningTTL, now: cfg.Clock.Now}
@@ -336,10 +364,13 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	var poolOrder []string
 	for _, m := range batch {
 		m.batchID = batchID
-		switch r.inflight.check(m) {
+		switch res, orig := r.inflight.check(m); res {
 		case physicalDuplicate:
-			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
 			r.metrics.duplicates.Add(ctx, 1)
+			if a, ok := adopter(orig, m); ok && a.Adopt(m.Settle) {
+				continue // the message in flight carries the new claim now
+			}
+			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
 			continue
 		case logicalRequeue:
 			r.settle(ctx, m, ackIt, false)
@@ -512,12 +543,43 @@ func clampDelay(d time.Duration) time.Duration { return min(max(d, MinDelay), Ma
 func (r *Router) runSource(rs *runningSource) {
 	ctx, cancel := context.WithCancel(r.bg)
 	rs.cancel, rs.done = cancel, make(chan struct{})
+	if k, ok := rs.src.(LeaseKeeper); ok && !rs.keeping {
+		rs.keeping = true
+		r.keepers.Add(1)
+		go r.keepLeases(rs.src.Name(), k)
+	}
 	go func() {
 		defer close(rs.done)
 		if err := rs.src.Run(ctx, r.Route); err != nil && ctx.Err() == nil {
 			r.logger.Error("pgoutbox router: source stopped", slog.String("source", rs.src.Name()), slog.Any("error", err))
 		}
 	}()
+}
+
+// keepLeases renews k's leases every k.RenewEvery() until Stop has
+// settled everything.
+func (r *Router) keepLeases(name string, k LeaseKeeper) {
+	defer r.keepers.Done()
+	t := time.NewTimer(k.RenewEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-r.keepStop:
+			return
+		case <-t.C:
+		}
+		every := k.RenewEvery()
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		held, lost, err := k.KeepLeases(ctx)
+		cancel()
+		if err != nil {
+			r.logger.Warn("pgoutbox router: renewing leases failed", slog.String("source", name), slog.Int("held", held), slog.Any("error", err))
+		}
+		if lost > 0 {
+			r.logger.Warn("pgoutbox router: leases lost; those messages may be delivered twice", slog.String("source", name), slog.Int("lost", lost))
+		}
+		t.Reset(every)
+	}
 }
 
 // checkSources restarts sources that stopped polling.
@@ -621,6 +683,8 @@ func (r *Router) Stop(ctx context.Context) error {
 	if failures > 0 {
 		r.warn.add(WarnShutdownCleanup, SeverityWarn, fmt.Sprintf("%d messages could not be nacked at shutdown", failures))
 	}
+	close(r.keepStop)
+	r.keepers.Wait()
 	return err
 }
 
@@ -631,4 +695,14 @@ func validTarget(target string) (*url.URL, error) {
 		return nil, fmt.Errorf("%w: %q", ErrInvalidTarget, target)
 	}
 	return u, nil
+}
+
+// adopter returns the settler of orig, the message in flight m duplicates,
+// if it can adopt m's claim.
+func adopter(orig, m *Message) (Adopter, bool) {
+	if orig == nil || orig == m {
+		return nil, false
+	}
+	a, ok := orig.Settle.(Adopter)
+	return a, ok
 }
