@@ -95,7 +95,7 @@ func (c countingSettler) finish() {
 	}
 }
 func (c countingSettler) Ack(context.Context) error { c.done.acked.Add(1); c.finish(); return nil }
-func (c countingSettler) Nack(context.Context, time.Time, bool) error {
+func (c countingSettler) Nack(context.Context, router.Retry) error {
 	c.finish()
 	return nil
 }

@@ -102,22 +102,22 @@ func (s *HTTPConfigSource) Pools(ctx context.Context) ([]PoolConfig, error) {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 	if err != nil {
-		return nil, fmt.Errorf("router: config request: %w", err)
+		return nil, fmt.Errorf("configuration request: %w", err)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("router: config request: %w", err)
+		return nil, err // names the request already
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil, fmt.Errorf("router: config request: HTTP %d", resp.StatusCode)
+		return nil, fmt.Errorf("GET %s: HTTP %d", s.URL, resp.StatusCode)
 	}
 	var body struct {
 		Pools []PoolConfig `json:"pools"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return nil, fmt.Errorf("router: config body: %w", err)
+		return nil, fmt.Errorf("GET %s: reading the pools: %w", s.URL, err)
 	}
 	return body.Pools, nil
 }

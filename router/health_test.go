@@ -59,9 +59,9 @@ type blockingSettler struct {
 	release <-chan struct{}
 }
 
-func (b blockingSettler) Nack(ctx context.Context, until time.Time, attempted bool) error {
+func (b blockingSettler) Nack(ctx context.Context, r router.Retry) error {
 	<-b.release
-	return b.recSettler.Nack(ctx, until, attempted)
+	return b.recSettler.Nack(ctx, r)
 }
 
 // The in-flight map growing past what the pools can hold raises

@@ -68,8 +68,12 @@ func newMediator(cfg Config, warn *warnings) *mediator {
 	}
 	client := *m.client
 	// Redirects are followed only within the same host; a redirect to
-	// another host is answered as the 3xx it is.
+	// another allowed host is answered as the 3xx it is, one to a host off
+	// the allow-list is a configuration error.
 	client.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if !m.allows(req.URL) {
+			return fmt.Errorf("%w: redirect to %s", ErrTargetNotAllowed, req.URL.Redacted())
+		}
 		if len(via) >= 5 || !strings.EqualFold(req.URL.Host, via[0].URL.Host) {
 			return http.ErrUseLastResponse
 		}
@@ -85,10 +89,15 @@ func (m *mediator) checkTarget(target string) (*url.URL, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !m.allowed[strings.ToLower(u.Host)] && !m.allowed[strings.ToLower(u.Hostname())] {
+	if !m.allows(u) {
 		return nil, fmt.Errorf("%w: %q", ErrTargetNotAllowed, u.Host)
 	}
 	return u, nil
+}
+
+// allows reports whether u's host is on the allow-list.
+func (m *mediator) allows(u *url.URL) bool {
+	return m.allowed[strings.ToLower(u.Host)] || m.allowed[strings.ToLower(u.Hostname())]
 }
 
 func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
@@ -176,7 +185,7 @@ func (m *mediator) attempt(ctx context.Context, msg *Message, u *url.URL) Outcom
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return classifyError(err)
+		return m.classifyError(msg, err)
 	}
 	defer resp.Body.Close()
 	respBody, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -193,9 +202,14 @@ func (m *mediator) token(ctx context.Context, u *url.URL) (string, error) {
 	return m.cfg.Tokens[u.Hostname()], nil
 }
 
-func classifyError(err error) Outcome {
+// classifyError classifies a request that got no response.
+func (m *mediator) classifyError(msg *Message, err error) Outcome {
 	var netErr net.Error
+	var urlErr *url.Error
 	switch {
+	case errors.Is(err, ErrTargetNotAllowed) && errors.As(err, &urlErr):
+		m.warn.add(WarnTargetNotAllowed, SeverityError, fmt.Sprintf("message %s: %v", msg.ID, urlErr.Err))
+		return Outcome{Result: ErrorConfig, Reason: urlErr.Err.Error()}
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		var opErr *net.OpError
 		if errors.As(err, &opErr) && opErr.Op == "dial" {
@@ -203,8 +217,13 @@ func classifyError(err error) Outcome {
 		}
 		return Outcome{Result: ErrorProcess, Reason: "timeout: " + err.Error(), retryable: true}
 	default:
-		return Outcome{Result: ErrorConnection, Reason: err.Error(), retryable: true}
+		return Outcome{Result: ErrorConnection, Reason: "connection error: " + err.Error(), retryable: true}
 	}
+}
+
+// statusReason names a response status and where it came from.
+func statusReason(code int, u *url.URL) string {
+	return fmt.Sprintf("HTTP %d %s from %s", code, http.StatusText(code), u.Redacted())
 }
 
 func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outcome {
@@ -223,23 +242,23 @@ func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outc
 		if *r.Ack {
 			return Outcome{Result: Success}
 		}
-		o := Outcome{Result: ErrorProcess, Reason: "endpoint answered ack=false"}
+		o := Outcome{Result: ErrorProcess, Reason: statusReason(code, msg.target) + " with ack=false"}
 		if r.DelaySeconds != nil && *r.DelaySeconds > 0 {
 			o.Delay = clampDelay(time.Duration(*r.DelaySeconds) * time.Second)
 		}
 		return o
 	case code == http.StatusTooManyRequests:
-		return Outcome{Result: ErrorProcess, Delay: m.retryAfter(resp.Header.Get("Retry-After")), Reason: "429 Too Many Requests"}
+		return Outcome{Result: ErrorProcess, Delay: m.retryAfter(resp.Header.Get("Retry-After")), Reason: statusReason(code, msg.target)}
 	case code == http.StatusNotImplemented:
 		m.warn.add(WarnConfiguration, SeverityCritical, fmt.Sprintf("message %s: 501 from %s", msg.ID, msg.Target))
-		return Outcome{Result: ErrorConfig, Reason: "501 Not Implemented"}
+		return Outcome{Result: ErrorConfig, Reason: statusReason(code, msg.target)}
 	case code >= 400 && code < 500:
 		m.warn.add(WarnConfiguration, SeverityError, fmt.Sprintf("message %s: %d from %s", msg.ID, code, msg.Target))
-		return Outcome{Result: ErrorConfig, Reason: fmt.Sprintf("HTTP %d", code)}
+		return Outcome{Result: ErrorConfig, Reason: statusReason(code, msg.target)}
 	case code >= 500:
-		return Outcome{Result: ErrorProcess, Reason: fmt.Sprintf("HTTP %d", code), retryable: true}
+		return Outcome{Result: ErrorProcess, Reason: statusReason(code, msg.target), retryable: true}
 	default:
-		return Outcome{Result: ErrorProcess, Reason: fmt.Sprintf("unexpected HTTP %d", code)}
+		return Outcome{Result: ErrorProcess, Reason: "unexpected " + statusReason(code, msg.target)}
 	}
 }
 

@@ -135,7 +135,8 @@ func TestTargetsMustBeAllowed(t *testing.T) {
 	require.ErrorIs(t, err, router.ErrInvalidConfig)
 }
 
-// Redirects to another host are not followed; same-host ones are.
+// Redirects to another host are not followed; same-host ones are. A
+// redirect to a host off the allow-list is a configuration error.
 func TestRedirects(t *testing.T) {
 	t.Parallel()
 	var otherHits atomic.Int32
@@ -149,14 +150,23 @@ func TestRedirects(t *testing.T) {
 			http.Redirect(w, r, "http://"+other+"/", http.StatusTemporaryRedirect)
 			return
 		}
+		if strings.HasSuffix(r.URL.Path, "/off-list") {
+			http.Redirect(w, r, "http://off-list.invalid/", http.StatusFound)
+			return
+		}
 		http.Redirect(w, r, "/moved", http.StatusTemporaryRedirect)
 	})
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host, other}})
 	rec := newRecorder()
-	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://"+host+"/here", "a"), rec.msg("b", "b/1", "http://"+host+"/away", "b")})
+	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://"+host+"/here", "a"), rec.msg("b", "b/1", "http://"+host+"/away", "b"),
+		rec.msg("c", "c/1", "http://"+host+"/off-list", "c")})
 	require.Equal(t, "ack", rec.outcome(t, "a/1").kind)
 	require.Equal(t, "nack", rec.outcome(t, "b/1").kind)
 	require.Zero(t, otherHits.Load())
+	offList := rec.outcome(t, "c/1")
+	require.Equal(t, "dead", offList.kind, "a redirect off the allow-list is not retried")
+	require.Contains(t, offList.reason, "off-list.invalid")
+	require.Contains(t, offList.reason, "not allowed")
 }
 
 // Credentials come from configuration or the token callback.

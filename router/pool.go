@@ -278,7 +278,7 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
 		p.r.logger.Info("pgoutbox router: delivery failed; retrying later", slog.String("id", m.ID), slog.String("pool", p.code),
 			slog.String("result", o.Result.String()), slog.Duration("delay", delay), slog.String("reason", o.Reason))
-		p.r.settle(ctx, m, retryWith(delay), true)
+		p.r.settle(ctx, m, retryWith(delay, o.Reason), true)
 	}
 }
 

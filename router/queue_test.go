@@ -432,3 +432,50 @@ func TestReclaimWhileInFlightIsAdopted(t *testing.T) {
 	require.Zero(t, b.countDead(t, "true"))
 	require.EqualValues(t, 2, calls.Load())
 }
+
+// A retried delivery records why it failed (the status, the timeout, the
+// connection error) as the message's last error; a dead letter's reason
+// reads once, without a doubled "router: " prefix.
+func TestFailuresAreRecorded(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", BackoffInitial: time.Hour, BackoffMax: time.Hour}))
+	_, failing := endpoint(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) })
+	release := make(chan struct{})
+	_, slow := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) })
+	closed, refused := endpoint(t, func(http.ResponseWriter, *http.Request) {})
+	closed.Close()
+	send := func(target string) int64 {
+		id, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`), Group: target,
+			Headers: map[string]string{router.HeaderPool: "P", router.HeaderTarget: target}})
+		require.NoError(t, err)
+		return id
+	}
+	bad, timedOut, down, offList := send("http://"+failing+"/"), send("http://"+slow+"/"), send("http://"+refused+"/"), send("http://not-allowed.invalid/")
+	rt := newRouter(t, router.Config{AllowedHosts: []string{failing, slow, refused}, MaxAttempts: 1,
+		RequestTimeout: 100 * time.Millisecond, DefaultRetryDelay: time.Hour})
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	rt.AddSource(src)
+	pgtest.Eventually(t, 10*time.Second, "all settled", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 3 })
+	lastError := func(id int64) string {
+		var e string
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(last_error, '') FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&e))
+		return e
+	}
+	require.Contains(t, lastError(bad), "HTTP 502")
+	require.Contains(t, lastError(timedOut), "timeout")
+	require.Contains(t, lastError(down), "connection refused")
+	dead, err := b.client.DeadLetters(ctx, "hooks", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, offList, dead[0].ID)
+	require.Equal(t, `router: target host not allowed: "not-allowed.invalid"`, dead[0].LastError)
+}

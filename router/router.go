@@ -37,13 +37,23 @@ import (
 type Settler interface {
 	// Ack: delivered (or not to be delivered again).
 	Ack(ctx context.Context) error
-	// Nack: deliver again from until on. attempted says whether a delivery
-	// was tried (a message held back or refused before delivery should not
-	// use up one of its attempts). Messages nacked to the same instant
-	// should come back in the order they were written.
-	Nack(ctx context.Context, until time.Time, attempted bool) error
+	// Nack: deliver again later, as r says.
+	Nack(ctx context.Context, r Retry) error
 	// DeadLetter: park the message with the reason; it will not be retried.
 	DeadLetter(ctx context.Context, reason string) error
+}
+
+// Retry says when and why a nacked message is to be delivered again.
+type Retry struct {
+	// At: deliver again from this instant on. Messages nacked to the same
+	// instant should come back in the order they were written.
+	At time.Time
+	// Attempted says whether a delivery was tried: a message held back or
+	// refused before delivery should not use up one of its attempts.
+	Attempted bool
+	// Reason says why the attempted delivery failed (the HTTP status, the
+	// timeout, the connection error); empty when none was attempted.
+	Reason string
 }
 
 // Adopter is a Settler that can take over a newer claim of its message.
@@ -503,9 +513,11 @@ type settlement struct {
 
 var ackIt = settlement{kind: 0}
 
-func nackWith(d time.Duration) settlement  { return settlement{kind: 1, delay: d} }
-func retryWith(d time.Duration) settlement { return settlement{kind: 1, delay: d, attempted: true} }
-func deadLetterWith(r string) settlement   { return settlement{kind: 2, reason: r} }
+func nackWith(d time.Duration) settlement { return settlement{kind: 1, delay: d} }
+func retryWith(d time.Duration, reason string) settlement {
+	return settlement{kind: 1, delay: d, attempted: true, reason: reason}
+}
+func deadLetterWith(r string) settlement { return settlement{kind: 2, reason: r} }
 
 // settle acks, nacks or dead-letters m exactly once and, when it was
 // tracked, removes it from the in-flight map.
@@ -527,7 +539,7 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 		if until.IsZero() {
 			until = r.cfg.Clock.Now().Add(clampDelay(s.delay))
 		}
-		err = m.Settle.Nack(ctx, until, s.attempted)
+		err = m.Settle.Nack(ctx, Retry{At: until, Attempted: s.attempted, Reason: s.reason})
 		r.metrics.nacked.Add(ctx, 1)
 	case 2:
 		err = m.Settle.DeadLetter(ctx, s.reason)
@@ -675,7 +687,7 @@ func (r *Router) Stop(ctx context.Context) error {
 	}
 	failures := 0
 	for _, m := range r.inflight.drain() {
-		if e := m.Settle.Nack(context.WithoutCancel(ctx), r.cfg.Clock.Now().Add(MinDelay), false); e != nil {
+		if e := m.Settle.Nack(context.WithoutCancel(ctx), Retry{At: r.cfg.Clock.Now().Add(MinDelay)}); e != nil {
 			failures++
 		}
 		m.settled.Store(true)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -210,7 +211,10 @@ func TestConfigSync(t *testing.T) {
 	source := &router.HTTPConfigSource{URL: "http://" + cfgHost + "/config"}
 	bad, err := router.New(router.Config{AllowedHosts: []string{"x"}, ConfigSource: source, StartupAttempts: 3, StartupRetryDelay: 10 * time.Millisecond})
 	require.NoError(t, err)
-	require.ErrorIs(t, bad.Start(context.Background()), router.ErrConfigUnavailable)
+	err = bad.Start(context.Background())
+	require.ErrorIs(t, err, router.ErrConfigUnavailable)
+	require.Equal(t, 1, strings.Count(err.Error(), "router:"), "each layer names itself once: %v", err)
+	require.Contains(t, err.Error(), "HTTP 500")
 	mu.Lock()
 	require.Equal(t, 3, calls, "12 attempts by default; 3 here")
 	status = 200

@@ -168,7 +168,7 @@ func (s *QueueSource) messages(ctx context.Context, ds []*outbox.Delivery) []*Me
 		st := &queueSettler{src: s, d: d}
 		r, err := s.cfg.Mapper(d)
 		if err != nil {
-			_ = s.cfg.Client.DeadLetter(context.WithoutCancel(ctx), d, "router: "+err.Error())
+			_ = s.cfg.Client.DeadLetter(context.WithoutCancel(ctx), d, err.Error())
 			continue
 		}
 		s.hold(st)
@@ -324,16 +324,17 @@ func (q *queueSettler) Ack(ctx context.Context) error {
 	return q.src.cfg.Client.Ack(ctx, q.finish())
 }
 
-// Nack implements Settler.
-func (q *queueSettler) Nack(ctx context.Context, until time.Time, attempted bool) error {
+// Nack implements Settler: an attempted delivery counts and records its
+// reason as the message's last error.
+func (q *queueSettler) Nack(ctx context.Context, r Retry) error {
 	d := q.finish()
-	if attempted {
-		return q.src.cfg.Client.RetryAt(ctx, d, until, "router: delivery failed")
+	if r.Attempted {
+		return q.src.cfg.Client.RetryAt(ctx, d, r.At, cmp.Or(r.Reason, "delivery failed"))
 	}
-	return q.src.cfg.Client.PostponeUntil(ctx, d, until)
+	return q.src.cfg.Client.PostponeUntil(ctx, d, r.At)
 }
 
 // DeadLetter implements Settler.
 func (q *queueSettler) DeadLetter(ctx context.Context, reason string) error {
-	return q.src.cfg.Client.DeadLetter(ctx, q.finish(), "router: "+reason)
+	return q.src.cfg.Client.DeadLetter(ctx, q.finish(), reason)
 }
