@@ -181,9 +181,12 @@ type Config struct {
 
 	// IdleTimeout ends a message group's goroutine after that long idle.
 	IdleTimeout time.Duration
-	// DefaultRetryDelay is the nack delay without a better one;
+	// DefaultRetryDelay is the retry delay of a failed delivery when
+	// neither the receiver nor the message (Message.RetryDelay) names one,
+	// and the nack delay of a message refused before delivery;
 	// FastFailDelay the nack delay of messages behind a failed one of their
-	// batch+group.
+	// batch+group. A delivery the circuit breaker refused (the host was not
+	// called) waits Breaker.OpenFor and spends no attempt.
 	DefaultRetryDelay time.Duration
 	FastFailDelay     time.Duration
 	// RateLimitPollEvery is how often a rate-limited worker tries again.

@@ -42,6 +42,7 @@ type Outcome struct {
 	// Reason says why, for logs and dead letters.
 	Reason    string
 	retryable bool
+	notTried  bool // the circuit was open: the host was not called
 }
 
 // mediator POSTs messages to their targets.
@@ -133,8 +134,7 @@ func (m *mediator) deliver(ctx context.Context, msg *Message) Outcome {
 	b := m.breaker(u.Host)
 	var out Outcome
 	for attempt := 1; attempt <= m.cfg.MaxAttempts; attempt++ {
-		var err error
-		out, err = b.Execute(func() (Outcome, error) {
+		o, err := b.Execute(func() (Outcome, error) {
 			o := m.attempt(ctx, msg, u)
 			if o.retryable {
 				return o, errAttemptFailed
@@ -142,8 +142,12 @@ func (m *mediator) deliver(ctx context.Context, msg *Message) Outcome {
 			return o, nil
 		})
 		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-			return Outcome{Result: ErrorConnection, Reason: "circuit open for " + u.Host}
+			if attempt > 1 {
+				return out // the host was called: that failure stands
+			}
+			return Outcome{Result: ErrorConnection, Reason: "circuit open for " + u.Host, notTried: true}
 		}
+		out = o
 		if !out.retryable || attempt == m.cfg.MaxAttempts {
 			return out
 		}
@@ -262,18 +266,15 @@ func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outc
 	}
 }
 
-// retryAfter reads Retry-After as delta-seconds or an HTTP-date; without
-// one, the default delay; clamped to [1s, 12h].
+// retryAfter reads Retry-After as delta-seconds or an HTTP-date, clamped
+// to [1s, 12h]; 0 without a valid one (the usual retry delay applies).
 func (m *mediator) retryAfter(h string) time.Duration {
 	h = strings.TrimSpace(h)
-	if h == "" {
-		return m.cfg.DefaultRetryDelay
-	}
 	if secs, err := strconv.Atoi(h); err == nil {
 		return clampDelay(time.Duration(secs) * time.Second)
 	}
 	if t, err := http.ParseTime(h); err == nil {
 		return clampDelay(t.Sub(m.cfg.Clock.Now()))
 	}
-	return m.cfg.DefaultRetryDelay
+	return 0
 }

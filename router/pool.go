@@ -1,7 +1,6 @@
 package router
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -268,8 +267,7 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 	case ErrorConfig:
 		p.r.settle(ctx, m, deadLetterWith(o.Reason), true)
 	default: // ErrorProcess, ErrorConnection: retry later, and hold back the rest of the batch+group
-		delay := o.Delay
-		delay = cmp.Or(delay, p.r.cfg.DefaultRetryDelay)
+		delay := p.r.retryDelay(m, o)
 		p.mu.Lock()
 		p.failed[m.batchGroup()] = true
 		p.mu.Unlock()
@@ -278,8 +276,26 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
 		p.r.logger.Info("pgoutbox router: delivery failed; retrying later", slog.String("id", m.ID), slog.String("pool", p.code),
 			slog.String("result", o.Result.String()), slog.Duration("delay", delay), slog.String("reason", o.Reason))
-		p.r.settle(ctx, m, retryWith(delay, o.Reason), true)
+		s := retryWith(delay, o.Reason)
+		s.attempted = !o.notTried
+		p.r.settle(ctx, m, s, true)
 	}
+}
+
+// retryDelay is how long a failed delivery waits for its retry: the open
+// interval of the breaker that refused the call; else the delay the
+// receiver named; else the source's (QueueSource: the topic's backoff);
+// else DefaultRetryDelay.
+func (r *Router) retryDelay(m *Message, o Outcome) time.Duration {
+	switch {
+	case o.notTried:
+		return r.cfg.Breaker.OpenFor
+	case o.Delay > 0:
+		return o.Delay
+	case m.RetryDelay > 0:
+		return m.RetryDelay
+	}
+	return r.cfg.DefaultRetryDelay
 }
 
 // done counts a batch+group message finished and drops the tracking at zero.

@@ -479,3 +479,104 @@ func TestFailuresAreRecorded(t *testing.T) {
 	require.Equal(t, offList, dead[0].ID)
 	require.Equal(t, `router: target host not allowed: "not-allowed.invalid"`, dead[0].LastError)
 }
+
+// A receiver outage does not dead-letter everything: while the circuit is
+// open the host is not called and no attempt is spent (after the outage
+// every message's attempts equal the calls the receiver saw), and after
+// recovery everything is delivered. Real failures wait the topic's backoff.
+func TestOutageSpendsNoAttemptsWhileTheCircuitIsOpen(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", MaxAttempts: 6,
+		BackoffInitial: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond}))
+	rv := newReceiver()
+	var healthy atomic.Bool
+	failed := map[body]int{}
+	rv.fail = func(bd body, _ int) int {
+		if healthy.Load() {
+			return 0
+		}
+		failed[bd]++ // under rv.mu
+		return http.StatusServiceUnavailable
+	}
+	_, host := endpoint(t, rv.ServeHTTP)
+	b.sendInterleaved(t, "http://"+host+"/hook", 10, 1)
+	cfg := router.Config{MaxAttempts: 1, DefaultRetryDelay: 100 * time.Millisecond, FastFailDelay: 100 * time.Millisecond,
+		Pools:   []router.PoolConfig{{Code: "P", Concurrency: 2}},
+		Breaker: router.BreakerConfig{MinRequests: 2, FailureRatio: 0.5, OpenFor: 400 * time.Millisecond, HalfOpenRequests: 1}}
+	outage := b.startRouter(t, host, cfg)
+	calls := func() int {
+		rv.mu.Lock()
+		defer rv.mu.Unlock()
+		n := 0
+		for _, c := range failed {
+			n += c
+		}
+		return n
+	}
+	// Two failures open the circuit; each later call is a probe after an
+	// open interval: 5 calls is more than a second of outage.
+	pgtest.Eventually(t, 20*time.Second, "an outage of several open intervals", func() bool { return calls() >= 5 })
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, outage.Stop(stopCtx))
+
+	require.Zero(t, b.countDead(t, "true"), "nothing dead-lettered by the outage")
+	rows, err := b.db.Pool.Query(ctx, `SELECT payload, attempts FROM `+b.db.Table("outbox"))
+	require.NoError(t, err)
+	spent := map[body]int{}
+	for rows.Next() {
+		var bd body
+		var attempts int
+		require.NoError(t, rows.Scan(&bd, &attempts))
+		spent[bd] = attempts
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, spent, 10)
+	rv.mu.Lock()
+	for bd, attempts := range spent {
+		require.Equal(t, failed[bd], attempts, "attempts of %v are the calls its receiver saw", bd)
+	}
+	rv.mu.Unlock()
+
+	healthy.Store(true)
+	b.startRouter(t, host, cfg)
+	pgtest.Eventually(t, 20*time.Second, "everything delivered after recovery", func() bool { return b.count(t, "true") == 0 })
+	require.EqualValues(t, 10, rv.total.Load())
+	require.Zero(t, b.countDead(t, "true"))
+}
+
+// A failed delivery is retried after the topic's backoff (exponential with
+// jitter: the first retry between half and all of BackoffInitial), unless
+// the receiver named a delay.
+func TestRetriesFollowTheTopicBackoff(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", BackoffInitial: 10 * time.Second, BackoffMax: time.Hour}))
+	_, failing := endpoint(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
+	_, busy := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "42")
+		w.WriteHeader(http.StatusTooManyRequests)
+	})
+	send := func(target string) int64 {
+		id, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`), Group: target,
+			Headers: map[string]string{router.HeaderPool: "P", router.HeaderTarget: target}})
+		require.NoError(t, err)
+		return id
+	}
+	backedOff, named := send("http://"+failing+"/"), send("http://"+busy+"/")
+	rt := newRouter(t, router.Config{AllowedHosts: []string{failing, busy}, MaxAttempts: 1, DefaultRetryDelay: time.Hour})
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	rt.AddSource(src)
+	pgtest.Eventually(t, 10*time.Second, "both nacked", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 2 })
+	wait := func(id int64) time.Duration {
+		var secs float64
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT extract(epoch FROM available_at - now()) FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&secs))
+		return time.Duration(secs * float64(time.Second))
+	}
+	require.InDelta(t, 7.5, wait(backedOff).Seconds(), 3, "the topic's backoff for a first retry: 5-10 s")
+	require.InDelta(t, 42, wait(named).Seconds(), 2, "the receiver's Retry-After")
+}

@@ -96,6 +96,11 @@ type Message struct {
 	Payload             []byte
 	// IdempotencyKey is sent as Idempotency-Key (defaults to ID).
 	IdempotencyKey string
+	// RetryDelay is how long a failed delivery waits for its retry when
+	// the receiver names no delay: the source's backoff for this attempt
+	// (QueueSource sets the topic's exponential backoff with jitter).
+	// Zero: Config.DefaultRetryDelay.
+	RetryDelay time.Duration
 	// Settle is how the router acks and nacks it. Required.
 	Settle Settler
 

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -116,17 +117,11 @@ func (s *QueueSource) LastPoll() time.Time {
 
 // Run implements Source.
 func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Message)) error {
-	if s.lease.Load() == 0 {
-		lease := s.cfg.Lease
-		if lease == 0 {
-			t, err := s.cfg.Client.Topic(ctx, s.cfg.Topic)
-			if err != nil {
-				return err
-			}
-			lease = t.Lease
-		}
-		s.lease.Store(int64(lease))
+	t, err := s.cfg.Client.Topic(ctx, s.cfg.Topic)
+	if err != nil {
+		return err
 	}
+	s.lease.Store(int64(cmp.Or(s.cfg.Lease, t.Lease)))
 	for ctx.Err() == nil {
 		s.lastPoll.Store(time.Now().UnixNano())
 		limit := min(s.cfg.BatchSize, s.cfg.MaxInFlight-s.holding())
@@ -150,7 +145,7 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 			}
 			continue
 		}
-		if batch := s.messages(ctx, ds); len(batch) > 0 {
+		if batch := s.messages(ctx, t, ds); len(batch) > 0 {
 			route(ctx, batch)
 		}
 		if len(ds) < limit && !sleep(ctx, s.cfg.PollInterval) {
@@ -160,9 +155,9 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 	return nil
 }
 
-// messages maps claimed deliveries to router messages and holds their
-// leases; a delivery the mapper refuses is dead-lettered.
-func (s *QueueSource) messages(ctx context.Context, ds []*outbox.Delivery) []*Message {
+// messages maps claimed deliveries of topic t to router messages and holds
+// their leases; a delivery the mapper refuses is dead-lettered.
+func (s *QueueSource) messages(ctx context.Context, t outbox.TopicConfig, ds []*outbox.Delivery) []*Message {
 	batch := make([]*Message, 0, len(ds))
 	for _, d := range ds {
 		st := &queueSettler{src: s, d: d}
@@ -178,7 +173,7 @@ func (s *QueueSource) messages(ctx context.Context, ds []*outbox.Delivery) []*Me
 			// the same delivery again, which the router adopts.
 			ID: strconv.FormatInt(d.ID, 10), DeliveryID: "queue:" + s.cfg.Topic + "/" + strconv.FormatInt(d.ID, 10),
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
-			Topic: d.Topic, Payload: d.Payload, Settle: st,
+			Topic: d.Topic, Payload: d.Payload, Settle: st, RetryDelay: backoff.Exponential(d.Attempt, t.BackoffInitial, t.BackoffMax),
 		})
 	}
 	return batch
