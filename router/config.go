@@ -132,7 +132,24 @@ type BreakerConfig struct {
 	OpenFor time.Duration
 	// HalfOpenRequests is how many successes close it again. Defaults to 3.
 	HalfOpenRequests uint32
+	// Interval is the window the failure ratio is judged over (a rolling
+	// window of ten buckets): older requests no longer count, so a long
+	// run of successes does not hide a new failure streak. Defaults to 1
+	// minute.
+	Interval time.Duration
 }
+
+// SuccessRule chooses which responses acknowledge a message.
+type SuccessRule int
+
+const (
+	// Any2xx acks a message on any 2xx status (the default). A body
+	// {"ack":false,"delaySeconds":n} still asks for a retry.
+	Any2xx SuccessRule = iota
+	// Only200 is the original response table: only 200 acks (unless its
+	// body says {"ack":false}); another 2xx is unexpected and retried.
+	Only200
+)
 
 // Clock tells the time; tests inject one for rate limits.
 type Clock interface{ Now() time.Time }
@@ -166,6 +183,8 @@ type Config struct {
 	Tokens    map[string]string
 	TokenFunc func(ctx context.Context, target *url.URL) (string, error)
 
+	// Success chooses which statuses ack a message. Defaults to Any2xx.
+	Success SuccessRule
 	// PointerBody sends {"messageId": id} instead of the payload.
 	PointerBody bool
 	// ConnectTimeout, RequestTimeout bound each HTTP attempt.
@@ -219,6 +238,7 @@ func (c Config) withDefaults() Config {
 	c.LeakCheckInterval = cmp.Or(c.LeakCheckInterval, DefaultLeakCheckInterval)
 	c.WarningTTL = cmp.Or(c.WarningTTL, DefaultWarningTTL)
 	c.Breaker.OpenFor = cmp.Or(c.Breaker.OpenFor, 5*time.Second)
+	c.Breaker.Interval = cmp.Or(c.Breaker.Interval, time.Minute)
 	c.StartupAttempts = cmp.Or(c.StartupAttempts, DefaultStartupAttempts)
 	c.MaxPools = cmp.Or(c.MaxPools, DefaultMaxPools)
 	c.PoolWarningThreshold = cmp.Or(c.PoolWarningThreshold, DefaultPoolWarnThreshold)

@@ -109,9 +109,11 @@ func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
 	}
 	bc := m.cfg.Breaker
 	b := gobreaker.NewCircuitBreaker[Outcome](gobreaker.Settings{
-		Name:        host,
-		MaxRequests: bc.HalfOpenRequests,
-		Timeout:     bc.OpenFor,
+		Name:         host,
+		MaxRequests:  bc.HalfOpenRequests,
+		Timeout:      bc.OpenFor,
+		Interval:     bc.Interval,
+		BucketPeriod: bc.Interval / 10,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			return c.Requests >= bc.MinRequests && float64(c.TotalFailures)/float64(c.Requests) >= bc.FailureRatio
 		},
@@ -233,24 +235,8 @@ func statusReason(code int, u *url.URL) string {
 func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outcome {
 	code := resp.StatusCode
 	switch {
-	case code == http.StatusOK:
-		var r struct {
-			Ack          *bool `json:"ack"`
-			DelaySeconds *int  `json:"delaySeconds"`
-		}
-		if err := json.Unmarshal(body, &r); err != nil || r.Ack == nil {
-			// Seed 001: an unparseable 200 counts as success (compatibility).
-			m.warn.add(WarnResponseParse, SeverityWarn, fmt.Sprintf("message %s: 200 from %s with a body that is not {\"ack\":…}; treated as success", msg.ID, msg.Target))
-			return Outcome{Result: Success}
-		}
-		if *r.Ack {
-			return Outcome{Result: Success}
-		}
-		o := Outcome{Result: ErrorProcess, Reason: statusReason(code, msg.target) + " with ack=false"}
-		if r.DelaySeconds != nil && *r.DelaySeconds > 0 {
-			o.Delay = clampDelay(time.Duration(*r.DelaySeconds) * time.Second)
-		}
-		return o
+	case code == http.StatusOK || code/100 == 2 && m.cfg.Success == Any2xx:
+		return m.classifyAck(msg, code, body)
 	case code == http.StatusTooManyRequests:
 		return Outcome{Result: ErrorProcess, Delay: m.retryAfter(resp.Header.Get("Retry-After")), Reason: statusReason(code, msg.target)}
 	case code == http.StatusNotImplemented:
@@ -264,6 +250,31 @@ func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outc
 	default:
 		return Outcome{Result: ErrorProcess, Reason: "unexpected " + statusReason(code, msg.target)}
 	}
+}
+
+// classifyAck reads a successful status's body: {"ack":false} (with an
+// optional "delaySeconds") asks for a retry; anything else acks. A 200
+// whose body is not an ack object is still a success (the original
+// table's compatibility rule), with a warning.
+func (m *mediator) classifyAck(msg *Message, code int, body []byte) Outcome {
+	var r struct {
+		Ack          *bool `json:"ack"`
+		DelaySeconds *int  `json:"delaySeconds"`
+	}
+	if err := json.Unmarshal(body, &r); err != nil || r.Ack == nil {
+		if code == http.StatusOK {
+			m.warn.add(WarnResponseParse, SeverityWarn, fmt.Sprintf("message %s: 200 from %s with a body that is not {\"ack\":…}; treated as success", msg.ID, msg.Target))
+		}
+		return Outcome{Result: Success}
+	}
+	if *r.Ack {
+		return Outcome{Result: Success}
+	}
+	o := Outcome{Result: ErrorProcess, Reason: statusReason(code, msg.target) + " with ack=false"}
+	if r.DelaySeconds != nil && *r.DelaySeconds > 0 {
+		o.Delay = clampDelay(time.Duration(*r.DelaySeconds) * time.Second)
+	}
+	return o
 }
 
 // retryAfter reads Retry-After as delta-seconds or an HTTP-date, clamped
