@@ -53,6 +53,8 @@ const (
 	DefaultStallTimeout       = 60 * time.Second
 	DefaultLeakCheckInterval  = 30 * time.Second
 	DefaultRateLimitPollEvery = 100 * time.Millisecond
+	DefaultCleanupInterval    = 10 * time.Second
+	DefaultGroupShare         = 0.5
 )
 
 // PoolConfig describes one processing pool.
@@ -217,7 +219,22 @@ type Config struct {
 	HealthInterval    time.Duration
 	StallTimeout      time.Duration
 	LeakCheckInterval time.Duration
-	WarningTTL        time.Duration
+	// CleanupInterval is how often state that outlived its use is dropped:
+	// holds on message groups whose retry time passed, pools that left the
+	// configuration and finished draining. Defaults to 10 seconds.
+	CleanupInterval time.Duration
+	// WarningTTL is how long a warning is kept after it was last raised
+	// (default 8 hours); MaxWarnings how many distinct warnings (code and
+	// subject) are kept, the least recently raised dropped first (default
+	// 1000).
+	WarningTTL  time.Duration
+	MaxWarnings int
+	// GroupShare is the largest part of a pool's capacity one message
+	// group (or the messages without one) may hold; the rest of a batch's
+	// messages of that group are sent back and come back after
+	// FastFailDelay, so one busy group never fills a pool and gets every
+	// other group's batches refused. Between 0 and 1; defaults to 0.5.
+	GroupShare float64
 
 	Clock         Clock
 	Logger        *slog.Logger
@@ -237,6 +254,9 @@ func (c Config) withDefaults() Config {
 	c.StallTimeout = cmp.Or(c.StallTimeout, DefaultStallTimeout)
 	c.LeakCheckInterval = cmp.Or(c.LeakCheckInterval, DefaultLeakCheckInterval)
 	c.WarningTTL = cmp.Or(c.WarningTTL, DefaultWarningTTL)
+	c.MaxWarnings = cmp.Or(c.MaxWarnings, DefaultMaxWarnings)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
+	c.GroupShare = cmp.Or(c.GroupShare, DefaultGroupShare)
 	c.Breaker.OpenFor = cmp.Or(c.Breaker.OpenFor, 5*time.Second)
 	c.Breaker.Interval = cmp.Or(c.Breaker.Interval, time.Minute)
 	c.StartupAttempts = cmp.Or(c.StartupAttempts, DefaultStartupAttempts)
@@ -267,8 +287,11 @@ func (c Config) validate() error {
 			return err
 		}
 	}
-	if c.MaxAttempts < 1 || c.StartupAttempts < 1 || c.MaxPools < 1 {
-		return fmt.Errorf("%w: MaxAttempts, StartupAttempts and MaxPools must be at least 1", ErrInvalidConfig)
+	if c.MaxAttempts < 1 || c.StartupAttempts < 1 || c.MaxPools < 1 || c.MaxWarnings < 1 {
+		return fmt.Errorf("%w: MaxAttempts, StartupAttempts, MaxPools and MaxWarnings must be at least 1", ErrInvalidConfig)
+	}
+	if c.GroupShare <= 0 || c.GroupShare > 1 {
+		return fmt.Errorf("%w: GroupShare %v is not in (0, 1]", ErrInvalidConfig, c.GroupShare)
 	}
 	return nil
 }

@@ -119,7 +119,7 @@ func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
-				m.warn.add(WarnProcessing, SeverityWarn, fmt.Sprintf("circuit to %s opened", name))
+				m.warn.add(WarnProcessing, SeverityWarn, name, fmt.Sprintf("circuit to %s opened", name))
 			}
 		},
 	})
@@ -214,7 +214,7 @@ func (m *mediator) classifyError(msg *Message, err error) Outcome {
 	var urlErr *url.Error
 	switch {
 	case errors.Is(err, ErrTargetNotAllowed) && errors.As(err, &urlErr):
-		m.warn.add(WarnTargetNotAllowed, SeverityError, fmt.Sprintf("message %s: %v", msg.ID, urlErr.Err))
+		m.warn.add(WarnTargetNotAllowed, SeverityError, msg.target.Host, fmt.Sprintf("message %s: %v", msg.ID, urlErr.Err))
 		return Outcome{Result: ErrorConfig, Reason: urlErr.Err.Error()}
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		var opErr *net.OpError
@@ -240,10 +240,10 @@ func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outc
 	case code == http.StatusTooManyRequests:
 		return Outcome{Result: ErrorProcess, Delay: m.retryAfter(resp.Header.Get("Retry-After")), Reason: statusReason(code, msg.target)}
 	case code == http.StatusNotImplemented:
-		m.warn.add(WarnConfiguration, SeverityCritical, fmt.Sprintf("message %s: 501 from %s", msg.ID, msg.Target))
+		m.warn.add(WarnConfiguration, SeverityCritical, msg.target.Host+" 501", fmt.Sprintf("message %s: 501 from %s", msg.ID, msg.Target))
 		return Outcome{Result: ErrorConfig, Reason: statusReason(code, msg.target)}
 	case code >= 400 && code < 500:
-		m.warn.add(WarnConfiguration, SeverityError, fmt.Sprintf("message %s: %d from %s", msg.ID, code, msg.Target))
+		m.warn.add(WarnConfiguration, SeverityError, fmt.Sprintf("%s %d", msg.target.Host, code), fmt.Sprintf("message %s: %d from %s", msg.ID, code, msg.Target))
 		return Outcome{Result: ErrorConfig, Reason: statusReason(code, msg.target)}
 	case code >= 500:
 		return Outcome{Result: ErrorProcess, Reason: statusReason(code, msg.target), retryable: true}
@@ -263,7 +263,7 @@ func (m *mediator) classifyAck(msg *Message, code int, body []byte) Outcome {
 	}
 	if err := json.Unmarshal(body, &r); err != nil || r.Ack == nil {
 		if code == http.StatusOK {
-			m.warn.add(WarnResponseParse, SeverityWarn, fmt.Sprintf("message %s: 200 from %s with a body that is not {\"ack\":…}; treated as success", msg.ID, msg.Target))
+			m.warn.add(WarnResponseParse, SeverityWarn, msg.target.Host, fmt.Sprintf("message %s: 200 from %s with a body that is not {\"ack\":…}; treated as success", msg.ID, msg.Target))
 		}
 		return Outcome{Result: Success}
 	}

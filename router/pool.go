@@ -23,8 +23,9 @@ type pool struct {
 	limiter     *rate.Limiter // nil: no limit
 	inFlight    int           // permits held
 	groups      map[string]*groupQueue
-	queued      int
+	queued      int // messages taken and not yet delivering: in a group queue or waiting for a permit
 	running     bool
+	live        int             // group goroutines running
 	failed      map[string]bool // batchID|group whose delivery failed
 	remaining   map[string]int  // batchID|group → messages not yet done
 	workers     sync.WaitGroup
@@ -34,6 +35,7 @@ type groupQueue struct {
 	high, regular []*Message
 	wake          chan struct{} // capacity 1
 	active        bool          // a goroutine serves the group
+	held          int           // the group's part of the pool's queued
 }
 
 func newPool(r *Router, c PoolConfig) *pool {
@@ -63,7 +65,7 @@ func (p *pool) update(c PoolConfig) {
 	defer p.mu.Unlock()
 	if c.Concurrency != p.concurrency {
 		if c.Concurrency < p.inFlight {
-			p.r.warn.add(WarnConcurrencyReduction, SeverityWarn, fmt.Sprintf("pool %q: concurrency %d → %d applies as %d running deliveries finish",
+			p.r.warn.add(WarnConcurrencyReduction, SeverityWarn, p.code, fmt.Sprintf("pool %q: concurrency %d → %d applies as %d running deliveries finish",
 				p.code, p.concurrency, c.Concurrency, p.inFlight))
 		}
 		p.concurrency = c.Concurrency
@@ -76,13 +78,38 @@ func (p *pool) update(c PoolConfig) {
 
 func (p *pool) capacity() int { return max(p.concurrency*QueueCapacityMultiplier, MinQueueCapacity) }
 
-func (p *pool) free() int {
+// groupLimit is how many messages one group may hold: its share of the capacity.
+func (p *pool) groupLimit() int { return max(1, int(float64(p.capacity())*p.r.cfg.GroupShare)) }
+
+// fits reports whether the pool has room for every message of msgs it
+// would take: those beyond their group's share are sent back by submit and
+// need no room.
+func (p *pool) fits(msgs []*Message) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.running {
-		return 0
+		return false
 	}
-	return p.capacity() - p.queued
+	perGroup := map[string]int{}
+	for _, m := range msgs {
+		perGroup[m.group()]++
+	}
+	limit, need := p.groupLimit(), 0
+	for name, n := range perGroup {
+		held := 0
+		if g := p.groups[name]; g != nil {
+			held = g.held
+		}
+		need += min(n, max(limit-held, 0))
+	}
+	return need <= p.capacity()-p.queued
+}
+
+// finished reports whether the pool drained and its goroutines ended.
+func (p *pool) finished() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.running && p.live == 0
 }
 
 func (p *pool) stats() PoolStats {
@@ -99,7 +126,7 @@ func (p *pool) stats() PoolStats {
 }
 
 // submit queues m behind the earlier messages of its group; false when the
-// pool is full or draining.
+// pool is full or draining, or the group holds its share of the capacity.
 func (p *pool) submit(m *Message) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -111,15 +138,20 @@ func (p *pool) submit(m *Message) bool {
 		g = &groupQueue{wake: make(chan struct{}, 1)}
 		p.groups[m.group()] = g
 	}
+	if g.held >= p.groupLimit() {
+		return false
+	}
 	if m.HighPriority {
 		g.high = append(g.high, m)
 	} else {
 		g.regular = append(g.regular, m)
 	}
 	p.queued++
+	g.held++
 	p.remaining[m.batchGroup()]++
 	if !g.active {
 		g.active = true
+		p.live++
 		p.workers.Add(1)
 		go p.serve(m.group(), g)
 	}
@@ -176,6 +208,11 @@ func (p *pool) next(name string, g *groupQueue) *Message {
 // serve is a group's goroutine: one message at a time, in order.
 func (p *pool) serve(name string, g *groupQueue) {
 	defer p.workers.Done()
+	defer func() {
+		p.mu.Lock()
+		p.live--
+		p.mu.Unlock()
+	}()
 	ctx := context.Background()
 	for {
 		m := p.next(name, g)
@@ -193,13 +230,13 @@ func (p *pool) serve(name string, g *groupQueue) {
 			if held {
 				s = settlement{kind: 1, until: resume}
 			}
-			p.unqueue()
+			p.unqueue(g)
 			p.r.settle(ctx, m, s, true)
 			p.done(key)
 			continue
 		}
-		if !p.waitRate() || !p.acquire() {
-			p.unqueue()
+		if !p.waitRate() || !p.acquire(g) {
+			p.unqueue(g)
 			p.r.settle(ctx, m, nackWith(MinDelay), true) // draining: not delivered
 			p.done(key)
 			continue
@@ -229,7 +266,9 @@ func (p *pool) waitRate() bool {
 	}
 }
 
-func (p *pool) acquire() bool {
+// acquire takes a concurrency permit for a message of g; false if the
+// pool drains meanwhile.
+func (p *pool) acquire(g *groupQueue) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.running && p.inFlight >= p.concurrency {
@@ -240,14 +279,16 @@ func (p *pool) acquire() bool {
 	}
 	p.inFlight++
 	p.queued--
+	g.held--
 	return true
 }
 
-// unqueue forgets a message taken from a group queue that will not be delivered.
-func (p *pool) unqueue() {
+// unqueue forgets a message of g taken from its queue that will not be delivered.
+func (p *pool) unqueue(g *groupQueue) {
 	p.mu.Lock()
-	if p.running { // drain already reset the count
+	if p.running { // drain already reset the counts
 		p.queued--
+		g.held--
 	}
 	p.mu.Unlock()
 }
@@ -323,6 +364,7 @@ func (p *pool) drain() {
 		queued = append(queued, g.high...)
 		queued = append(queued, g.regular...)
 		g.high, g.regular = nil, nil
+		g.held = 0
 		select {
 		case g.wake <- struct{}{}:
 		default:

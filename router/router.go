@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,9 +105,10 @@ type Message struct {
 	// Settle is how the router acks and nacks it. Required.
 	Settle Settler
 
-	batchID string
-	target  *url.URL // Target, parsed and allow-listed by Route
-	settled atomic.Bool
+	batchID  string
+	batchSeq uint64   // batches are numbered in routing order
+	target   *url.URL // Target, parsed and allow-listed by Route
+	settled  atomic.Bool
 }
 
 func (m *Message) pipelineKey() string { return m.DeliveryID }
@@ -174,12 +176,12 @@ func New(cfg Config) (*Router, error) {
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		inflight: newTracker(),
-		holds:    &holds{m: map[string]hold{}},
+		holds:    newHolds(),
 		pools:    map[string]*pool{},
 		keepStop: make(chan struct{}),
 		metrics:  newMetrics(cfg.MeterProvider),
 	}
-	r.warn = &warnings{ttl: cfg.WarningTTL, now: cfg.Clock.Now}
+	r.warn = newWarnings(cfg.WarningTTL, cfg.MaxWarnings, cfg.Clock.Now)
 	r.mediator = newMediator(cfg, r.warn)
 	return r, nil
 }
@@ -221,6 +223,7 @@ func (r *Router) Start(ctx context.Context) error {
 	}
 	r.loop(r.cfg.HealthInterval, r.checkSources)
 	r.loop(r.cfg.LeakCheckInterval, r.checkLeaks)
+	r.loop(r.cfg.CleanupInterval, r.cleanup)
 	r.mu.Lock()
 	for _, rs := range r.sources {
 		r.runSource(rs)
@@ -261,7 +264,7 @@ func (r *Router) initialSync(ctx context.Context) error {
 			}
 		}
 	}
-	r.warn.add(WarnConfigSyncFailed, SeverityCritical, fmt.Sprintf("initial configuration sync failed after %d attempts: %v", r.cfg.StartupAttempts, err))
+	r.warn.add(WarnConfigSyncFailed, SeverityCritical, "", fmt.Sprintf("initial configuration sync failed after %d attempts: %v", r.cfg.StartupAttempts, err))
 	return fmt.Errorf("%w after %d attempts: %w", ErrConfigUnavailable, r.cfg.StartupAttempts, err)
 }
 
@@ -286,7 +289,7 @@ func (r *Router) Sync(ctx context.Context) error {
 		have := len(r.pools) > 0
 		r.mu.Unlock()
 		if have {
-			r.warn.add(WarnConfigSyncFailed, SeverityWarn, "configuration sync failed; keeping the last configuration: "+err.Error())
+			r.warn.add(WarnConfigSyncFailed, SeverityWarn, "", "configuration sync failed; keeping the last configuration: "+err.Error())
 		}
 		return err
 	}
@@ -329,11 +332,11 @@ func (r *Router) applyPools(cfgs []PoolConfig) {
 			continue
 		}
 		if len(r.pools) >= r.cfg.MaxPools {
-			r.warn.add(WarnPoolLimit, SeverityCritical, fmt.Sprintf("pool %q not created: %d pools is the maximum", code, r.cfg.MaxPools))
+			r.warn.add(WarnPoolLimit, SeverityCritical, code, fmt.Sprintf("pool %q not created: %d pools is the maximum", code, r.cfg.MaxPools))
 			continue
 		}
 		if len(r.pools) >= r.cfg.PoolWarningThreshold {
-			r.warn.add(WarnPoolLimit, SeverityWarn, fmt.Sprintf("%d pools, warning threshold %d", len(r.pools)+1, r.cfg.PoolWarningThreshold))
+			r.warn.add(WarnPoolLimit, SeverityWarn, "", fmt.Sprintf("%d pools, warning threshold %d", len(r.pools)+1, r.cfg.PoolWarningThreshold))
 		}
 		r.pools[code] = newPool(r, c)
 	}
@@ -366,7 +369,8 @@ func (r *Router) InFlight() int { return r.inflight.size() }
 // Route takes a batch of claimed messages through the three routing phases.
 // It returns once every message was submitted to a pool or settled.
 func (r *Router) Route(ctx context.Context, batch []*Message) {
-	batchID := strconv.FormatUint(r.batches.Add(1), 36)
+	batchSeq := r.batches.Add(1)
+	batchID := strconv.FormatUint(batchSeq, 36)
 	r.mu.Lock()
 	pools := make(map[string]*pool, len(r.pools))
 	for k, v := range r.pools {
@@ -378,7 +382,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	byPool := map[string][]*Message{}
 	var poolOrder []string
 	for _, m := range batch {
-		m.batchID = batchID
+		m.batchID, m.batchSeq = batchID, batchSeq
 		switch res, orig := r.inflight.check(m); res {
 		case physicalDuplicate:
 			r.metrics.duplicates.Add(ctx, 1)
@@ -394,7 +398,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 		}
 		u, err := r.mediator.checkTarget(m.Target)
 		if err != nil {
-			r.warn.add(WarnTargetNotAllowed, SeverityError, fmt.Sprintf("message %s: %v", m.ID, err))
+			r.warn.add(WarnTargetNotAllowed, SeverityError, targetSubject(m.Target), fmt.Sprintf("message %s: %v", m.ID, err))
 			r.settle(ctx, m, deadLetterWith(err.Error()), false)
 			continue
 		}
@@ -402,7 +406,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 		code := m.Pool
 		if _, ok := pools[code]; !ok {
 			if code != DefaultPoolCode {
-				r.warn.add(WarnRouting, SeverityWarn, fmt.Sprintf("no pool %q; message %s routed to %s", code, m.ID, DefaultPoolCode))
+				r.warn.add(WarnRouting, SeverityWarn, code, fmt.Sprintf("no pool %q; message %s routed to %s", code, m.ID, DefaultPoolCode))
 			}
 			code = DefaultPoolCode
 			pools[code] = r.defaultPool()
@@ -414,86 +418,53 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	}
 
 	for _, code := range poolOrder {
-		p, msgs := pools[code], byPool[code]
-		// Phase 2: the pool takes all of them or none.
-		if p.free() < len(msgs) {
-			r.warn.add(WarnQueueFull, SeverityWarn, fmt.Sprintf("pool %q full; %d messages nacked", code, len(msgs)))
-			for _, m := range msgs {
-				r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+		r.routeToPool(ctx, pools[code], byPool[code])
+	}
+}
+
+// routeToPool is phases 2 and 3 for one pool's messages of a batch.
+func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
+	// Phase 2: the pool takes all of them or none.
+	if !p.fits(msgs) {
+		r.warn.add(WarnQueueFull, SeverityWarn, p.code, fmt.Sprintf("pool %q full; %d messages nacked", p.code, len(msgs)))
+		held := map[string]bool{}
+		for _, m := range msgs {
+			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+			if g := m.group(); !held[g] {
+				held[g] = true
+				r.holds.hold(m, r.cfg.Clock.Now().Add(r.cfg.DefaultRetryDelay), r.cfg.FastFailDelay)
 			}
+		}
+		return
+	}
+	// Phase 3: per group, in order; after a refusal the rest of the group is nacked.
+	refused := map[string]bool{}
+	for _, m := range msgs {
+		g := m.group()
+		if resume, held := r.holds.heldBack(m, r.cfg.Clock.Now()); held {
+			// An earlier message of the group awaits its retry: this one
+			// must not overtake it.
+			r.settle(ctx, m, settlement{kind: 1, until: resume}, false)
 			continue
 		}
-		// Phase 3: per group, in order; after a refusal the rest of the group is nacked.
-		refused := map[string]bool{}
-		for _, m := range msgs {
-			g := m.group()
-			if resume, held := r.holds.heldBack(m, r.cfg.Clock.Now()); held {
-				// An earlier message of the group awaits its retry: this one
-				// must not overtake it.
-				r.settle(ctx, m, settlement{kind: 1, until: resume}, false)
-				continue
-			}
-			if refused[g] {
-				r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
-				continue
-			}
-			if r.inflight.track(m) != tracked {
-				r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
-				continue
-			}
-			if !p.submit(m) {
-				r.inflight.remove(m)
-				r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
-				refused[g] = true
-			}
+		if refused[g] {
+			r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
+			continue
+		}
+		if r.inflight.track(m) != tracked {
+			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+			continue
+		}
+		if !p.submit(m) {
+			// Full, or the group holds its share: m and the rest of its
+			// group come back after FastFailDelay, later batches of the
+			// group are held back until then.
+			r.inflight.remove(m)
+			r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
+			r.holds.hold(m, r.cfg.Clock.Now().Add(r.cfg.FastFailDelay), r.cfg.FastFailDelay)
+			refused[g] = true
 		}
 	}
-}
-
-// holds remembers, per topic and message group, a message that failed and
-// will be redelivered: until it comes back (or the hold expires), newer
-// messages of the group from later batches are nacked instead of delivered
-// ahead of it. Sources like SQS FIFO enforce this themselves; a database
-// queue does not.
-type holds struct {
-	mu sync.Mutex
-	m  map[string]hold
-}
-
-type hold struct {
-	messageID string
-	resume    time.Time // held-back messages come back at this one instant
-	until     time.Time // the hold lapses then (the message never returned)
-}
-
-func holdKey(m *Message) string { return m.Topic + "|" + m.group() }
-
-// hold holds m's group back: m returns at retryAt; its group mates are
-// nacked to one instant just after, so they come back together, in order.
-func (h *holds) hold(m *Message, retryAt time.Time, gap time.Duration) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.m[holdKey(m)] = hold{messageID: m.ID, resume: retryAt.Add(gap), until: retryAt.Add(2 * gap)}
-}
-
-// heldBack reports whether m must wait for an earlier message of its
-// group, and until when.
-func (h *holds) heldBack(m *Message, now time.Time) (time.Time, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	k := holdKey(m)
-	hd, ok := h.m[k]
-	if !ok {
-		return time.Time{}, false
-	}
-	if hd.messageID == m.ID || now.After(hd.until) {
-		delete(h.m, k) // the held message is back (or the hold lapsed)
-		return time.Time{}, false
-	}
-	if hd.resume.Before(now) {
-		return now.Add(MinDelay), true
-	}
-	return hd.resume, true
 }
 
 // defaultPool returns DEFAULT-POOL, creating it on demand.
@@ -613,7 +584,7 @@ func (r *Router) checkSources() {
 		if !stalled && !exited {
 			continue
 		}
-		r.warn.add(WarnConsumerRestart, SeverityWarn, fmt.Sprintf("source %s stalled (last poll %v); restarting", rs.src.Name(), last))
+		r.warn.add(WarnConsumerRestart, SeverityWarn, rs.src.Name(), fmt.Sprintf("source %s stalled (last poll %v); restarting", rs.src.Name(), last))
 		rs.cancel()
 		r.runSource(rs)
 	}
@@ -628,6 +599,14 @@ func isClosed(ch chan struct{}) bool {
 	}
 }
 
+// cleanup forgets lapsed holds and pools that finished draining.
+func (r *Router) cleanup() {
+	r.holds.prune(r.cfg.Clock.Now())
+	r.mu.Lock()
+	r.drained = slices.DeleteFunc(r.drained, (*pool).finished)
+	r.mu.Unlock()
+}
+
 // checkLeaks warns when the in-flight map outgrows what the pools can hold.
 func (r *Router) checkLeaks() {
 	r.mu.Lock()
@@ -638,7 +617,7 @@ func (r *Router) checkLeaks() {
 	r.mu.Unlock()
 	total = max(total, MinQueueCapacity)
 	if n := r.inflight.size(); n > total {
-		r.warn.add(WarnPipelineMapLeak, SeverityWarn, fmt.Sprintf("in-flight map holds %d messages, pools hold at most %d", n, total))
+		r.warn.add(WarnPipelineMapLeak, SeverityWarn, "", fmt.Sprintf("in-flight map holds %d messages, pools hold at most %d", n, total))
 	}
 }
 
@@ -698,11 +677,20 @@ func (r *Router) Stop(ctx context.Context) error {
 		m.settled.Store(true)
 	}
 	if failures > 0 {
-		r.warn.add(WarnShutdownCleanup, SeverityWarn, fmt.Sprintf("%d messages could not be nacked at shutdown", failures))
+		r.warn.add(WarnShutdownCleanup, SeverityWarn, "", fmt.Sprintf("%d messages could not be nacked at shutdown", failures))
 	}
 	close(r.keepStop)
 	r.keepers.Wait()
 	return err
+}
+
+// targetSubject is what a warning about a refused target is about: its
+// host, or "invalid target URL".
+func targetSubject(target string) string {
+	if u, err := url.Parse(target); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return "invalid target URL"
 }
 
 // validTarget parses an absolute http(s) URL.

@@ -51,7 +51,8 @@ func TestPoolCapacityAndDefaultPool(t *testing.T) {
 	release := make(chan struct{})
 	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { <-release; _, _ = w.Write([]byte(`{"ack":true}`)) })
 	defer close(release)
-	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}},
+		GroupShare: 1}) // one group may fill the pool
 	rec := newRecorder()
 	target := "http://" + host + "/"
 	var first []*router.Message

@@ -65,7 +65,9 @@ type QueueSourceConfig struct {
 	// MaxInFlight caps this source's messages between claim and settlement;
 	// it claims only what fits. Keep it at most the capacity of the pools
 	// its messages go to (max(concurrency×20, 50)), so the router never has
-	// to refuse a batch for lack of room. Defaults to BatchSize.
+	// to refuse a batch for lack of room, and, if one message group can
+	// dominate the topic, at most that group's share of it
+	// (Config.GroupShare, half by default). Defaults to BatchSize.
 	MaxInFlight int
 }
 
