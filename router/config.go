@@ -27,6 +27,8 @@ var (
 	ErrConfigUnavailable = errors.New("router: configuration unavailable")
 	// ErrStarted: Start on a router that already started.
 	ErrStarted = errors.New("router: already started")
+	// ErrUnknownSource: RemoveSource of a source the router does not run.
+	ErrUnknownSource = errors.New("router: unknown source")
 )
 
 // Pool and routing defaults (seed 001).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -213,39 +214,74 @@ func (p *pool) serve(name string, g *groupQueue) {
 		p.live--
 		p.mu.Unlock()
 	}()
-	ctx := context.Background()
 	for {
 		m := p.next(name, g)
 		if m == nil {
 			return
 		}
-		key := m.batchGroup()
-		p.mu.Lock()
-		failed := p.failed[key]
-		p.mu.Unlock()
-		// An earlier message of this batch+group failed, or one of an earlier
-		// batch of the group awaits its retry: keep the order.
-		if resume, held := p.r.holds.heldBack(m, p.r.cfg.Clock.Now()); failed || held {
-			s := nackWith(p.r.cfg.FastFailDelay)
-			if held {
-				s = settlement{kind: 1, until: resume}
-			}
-			p.unqueue(g)
-			p.r.settle(ctx, m, s, true)
-			p.done(key)
-			continue
-		}
-		if !p.waitRate() || !p.acquire(g) {
-			p.unqueue(g)
-			p.r.settle(ctx, m, nackWith(MinDelay), true) // draining: not delivered
-			p.done(key)
-			continue
-		}
-		out := p.r.mediator.deliver(ctx, m)
-		p.release()
-		p.handle(ctx, m, out)
-		p.done(key)
+		p.process(g, m)
 	}
+}
+
+// process delivers m, or sends it back when it must wait or the pool
+// drains, and settles it. A panic in delivery code is recovered: m is
+// nacked and the group goes on with its next message.
+func (p *pool) process(g *groupQueue, m *Message) {
+	ctx := context.Background()
+	key := m.batchGroup()
+	queued, delivering := true, false // m counts in p.queued; m holds a permit
+	defer func() {
+		if v := recover(); v != nil {
+			if queued {
+				p.unqueue(g)
+			}
+			if delivering {
+				p.release()
+			}
+			p.recovered(ctx, m, v, delivering)
+		}
+		p.done(key)
+	}()
+	p.mu.Lock()
+	failed := p.failed[key]
+	p.mu.Unlock()
+	// An earlier message of this batch+group failed, or one of an earlier
+	// batch of the group awaits its retry: keep the order.
+	if resume, held := p.r.holds.heldBack(m, p.r.cfg.Clock.Now()); failed || held {
+		s := nackWith(p.r.cfg.FastFailDelay)
+		if held {
+			s = settlement{kind: 1, until: resume}
+		}
+		queued = false
+		p.unqueue(g)
+		p.r.settle(ctx, m, s, true)
+		return
+	}
+	if !p.waitRate() || !p.acquire(g) {
+		queued = false
+		p.unqueue(g)
+		p.r.settle(ctx, m, nackWith(MinDelay), true) // draining: not delivered
+		return
+	}
+	queued, delivering = false, true
+	out := p.r.mediator.deliver(ctx, m)
+	delivering = false
+	p.release()
+	p.handle(ctx, m, out)
+}
+
+// recovered handles a panic while m was processed: a warning, an error
+// log with the stack, and m retried like a failed delivery (a failed
+// attempt if the panic came from delivering it).
+func (p *pool) recovered(ctx context.Context, m *Message, v any, delivering bool) {
+	p.r.warn.add(WarnGroupThreadRestart, SeverityWarn, p.code, fmt.Sprintf("pool %q: delivering message %s panicked: %v; the group goes on", p.code, m.ID, v))
+	p.r.logger.Error("pgoutbox router: delivery panicked", slog.String("pool", p.code), slog.String("id", m.ID),
+		slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
+	if !delivering {
+		p.r.settle(ctx, m, nackWith(MinDelay), true)
+		return
+	}
+	p.handle(ctx, m, Outcome{Result: ErrorProcess, Reason: fmt.Sprintf("panic: %v", v)})
 }
 
 // waitRate blocks until the pool's rate limiter grants a permit (read
@@ -375,17 +411,5 @@ func (p *pool) drain() {
 	p.mu.Unlock()
 	for _, m := range queued {
 		p.r.settle(context.Background(), m, nackWith(MinDelay), true)
-	}
-}
-
-// wait waits for the pool's goroutines (and so its HTTP calls) to end.
-func (p *pool) wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { p.workers.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

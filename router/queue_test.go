@@ -580,3 +580,58 @@ func TestRetriesFollowTheTopicBackoff(t *testing.T) {
 	require.InDelta(t, 7.5, wait(backedOff).Seconds(), 3, "the topic's backoff for a first retry: 5-10 s")
 	require.InDelta(t, 42, wait(named).Seconds(), 2, "the receiver's Retry-After")
 }
+
+// A mapper that panics does not take the process down: the message is
+// nacked as a failed attempt (and will be dead-lettered if it keeps
+// panicking), GROUP_THREAD_RESTART is raised, and the other messages of
+// the batch are delivered.
+func TestPanickingMapperIsRecovered(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", BackoffInitial: time.Hour, BackoffMax: time.Hour}))
+	rv := newReceiver()
+	_, host := endpoint(t, rv.ServeHTTP)
+	b.sendInterleaved(t, "http://"+host+"/hook", 3, 1)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond,
+		Mapper: func(d *outbox.Delivery) (router.Route, error) {
+			if d.Group == "g1" {
+				panic("mapper bug")
+			}
+			return router.HeaderMapper(d)
+		}})
+	require.NoError(t, err)
+	rt.AddSource(src)
+	pgtest.Eventually(t, 10*time.Second, "the others delivered", func() bool { return rv.total.Load() == 2 })
+	pgtest.Eventually(t, 5*time.Second, "the panicking one nacked", func() bool {
+		return b.count(t, "lease_owner IS NULL AND attempts = 1 AND last_error LIKE '%mapper bug%'") == 1
+	})
+	require.True(t, hasWarning(rt, router.WarnGroupThreadRestart, router.SeverityWarn))
+}
+
+// A removed source claims nothing more; what it already handed over is
+// still delivered and acked.
+func TestRemovedSourceFinishesItsMessages(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	var once sync.Once
+	rv := newReceiver()
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { <-release; rv.ServeHTTP(w, r) })
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	rt.AddSource(src)
+	pgtest.Eventually(t, 10*time.Second, "in flight", func() bool { return rt.InFlight() == 1 })
+	require.NoError(t, rt.RemoveSource(ctx, src))
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
+	time.Sleep(200 * time.Millisecond) // ten poll intervals
+	require.Equal(t, 1, b.count(t, "lease_owner IS NULL"), "the new message is not claimed")
+	once.Do(func() { close(release) })
+	pgtest.Eventually(t, 10*time.Second, "the message in flight acked", func() bool { return b.count(t, "true") == 1 })
+	require.EqualValues(t, 1, rv.total.Load())
+}

@@ -106,8 +106,9 @@ type Message struct {
 	Settle Settler
 
 	batchID  string
-	batchSeq uint64   // batches are numbered in routing order
-	target   *url.URL // Target, parsed and allow-listed by Route
+	batchSeq uint64      // batches are numbered in routing order
+	panicked *panicError // the source's mapper panicked on this message
+	target   *url.URL    // Target, parsed and allow-listed by Route
 	settled  atomic.Bool
 }
 
@@ -127,7 +128,8 @@ type Source interface {
 	// Name identifies the source in logs and warnings.
 	Name() string
 	// Run claims batches and passes them to route until ctx ends. It returns
-	// when it stopped claiming.
+	// when it stopped claiming. The router never runs two Runs of one
+	// source at once: a stalled source is restarted once its Run returned.
 	Run(ctx context.Context, route func(ctx context.Context, batch []*Message)) error
 	// LastPoll is when the source last asked for messages (zero: never).
 	LastPoll() time.Time
@@ -155,15 +157,9 @@ type Router struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup // background loops (sync, health, leaks)
 	syncMu   sync.Mutex     // one configuration sync at a time
+	runs     sync.WaitGroup // sources' Runs
 	keepStop chan struct{}  // closed when Stop settled everything: lease keepers end
 	keepers  sync.WaitGroup // lease keepers
-}
-
-type runningSource struct {
-	src     Source
-	cancel  context.CancelFunc
-	done    chan struct{}
-	keeping bool // a lease keeper runs for src
 }
 
 // New validates cfg and returns a router.
@@ -188,17 +184,6 @@ func New(cfg Config) (*Router, error) {
 
 // Warnings returns the current (unexpired) warnings.
 func (r *Router) Warnings() []Warning { return r.warn.list() }
-
-// AddSource registers a source; sources added after Start start at once.
-func (r *Router) AddSource(s Source) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rs := &runningSource{src: s}
-	r.sources = append(r.sources, rs)
-	if r.started && !r.stopped {
-		r.runSource(rs)
-	}
-}
 
 // Start loads the configuration (from ConfigSource: up to StartupAttempts
 // tries, then ErrConfigUnavailable), creates the pools and starts the
@@ -226,7 +211,7 @@ func (r *Router) Start(ctx context.Context) error {
 	r.loop(r.cfg.CleanupInterval, r.cleanup)
 	r.mu.Lock()
 	for _, rs := range r.sources {
-		r.runSource(rs)
+		r.runSource(rs, false)
 	}
 	r.mu.Unlock()
 	return nil
@@ -383,6 +368,10 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	var poolOrder []string
 	for _, m := range batch {
 		m.batchID, m.batchSeq = batchID, batchSeq
+		if m.panicked != nil {
+			r.mapperPanicked(ctx, m)
+			continue
+		}
 		switch res, orig := r.inflight.check(m); res {
 		case physicalDuplicate:
 			r.metrics.duplicates.Add(ctx, 1)
@@ -495,8 +484,28 @@ func retryWith(d time.Duration, reason string) settlement {
 }
 func deadLetterWith(r string) settlement { return settlement{kind: 2, reason: r} }
 
+// panicError is a panic recovered in code the router calls.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
+
+// mapperPanicked retries m, whose mapping panicked, as a failed attempt
+// (so a message that always makes it panic ends as a dead letter), and
+// reports the panic.
+func (r *Router) mapperPanicked(ctx context.Context, m *Message) {
+	r.warn.add(WarnGroupThreadRestart, SeverityWarn, "mapper of "+m.Topic,
+		fmt.Sprintf("mapping message %s of %s panicked: %v; the source goes on", m.ID, m.Topic, m.panicked.value))
+	r.logger.Error("pgoutbox router: mapper panicked", slog.String("topic", m.Topic), slog.String("id", m.ID),
+		slog.Any("panic", m.panicked.value), slog.String("stack", string(m.panicked.stack)))
+	r.settle(ctx, m, retryWith(r.retryDelay(m, Outcome{}), "mapper "+m.panicked.Error()), false)
+}
+
 // settle acks, nacks or dead-letters m exactly once and, when it was
-// tracked, removes it from the in-flight map.
+// tracked, removes it from the in-flight map. A Settler that panics is
+// logged like one that fails.
 func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracked bool) {
 	if !m.settled.CompareAndSwap(false, true) {
 		return
@@ -506,6 +515,14 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 	}
 	ctx = context.WithoutCancel(ctx)
 	var err error
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("panic: %v", v)
+		}
+		if err != nil {
+			r.logger.Warn("pgoutbox router: settling a message failed; its source redelivers it", slog.String("id", m.ID), slog.Any("error", err))
+		}
+	}()
 	switch s.kind {
 	case 0:
 		err = m.Settle.Ack(ctx)
@@ -521,83 +538,9 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 		err = m.Settle.DeadLetter(ctx, s.reason)
 		r.metrics.deadLettered.Add(ctx, 1)
 	}
-	if err != nil {
-		r.logger.Warn("pgoutbox router: settling a message failed; its source redelivers it", slog.String("id", m.ID), slog.Any("error", err))
-	}
 }
 
 func clampDelay(d time.Duration) time.Duration { return min(max(d, MinDelay), MaxDelay) }
-
-func (r *Router) runSource(rs *runningSource) {
-	ctx, cancel := context.WithCancel(r.bg)
-	rs.cancel, rs.done = cancel, make(chan struct{})
-	if k, ok := rs.src.(LeaseKeeper); ok && !rs.keeping {
-		rs.keeping = true
-		r.keepers.Add(1)
-		go r.keepLeases(rs.src.Name(), k)
-	}
-	go func() {
-		defer close(rs.done)
-		if err := rs.src.Run(ctx, r.Route); err != nil && ctx.Err() == nil {
-			r.logger.Error("pgoutbox router: source stopped", slog.String("source", rs.src.Name()), slog.Any("error", err))
-		}
-	}()
-}
-
-// keepLeases renews k's leases every k.RenewEvery() until Stop has
-// settled everything.
-func (r *Router) keepLeases(name string, k LeaseKeeper) {
-	defer r.keepers.Done()
-	t := time.NewTimer(k.RenewEvery())
-	defer t.Stop()
-	for {
-		select {
-		case <-r.keepStop:
-			return
-		case <-t.C:
-		}
-		every := k.RenewEvery()
-		ctx, cancel := context.WithTimeout(context.Background(), every)
-		held, lost, err := k.KeepLeases(ctx)
-		cancel()
-		if err != nil {
-			r.logger.Warn("pgoutbox router: renewing leases failed", slog.String("source", name), slog.Int("held", held), slog.Any("error", err))
-		}
-		if lost > 0 {
-			r.logger.Warn("pgoutbox router: leases lost; those messages may be delivered twice", slog.String("source", name), slog.Int("lost", lost))
-		}
-		t.Reset(every)
-	}
-}
-
-// checkSources restarts sources that stopped polling.
-func (r *Router) checkSources() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stopped {
-		return
-	}
-	for _, rs := range r.sources {
-		last := rs.src.LastPoll()
-		stalled := !last.IsZero() && r.cfg.Clock.Now().Sub(last) > r.cfg.StallTimeout
-		exited := rs.done != nil && isClosed(rs.done)
-		if !stalled && !exited {
-			continue
-		}
-		r.warn.add(WarnConsumerRestart, SeverityWarn, rs.src.Name(), fmt.Sprintf("source %s stalled (last poll %v); restarting", rs.src.Name(), last))
-		rs.cancel()
-		r.runSource(rs)
-	}
-}
-
-func isClosed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
 
 // cleanup forgets lapsed holds and pools that finished draining.
 func (r *Router) cleanup() {
@@ -632,25 +575,14 @@ func (r *Router) Stop(ctx context.Context) error {
 		return nil
 	}
 	r.stopped = true
-	sources := r.sources
-	r.mu.Unlock()
-
-	for _, rs := range sources {
+	for _, rs := range r.sources {
 		if rs.cancel != nil {
 			rs.cancel()
 		}
 	}
-	var err error
-	for _, rs := range sources {
-		if rs.done == nil {
-			continue
-		}
-		select {
-		case <-rs.done:
-		case <-ctx.Done():
-			err = ctx.Err()
-		}
-	}
+	r.mu.Unlock()
+
+	err := waitCtx(ctx, &r.runs) // every source's Run, removed ones too
 	r.cancel()
 	r.wg.Wait()
 
@@ -665,7 +597,7 @@ func (r *Router) Stop(ctx context.Context) error {
 		p.drain()
 	}
 	for _, p := range pools {
-		if werr := p.wait(ctx); werr != nil && err == nil {
+		if werr := waitCtx(ctx, &p.workers); werr != nil && err == nil {
 			err = werr
 		}
 	}

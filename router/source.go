@@ -3,7 +3,9 @@ package router
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -162,12 +164,13 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 func (s *QueueSource) messages(ctx context.Context, t outbox.TopicConfig, ds []*outbox.Delivery) []*Message {
 	batch := make([]*Message, 0, len(ds))
 	for _, d := range ds {
-		st := &queueSettler{src: s, d: d}
-		r, err := s.cfg.Mapper(d)
-		if err != nil {
+		r, err := s.mapRoute(d)
+		var panicked *panicError
+		if err != nil && !errors.As(err, &panicked) {
 			_ = s.cfg.Client.DeadLetter(context.WithoutCancel(ctx), d, err.Error())
 			continue
 		}
+		st := &queueSettler{src: s, d: d}
 		s.hold(st)
 		batch = append(batch, &Message{
 			// One message of the table is one delivery, however often it
@@ -176,9 +179,20 @@ func (s *QueueSource) messages(ctx context.Context, t outbox.TopicConfig, ds []*
 			ID: strconv.FormatInt(d.ID, 10), DeliveryID: "queue:" + s.cfg.Topic + "/" + strconv.FormatInt(d.ID, 10),
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st, RetryDelay: backoff.Exponential(d.Attempt, t.BackoffInitial, t.BackoffMax),
+			panicked: panicked, // the router retries it and reports the panic
 		})
 	}
 	return batch
+}
+
+// mapRoute runs the mapper; a panic comes back as a *panicError.
+func (s *QueueSource) mapRoute(d *outbox.Delivery) (r Route, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	return s.cfg.Mapper(d)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -18,19 +18,20 @@ const (
 
 // Warning codes.
 const (
-	WarnConfigSyncFailed     = "CONFIG_SYNC_FAILED"
-	WarnRouting              = "ROUTING"
-	WarnQueueFull            = "QUEUE_FULL"
-	WarnPoolLimit            = "POOL_LIMIT"
-	WarnPipelineMapLeak      = "PIPELINE_MAP_LEAK"
-	WarnConsumerRestart      = "CONSUMER_RESTART"
-	WarnShutdownCleanup      = "SHUTDOWN_CLEANUP_ERRORS"
-	WarnGroupThreadRestart   = "GROUP_THREAD_RESTART"
-	WarnConfiguration        = "CONFIGURATION"
-	WarnResponseParse        = "RESPONSE_PARSE"
-	WarnTargetNotAllowed     = "TARGET_NOT_ALLOWED"
-	WarnProcessing           = "PROCESSING"
-	WarnConcurrencyReduction = "CONCURRENCY_REDUCTION"
+	WarnConfigSyncFailed      = "CONFIG_SYNC_FAILED"
+	WarnRouting               = "ROUTING"
+	WarnQueueFull             = "QUEUE_FULL"
+	WarnPoolLimit             = "POOL_LIMIT"
+	WarnPipelineMapLeak       = "PIPELINE_MAP_LEAK"
+	WarnConsumerRestart       = "CONSUMER_RESTART"
+	WarnConsumerRestartFailed = "CONSUMER_RESTART_FAILED"
+	WarnShutdownCleanup       = "SHUTDOWN_CLEANUP_ERRORS"
+	WarnGroupThreadRestart    = "GROUP_THREAD_RESTART"
+	WarnConfiguration         = "CONFIGURATION"
+	WarnResponseParse         = "RESPONSE_PARSE"
+	WarnTargetNotAllowed      = "TARGET_NOT_ALLOWED"
+	WarnProcessing            = "PROCESSING"
+	WarnConcurrencyReduction  = "CONCURRENCY_REDUCTION"
 )
 
 // Warning defaults.
