@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"time"
@@ -27,6 +28,10 @@ var (
 	ErrConfigUnavailable = errors.New("router: configuration unavailable")
 	// ErrStarted: Start on a router that already started.
 	ErrStarted = errors.New("router: already started")
+	// ErrInvalidAllowedHost: an AllowedHosts entry that can never match a
+	// target's host (a URL, a path, spaces). It comes wrapped with
+	// ErrInvalidConfig.
+	ErrInvalidAllowedHost = errors.New("router: allow-list entry is not a host or host:port")
 	// ErrUnknownSource: RemoveSource of a source the router does not run.
 	ErrUnknownSource = errors.New("router: unknown source")
 )
@@ -57,6 +62,7 @@ const (
 	DefaultRateLimitPollEvery = 100 * time.Millisecond
 	DefaultCleanupInterval    = 10 * time.Second
 	DefaultGroupShare         = 0.5
+	DefaultLogInterval        = time.Minute
 )
 
 // PoolConfig describes one processing pool.
@@ -231,6 +237,11 @@ type Config struct {
 	// 1000).
 	WarningTTL  time.Duration
 	MaxWarnings int
+	// LogInterval is the least time between two log records about the
+	// same kind of event and subject (a dead letter to a host, a retry, a
+	// warning); the next record says how many were left out. Defaults to
+	// 1 minute.
+	LogInterval time.Duration
 	// GroupShare is the largest part of a pool's capacity one message
 	// group (or the messages without one) may hold; the rest of a batch's
 	// messages of that group are sent back and come back after
@@ -257,6 +268,7 @@ func (c Config) withDefaults() Config {
 	c.LeakCheckInterval = cmp.Or(c.LeakCheckInterval, DefaultLeakCheckInterval)
 	c.WarningTTL = cmp.Or(c.WarningTTL, DefaultWarningTTL)
 	c.MaxWarnings = cmp.Or(c.MaxWarnings, DefaultMaxWarnings)
+	c.LogInterval = cmp.Or(c.LogInterval, DefaultLogInterval)
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
 	c.GroupShare = cmp.Or(c.GroupShare, DefaultGroupShare)
 	c.Breaker.OpenFor = cmp.Or(c.Breaker.OpenFor, 5*time.Second)
@@ -284,6 +296,11 @@ func (c Config) validate() error {
 	if len(c.AllowedHosts) == 0 {
 		return fmt.Errorf("%w: AllowedHosts is empty (targets must be allow-listed)", ErrInvalidConfig)
 	}
+	for _, h := range c.AllowedHosts {
+		if err := validAllowedHost(h); err != nil {
+			return err
+		}
+	}
 	for _, p := range c.Pools {
 		if err := p.validate(); err != nil {
 			return err
@@ -296,4 +313,18 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: GroupShare %v is not in (0, 1]", ErrInvalidConfig, c.GroupShare)
 	}
 	return nil
+}
+
+// validAllowedHost checks that an allow-list entry is a host, an IP
+// address or either with a port (an IPv6 address with a port in
+// brackets): the forms a target's host is compared with.
+func validAllowedHost(entry string) error {
+	if net.ParseIP(entry) != nil {
+		return nil
+	}
+	u, err := url.Parse("http://" + entry)
+	if err == nil && entry != "" && u.Host == entry && u.User == nil && u.Path == "" && u.RawQuery == "" && u.Fragment == "" && !u.ForceQuery {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: %q (list a host or host:port, such as \"hooks.internal:8443\")", ErrInvalidConfig, ErrInvalidAllowedHost, entry)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -49,14 +50,15 @@ type Outcome struct {
 type mediator struct {
 	cfg      Config
 	warn     *warnings
+	events   *eventLog
 	client   *http.Client
 	allowed  map[string]bool
 	mu       sync.Mutex
 	breakers map[string]*gobreaker.CircuitBreaker[Outcome]
 }
 
-func newMediator(cfg Config, warn *warnings) *mediator {
-	m := &mediator{cfg: cfg, warn: warn, allowed: map[string]bool{}, breakers: map[string]*gobreaker.CircuitBreaker[Outcome]{}}
+func newMediator(cfg Config, warn *warnings, events *eventLog) *mediator {
+	m := &mediator{cfg: cfg, warn: warn, events: events, allowed: map[string]bool{}, breakers: map[string]*gobreaker.CircuitBreaker[Outcome]{}}
 	for _, h := range cfg.AllowedHosts {
 		m.allowed[strings.ToLower(h)] = true
 	}
@@ -119,8 +121,14 @@ func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
-				m.warn.add(WarnProcessing, SeverityWarn, name, fmt.Sprintf("circuit to %s opened", name))
+				m.warn.record(WarnProcessing, SeverityWarn, name, fmt.Sprintf("circuit to %s opened", name))
 			}
+			level := slog.LevelInfo
+			if to == gobreaker.StateOpen {
+				level = slog.LevelWarn
+			}
+			m.events.log(level, "breaker|"+name+"|"+to.String(), "pgoutbox router: circuit breaker changed state", slog.String("event", "breaker"),
+				slog.String("host", name), slog.String("from", from.String()), slog.String("state", to.String()))
 		},
 	})
 	m.breakers[host] = b

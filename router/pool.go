@@ -351,8 +351,9 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		// Hold the group's later batches back until this one returns; the
 		// hold lapses if it never does (dead-lettered by its source).
 		p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
-		p.r.logger.Info("pgoutbox router: delivery failed; retrying later", slog.String("id", m.ID), slog.String("pool", p.code),
-			slog.String("result", o.Result.String()), slog.Duration("delay", delay), slog.String("reason", o.Reason))
+		p.r.events.log(slog.LevelWarn, "retry|"+m.target.Host, "pgoutbox router: delivery failed; retrying later", slog.String("event", "retry"),
+			slog.String("host", m.target.Host), slog.String("pool", p.code), slog.String("id", m.ID), slog.String("result", o.Result.String()),
+			slog.Bool("attempted", !o.notTried), slog.Duration("delay", delay), slog.String("reason", o.Reason))
 		s := retryWith(delay, o.Reason)
 		s.attempted = !o.notTried
 		p.r.settle(ctx, m, s, true)

@@ -140,6 +140,7 @@ type Source interface {
 type Router struct {
 	cfg      Config
 	logger   *slog.Logger
+	events   *eventLog // rate-limited records of what goes wrong
 	warn     *warnings
 	inflight *tracker
 	mediator *mediator
@@ -177,8 +178,9 @@ func New(cfg Config) (*Router, error) {
 		keepStop: make(chan struct{}),
 		metrics:  newMetrics(cfg.MeterProvider),
 	}
-	r.warn = newWarnings(cfg.WarningTTL, cfg.MaxWarnings, cfg.Clock.Now)
-	r.mediator = newMediator(cfg, r.warn)
+	r.events = newEventLog(cfg.Logger, cfg.LogInterval, cfg.Clock.Now)
+	r.warn = newWarnings(cfg.WarningTTL, cfg.MaxWarnings, cfg.Clock.Now, r.events)
+	r.mediator = newMediator(cfg, r.warn, r.events)
 	return r, nil
 }
 
@@ -537,6 +539,9 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 	case 2:
 		err = m.Settle.DeadLetter(ctx, s.reason)
 		r.metrics.deadLettered.Add(ctx, 1)
+		host := targetSubject(m.Target)
+		r.events.log(slog.LevelWarn, "dead-letter|"+host, "pgoutbox router: message dead-lettered", slog.String("event", "dead-letter"),
+			slog.String("host", host), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.String("reason", s.reason))
 	}
 }
 
@@ -545,6 +550,7 @@ func clampDelay(d time.Duration) time.Duration { return min(max(d, MinDelay), Ma
 // cleanup forgets lapsed holds and pools that finished draining.
 func (r *Router) cleanup() {
 	r.holds.prune(r.cfg.Clock.Now())
+	r.events.prune()
 	r.mu.Lock()
 	r.drained = slices.DeleteFunc(r.drained, (*pool).finished)
 	r.mu.Unlock()

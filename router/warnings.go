@@ -2,6 +2,7 @@ package router
 
 import (
 	"container/list"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -62,22 +63,29 @@ type warningKey struct{ code, subject string }
 
 // warnings keeps recent warnings in memory, one per code and subject, at
 // most max of them (the least recently raised go first); they expire ttl
-// after they were last raised.
+// after they were last raised. Each is also logged (rate-limited).
 type warnings struct {
 	mu    sync.Mutex
 	ttl   time.Duration
 	max   int
 	now   func() time.Time
+	log   *eventLog
 	byKey map[warningKey]*list.Element // of *Warning
 	order *list.List                   // least recently raised first
 }
 
-func newWarnings(ttl time.Duration, max int, now func() time.Time) *warnings {
-	return &warnings{ttl: ttl, max: max, now: now, byKey: map[warningKey]*list.Element{}, order: list.New()}
+func newWarnings(ttl time.Duration, max int, now func() time.Time, log *eventLog) *warnings {
+	return &warnings{ttl: ttl, max: max, now: now, log: log, byKey: map[warningKey]*list.Element{}, order: list.New()}
 }
 
-// add raises a warning about subject.
+// add raises a warning about subject, and logs it.
 func (w *warnings) add(code string, sev Severity, subject, msg string) {
+	w.record(code, sev, subject, msg)
+	w.log.log(levelOf(sev), "warning:"+code+"|"+subject, "pgoutbox router: "+msg,
+		slog.String("code", code), slog.String("subject", subject), slog.String("severity", string(sev)))
+}
+
+func (w *warnings) record(code string, sev Severity, subject, msg string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := w.now()
