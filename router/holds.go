@@ -41,6 +41,9 @@ func (h *holds) hold(m *Message, retryAt time.Time, gap time.Duration) {
 func (h *holds) heldBack(m *Message, now time.Time) (time.Time, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if !m.grouped() {
+		return time.Time{}, false // no order to keep
+	}
 	k := holdKey(m)
 	hd, ok := h.m[k]
 	if !ok || m.batchSeq <= hd.afterBatch {

@@ -12,7 +12,9 @@ import (
 )
 
 // pool delivers messages with at most concurrency in flight and an
-// optional rate limit, one goroutine per active message group.
+// optional rate limit: one goroutine per active message group, and up to
+// concurrency goroutines for the messages without a group (the ungrouped
+// lane, which has no order to keep).
 type pool struct {
 	r    *Router
 	code string
@@ -35,8 +37,9 @@ type pool struct {
 type groupQueue struct {
 	high, regular []*Message
 	wake          chan struct{} // capacity 1
-	active        bool          // a goroutine serves the group
+	workers       int           // goroutines serving the queue: at most 1 for a group
 	held          int           // the group's part of the pool's queued
+	ungrouped     bool          // the lane of messages without a group
 }
 
 func newPool(r *Router, c PoolConfig) *pool {
@@ -93,7 +96,7 @@ func (p *pool) fits(msgs []*Message) bool {
 	}
 	perGroup := map[string]int{}
 	for _, m := range msgs {
-		perGroup[m.group()]++
+		perGroup[m.lane()]++
 	}
 	limit, need := p.groupLimit(), 0
 	for name, n := range perGroup {
@@ -118,7 +121,7 @@ func (p *pool) stats() PoolStats {
 	defer p.mu.Unlock()
 	active := 0
 	for _, g := range p.groups {
-		if g.active {
+		if g.workers > 0 {
 			active++
 		}
 	}
@@ -134,10 +137,11 @@ func (p *pool) submit(m *Message) bool {
 	if !p.running || p.queued >= p.capacity() {
 		return false
 	}
-	g := p.groups[m.group()]
+	name := m.lane()
+	g := p.groups[name]
 	if g == nil {
-		g = &groupQueue{wake: make(chan struct{}, 1)}
-		p.groups[m.group()] = g
+		g = &groupQueue{wake: make(chan struct{}, 1), ungrouped: !m.grouped()}
+		p.groups[name] = g
 	}
 	if g.held >= p.groupLimit() {
 		return false
@@ -150,11 +154,11 @@ func (p *pool) submit(m *Message) bool {
 	p.queued++
 	g.held++
 	p.remaining[m.batchGroup()]++
-	if !g.active {
-		g.active = true
+	if g.workers == 0 || g.ungrouped && g.workers < p.concurrency {
+		g.workers++
 		p.live++
 		p.workers.Add(1)
-		go p.serve(m.group(), g)
+		go p.serve(name, g)
 	}
 	select {
 	case g.wake <- struct{}{}:
@@ -163,16 +167,16 @@ func (p *pool) submit(m *Message) bool {
 	return true
 }
 
-// next pops the group's next message, high priority first; nil when the
-// group stayed idle for IdleTimeout (the goroutine then exits) or the pool
-// drains.
+// next pops the queue's next message, high priority first; nil when the
+// pool drains, when a group stayed idle for IdleTimeout, or at once when
+// the ungrouped lane is empty: the goroutine then exits.
 func (p *pool) next(name string, g *groupQueue) *Message {
 	idle := time.NewTimer(p.r.cfg.IdleTimeout)
 	defer idle.Stop()
 	for {
 		p.mu.Lock()
 		if !p.running {
-			g.active = false
+			g.workers--
 			p.mu.Unlock()
 			return nil
 		}
@@ -190,14 +194,18 @@ func (p *pool) next(name string, g *groupQueue) *Message {
 			p.mu.Unlock()
 			return m
 		}
+		if g.ungrouped {
+			p.leave(name, g)
+			p.mu.Unlock()
+			return nil
+		}
 		p.mu.Unlock()
 		select {
 		case <-g.wake:
 		case <-idle.C:
 			p.mu.Lock()
 			if len(g.high)+len(g.regular) == 0 {
-				g.active = false
-				delete(p.groups, name)
+				p.leave(name, g)
 				p.mu.Unlock()
 				return nil
 			}
@@ -206,7 +214,16 @@ func (p *pool) next(name string, g *groupQueue) *Message {
 	}
 }
 
-// serve is a group's goroutine: one message at a time, in order.
+// leave ends a goroutine serving the empty queue g; the last one forgets
+// the queue (callers hold mu).
+func (p *pool) leave(name string, g *groupQueue) {
+	if g.workers--; g.workers == 0 {
+		delete(p.groups, name)
+	}
+}
+
+// serve is a goroutine of a queue: a group's, one message at a time, in
+// order; or one of the ungrouped lane's.
 func (p *pool) serve(name string, g *groupQueue) {
 	defer p.workers.Done()
 	defer func() {
@@ -345,12 +362,14 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		p.r.settle(ctx, m, deadLetterWith(o.Reason), true)
 	default: // ErrorProcess, ErrorConnection: retry later, and hold back the rest of the batch+group
 		delay := p.r.retryDelay(m, o)
-		p.mu.Lock()
-		p.failed[m.batchGroup()] = true
-		p.mu.Unlock()
-		// Hold the group's later batches back until this one returns; the
-		// hold lapses if it never does (dead-lettered by its source).
-		p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
+		if m.grouped() {
+			p.mu.Lock()
+			p.failed[m.batchGroup()] = true
+			p.mu.Unlock()
+			// Hold the group's later batches back until this one returns; the
+			// hold lapses if it never does (dead-lettered by its source).
+			p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
+		}
 		p.r.events.log(slog.LevelWarn, "retry|"+m.target.Host, "pgoutbox router: delivery failed; retrying later", slog.String("event", "retry"),
 			slog.String("host", m.target.Host), slog.String("pool", p.code), slog.String("id", m.ID), slog.String("result", o.Result.String()),
 			slog.Bool("attempted", !o.notTried), slog.Duration("delay", delay), slog.String("reason", o.Reason))

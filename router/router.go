@@ -19,6 +19,8 @@
 // messages one at a time, high priority first; goroutines exit when idle.
 // When a delivery fails, the later messages of the same batch and group are
 // nacked with a short delay instead of being delivered out of order.
+// Messages without a group have no order to keep: up to the pool's
+// concurrency of them are delivered at once.
 package router
 
 import (
@@ -115,8 +117,21 @@ type Message struct {
 func (m *Message) pipelineKey() string { return m.DeliveryID }
 
 func (m *Message) group() string {
-	if strings.TrimSpace(m.Group) == "" {
+	if !m.grouped() {
 		return DefaultGroup
+	}
+	return m.Group
+}
+
+// grouped reports whether m has a message group: an order to keep.
+func (m *Message) grouped() bool { return strings.TrimSpace(m.Group) != "" }
+
+// lane is the queue m waits in within a pool: its group's, or for a
+// message without a group the pool's ungrouped lane ("", which no group
+// name can be).
+func (m *Message) lane() string {
+	if !m.grouped() {
+		return ""
 	}
 	return m.Group
 }
@@ -421,7 +436,7 @@ func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
 		held := map[string]bool{}
 		for _, m := range msgs {
 			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
-			if g := m.group(); !held[g] {
+			if g := m.group(); m.grouped() && !held[g] {
 				held[g] = true
 				r.holds.hold(m, r.cfg.Clock.Now().Add(r.cfg.DefaultRetryDelay), r.cfg.FastFailDelay)
 			}
@@ -452,8 +467,10 @@ func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
 			// group are held back until then.
 			r.inflight.remove(m)
 			r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
-			r.holds.hold(m, r.cfg.Clock.Now().Add(r.cfg.FastFailDelay), r.cfg.FastFailDelay)
-			refused[g] = true
+			if m.grouped() {
+				r.holds.hold(m, r.cfg.Clock.Now().Add(r.cfg.FastFailDelay), r.cfg.FastFailDelay)
+				refused[g] = true
+			}
 		}
 	}
 }
