@@ -73,12 +73,13 @@ func TestHotGroupLeavesRoomForOthers(t *testing.T) {
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
 	rec := newRecorder()
 	target := "http://" + host + "/"
+	rt.Route(context.Background(), []*router.Message{rec.msg("z", "z/1", target, "z")})
+	pgtest.Eventually(t, 5*time.Second, "the pool's one permit taken", func() bool { return rt.Pools()[0].InFlight == 1 })
 	var hot []*router.Message
 	for i := range 50 { // capacity max(1×20, 50) = 50
 		hot = append(hot, rec.msg(fmt.Sprint("hot", i), fmt.Sprint("hot", i, "/1"), target, "hot"))
 	}
 	rt.Route(context.Background(), hot)
-	pgtest.Eventually(t, 5*time.Second, "the hot group's first call in flight", func() bool { return rt.Pools()[0].InFlight == 1 })
 	others := []*router.Message{rec.msg("x", "x/1", target, "x"), rec.msg("y", "y/1", target, "y")}
 	rt.Route(context.Background(), others)
 	require.False(t, hasWarning(rt, router.WarnQueueFull, router.SeverityWarn), "the other groups' batch was taken")
