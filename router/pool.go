@@ -28,7 +28,7 @@ type pool struct {
 	groups      map[string]*groupQueue
 	queued      int // messages taken and not yet delivering: in a group queue or waiting for a permit
 	running     bool
-	live        int             // group goroutines running
+	live        int             // queue goroutines running
 	failed      map[string]bool // batchID|group whose delivery failed
 	remaining   map[string]int  // batchID|group → messages not yet done
 	workers     sync.WaitGroup
@@ -291,9 +291,7 @@ func (p *pool) process(g *groupQueue, m *Message) {
 // log with the stack, and m retried like a failed delivery (a failed
 // attempt if the panic came from delivering it).
 func (p *pool) recovered(ctx context.Context, m *Message, v any, delivering bool) {
-	p.r.warn.add(WarnGroupThreadRestart, SeverityWarn, p.code, fmt.Sprintf("pool %q: delivering message %s panicked: %v; the group goes on", p.code, m.ID, v))
-	p.r.logger.Error("pgoutbox router: delivery panicked", slog.String("pool", p.code), slog.String("id", m.ID),
-		slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
+	p.r.reportPanic(p.code, fmt.Sprintf("pool %q: delivering message %s panicked: %v; the group goes on", p.code, m.ID, v), debug.Stack())
 	if !delivering {
 		p.r.settle(ctx, m, nackWith(MinDelay), true)
 		return
@@ -373,9 +371,7 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		p.r.events.log(slog.LevelWarn, "retry|"+m.target.Host, "pgoutbox router: delivery failed; retrying later", slog.String("event", "retry"),
 			slog.String("host", m.target.Host), slog.String("pool", p.code), slog.String("id", m.ID), slog.String("result", o.Result.String()),
 			slog.Bool("attempted", !o.notTried), slog.Duration("delay", delay), slog.String("reason", o.Reason))
-		s := retryWith(delay, o.Reason)
-		s.attempted = !o.notTried
-		p.r.settle(ctx, m, s, true)
+		p.r.settle(ctx, m, settlement{kind: 1, delay: delay, attempted: !o.notTried, reason: o.Reason}, true)
 	}
 }
 

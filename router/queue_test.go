@@ -131,11 +131,27 @@ func (b *pgBundle) startRouterBatch(t *testing.T, host string, cfg router.Config
 	t.Helper()
 	cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 	rt := newRouter(t, cfg)
-	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond,
-		BatchSize: batchSize, MaxInFlight: 2 * batchSize})
+	b.addSource(t, rt, router.QueueSourceConfig{BatchSize: batchSize, MaxInFlight: 2 * batchSize})
+	return rt
+}
+
+// addSource adds a source for the topic hooks, polling every 20 ms, to rt.
+func (b *pgBundle) addSource(t *testing.T, rt *router.Router, cfg router.QueueSourceConfig) *router.QueueSource {
+	t.Helper()
+	cfg.Client, cfg.Topic, cfg.PollInterval = b.client, "hooks", 20*time.Millisecond
+	src, err := router.NewQueueSource(cfg)
 	require.NoError(t, err)
 	rt.AddSource(src)
-	return rt
+	return src
+}
+
+// sendTo writes one message to target, in a message group of its own.
+func (b *pgBundle) sendTo(t *testing.T, target string) int64 {
+	t.Helper()
+	id, err := b.producer.Send(context.Background(), b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`), Group: target,
+		Headers: map[string]string{router.HeaderPool: "P", router.HeaderTarget: target}})
+	require.NoError(t, err)
+	return id
 }
 
 // Interleaved messages of 50 groups: each group's receive order is its send order.
@@ -415,13 +431,10 @@ func TestReclaimWhileInFlightIsAdopted(t *testing.T) {
 	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the server closes
 	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, DefaultRetryDelay: time.Second})
-	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond,
-		RenewEvery: time.Hour}) // no renewal during the test: the lease runs out
-	require.NoError(t, err)
-	rt.AddSource(src)
+	b.addSource(t, rt, router.QueueSourceConfig{RenewEvery: time.Hour}) // no renewal during the test: the lease runs out
 	pgtest.Eventually(t, 10*time.Second, "first delivery in flight", func() bool { return calls.Load() == 1 })
 	// The lease runs out under the delivery: the source claims the message again.
-	_, err = b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox")+` SET available_at = now() - interval '1 ms'`)
+	_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox")+` SET available_at = now() - interval '1 ms'`)
 	require.NoError(t, err)
 	pgtest.Eventually(t, 10*time.Second, "claimed again", func() bool { return b.count(t, "attempts = 2") == 1 || b.count(t, "true") == 0 })
 	require.Equal(t, 1, b.count(t, "attempts = 2 AND lease_owner IS NOT NULL"), "the new claim is held, not acked away")
@@ -452,18 +465,11 @@ func TestFailuresAreRecorded(t *testing.T) {
 	t.Cleanup(func() { close(release) })
 	closed, refused := endpoint(t, func(http.ResponseWriter, *http.Request) {})
 	closed.Close()
-	send := func(target string) int64 {
-		id, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`), Group: target,
-			Headers: map[string]string{router.HeaderPool: "P", router.HeaderTarget: target}})
-		require.NoError(t, err)
-		return id
-	}
-	bad, timedOut, down, offList := send("http://"+failing+"/"), send("http://"+slow+"/"), send("http://"+refused+"/"), send("http://not-allowed.invalid/")
+	bad, timedOut := b.sendTo(t, "http://"+failing+"/"), b.sendTo(t, "http://"+slow+"/")
+	down, offList := b.sendTo(t, "http://"+refused+"/"), b.sendTo(t, "http://not-allowed.invalid/")
 	rt := newRouter(t, router.Config{AllowedHosts: []string{failing, slow, refused}, MaxAttempts: 1,
 		RequestTimeout: 100 * time.Millisecond, DefaultRetryDelay: time.Hour})
-	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond})
-	require.NoError(t, err)
-	rt.AddSource(src)
+	b.addSource(t, rt, router.QueueSourceConfig{})
 	pgtest.Eventually(t, 10*time.Second, "all settled", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 3 })
 	lastError := func(id int64) string {
 		var e string
@@ -560,17 +566,9 @@ func TestRetriesFollowTheTopicBackoff(t *testing.T) {
 		w.Header().Set("Retry-After", "42")
 		w.WriteHeader(http.StatusTooManyRequests)
 	})
-	send := func(target string) int64 {
-		id, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`), Group: target,
-			Headers: map[string]string{router.HeaderPool: "P", router.HeaderTarget: target}})
-		require.NoError(t, err)
-		return id
-	}
-	backedOff, named := send("http://"+failing+"/"), send("http://"+busy+"/")
+	backedOff, named := b.sendTo(t, "http://"+failing+"/"), b.sendTo(t, "http://"+busy+"/")
 	rt := newRouter(t, router.Config{AllowedHosts: []string{failing, busy}, MaxAttempts: 1, DefaultRetryDelay: time.Hour})
-	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond})
-	require.NoError(t, err)
-	rt.AddSource(src)
+	b.addSource(t, rt, router.QueueSourceConfig{})
 	pgtest.Eventually(t, 10*time.Second, "both nacked", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 2 })
 	wait := func(id int64) time.Duration {
 		var secs float64
@@ -594,15 +592,12 @@ func TestPanickingMapperIsRecovered(t *testing.T) {
 	_, host := endpoint(t, rv.ServeHTTP)
 	b.sendInterleaved(t, "http://"+host+"/hook", 3, 1)
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
-	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond,
-		Mapper: func(d *outbox.Delivery) (router.Route, error) {
-			if d.Group == "g1" {
-				panic("mapper bug")
-			}
-			return router.HeaderMapper(d)
-		}})
-	require.NoError(t, err)
-	rt.AddSource(src)
+	b.addSource(t, rt, router.QueueSourceConfig{Mapper: func(d *outbox.Delivery) (router.Route, error) {
+		if d.Group == "g1" {
+			panic("mapper bug")
+		}
+		return router.HeaderMapper(d)
+	}})
 	pgtest.Eventually(t, 10*time.Second, "the others delivered", func() bool { return rv.total.Load() == 2 })
 	pgtest.Eventually(t, 5*time.Second, "the panicking one nacked", func() bool {
 		return b.count(t, "lease_owner IS NULL AND attempts = 1 AND last_error LIKE '%mapper bug%'") == 1
@@ -623,9 +618,7 @@ func TestRemovedSourceFinishesItsMessages(t *testing.T) {
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
-	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond})
-	require.NoError(t, err)
-	rt.AddSource(src)
+	src := b.addSource(t, rt, router.QueueSourceConfig{})
 	pgtest.Eventually(t, 10*time.Second, "in flight", func() bool { return rt.InFlight() == 1 })
 	require.NoError(t, rt.RemoveSource(ctx, src))
 	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)

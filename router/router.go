@@ -92,7 +92,8 @@ type Message struct {
 	// flight. Both required.
 	ID, DeliveryID string
 	// Pool chooses the pool (DEFAULT-POOL when unknown); Target is the URL
-	// to POST to; Group the message group (blank: __DEFAULT__).
+	// to POST to; Group the message group (blank: none, no order to keep;
+	// sent as __DEFAULT__).
 	Pool, Target, Group string
 	HighPriority        bool
 	Topic               string
@@ -436,7 +437,7 @@ func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
 		held := map[string]bool{}
 		for _, m := range msgs {
 			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
-			if g := m.group(); m.grouped() && !held[g] {
+			if g := m.lane(); m.grouped() && !held[g] {
 				held[g] = true
 				r.holds.hold(m, r.cfg.Clock.Now().Add(r.cfg.DefaultRetryDelay), r.cfg.FastFailDelay)
 			}
@@ -444,9 +445,9 @@ func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
 		return
 	}
 	// Phase 3: per group, in order; after a refusal the rest of the group is nacked.
-	refused := map[string]bool{}
+	refused := map[string]bool{} // by lane; the ungrouped lane is never refused as a whole
 	for _, m := range msgs {
-		g := m.group()
+		g := m.lane()
 		if resume, held := r.holds.heldBack(m, r.cfg.Clock.Now()); held {
 			// An earlier message of the group awaits its retry: this one
 			// must not overtake it.
@@ -515,11 +516,17 @@ func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
 // (so a message that always makes it panic ends as a dead letter), and
 // reports the panic.
 func (r *Router) mapperPanicked(ctx context.Context, m *Message) {
-	r.warn.add(WarnGroupThreadRestart, SeverityWarn, "mapper of "+m.Topic,
-		fmt.Sprintf("mapping message %s of %s panicked: %v; the source goes on", m.ID, m.Topic, m.panicked.value))
-	r.logger.Error("pgoutbox router: mapper panicked", slog.String("topic", m.Topic), slog.String("id", m.ID),
-		slog.Any("panic", m.panicked.value), slog.String("stack", string(m.panicked.stack)))
+	r.reportPanic("mapper of "+m.Topic, fmt.Sprintf("mapping message %s of %s panicked: %v; the source goes on", m.ID, m.Topic, m.panicked.value),
+		m.panicked.stack)
 	r.settle(ctx, m, retryWith(r.retryDelay(m, Outcome{}), "mapper "+m.panicked.Error()), false)
+}
+
+// reportPanic raises GROUP_THREAD_RESTART about subject and logs it with
+// the stack (rate-limited like the other warnings).
+func (r *Router) reportPanic(subject, msg string, stack []byte) {
+	r.warn.record(WarnGroupThreadRestart, SeverityWarn, subject, msg)
+	r.events.log(slog.LevelError, "warning:"+WarnGroupThreadRestart+"|"+subject, "pgoutbox router: "+msg,
+		slog.String("code", WarnGroupThreadRestart), slog.String("subject", subject), slog.String("stack", string(stack)))
 }
 
 // settle acks, nacks or dead-letters m exactly once and, when it was
@@ -539,7 +546,8 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 			err = fmt.Errorf("panic: %v", v)
 		}
 		if err != nil {
-			r.logger.Warn("pgoutbox router: settling a message failed; its source redelivers it", slog.String("id", m.ID), slog.Any("error", err))
+			r.events.log(slog.LevelWarn, "settle-failed|"+m.Topic, "pgoutbox router: settling a message failed; its source redelivers it",
+				slog.String("event", "settle-failed"), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.Any("error", err))
 		}
 	}()
 	switch s.kind {

@@ -189,10 +189,12 @@ func (r *Router) keepLeases(rs *runningSource, k LeaseKeeper) {
 		held, lost, err := k.KeepLeases(ctx)
 		cancel()
 		if err != nil {
-			r.logger.Warn("pgoutbox router: renewing leases failed", slog.String("source", name), slog.Int("held", held), slog.Any("error", err))
+			r.events.log(slog.LevelWarn, "lease-renewal|"+name, "pgoutbox router: renewing leases failed", slog.String("event", "lease-renewal"),
+				slog.String("source", name), slog.Int("held", held), slog.Any("error", err))
 		}
 		if lost > 0 {
-			r.logger.Warn("pgoutbox router: leases lost; those messages may be delivered twice", slog.String("source", name), slog.Int("lost", lost))
+			r.events.log(slog.LevelWarn, "lease-lost|"+name, "pgoutbox router: leases lost; those messages may be delivered twice",
+				slog.String("event", "lease-lost"), slog.String("source", name), slog.Int("lost", lost))
 		}
 		if held == 0 && rs.removed.Load() {
 			return
