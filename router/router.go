@@ -6,14 +6,17 @@
 // router batches of claimed messages. Routing follows three phases:
 //
 //  1. Dedupe against the in-flight map: a physical redelivery (same
-//     delivery id) is nacked, a logical requeue (same message, new delivery)
-//     is acked; the original is still being delivered.
+//     delivery id: a lease ran out and the message was claimed again) is
+//     adopted by the delivery in flight when its settler can (Adopter),
+//     nacked otherwise; a logical requeue (same message, new delivery id)
+//     is acked. Either way the original is still being delivered.
 //  2. Capacity: a pool that cannot take all of the batch's messages for it
 //     gets none of them (they are nacked); unknown pools fall back to
 //     DEFAULT-POOL with a warning.
 //  3. Per message group, in batch order: each message is submitted to its
-//     pool; after the first refusal the rest of that group in this batch is
-//     nacked, so redelivery keeps the order.
+//     pool; after the first refusal (the pool is full, or the group holds
+//     its share of it) the rest of that group in this batch is nacked, so
+//     redelivery keeps the order.
 //
 // In a pool, each active message group has one goroutine that delivers its
 // messages one at a time, high priority first; goroutines exit when idle.

@@ -123,8 +123,11 @@ func (r *Router) checkSources() {
 		if stalled := !last.IsZero() && r.cfg.Clock.Now().Sub(last) > r.cfg.StallTimeout; !stalled && !exited {
 			continue
 		}
-		name := rs.src.Name()
-		r.warn.add(WarnConsumerRestart, SeverityWarn, name, fmt.Sprintf("source %s stalled (last poll %v); restarting", name, last))
+		name, why := rs.src.Name(), fmt.Sprintf("stalled (last poll %v)", last)
+		if exited {
+			why = "stopped"
+		}
+		r.warn.add(WarnConsumerRestart, SeverityWarn, name, fmt.Sprintf("source %s %s; restarting", name, why))
 		if exited {
 			r.runSource(rs, true)
 			continue
