@@ -199,3 +199,43 @@ func (c *Client) ExtendLease(ctx context.Context, d *Delivery, lease time.Durati
 	d.LeaseUntil = until
 	return nil
 }
+
+// ExtendLeases keeps every delivery of ds leased for another lease from
+// now, in one statement, and updates their LeaseUntil. It returns the
+// deliveries whose lease it could not renew (settled, or expired and
+// claimed again since: ErrLeaseLost for each); their LeaseUntil is unchanged.
+func (c *Client) ExtendLeases(ctx context.Context, ds []*Delivery, lease time.Duration) (lost []*Delivery, err error) {
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	ids, attempts := make([]int64, len(ds)), make([]int32, len(ds))
+	for i, d := range ds {
+		ids[i], attempts[i] = d.ID, int32(d.Attempt)
+	}
+	rows, err := c.pool.Query(ctx, c.sql.ExtendLeases, ids, attempts, c.now(), lease.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("outbox: extend leases: %w", err)
+	}
+	type held struct {
+		id      int64
+		attempt int32
+	}
+	renewed := make(map[held]time.Time, len(ds))
+	var l held
+	var until time.Time
+	_, err = pgx.ForEachRow(rows, []any{&l.id, &l.attempt, &until}, func() error {
+		renewed[l] = until
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: extend leases: %w", err)
+	}
+	for _, d := range ds {
+		if until, ok := renewed[held{d.ID, int32(d.Attempt)}]; ok {
+			d.LeaseUntil = until
+		} else {
+			lost = append(lost, d)
+		}
+	}
+	return lost, nil
+}

@@ -578,3 +578,40 @@ func TestClaimPrimitive(t *testing.T) {
 	require.Equal(t, 1, b.count(t, "true"))
 	require.Equal(t, 1, b.count(t, "lease_owner IS NULL AND id = "+strconv.FormatInt(ids[2], 10)))
 }
+
+// ExtendLeases renews many leases in one statement and reports those it
+// could not renew: here one that expired and was claimed again (a new
+// attempt) and one that was acked.
+func TestExtendLeasesInBulk(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "q", Lease: time.Minute}))
+	b.sendN(t, "q", 4)
+	ds, err := b.client.Claim(ctx, "q", "holder", 4)
+	require.NoError(t, err)
+	require.Len(t, ds, 4)
+	held, reclaimed, acked := ds[:2], ds[2], ds[3]
+	require.NoError(t, b.client.Ack(ctx, acked))
+	_, err = b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox")+` SET available_at = $2 WHERE id = $1`, reclaimed.ID, clock.Now())
+	require.NoError(t, err)
+	again, err := b.client.Claim(ctx, "q", "other", 4)
+	require.NoError(t, err)
+	require.Len(t, again, 1, "only the expired lease is claimed again")
+	require.Equal(t, reclaimed.ID, again[0].ID)
+
+	clock.Advance(50 * time.Second)
+	lost, err := b.client.ExtendLeases(ctx, ds, 10*time.Minute)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []*outbox.Delivery{reclaimed, acked}, lost)
+	for _, d := range held {
+		require.WithinDuration(t, clock.Now().Add(10*time.Minute), d.LeaseUntil, time.Millisecond)
+	}
+	require.Equal(t, 2, b.count(t, "available_at = $1", clock.Now().Add(10*time.Minute)), "both held leases renewed in the table")
+	require.Equal(t, 1, b.count(t, "lease_owner = 'other' AND available_at = $1", again[0].LeaseUntil), "the new claim's lease untouched")
+
+	lost, err = b.client.ExtendLeases(ctx, nil, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, lost)
+}

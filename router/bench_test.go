@@ -95,12 +95,11 @@ func (c countingSettler) finish() {
 	}
 }
 func (c countingSettler) Ack(context.Context) error { c.done.acked.Add(1); c.finish(); return nil }
-func (c countingSettler) Nack(context.Context, time.Time, bool) error {
+func (c countingSettler) Nack(context.Context, router.Retry) error {
 	c.finish()
 	return nil
 }
 func (c countingSettler) DeadLetter(context.Context, string) error { c.finish(); return nil }
-func (c countingSettler) Extend(context.Context) error             { return nil }
 
 // BenchmarkDeliverRouter: the same deliveries through the router, 1,000
 // groups, pool concurrency benchConcurrency. Latency is from routing to

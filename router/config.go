@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"time"
@@ -27,6 +28,12 @@ var (
 	ErrConfigUnavailable = errors.New("router: configuration unavailable")
 	// ErrStarted: Start on a router that already started.
 	ErrStarted = errors.New("router: already started")
+	// ErrInvalidAllowedHost: an AllowedHosts entry that can never match a
+	// target's host (a URL, a path, spaces). It comes wrapped with
+	// ErrInvalidConfig.
+	ErrInvalidAllowedHost = errors.New("router: allow-list entry is not a host or host:port")
+	// ErrUnknownSource: RemoveSource of a source the router does not run.
+	ErrUnknownSource = errors.New("router: unknown source")
 )
 
 // Pool and routing defaults (seed 001).
@@ -53,6 +60,9 @@ const (
 	DefaultStallTimeout       = 60 * time.Second
 	DefaultLeakCheckInterval  = 30 * time.Second
 	DefaultRateLimitPollEvery = 100 * time.Millisecond
+	DefaultCleanupInterval    = 10 * time.Second
+	DefaultGroupShare         = 0.5
+	DefaultLogInterval        = time.Minute
 )
 
 // PoolConfig describes one processing pool.
@@ -102,22 +112,22 @@ func (s *HTTPConfigSource) Pools(ctx context.Context) ([]PoolConfig, error) {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 	if err != nil {
-		return nil, fmt.Errorf("router: config request: %w", err)
+		return nil, fmt.Errorf("configuration request: %w", err)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("router: config request: %w", err)
+		return nil, err // names the request already
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil, fmt.Errorf("router: config request: HTTP %d", resp.StatusCode)
+		return nil, fmt.Errorf("GET %s: HTTP %d", s.URL, resp.StatusCode)
 	}
 	var body struct {
 		Pools []PoolConfig `json:"pools"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return nil, fmt.Errorf("router: config body: %w", err)
+		return nil, fmt.Errorf("GET %s: reading the pools: %w", s.URL, err)
 	}
 	return body.Pools, nil
 }
@@ -132,7 +142,24 @@ type BreakerConfig struct {
 	OpenFor time.Duration
 	// HalfOpenRequests is how many successes close it again. Defaults to 3.
 	HalfOpenRequests uint32
+	// Interval is the window the failure ratio is judged over (a rolling
+	// window of ten buckets): older requests no longer count, so a long
+	// run of successes does not hide a new failure streak. Defaults to 1
+	// minute.
+	Interval time.Duration
 }
+
+// SuccessRule chooses which responses acknowledge a message.
+type SuccessRule int
+
+const (
+	// Any2xx acks a message on any 2xx status (the default). A body
+	// {"ack":false,"delaySeconds":n} still asks for a retry.
+	Any2xx SuccessRule = iota
+	// Only200 is the original response table: only 200 acks (unless its
+	// body says {"ack":false}); another 2xx is unexpected and retried.
+	Only200
+)
 
 // Clock tells the time; tests inject one for rate limits.
 type Clock interface{ Now() time.Time }
@@ -166,6 +193,8 @@ type Config struct {
 	Tokens    map[string]string
 	TokenFunc func(ctx context.Context, target *url.URL) (string, error)
 
+	// Success chooses which statuses ack a message. Defaults to Any2xx.
+	Success SuccessRule
 	// PointerBody sends {"messageId": id} instead of the payload.
 	PointerBody bool
 	// ConnectTimeout, RequestTimeout bound each HTTP attempt.
@@ -181,9 +210,12 @@ type Config struct {
 
 	// IdleTimeout ends a message group's goroutine after that long idle.
 	IdleTimeout time.Duration
-	// DefaultRetryDelay is the nack delay without a better one;
+	// DefaultRetryDelay is the retry delay of a failed delivery when
+	// neither the receiver nor the message (Message.RetryDelay) names one,
+	// and the nack delay of a message refused before delivery;
 	// FastFailDelay the nack delay of messages behind a failed one of their
-	// batch+group.
+	// batch+group. A delivery the circuit breaker refused (the host was not
+	// called) waits Breaker.OpenFor and spends no attempt.
 	DefaultRetryDelay time.Duration
 	FastFailDelay     time.Duration
 	// RateLimitPollEvery is how often a rate-limited worker tries again.
@@ -195,7 +227,27 @@ type Config struct {
 	HealthInterval    time.Duration
 	StallTimeout      time.Duration
 	LeakCheckInterval time.Duration
-	WarningTTL        time.Duration
+	// CleanupInterval is how often state that outlived its use is dropped:
+	// holds on message groups whose retry time passed, pools that left the
+	// configuration and finished draining. Defaults to 10 seconds.
+	CleanupInterval time.Duration
+	// WarningTTL is how long a warning is kept after it was last raised
+	// (default 8 hours); MaxWarnings how many distinct warnings (code and
+	// subject) are kept, the least recently raised dropped first (default
+	// 1000).
+	WarningTTL  time.Duration
+	MaxWarnings int
+	// LogInterval is the least time between two log records about the
+	// same kind of event and subject (a dead letter to a host, a retry, a
+	// warning); the next record says how many were left out. Defaults to
+	// 1 minute.
+	LogInterval time.Duration
+	// GroupShare is the largest part of a pool's capacity one message
+	// group (or the messages without one) may hold; the rest of a batch's
+	// messages of that group are sent back and come back after
+	// FastFailDelay, so one busy group never fills a pool and gets every
+	// other group's batches refused. Between 0 and 1; defaults to 0.5.
+	GroupShare float64
 
 	Clock         Clock
 	Logger        *slog.Logger
@@ -215,7 +267,12 @@ func (c Config) withDefaults() Config {
 	c.StallTimeout = cmp.Or(c.StallTimeout, DefaultStallTimeout)
 	c.LeakCheckInterval = cmp.Or(c.LeakCheckInterval, DefaultLeakCheckInterval)
 	c.WarningTTL = cmp.Or(c.WarningTTL, DefaultWarningTTL)
+	c.MaxWarnings = cmp.Or(c.MaxWarnings, DefaultMaxWarnings)
+	c.LogInterval = cmp.Or(c.LogInterval, DefaultLogInterval)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
+	c.GroupShare = cmp.Or(c.GroupShare, DefaultGroupShare)
 	c.Breaker.OpenFor = cmp.Or(c.Breaker.OpenFor, 5*time.Second)
+	c.Breaker.Interval = cmp.Or(c.Breaker.Interval, time.Minute)
 	c.StartupAttempts = cmp.Or(c.StartupAttempts, DefaultStartupAttempts)
 	c.MaxPools = cmp.Or(c.MaxPools, DefaultMaxPools)
 	c.PoolWarningThreshold = cmp.Or(c.PoolWarningThreshold, DefaultPoolWarnThreshold)
@@ -239,13 +296,35 @@ func (c Config) validate() error {
 	if len(c.AllowedHosts) == 0 {
 		return fmt.Errorf("%w: AllowedHosts is empty (targets must be allow-listed)", ErrInvalidConfig)
 	}
+	for _, h := range c.AllowedHosts {
+		if err := validAllowedHost(h); err != nil {
+			return err
+		}
+	}
 	for _, p := range c.Pools {
 		if err := p.validate(); err != nil {
 			return err
 		}
 	}
-	if c.MaxAttempts < 1 || c.StartupAttempts < 1 || c.MaxPools < 1 {
-		return fmt.Errorf("%w: MaxAttempts, StartupAttempts and MaxPools must be at least 1", ErrInvalidConfig)
+	if c.MaxAttempts < 1 || c.StartupAttempts < 1 || c.MaxPools < 1 || c.MaxWarnings < 1 {
+		return fmt.Errorf("%w: MaxAttempts, StartupAttempts, MaxPools and MaxWarnings must be at least 1", ErrInvalidConfig)
+	}
+	if c.GroupShare <= 0 || c.GroupShare > 1 {
+		return fmt.Errorf("%w: GroupShare %v is not in (0, 1]", ErrInvalidConfig, c.GroupShare)
 	}
 	return nil
+}
+
+// validAllowedHost checks that an allow-list entry is a host, an IP
+// address or either with a port (an IPv6 address with a port in
+// brackets): the forms a target's host is compared with.
+func validAllowedHost(entry string) error {
+	if net.ParseIP(entry) != nil {
+		return nil
+	}
+	u, err := url.Parse("http://" + entry)
+	if err == nil && entry != "" && u.Host == entry && u.User == nil && u.Path == "" && u.RawQuery == "" && u.Fragment == "" && !u.ForceQuery {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: %q (list a host or host:port, such as \"hooks.internal:8443\")", ErrInvalidConfig, ErrInvalidAllowedHost, entry)
 }

@@ -132,8 +132,8 @@ func (g *groupSettler) set(err error) {
 
 func (g *groupSettler) Ack(context.Context) error { g.set(nil); return nil }
 
-func (g *groupSettler) Nack(_ context.Context, until time.Time, _ bool) error {
-	g.set(outbox.RetryAfter(max(time.Until(until), 0), errNacked))
+func (g *groupSettler) Nack(_ context.Context, r Retry) error {
+	g.set(outbox.RetryAfter(max(time.Until(r.At), 0), errNacked))
 	return nil
 }
 

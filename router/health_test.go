@@ -2,8 +2,11 @@ package router_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -59,9 +62,9 @@ type blockingSettler struct {
 	release <-chan struct{}
 }
 
-func (b blockingSettler) Nack(ctx context.Context, until time.Time, attempted bool) error {
+func (b blockingSettler) Nack(ctx context.Context, r router.Retry) error {
 	<-b.release
-	return b.recSettler.Nack(ctx, until, attempted)
+	return b.recSettler.Nack(ctx, r)
 }
 
 // The in-flight map growing past what the pools can hold raises
@@ -92,4 +95,101 @@ func TestLeakDetection(t *testing.T) {
 	pgtest.Eventually(t, 5*time.Second, "leak warning", func() bool { return hasWarning(rt, router.WarnPipelineMapLeak, router.SeverityWarn) })
 	once.Do(func() { close(release); close(hold) })
 	pgtest.Eventually(t, 10*time.Second, "everything settled", func() bool { return rt.InFlight() == 0 })
+}
+
+// overlapSource counts how many of its Runs are active at once; each Run
+// takes a while to return after it is cancelled, and it never polls, so
+// the health check keeps restarting it.
+type overlapSource struct {
+	runs, active, peak atomic.Int32
+	fail               bool          // Runs after the first fail at once
+	polling            bool          // it polls (LastPoll is now)
+	slowStop           time.Duration // how long a cancelled Run takes to return
+}
+
+func (s *overlapSource) Name() string { return "overlap" }
+func (s *overlapSource) LastPoll() time.Time {
+	if s.polling {
+		return time.Now()
+	}
+	return time.Now().Add(-time.Hour)
+}
+func (s *overlapSource) Run(ctx context.Context, _ func(context.Context, []*router.Message)) error {
+	if s.runs.Add(1) > 1 && s.fail {
+		return errors.New("cannot connect")
+	}
+	n := s.active.Add(1)
+	defer s.active.Add(-1)
+	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
+	}
+	<-ctx.Done()
+	time.Sleep(s.slowStop)
+	return nil
+}
+
+// A stalled source is restarted only after its previous Run returned: two
+// Runs of one source never overlap.
+func TestRestartWaitsForTheOldRun(t *testing.T) {
+	t.Parallel()
+	src := &overlapSource{slowStop: 150 * time.Millisecond}
+	rt := newRouter(t, router.Config{AllowedHosts: []string{"x"}, HealthInterval: 20 * time.Millisecond, StallTimeout: 50 * time.Millisecond})
+	rt.AddSource(src)
+	pgtest.Eventually(t, 5*time.Second, "restarted twice", func() bool { return src.runs.Load() >= 3 })
+	require.EqualValues(t, 1, src.peak.Load(), "Runs never overlap")
+	require.True(t, hasWarning(rt, router.WarnConsumerRestart, router.SeverityWarn))
+}
+
+// A restart whose Run fails raises CONSUMER_RESTART_FAILED.
+func TestRestartFailureIsReported(t *testing.T) {
+	t.Parallel()
+	src := &overlapSource{fail: true}
+	rt := newRouter(t, router.Config{AllowedHosts: []string{"x"}, HealthInterval: 20 * time.Millisecond, StallTimeout: 50 * time.Millisecond})
+	rt.AddSource(src)
+	pgtest.Eventually(t, 5*time.Second, "restart failure reported", func() bool {
+		return hasWarning(rt, router.WarnConsumerRestartFailed, router.SeverityCritical)
+	})
+	for _, w := range rt.Warnings() {
+		if w.Code == router.WarnConsumerRestartFailed {
+			require.Contains(t, w.Message, "cannot connect")
+		}
+	}
+}
+
+// RemoveSource stops a source for good: its Run returned when RemoveSource
+// returns, and the health check does not start it again.
+func TestRemoveSource(t *testing.T) {
+	t.Parallel()
+	src := &overlapSource{polling: true}
+	rt := newRouter(t, router.Config{AllowedHosts: []string{"x"}, HealthInterval: 10 * time.Millisecond, StallTimeout: 50 * time.Millisecond})
+	rt.AddSource(src)
+	pgtest.Eventually(t, 5*time.Second, "running", func() bool { return src.active.Load() == 1 })
+	require.NoError(t, rt.RemoveSource(context.Background(), src))
+	require.Zero(t, src.active.Load(), "its Run returned")
+	time.Sleep(100 * time.Millisecond) // ten health checks
+	require.EqualValues(t, 1, src.runs.Load(), "not started again")
+	require.ErrorIs(t, rt.RemoveSource(context.Background(), src), router.ErrUnknownSource)
+}
+
+// A panic in delivery code (here the token callback) is recovered: the
+// message is nacked as a failed attempt, GROUP_THREAD_RESTART is raised,
+// and the pool goes on delivering.
+func TestPanicInDeliveryIsRecovered(t *testing.T) {
+	t.Parallel()
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(`{"ack":true}`)) })
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, TokenFunc: func(_ context.Context, u *url.URL) (string, error) {
+		if strings.HasSuffix(u.Path, "/boom") {
+			panic("token store exploded")
+		}
+		return "t", nil
+	}})
+	rec := newRecorder()
+	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://"+host+"/boom", "g")})
+	got := rec.outcome(t, "a/1")
+	require.Equal(t, "nack", got.kind)
+	require.True(t, got.attempted)
+	require.Contains(t, got.reason, "token store exploded")
+	require.True(t, hasWarning(rt, router.WarnGroupThreadRestart, router.SeverityWarn))
+	rt.Route(context.Background(), []*router.Message{rec.msg("b", "b/1", "http://"+host+"/fine", "g2")})
+	require.Equal(t, "ack", rec.outcome(t, "b/1").kind, "the pool lives on")
+	pgtest.Eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
 }

@@ -51,13 +51,12 @@ func (s recSettler) add(v settled) error {
 	return nil
 }
 func (s recSettler) Ack(context.Context) error { return s.add(settled{kind: "ack"}) }
-func (s recSettler) Nack(_ context.Context, until time.Time, attempted bool) error {
-	return s.add(settled{kind: "nack", delay: time.Until(until).Round(time.Second), attempted: attempted})
+func (s recSettler) Nack(_ context.Context, r router.Retry) error {
+	return s.add(settled{kind: "nack", delay: time.Until(r.At).Round(time.Second), attempted: r.Attempted, reason: r.Reason})
 }
 func (s recSettler) DeadLetter(_ context.Context, reason string) error {
 	return s.add(settled{kind: "dead", reason: reason})
 }
-func (s recSettler) Extend(context.Context) error { return nil }
 
 func (r *recorder) msg(id, delivery, target, group string) *router.Message {
 	return &router.Message{ID: id, DeliveryID: delivery, Target: target, Group: group, Pool: "P",

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -42,20 +43,22 @@ type Outcome struct {
 	// Reason says why, for logs and dead letters.
 	Reason    string
 	retryable bool
+	notTried  bool // the circuit was open: the host was not called
 }
 
 // mediator POSTs messages to their targets.
 type mediator struct {
 	cfg      Config
 	warn     *warnings
+	events   *eventLog
 	client   *http.Client
 	allowed  map[string]bool
 	mu       sync.Mutex
 	breakers map[string]*gobreaker.CircuitBreaker[Outcome]
 }
 
-func newMediator(cfg Config, warn *warnings) *mediator {
-	m := &mediator{cfg: cfg, warn: warn, allowed: map[string]bool{}, breakers: map[string]*gobreaker.CircuitBreaker[Outcome]{}}
+func newMediator(cfg Config, warn *warnings, events *eventLog) *mediator {
+	m := &mediator{cfg: cfg, warn: warn, events: events, allowed: map[string]bool{}, breakers: map[string]*gobreaker.CircuitBreaker[Outcome]{}}
 	for _, h := range cfg.AllowedHosts {
 		m.allowed[strings.ToLower(h)] = true
 	}
@@ -68,8 +71,12 @@ func newMediator(cfg Config, warn *warnings) *mediator {
 	}
 	client := *m.client
 	// Redirects are followed only within the same host; a redirect to
-	// another host is answered as the 3xx it is.
+	// another allowed host is answered as the 3xx it is, one to a host off
+	// the allow-list is a configuration error.
 	client.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if !m.allows(req.URL) {
+			return fmt.Errorf("%w: redirect to %s", ErrTargetNotAllowed, req.URL.Redacted())
+		}
 		if len(via) >= 5 || !strings.EqualFold(req.URL.Host, via[0].URL.Host) {
 			return http.ErrUseLastResponse
 		}
@@ -85,10 +92,15 @@ func (m *mediator) checkTarget(target string) (*url.URL, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !m.allowed[strings.ToLower(u.Host)] && !m.allowed[strings.ToLower(u.Hostname())] {
+	if !m.allows(u) {
 		return nil, fmt.Errorf("%w: %q", ErrTargetNotAllowed, u.Host)
 	}
 	return u, nil
+}
+
+// allows reports whether u's host is on the allow-list.
+func (m *mediator) allows(u *url.URL) bool {
+	return m.allowed[strings.ToLower(u.Host)] || m.allowed[strings.ToLower(u.Hostname())]
 }
 
 func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
@@ -99,16 +111,24 @@ func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
 	}
 	bc := m.cfg.Breaker
 	b := gobreaker.NewCircuitBreaker[Outcome](gobreaker.Settings{
-		Name:        host,
-		MaxRequests: bc.HalfOpenRequests,
-		Timeout:     bc.OpenFor,
+		Name:         host,
+		MaxRequests:  bc.HalfOpenRequests,
+		Timeout:      bc.OpenFor,
+		Interval:     bc.Interval,
+		BucketPeriod: bc.Interval / 10,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			return c.Requests >= bc.MinRequests && float64(c.TotalFailures)/float64(c.Requests) >= bc.FailureRatio
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
-				m.warn.add(WarnProcessing, SeverityWarn, fmt.Sprintf("circuit to %s opened", name))
+				m.warn.record(WarnProcessing, SeverityWarn, name, fmt.Sprintf("circuit to %s opened", name))
 			}
+			level := slog.LevelInfo
+			if to == gobreaker.StateOpen {
+				level = slog.LevelWarn
+			}
+			m.events.log(level, "breaker|"+name+"|"+to.String(), "pgoutbox router: circuit breaker changed state", slog.String("event", "breaker"),
+				slog.String("host", name), slog.String("from", from.String()), slog.String("state", to.String()))
 		},
 	})
 	m.breakers[host] = b
@@ -124,8 +144,7 @@ func (m *mediator) deliver(ctx context.Context, msg *Message) Outcome {
 	b := m.breaker(u.Host)
 	var out Outcome
 	for attempt := 1; attempt <= m.cfg.MaxAttempts; attempt++ {
-		var err error
-		out, err = b.Execute(func() (Outcome, error) {
+		o, err := b.Execute(func() (Outcome, error) {
 			o := m.attempt(ctx, msg, u)
 			if o.retryable {
 				return o, errAttemptFailed
@@ -133,8 +152,12 @@ func (m *mediator) deliver(ctx context.Context, msg *Message) Outcome {
 			return o, nil
 		})
 		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-			return Outcome{Result: ErrorConnection, Reason: "circuit open for " + u.Host}
+			if attempt > 1 {
+				return out // the host was called: that failure stands
+			}
+			return Outcome{Result: ErrorConnection, Reason: "circuit open for " + u.Host, notTried: true}
 		}
+		out = o
 		if !out.retryable || attempt == m.cfg.MaxAttempts {
 			return out
 		}
@@ -176,7 +199,7 @@ func (m *mediator) attempt(ctx context.Context, msg *Message, u *url.URL) Outcom
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return classifyError(err)
+		return m.classifyError(msg, err)
 	}
 	defer resp.Body.Close()
 	respBody, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -193,9 +216,14 @@ func (m *mediator) token(ctx context.Context, u *url.URL) (string, error) {
 	return m.cfg.Tokens[u.Hostname()], nil
 }
 
-func classifyError(err error) Outcome {
+// classifyError classifies a request that got no response.
+func (m *mediator) classifyError(msg *Message, err error) Outcome {
 	var netErr net.Error
+	var urlErr *url.Error
 	switch {
+	case errors.Is(err, ErrTargetNotAllowed) && errors.As(err, &urlErr):
+		m.warn.add(WarnTargetNotAllowed, SeverityError, msg.target.Host, fmt.Sprintf("message %s: %v", msg.ID, urlErr.Err))
+		return Outcome{Result: ErrorConfig, Reason: urlErr.Err.Error()}
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		var opErr *net.OpError
 		if errors.As(err, &opErr) && opErr.Op == "dial" {
@@ -203,58 +231,69 @@ func classifyError(err error) Outcome {
 		}
 		return Outcome{Result: ErrorProcess, Reason: "timeout: " + err.Error(), retryable: true}
 	default:
-		return Outcome{Result: ErrorConnection, Reason: err.Error(), retryable: true}
+		return Outcome{Result: ErrorConnection, Reason: "connection error: " + err.Error(), retryable: true}
 	}
+}
+
+// statusReason names a response status and where it came from.
+func statusReason(code int, u *url.URL) string {
+	return fmt.Sprintf("HTTP %d %s from %s", code, http.StatusText(code), u.Redacted())
 }
 
 func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outcome {
 	code := resp.StatusCode
 	switch {
-	case code == http.StatusOK:
-		var r struct {
-			Ack          *bool `json:"ack"`
-			DelaySeconds *int  `json:"delaySeconds"`
-		}
-		if err := json.Unmarshal(body, &r); err != nil || r.Ack == nil {
-			// Seed 001: an unparseable 200 counts as success (compatibility).
-			m.warn.add(WarnResponseParse, SeverityWarn, fmt.Sprintf("message %s: 200 from %s with a body that is not {\"ack\":…}; treated as success", msg.ID, msg.Target))
-			return Outcome{Result: Success}
-		}
-		if *r.Ack {
-			return Outcome{Result: Success}
-		}
-		o := Outcome{Result: ErrorProcess, Reason: "endpoint answered ack=false"}
-		if r.DelaySeconds != nil && *r.DelaySeconds > 0 {
-			o.Delay = clampDelay(time.Duration(*r.DelaySeconds) * time.Second)
-		}
-		return o
+	case code == http.StatusOK || code/100 == 2 && m.cfg.Success == Any2xx:
+		return m.classifyAck(msg, code, body)
 	case code == http.StatusTooManyRequests:
-		return Outcome{Result: ErrorProcess, Delay: m.retryAfter(resp.Header.Get("Retry-After")), Reason: "429 Too Many Requests"}
+		return Outcome{Result: ErrorProcess, Delay: m.retryAfter(resp.Header.Get("Retry-After")), Reason: statusReason(code, msg.target)}
 	case code == http.StatusNotImplemented:
-		m.warn.add(WarnConfiguration, SeverityCritical, fmt.Sprintf("message %s: 501 from %s", msg.ID, msg.Target))
-		return Outcome{Result: ErrorConfig, Reason: "501 Not Implemented"}
+		m.warn.add(WarnConfiguration, SeverityCritical, msg.target.Host+" 501", fmt.Sprintf("message %s: 501 from %s", msg.ID, msg.Target))
+		return Outcome{Result: ErrorConfig, Reason: statusReason(code, msg.target)}
 	case code >= 400 && code < 500:
-		m.warn.add(WarnConfiguration, SeverityError, fmt.Sprintf("message %s: %d from %s", msg.ID, code, msg.Target))
-		return Outcome{Result: ErrorConfig, Reason: fmt.Sprintf("HTTP %d", code)}
+		m.warn.add(WarnConfiguration, SeverityError, fmt.Sprintf("%s %d", msg.target.Host, code), fmt.Sprintf("message %s: %d from %s", msg.ID, code, msg.Target))
+		return Outcome{Result: ErrorConfig, Reason: statusReason(code, msg.target)}
 	case code >= 500:
-		return Outcome{Result: ErrorProcess, Reason: fmt.Sprintf("HTTP %d", code), retryable: true}
+		return Outcome{Result: ErrorProcess, Reason: statusReason(code, msg.target), retryable: true}
 	default:
-		return Outcome{Result: ErrorProcess, Reason: fmt.Sprintf("unexpected HTTP %d", code)}
+		return Outcome{Result: ErrorProcess, Reason: "unexpected " + statusReason(code, msg.target)}
 	}
 }
 
-// retryAfter reads Retry-After as delta-seconds or an HTTP-date; without
-// one, the default delay; clamped to [1s, 12h].
+// classifyAck reads a successful status's body: {"ack":false} (with an
+// optional "delaySeconds") asks for a retry; anything else acks. A 200
+// whose body is not an ack object is still a success (the original
+// table's compatibility rule), with a warning.
+func (m *mediator) classifyAck(msg *Message, code int, body []byte) Outcome {
+	var r struct {
+		Ack          *bool `json:"ack"`
+		DelaySeconds *int  `json:"delaySeconds"`
+	}
+	if err := json.Unmarshal(body, &r); err != nil || r.Ack == nil {
+		if code == http.StatusOK {
+			m.warn.add(WarnResponseParse, SeverityWarn, msg.target.Host, fmt.Sprintf("message %s: 200 from %s with a body that is not {\"ack\":…}; treated as success", msg.ID, msg.Target))
+		}
+		return Outcome{Result: Success}
+	}
+	if *r.Ack {
+		return Outcome{Result: Success}
+	}
+	o := Outcome{Result: ErrorProcess, Reason: statusReason(code, msg.target) + " with ack=false"}
+	if r.DelaySeconds != nil && *r.DelaySeconds > 0 {
+		o.Delay = clampDelay(time.Duration(*r.DelaySeconds) * time.Second)
+	}
+	return o
+}
+
+// retryAfter reads Retry-After as delta-seconds or an HTTP-date, clamped
+// to [1s, 12h]; 0 without a valid one (the usual retry delay applies).
 func (m *mediator) retryAfter(h string) time.Duration {
 	h = strings.TrimSpace(h)
-	if h == "" {
-		return m.cfg.DefaultRetryDelay
-	}
 	if secs, err := strconv.Atoi(h); err == nil {
 		return clampDelay(time.Duration(secs) * time.Second)
 	}
 	if t, err := http.ParseTime(h); err == nil {
 		return clampDelay(t.Sub(m.cfg.Clock.Now()))
 	}
-	return m.cfg.DefaultRetryDelay
+	return 0
 }

@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -34,6 +35,10 @@ func TestResponseTable(t *testing.T) {
 		{name: "200 nack without delay", status: 200, body: `{"ack":false}`, want: "nack", delay: 5 * time.Second, attempts: 1, attempted: true},
 		{name: "200 nack delay clamped to 12h", status: 200, body: `{"ack":false,"delaySeconds":999999}`, want: "nack", delay: 12 * time.Hour, attempts: 1, attempted: true},
 		{name: "200 unparseable body", status: 200, body: `<html>ok</html>`, want: "ack", attempts: 1, warning: router.WarnResponseParse, severity: router.SeverityWarn},
+		{name: "201 without a body", status: 201, want: "ack", attempts: 1},
+		{name: "202 with a body", status: 202, body: `{"queued":true}`, want: "ack", attempts: 1},
+		{name: "204", status: 204, want: "ack", attempts: 1},
+		{name: "202 nack", status: 202, body: `{"ack":false,"delaySeconds":60}`, want: "nack", delay: 60 * time.Second, attempts: 1, attempted: true},
 		{name: "400", status: 400, want: "dead", attempts: 1, warning: router.WarnConfiguration, severity: router.SeverityError},
 		{name: "401", status: 401, want: "dead", attempts: 1, warning: router.WarnConfiguration, severity: router.SeverityError},
 		{name: "403", status: 403, want: "dead", attempts: 1, warning: router.WarnConfiguration, severity: router.SeverityError},
@@ -135,7 +140,8 @@ func TestTargetsMustBeAllowed(t *testing.T) {
 	require.ErrorIs(t, err, router.ErrInvalidConfig)
 }
 
-// Redirects to another host are not followed; same-host ones are.
+// Redirects to another host are not followed; same-host ones are. A
+// redirect to a host off the allow-list is a configuration error.
 func TestRedirects(t *testing.T) {
 	t.Parallel()
 	var otherHits atomic.Int32
@@ -149,14 +155,23 @@ func TestRedirects(t *testing.T) {
 			http.Redirect(w, r, "http://"+other+"/", http.StatusTemporaryRedirect)
 			return
 		}
+		if strings.HasSuffix(r.URL.Path, "/off-list") {
+			http.Redirect(w, r, "http://off-list.invalid/", http.StatusFound)
+			return
+		}
 		http.Redirect(w, r, "/moved", http.StatusTemporaryRedirect)
 	})
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host, other}})
 	rec := newRecorder()
-	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://"+host+"/here", "a"), rec.msg("b", "b/1", "http://"+host+"/away", "b")})
+	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://"+host+"/here", "a"), rec.msg("b", "b/1", "http://"+host+"/away", "b"),
+		rec.msg("c", "c/1", "http://"+host+"/off-list", "c")})
 	require.Equal(t, "ack", rec.outcome(t, "a/1").kind)
 	require.Equal(t, "nack", rec.outcome(t, "b/1").kind)
 	require.Zero(t, otherHits.Load())
+	offList := rec.outcome(t, "c/1")
+	require.Equal(t, "dead", offList.kind, "a redirect off the allow-list is not retried")
+	require.Contains(t, offList.reason, "off-list.invalid")
+	require.Contains(t, offList.reason, "not allowed")
 }
 
 // Credentials come from configuration or the token callback.
@@ -212,4 +227,62 @@ func TestCircuitBreakerOpensAndRecovers(t *testing.T) {
 	require.Equal(t, "ack", rec.outcome(t, "y/1").kind)
 	rt.Route(context.Background(), []*router.Message{rec.msg("z", "z/1", "http://"+host+"/", "z")})
 	require.Equal(t, "ack", rec.outcome(t, "z/1").kind, "closed again")
+}
+
+// With Only200, the original table: only 200 acks; another 2xx is
+// unexpected and retried.
+func TestOnly200(t *testing.T) {
+	t.Parallel()
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/created") {
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Success: router.Only200})
+	rec := newRecorder()
+	rt.Route(context.Background(), []*router.Message{rec.msg("a", "a/1", "http://"+host+"/ok", "a"), rec.msg("b", "b/1", "http://"+host+"/created", "b")})
+	require.Equal(t, "ack", rec.outcome(t, "a/1").kind)
+	got := rec.outcome(t, "b/1")
+	require.Equal(t, "nack", got.kind)
+	require.True(t, got.attempted)
+	require.Contains(t, got.reason, "HTTP 201")
+}
+
+// The breaker judges the failure ratio over its Interval: failures after
+// a long run of successes still open it once the successes are older
+// than the interval.
+func TestBreakerCountsResetOnInterval(t *testing.T) {
+	t.Parallel()
+	var failing atomic.Bool
+	var hits atomic.Int32
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		if failing.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1,
+		Breaker: router.BreakerConfig{MinRequests: 4, FailureRatio: 0.5, OpenFor: time.Minute, Interval: 500 * time.Millisecond}})
+	rec := newRecorder()
+	deliver := func(id string) settled {
+		rt.Route(context.Background(), []*router.Message{rec.msg(id, id+"/1", "http://"+host+"/", id)})
+		return rec.outcome(t, id+"/1")
+	}
+	for i := range 20 {
+		require.Equal(t, "ack", deliver(fmt.Sprint("ok", i)).kind)
+	}
+	time.Sleep(600 * time.Millisecond) // the successes leave the window
+	failing.Store(true)
+	for i := range 4 {
+		require.True(t, deliver(fmt.Sprint("bad", i)).attempted)
+	}
+	require.EqualValues(t, 24, hits.Load())
+	got := deliver("refused")
+	require.EqualValues(t, 24, hits.Load(), "4 failures of 4 requests in the window opened the circuit")
+	require.Equal(t, "nack", got.kind)
+	require.False(t, got.attempted, "the host was not called")
 }

@@ -1,10 +1,10 @@
 package router
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -12,7 +12,9 @@ import (
 )
 
 // pool delivers messages with at most concurrency in flight and an
-// optional rate limit, one goroutine per active message group.
+// optional rate limit: one goroutine per active message group, and up to
+// concurrency goroutines for the messages without a group (the ungrouped
+// lane, which has no order to keep).
 type pool struct {
 	r    *Router
 	code string
@@ -24,8 +26,9 @@ type pool struct {
 	limiter     *rate.Limiter // nil: no limit
 	inFlight    int           // permits held
 	groups      map[string]*groupQueue
-	queued      int
+	queued      int // messages taken and not yet delivering: in a group queue or waiting for a permit
 	running     bool
+	live        int             // queue goroutines running
 	failed      map[string]bool // batchID|group whose delivery failed
 	remaining   map[string]int  // batchID|group → messages not yet done
 	workers     sync.WaitGroup
@@ -34,7 +37,9 @@ type pool struct {
 type groupQueue struct {
 	high, regular []*Message
 	wake          chan struct{} // capacity 1
-	active        bool          // a goroutine serves the group
+	workers       int           // goroutines serving the queue: at most 1 for a group
+	held          int           // the group's part of the pool's queued
+	ungrouped     bool          // the lane of messages without a group
 }
 
 func newPool(r *Router, c PoolConfig) *pool {
@@ -64,7 +69,7 @@ func (p *pool) update(c PoolConfig) {
 	defer p.mu.Unlock()
 	if c.Concurrency != p.concurrency {
 		if c.Concurrency < p.inFlight {
-			p.r.warn.add(WarnConcurrencyReduction, SeverityWarn, fmt.Sprintf("pool %q: concurrency %d → %d applies as %d running deliveries finish",
+			p.r.warn.add(WarnConcurrencyReduction, SeverityWarn, p.code, fmt.Sprintf("pool %q: concurrency %d → %d applies as %d running deliveries finish",
 				p.code, p.concurrency, c.Concurrency, p.inFlight))
 		}
 		p.concurrency = c.Concurrency
@@ -77,13 +82,38 @@ func (p *pool) update(c PoolConfig) {
 
 func (p *pool) capacity() int { return max(p.concurrency*QueueCapacityMultiplier, MinQueueCapacity) }
 
-func (p *pool) free() int {
+// groupLimit is how many messages one group may hold: its share of the capacity.
+func (p *pool) groupLimit() int { return max(1, int(float64(p.capacity())*p.r.cfg.GroupShare)) }
+
+// fits reports whether the pool has room for every message of msgs it
+// would take: those beyond their group's share are sent back by submit and
+// need no room.
+func (p *pool) fits(msgs []*Message) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.running {
-		return 0
+		return false
 	}
-	return p.capacity() - p.queued
+	perGroup := map[string]int{}
+	for _, m := range msgs {
+		perGroup[m.lane()]++
+	}
+	limit, need := p.groupLimit(), 0
+	for name, n := range perGroup {
+		held := 0
+		if g := p.groups[name]; g != nil {
+			held = g.held
+		}
+		need += min(n, max(limit-held, 0))
+	}
+	return need <= p.capacity()-p.queued
+}
+
+// finished reports whether the pool drained and its goroutines ended.
+func (p *pool) finished() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.running && p.live == 0
 }
 
 func (p *pool) stats() PoolStats {
@@ -91,7 +121,7 @@ func (p *pool) stats() PoolStats {
 	defer p.mu.Unlock()
 	active := 0
 	for _, g := range p.groups {
-		if g.active {
+		if g.workers > 0 {
 			active++
 		}
 	}
@@ -100,17 +130,21 @@ func (p *pool) stats() PoolStats {
 }
 
 // submit queues m behind the earlier messages of its group; false when the
-// pool is full or draining.
+// pool is full or draining, or the group holds its share of the capacity.
 func (p *pool) submit(m *Message) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.running || p.queued >= p.capacity() {
 		return false
 	}
-	g := p.groups[m.group()]
+	name := m.lane()
+	g := p.groups[name]
 	if g == nil {
-		g = &groupQueue{wake: make(chan struct{}, 1)}
-		p.groups[m.group()] = g
+		g = &groupQueue{wake: make(chan struct{}, 1), ungrouped: !m.grouped()}
+		p.groups[name] = g
+	}
+	if g.held >= p.groupLimit() {
+		return false
 	}
 	if m.HighPriority {
 		g.high = append(g.high, m)
@@ -118,11 +152,13 @@ func (p *pool) submit(m *Message) bool {
 		g.regular = append(g.regular, m)
 	}
 	p.queued++
+	g.held++
 	p.remaining[m.batchGroup()]++
-	if !g.active {
-		g.active = true
+	if g.workers == 0 || g.ungrouped && g.workers < p.concurrency {
+		g.workers++
+		p.live++
 		p.workers.Add(1)
-		go p.serve(m.group(), g)
+		go p.serve(name, g)
 	}
 	select {
 	case g.wake <- struct{}{}:
@@ -131,16 +167,16 @@ func (p *pool) submit(m *Message) bool {
 	return true
 }
 
-// next pops the group's next message, high priority first; nil when the
-// group stayed idle for IdleTimeout (the goroutine then exits) or the pool
-// drains.
+// next pops the queue's next message, high priority first; nil when the
+// pool drains, when a group stayed idle for IdleTimeout, or at once when
+// the ungrouped lane is empty: the goroutine then exits.
 func (p *pool) next(name string, g *groupQueue) *Message {
 	idle := time.NewTimer(p.r.cfg.IdleTimeout)
 	defer idle.Stop()
 	for {
 		p.mu.Lock()
 		if !p.running {
-			g.active = false
+			g.workers--
 			p.mu.Unlock()
 			return nil
 		}
@@ -158,14 +194,18 @@ func (p *pool) next(name string, g *groupQueue) *Message {
 			p.mu.Unlock()
 			return m
 		}
+		if g.ungrouped {
+			p.leave(name, g)
+			p.mu.Unlock()
+			return nil
+		}
 		p.mu.Unlock()
 		select {
 		case <-g.wake:
 		case <-idle.C:
 			p.mu.Lock()
 			if len(g.high)+len(g.regular) == 0 {
-				g.active = false
-				delete(p.groups, name)
+				p.leave(name, g)
 				p.mu.Unlock()
 				return nil
 			}
@@ -174,45 +214,89 @@ func (p *pool) next(name string, g *groupQueue) *Message {
 	}
 }
 
-// serve is a group's goroutine: one message at a time, in order.
+// leave ends a goroutine serving the empty queue g; the last one forgets
+// the queue (callers hold mu).
+func (p *pool) leave(name string, g *groupQueue) {
+	if g.workers--; g.workers == 0 {
+		delete(p.groups, name)
+	}
+}
+
+// serve is a goroutine of a queue: a group's, one message at a time, in
+// order; or one of the ungrouped lane's.
 func (p *pool) serve(name string, g *groupQueue) {
 	defer p.workers.Done()
-	ctx := context.Background()
+	defer func() {
+		p.mu.Lock()
+		p.live--
+		p.mu.Unlock()
+	}()
 	for {
 		m := p.next(name, g)
 		if m == nil {
 			return
 		}
-		key := m.batchGroup()
-		p.mu.Lock()
-		failed := p.failed[key]
-		p.mu.Unlock()
-		// An earlier message of this batch+group failed, or one of an earlier
-		// batch of the group awaits its retry: keep the order.
-		if resume, held := p.r.holds.heldBack(m, p.r.cfg.Clock.Now()); failed || held {
-			s := nackWith(p.r.cfg.FastFailDelay)
-			if held {
-				s = settlement{kind: 1, until: resume}
-			}
-			p.unqueue()
-			p.r.settle(ctx, m, s, true)
-			p.done(key)
-			continue
-		}
-		if !p.waitRate() || !p.acquire() {
-			p.unqueue()
-			p.r.settle(ctx, m, nackWith(MinDelay), true) // draining: not delivered
-			p.done(key)
-			continue
-		}
-		if err := m.Settle.Extend(ctx); err != nil {
-			p.r.logger.Warn("pgoutbox router: lease extension failed; delivering anyway", slog.String("id", m.ID), slog.Any("error", err))
-		}
-		out := p.r.mediator.deliver(ctx, m)
-		p.release()
-		p.handle(ctx, m, out)
-		p.done(key)
+		p.process(g, m)
 	}
+}
+
+// process delivers m, or sends it back when it must wait or the pool
+// drains, and settles it. A panic in delivery code is recovered: m is
+// nacked and the group goes on with its next message.
+func (p *pool) process(g *groupQueue, m *Message) {
+	ctx := context.Background()
+	key := m.batchGroup()
+	queued, delivering := true, false // m counts in p.queued; m holds a permit
+	defer func() {
+		if v := recover(); v != nil {
+			if queued {
+				p.unqueue(g)
+			}
+			if delivering {
+				p.release()
+			}
+			p.recovered(ctx, m, v, delivering)
+		}
+		p.done(key)
+	}()
+	p.mu.Lock()
+	failed := p.failed[key]
+	p.mu.Unlock()
+	// An earlier message of this batch+group failed, or one of an earlier
+	// batch of the group awaits its retry: keep the order.
+	if resume, held := p.r.holds.heldBack(m, p.r.cfg.Clock.Now()); failed || held {
+		s := nackWith(p.r.cfg.FastFailDelay)
+		if held {
+			s = settlement{kind: 1, until: resume}
+		}
+		queued = false
+		p.unqueue(g)
+		p.r.settle(ctx, m, s, true)
+		return
+	}
+	if !p.waitRate() || !p.acquire(g) {
+		queued = false
+		p.unqueue(g)
+		p.r.settle(ctx, m, nackWith(MinDelay), true) // draining: not delivered
+		return
+	}
+	queued, delivering = false, true
+	out := p.r.mediator.deliver(ctx, m)
+	delivering = false
+	p.release()
+	p.handle(ctx, m, out)
+}
+
+// recovered handles a panic while m was processed: a warning, an error
+// log with the stack, and m retried like a failed delivery (a failed
+// attempt if the panic came from delivering it).
+func (p *pool) recovered(ctx context.Context, m *Message, v any, delivering bool) {
+	p.r.reportPanic(p.code, fmt.Sprintf("pool %q: delivering message %s panicked: %v; the group goes on", p.code, m.ID, v), debug.Stack())
+	if !delivering {
+		p.r.settle(ctx, m, nackWith(MinDelay), true)
+		return
+	}
+	p.handle(ctx, m, Outcome{Result: ErrorProcess, Reason: fmt.Sprintf("panic: %v", v)})
 }
 
 // waitRate blocks until the pool's rate limiter grants a permit (read
@@ -233,7 +317,9 @@ func (p *pool) waitRate() bool {
 	}
 }
 
-func (p *pool) acquire() bool {
+// acquire takes a concurrency permit for a message of g; false if the
+// pool drains meanwhile.
+func (p *pool) acquire(g *groupQueue) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.running && p.inFlight >= p.concurrency {
@@ -244,14 +330,16 @@ func (p *pool) acquire() bool {
 	}
 	p.inFlight++
 	p.queued--
+	g.held--
 	return true
 }
 
-// unqueue forgets a message taken from a group queue that will not be delivered.
-func (p *pool) unqueue() {
+// unqueue forgets a message of g taken from its queue that will not be delivered.
+func (p *pool) unqueue(g *groupQueue) {
 	p.mu.Lock()
-	if p.running { // drain already reset the count
+	if p.running { // drain already reset the counts
 		p.queued--
+		g.held--
 	}
 	p.mu.Unlock()
 }
@@ -271,18 +359,36 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 	case ErrorConfig:
 		p.r.settle(ctx, m, deadLetterWith(o.Reason), true)
 	default: // ErrorProcess, ErrorConnection: retry later, and hold back the rest of the batch+group
-		delay := o.Delay
-		delay = cmp.Or(delay, p.r.cfg.DefaultRetryDelay)
-		p.mu.Lock()
-		p.failed[m.batchGroup()] = true
-		p.mu.Unlock()
-		// Hold the group's later batches back until this one returns; the
-		// hold lapses if it never does (dead-lettered by its source).
-		p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
-		p.r.logger.Info("pgoutbox router: delivery failed; retrying later", slog.String("id", m.ID), slog.String("pool", p.code),
-			slog.String("result", o.Result.String()), slog.Duration("delay", delay), slog.String("reason", o.Reason))
-		p.r.settle(ctx, m, retryWith(delay), true)
+		delay := p.r.retryDelay(m, o)
+		if m.grouped() {
+			p.mu.Lock()
+			p.failed[m.batchGroup()] = true
+			p.mu.Unlock()
+			// Hold the group's later batches back until this one returns; the
+			// hold lapses if it never does (dead-lettered by its source).
+			p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
+		}
+		p.r.events.log(slog.LevelWarn, "retry|"+m.target.Host, "pgoutbox router: delivery failed; retrying later", slog.String("event", "retry"),
+			slog.String("host", m.target.Host), slog.String("pool", p.code), slog.String("id", m.ID), slog.String("result", o.Result.String()),
+			slog.Bool("attempted", !o.notTried), slog.Duration("delay", delay), slog.String("reason", o.Reason))
+		p.r.settle(ctx, m, settlement{kind: 1, delay: delay, attempted: !o.notTried, reason: o.Reason}, true)
 	}
+}
+
+// retryDelay is how long a failed delivery waits for its retry: the open
+// interval of the breaker that refused the call; else the delay the
+// receiver named; else the source's (QueueSource: the topic's backoff);
+// else DefaultRetryDelay.
+func (r *Router) retryDelay(m *Message, o Outcome) time.Duration {
+	switch {
+	case o.notTried:
+		return r.cfg.Breaker.OpenFor
+	case o.Delay > 0:
+		return o.Delay
+	case m.RetryDelay > 0:
+		return m.RetryDelay
+	}
+	return r.cfg.DefaultRetryDelay
 }
 
 // done counts a batch+group message finished and drops the tracking at zero.
@@ -310,6 +416,7 @@ func (p *pool) drain() {
 		queued = append(queued, g.high...)
 		queued = append(queued, g.regular...)
 		g.high, g.regular = nil, nil
+		g.held = 0
 		select {
 		case g.wake <- struct{}{}:
 		default:
@@ -320,17 +427,5 @@ func (p *pool) drain() {
 	p.mu.Unlock()
 	for _, m := range queued {
 		p.r.settle(context.Background(), m, nackWith(MinDelay), true)
-	}
-}
-
-// wait waits for the pool's goroutines (and so its HTTP calls) to end.
-func (p *pool) wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { p.workers.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

@@ -131,11 +131,27 @@ func (b *pgBundle) startRouterBatch(t *testing.T, host string, cfg router.Config
 	t.Helper()
 	cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 	rt := newRouter(t, cfg)
-	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "hooks", PollInterval: 20 * time.Millisecond,
-		BatchSize: batchSize, MaxInFlight: 2 * batchSize})
+	b.addSource(t, rt, router.QueueSourceConfig{BatchSize: batchSize, MaxInFlight: 2 * batchSize})
+	return rt
+}
+
+// addSource adds a source for the topic hooks, polling every 20 ms, to rt.
+func (b *pgBundle) addSource(t *testing.T, rt *router.Router, cfg router.QueueSourceConfig) *router.QueueSource {
+	t.Helper()
+	cfg.Client, cfg.Topic, cfg.PollInterval = b.client, "hooks", 20*time.Millisecond
+	src, err := router.NewQueueSource(cfg)
 	require.NoError(t, err)
 	rt.AddSource(src)
-	return rt
+	return src
+}
+
+// sendTo writes one message to target, in a message group of its own.
+func (b *pgBundle) sendTo(t *testing.T, target string) int64 {
+	t.Helper()
+	id, err := b.producer.Send(context.Background(), b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`), Group: target,
+		Headers: map[string]string{router.HeaderPool: "P", router.HeaderTarget: target}})
+	require.NoError(t, err)
+	return id
 }
 
 // Interleaved messages of 50 groups: each group's receive order is its send order.
@@ -343,4 +359,272 @@ func subscribed(t *testing.T, b *pgBundle) bool {
 	var n int
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.db.Table("outbox_topic_subscriptions")).Scan(&n))
 	return n == 1
+}
+
+// Leases are kept alive while the router holds a message: with a 1 s
+// lease, a first delivery that takes 2.5 s and fails, and two group mates
+// queued behind it, no lease runs out, nothing is claimed again, the
+// failure is retried and every message arrives once, in order.
+func TestLeasesOutliveSlowDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", Lease: time.Second,
+		BackoffInitial: 200 * time.Millisecond, BackoffMax: 400 * time.Millisecond}))
+	var mu sync.Mutex
+	var calls []body
+	var delivered []int
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		var bd body
+		_ = json.NewDecoder(r.Body).Decode(&bd)
+		mu.Lock()
+		calls = append(calls, bd)
+		first := len(calls) == 1
+		mu.Unlock()
+		if first {
+			time.Sleep(2500 * time.Millisecond)
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		mu.Lock()
+		delivered = append(delivered, bd.Seq)
+		mu.Unlock()
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 3)
+	b.startRouter(t, host, router.Config{MaxAttempts: 1, DefaultRetryDelay: time.Second, FastFailDelay: time.Second,
+		Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
+	pgtest.Eventually(t, 20*time.Second, "all delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(delivered) == 3
+	})
+	pgtest.Eventually(t, 5*time.Second, "all acked", func() bool { return b.count(t, "true") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{0, 1, 2}, delivered)
+	require.Len(t, calls, 4, "the failed first call and three deliveries, no duplicates")
+	require.Zero(t, b.countDead(t, "true"))
+}
+
+// A message claimed again while the router still delivers it (its lease
+// ran out) is the same message: the router adopts the new claim instead of
+// acking it, so when the first delivery fails the message is retried, not lost.
+func TestReclaimWhileInFlightIsAdopted(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks",
+		BackoffInitial: 200 * time.Millisecond, BackoffMax: 400 * time.Millisecond}))
+	release := make(chan struct{})
+	var once sync.Once
+	var calls, successes atomic.Int32
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			<-release
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		successes.Add(1)
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the server closes
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, DefaultRetryDelay: time.Second})
+	b.addSource(t, rt, router.QueueSourceConfig{RenewEvery: time.Hour}) // no renewal during the test: the lease runs out
+	pgtest.Eventually(t, 10*time.Second, "first delivery in flight", func() bool { return calls.Load() == 1 })
+	// The lease runs out under the delivery: the source claims the message again.
+	_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox")+` SET available_at = now() - interval '1 ms'`)
+	require.NoError(t, err)
+	pgtest.Eventually(t, 10*time.Second, "claimed again", func() bool { return b.count(t, "attempts = 2") == 1 || b.count(t, "true") == 0 })
+	require.Equal(t, 1, b.count(t, "attempts = 2 AND lease_owner IS NOT NULL"), "the new claim is held, not acked away")
+	require.Equal(t, 1, rt.InFlight())
+	once.Do(func() { close(release) })
+	pgtest.Eventually(t, 10*time.Second, "retried and delivered", func() bool { return successes.Load() == 1 })
+	pgtest.Eventually(t, 5*time.Second, "acked", func() bool { return b.count(t, "true") == 0 })
+	require.Zero(t, b.countDead(t, "true"))
+	require.EqualValues(t, 2, calls.Load())
+}
+
+// A retried delivery records why it failed (the status, the timeout, the
+// connection error) as the message's last error; a dead letter's reason
+// reads once, without a doubled "router: " prefix.
+func TestFailuresAreRecorded(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", BackoffInitial: time.Hour, BackoffMax: time.Hour}))
+	_, failing := endpoint(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) })
+	release := make(chan struct{})
+	_, slow := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) })
+	closed, refused := endpoint(t, func(http.ResponseWriter, *http.Request) {})
+	closed.Close()
+	bad, timedOut := b.sendTo(t, "http://"+failing+"/"), b.sendTo(t, "http://"+slow+"/")
+	down, offList := b.sendTo(t, "http://"+refused+"/"), b.sendTo(t, "http://not-allowed.invalid/")
+	rt := newRouter(t, router.Config{AllowedHosts: []string{failing, slow, refused}, MaxAttempts: 1,
+		RequestTimeout: 100 * time.Millisecond, DefaultRetryDelay: time.Hour})
+	b.addSource(t, rt, router.QueueSourceConfig{})
+	pgtest.Eventually(t, 10*time.Second, "all settled", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 3 })
+	lastError := func(id int64) string {
+		var e string
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(last_error, '') FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&e))
+		return e
+	}
+	require.Contains(t, lastError(bad), "HTTP 502")
+	require.Contains(t, lastError(timedOut), "timeout")
+	require.Contains(t, lastError(down), "connection refused")
+	dead, err := b.client.DeadLetters(ctx, "hooks", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, offList, dead[0].ID)
+	require.Equal(t, `router: target host not allowed: "not-allowed.invalid"`, dead[0].LastError)
+}
+
+// A receiver outage does not dead-letter everything: while the circuit is
+// open the host is not called and no attempt is spent (after the outage
+// every message's attempts equal the calls the receiver saw), and after
+// recovery everything is delivered. Real failures wait the topic's backoff.
+func TestOutageSpendsNoAttemptsWhileTheCircuitIsOpen(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", MaxAttempts: 6,
+		BackoffInitial: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond}))
+	rv := newReceiver()
+	var healthy atomic.Bool
+	failed := map[body]int{}
+	rv.fail = func(bd body, _ int) int {
+		if healthy.Load() {
+			return 0
+		}
+		failed[bd]++ // under rv.mu
+		return http.StatusServiceUnavailable
+	}
+	_, host := endpoint(t, rv.ServeHTTP)
+	b.sendInterleaved(t, "http://"+host+"/hook", 10, 1)
+	cfg := router.Config{MaxAttempts: 1, DefaultRetryDelay: 100 * time.Millisecond, FastFailDelay: 100 * time.Millisecond,
+		Pools:   []router.PoolConfig{{Code: "P", Concurrency: 2}},
+		Breaker: router.BreakerConfig{MinRequests: 2, FailureRatio: 0.5, OpenFor: 400 * time.Millisecond, HalfOpenRequests: 1}}
+	outage := b.startRouter(t, host, cfg)
+	calls := func() int {
+		rv.mu.Lock()
+		defer rv.mu.Unlock()
+		n := 0
+		for _, c := range failed {
+			n += c
+		}
+		return n
+	}
+	// Two failures open the circuit; each later call is a probe after an
+	// open interval: 5 calls is more than a second of outage.
+	pgtest.Eventually(t, 20*time.Second, "an outage of several open intervals", func() bool { return calls() >= 5 })
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, outage.Stop(stopCtx))
+
+	require.Zero(t, b.countDead(t, "true"), "nothing dead-lettered by the outage")
+	rows, err := b.db.Pool.Query(ctx, `SELECT payload, attempts FROM `+b.db.Table("outbox"))
+	require.NoError(t, err)
+	spent := map[body]int{}
+	for rows.Next() {
+		var bd body
+		var attempts int
+		require.NoError(t, rows.Scan(&bd, &attempts))
+		spent[bd] = attempts
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, spent, 10)
+	rv.mu.Lock()
+	for bd, attempts := range spent {
+		require.Equal(t, failed[bd], attempts, "attempts of %v are the calls its receiver saw", bd)
+	}
+	rv.mu.Unlock()
+
+	healthy.Store(true)
+	b.startRouter(t, host, cfg)
+	pgtest.Eventually(t, 20*time.Second, "everything delivered after recovery", func() bool { return b.count(t, "true") == 0 })
+	require.EqualValues(t, 10, rv.total.Load())
+	require.Zero(t, b.countDead(t, "true"))
+}
+
+// A failed delivery is retried after the topic's backoff (exponential with
+// jitter: the first retry between half and all of BackoffInitial), unless
+// the receiver named a delay.
+func TestRetriesFollowTheTopicBackoff(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", BackoffInitial: 10 * time.Second, BackoffMax: time.Hour}))
+	_, failing := endpoint(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
+	_, busy := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "42")
+		w.WriteHeader(http.StatusTooManyRequests)
+	})
+	backedOff, named := b.sendTo(t, "http://"+failing+"/"), b.sendTo(t, "http://"+busy+"/")
+	rt := newRouter(t, router.Config{AllowedHosts: []string{failing, busy}, MaxAttempts: 1, DefaultRetryDelay: time.Hour})
+	b.addSource(t, rt, router.QueueSourceConfig{})
+	pgtest.Eventually(t, 10*time.Second, "both nacked", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 2 })
+	wait := func(id int64) time.Duration {
+		var secs float64
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT extract(epoch FROM available_at - now()) FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&secs))
+		return time.Duration(secs * float64(time.Second))
+	}
+	require.InDelta(t, 7.5, wait(backedOff).Seconds(), 3, "the topic's backoff for a first retry: 5-10 s")
+	require.InDelta(t, 42, wait(named).Seconds(), 2, "the receiver's Retry-After")
+}
+
+// A mapper that panics does not take the process down: the message is
+// nacked as a failed attempt (and will be dead-lettered if it keeps
+// panicking), GROUP_THREAD_RESTART is raised, and the other messages of
+// the batch are delivered.
+func TestPanickingMapperIsRecovered(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", BackoffInitial: time.Hour, BackoffMax: time.Hour}))
+	rv := newReceiver()
+	_, host := endpoint(t, rv.ServeHTTP)
+	b.sendInterleaved(t, "http://"+host+"/hook", 3, 1)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
+	b.addSource(t, rt, router.QueueSourceConfig{Mapper: func(d *outbox.Delivery) (router.Route, error) {
+		if d.Group == "g1" {
+			panic("mapper bug")
+		}
+		return router.HeaderMapper(d)
+	}})
+	pgtest.Eventually(t, 10*time.Second, "the others delivered", func() bool { return rv.total.Load() == 2 })
+	pgtest.Eventually(t, 5*time.Second, "the panicking one nacked", func() bool {
+		return b.count(t, "lease_owner IS NULL AND attempts = 1 AND last_error LIKE '%mapper bug%'") == 1
+	})
+	require.True(t, hasWarning(rt, router.WarnGroupThreadRestart, router.SeverityWarn))
+}
+
+// A removed source claims nothing more; what it already handed over is
+// still delivered and acked.
+func TestRemovedSourceFinishesItsMessages(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	var once sync.Once
+	rv := newReceiver()
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { <-release; rv.ServeHTTP(w, r) })
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
+	src := b.addSource(t, rt, router.QueueSourceConfig{})
+	pgtest.Eventually(t, 10*time.Second, "in flight", func() bool { return rt.InFlight() == 1 })
+	require.NoError(t, rt.RemoveSource(ctx, src))
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
+	time.Sleep(200 * time.Millisecond) // ten poll intervals
+	require.Equal(t, 1, b.count(t, "lease_owner IS NULL"), "the new message is not claimed")
+	once.Do(func() { close(release) })
+	pgtest.Eventually(t, 10*time.Second, "the message in flight acked", func() bool { return b.count(t, "true") == 1 })
+	require.EqualValues(t, 1, rv.total.Load())
 }

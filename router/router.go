@@ -6,19 +6,24 @@
 // router batches of claimed messages. Routing follows three phases:
 //
 //  1. Dedupe against the in-flight map: a physical redelivery (same
-//     delivery id) is nacked, a logical requeue (same message, new delivery)
-//     is acked; the original is still being delivered.
+//     delivery id: a lease ran out and the message was claimed again) is
+//     adopted by the delivery in flight when its settler can (Adopter),
+//     nacked otherwise; a logical requeue (same message, new delivery id)
+//     is acked. Either way the original is still being delivered.
 //  2. Capacity: a pool that cannot take all of the batch's messages for it
 //     gets none of them (they are nacked); unknown pools fall back to
 //     DEFAULT-POOL with a warning.
 //  3. Per message group, in batch order: each message is submitted to its
-//     pool; after the first refusal the rest of that group in this batch is
-//     nacked, so redelivery keeps the order.
+//     pool; after the first refusal (the pool is full, or the group holds
+//     its share of it) the rest of that group in this batch is nacked, so
+//     redelivery keeps the order.
 //
 // In a pool, each active message group has one goroutine that delivers its
 // messages one at a time, high priority first; goroutines exit when idle.
 // When a delivery fails, the later messages of the same batch and group are
 // nacked with a short delay instead of being delivered out of order.
+// Messages without a group have no order to keep: up to the pool's
+// concurrency of them are delivered at once.
 package router
 
 import (
@@ -26,6 +31,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,44 +43,99 @@ import (
 type Settler interface {
 	// Ack: delivered (or not to be delivered again).
 	Ack(ctx context.Context) error
-	// Nack: deliver again from until on. attempted says whether a delivery
-	// was tried (a message held back or refused before delivery should not
-	// use up one of its attempts). Messages nacked to the same instant
-	// should come back in the order they were written.
-	Nack(ctx context.Context, until time.Time, attempted bool) error
+	// Nack: deliver again later, as r says.
+	Nack(ctx context.Context, r Retry) error
 	// DeadLetter: park the message with the reason; it will not be retried.
 	DeadLetter(ctx context.Context, reason string) error
-	// Extend is called before each delivery: a source with leases renews
-	// the message's lease when it is running short.
-	Extend(ctx context.Context) error
+}
+
+// Retry says when and why a nacked message is to be delivered again.
+type Retry struct {
+	// At: deliver again from this instant on. Messages nacked to the same
+	// instant should come back in the order they were written.
+	At time.Time
+	// Attempted says whether a delivery was tried: a message held back or
+	// refused before delivery should not use up one of its attempts.
+	Attempted bool
+	// Reason says why the attempted delivery failed (the HTTP status, the
+	// timeout, the connection error); empty when none was attempted.
+	Reason string
+}
+
+// Adopter is a Settler that can take over a newer claim of its message.
+// When a source hands the router a message it still holds under the same
+// DeliveryID (a lease ran out and the message was claimed again), the
+// router asks the settler it holds to adopt the new claim's settler; the
+// new copy is then neither delivered nor settled. A settler that cannot
+// adopt (it is settling already) returns false, and the copy is nacked.
+type Adopter interface {
+	Adopt(newer Settler) bool
+}
+
+// LeaseKeeper is a Source whose claimed messages hold leases that run out
+// (QueueSource). From the source's start until Stop has settled the last
+// message, the router calls KeepLeases every RenewEvery, so no lease runs
+// out while its message waits in a pool, waits for a rate-limit permit or
+// is in an HTTP call.
+type LeaseKeeper interface {
+	// KeepLeases renews, in one round trip, the lease of every message the
+	// source claimed and has not settled yet. It returns how many messages
+	// the source holds and how many leases it found lost.
+	KeepLeases(ctx context.Context) (held, lost int, err error)
+	// RenewEvery is the wait between two calls of KeepLeases.
+	RenewEvery() time.Duration
 }
 
 // Message is a claimed message on its way to an endpoint.
 type Message struct {
-	// ID is the application message id; DeliveryID names this delivery of
-	// it (a redelivery gets a new one). Both required.
+	// ID is the application message id. DeliveryID names the copy of it
+	// the source delivers: the same copy claimed again (its lease ran out)
+	// keeps its DeliveryID and is adopted (see Adopter); a copy requeued by
+	// someone else gets a new one and is acked while the original is in
+	// flight. Both required.
 	ID, DeliveryID string
 	// Pool chooses the pool (DEFAULT-POOL when unknown); Target is the URL
-	// to POST to; Group the message group (blank: __DEFAULT__).
+	// to POST to; Group the message group (blank: none, no order to keep;
+	// sent as __DEFAULT__).
 	Pool, Target, Group string
 	HighPriority        bool
 	Topic               string
 	Payload             []byte
 	// IdempotencyKey is sent as Idempotency-Key (defaults to ID).
 	IdempotencyKey string
+	// RetryDelay is how long a failed delivery waits for its retry when
+	// the receiver names no delay: the source's backoff for this attempt
+	// (QueueSource sets the topic's exponential backoff with jitter).
+	// Zero: Config.DefaultRetryDelay.
+	RetryDelay time.Duration
 	// Settle is how the router acks and nacks it. Required.
 	Settle Settler
 
-	batchID string
-	target  *url.URL // Target, parsed and allow-listed by Route
-	settled atomic.Bool
+	batchID  string
+	batchSeq uint64      // batches are numbered in routing order
+	panicked *panicError // the source's mapper panicked on this message
+	target   *url.URL    // Target, parsed and allow-listed by Route
+	settled  atomic.Bool
 }
 
 func (m *Message) pipelineKey() string { return m.DeliveryID }
 
 func (m *Message) group() string {
-	if strings.TrimSpace(m.Group) == "" {
+	if !m.grouped() {
 		return DefaultGroup
+	}
+	return m.Group
+}
+
+// grouped reports whether m has a message group: an order to keep.
+func (m *Message) grouped() bool { return strings.TrimSpace(m.Group) != "" }
+
+// lane is the queue m waits in within a pool: its group's, or for a
+// message without a group the pool's ungrouped lane ("", which no group
+// name can be).
+func (m *Message) lane() string {
+	if !m.grouped() {
+		return ""
 	}
 	return m.Group
 }
@@ -86,7 +147,8 @@ type Source interface {
 	// Name identifies the source in logs and warnings.
 	Name() string
 	// Run claims batches and passes them to route until ctx ends. It returns
-	// when it stopped claiming.
+	// when it stopped claiming. The router never runs two Runs of one
+	// source at once: a stalled source is restarted once its Run returned.
 	Run(ctx context.Context, route func(ctx context.Context, batch []*Message)) error
 	// LastPoll is when the source last asked for messages (zero: never).
 	LastPoll() time.Time
@@ -97,6 +159,7 @@ type Source interface {
 type Router struct {
 	cfg      Config
 	logger   *slog.Logger
+	events   *eventLog // rate-limited records of what goes wrong
 	warn     *warnings
 	inflight *tracker
 	mediator *mediator
@@ -104,22 +167,19 @@ type Router struct {
 	batches  atomic.Uint64 // batch ids
 	holds    *holds        // groups held back behind a message awaiting its retry
 
-	mu      sync.Mutex // guards pools, draining, sources and the lifecycle fields
-	pools   map[string]*pool
-	drained []*pool
-	sources []*runningSource
-	started bool
-	stopped bool
-	bg      context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup // background loops (sync, health, leaks)
-	syncMu  sync.Mutex     // one configuration sync at a time
-}
-
-type runningSource struct {
-	src    Source
-	cancel context.CancelFunc
-	done   chan struct{}
+	mu       sync.Mutex // guards pools, draining, sources and the lifecycle fields
+	pools    map[string]*pool
+	drained  []*pool
+	sources  []*runningSource
+	started  bool
+	stopped  bool
+	bg       context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // background loops (sync, health, leaks)
+	syncMu   sync.Mutex     // one configuration sync at a time
+	runs     sync.WaitGroup // sources' Runs
+	keepStop chan struct{}  // closed when Stop settled everything: lease keepers end
+	keepers  sync.WaitGroup // lease keepers
 }
 
 // New validates cfg and returns a router.
@@ -132,28 +192,19 @@ func New(cfg Config) (*Router, error) {
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		inflight: newTracker(),
-		holds:    &holds{m: map[string]hold{}},
+		holds:    newHolds(),
 		pools:    map[string]*pool{},
+		keepStop: make(chan struct{}),
 		metrics:  newMetrics(cfg.MeterProvider),
 	}
-	r.warn = &warnings{ttl: cfg.WarningTTL, now: cfg.Clock.Now}
-	r.mediator = newMediator(cfg, r.warn)
+	r.events = newEventLog(cfg.Logger, cfg.LogInterval, cfg.Clock.Now)
+	r.warn = newWarnings(cfg.WarningTTL, cfg.MaxWarnings, cfg.Clock.Now, r.events)
+	r.mediator = newMediator(cfg, r.warn, r.events)
 	return r, nil
 }
 
 // Warnings returns the current (unexpired) warnings.
 func (r *Router) Warnings() []Warning { return r.warn.list() }
-
-// AddSource registers a source; sources added after Start start at once.
-func (r *Router) AddSource(s Source) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rs := &runningSource{src: s}
-	r.sources = append(r.sources, rs)
-	if r.started && !r.stopped {
-		r.runSource(rs)
-	}
-}
 
 // Start loads the configuration (from ConfigSource: up to StartupAttempts
 // tries, then ErrConfigUnavailable), creates the pools and starts the
@@ -178,9 +229,10 @@ func (r *Router) Start(ctx context.Context) error {
 	}
 	r.loop(r.cfg.HealthInterval, r.checkSources)
 	r.loop(r.cfg.LeakCheckInterval, r.checkLeaks)
+	r.loop(r.cfg.CleanupInterval, r.cleanup)
 	r.mu.Lock()
 	for _, rs := range r.sources {
-		r.runSource(rs)
+		r.runSource(rs, false)
 	}
 	r.mu.Unlock()
 	return nil
@@ -218,7 +270,7 @@ func (r *Router) initialSync(ctx context.Context) error {
 			}
 		}
 	}
-	r.warn.add(WarnConfigSyncFailed, SeverityCritical, fmt.Sprintf("initial configuration sync failed after %d attempts: %v", r.cfg.StartupAttempts, err))
+	r.warn.add(WarnConfigSyncFailed, SeverityCritical, "", fmt.Sprintf("initial configuration sync failed after %d attempts: %v", r.cfg.StartupAttempts, err))
 	return fmt.Errorf("%w after %d attempts: %w", ErrConfigUnavailable, r.cfg.StartupAttempts, err)
 }
 
@@ -243,7 +295,7 @@ func (r *Router) Sync(ctx context.Context) error {
 		have := len(r.pools) > 0
 		r.mu.Unlock()
 		if have {
-			r.warn.add(WarnConfigSyncFailed, SeverityWarn, "configuration sync failed; keeping the last configuration: "+err.Error())
+			r.warn.add(WarnConfigSyncFailed, SeverityWarn, "", "configuration sync failed; keeping the last configuration: "+err.Error())
 		}
 		return err
 	}
@@ -286,11 +338,11 @@ func (r *Router) applyPools(cfgs []PoolConfig) {
 			continue
 		}
 		if len(r.pools) >= r.cfg.MaxPools {
-			r.warn.add(WarnPoolLimit, SeverityCritical, fmt.Sprintf("pool %q not created: %d pools is the maximum", code, r.cfg.MaxPools))
+			r.warn.add(WarnPoolLimit, SeverityCritical, code, fmt.Sprintf("pool %q not created: %d pools is the maximum", code, r.cfg.MaxPools))
 			continue
 		}
 		if len(r.pools) >= r.cfg.PoolWarningThreshold {
-			r.warn.add(WarnPoolLimit, SeverityWarn, fmt.Sprintf("%d pools, warning threshold %d", len(r.pools)+1, r.cfg.PoolWarningThreshold))
+			r.warn.add(WarnPoolLimit, SeverityWarn, "", fmt.Sprintf("%d pools, warning threshold %d", len(r.pools)+1, r.cfg.PoolWarningThreshold))
 		}
 		r.pools[code] = newPool(r, c)
 	}
@@ -323,7 +375,8 @@ func (r *Router) InFlight() int { return r.inflight.size() }
 // Route takes a batch of claimed messages through the three routing phases.
 // It returns once every message was submitted to a pool or settled.
 func (r *Router) Route(ctx context.Context, batch []*Message) {
-	batchID := strconv.FormatUint(r.batches.Add(1), 36)
+	batchSeq := r.batches.Add(1)
+	batchID := strconv.FormatUint(batchSeq, 36)
 	r.mu.Lock()
 	pools := make(map[string]*pool, len(r.pools))
 	for k, v := range r.pools {
@@ -335,11 +388,18 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	byPool := map[string][]*Message{}
 	var poolOrder []string
 	for _, m := range batch {
-		m.batchID = batchID
-		switch r.inflight.check(m) {
+		m.batchID, m.batchSeq = batchID, batchSeq
+		if m.panicked != nil {
+			r.mapperPanicked(ctx, m)
+			continue
+		}
+		switch res, orig := r.inflight.check(m); res {
 		case physicalDuplicate:
-			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
 			r.metrics.duplicates.Add(ctx, 1)
+			if a, ok := adopter(orig, m); ok && a.Adopt(m.Settle) {
+				continue // the message in flight carries the new claim now
+			}
+			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
 			continue
 		case logicalRequeue:
 			r.settle(ctx, m, ackIt, false)
@@ -348,7 +408,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 		}
 		u, err := r.mediator.checkTarget(m.Target)
 		if err != nil {
-			r.warn.add(WarnTargetNotAllowed, SeverityError, fmt.Sprintf("message %s: %v", m.ID, err))
+			r.warn.add(WarnTargetNotAllowed, SeverityError, targetSubject(m.Target), fmt.Sprintf("message %s: %v", m.ID, err))
 			r.settle(ctx, m, deadLetterWith(err.Error()), false)
 			continue
 		}
@@ -356,7 +416,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 		code := m.Pool
 		if _, ok := pools[code]; !ok {
 			if code != DefaultPoolCode {
-				r.warn.add(WarnRouting, SeverityWarn, fmt.Sprintf("no pool %q; message %s routed to %s", code, m.ID, DefaultPoolCode))
+				r.warn.add(WarnRouting, SeverityWarn, code, fmt.Sprintf("no pool %q; message %s routed to %s", code, m.ID, DefaultPoolCode))
 			}
 			code = DefaultPoolCode
 			pools[code] = r.defaultPool()
@@ -368,86 +428,55 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	}
 
 	for _, code := range poolOrder {
-		p, msgs := pools[code], byPool[code]
-		// Phase 2: the pool takes all of them or none.
-		if p.free() < len(msgs) {
-			r.warn.add(WarnQueueFull, SeverityWarn, fmt.Sprintf("pool %q full; %d messages nacked", code, len(msgs)))
-			for _, m := range msgs {
-				r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+		r.routeToPool(ctx, pools[code], byPool[code])
+	}
+}
+
+// routeToPool is phases 2 and 3 for one pool's messages of a batch.
+func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
+	// Phase 2: the pool takes all of them or none.
+	if !p.fits(msgs) {
+		r.warn.add(WarnQueueFull, SeverityWarn, p.code, fmt.Sprintf("pool %q full; %d messages nacked", p.code, len(msgs)))
+		held := map[string]bool{}
+		for _, m := range msgs {
+			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+			if g := m.lane(); m.grouped() && !held[g] {
+				held[g] = true
+				r.holds.hold(m, r.cfg.Clock.Now().Add(r.cfg.DefaultRetryDelay), r.cfg.FastFailDelay)
 			}
+		}
+		return
+	}
+	// Phase 3: per group, in order; after a refusal the rest of the group is nacked.
+	refused := map[string]bool{} // by lane; the ungrouped lane is never refused as a whole
+	for _, m := range msgs {
+		g := m.lane()
+		if resume, held := r.holds.heldBack(m, r.cfg.Clock.Now()); held {
+			// An earlier message of the group awaits its retry: this one
+			// must not overtake it.
+			r.settle(ctx, m, settlement{kind: 1, until: resume}, false)
 			continue
 		}
-		// Phase 3: per group, in order; after a refusal the rest of the group is nacked.
-		refused := map[string]bool{}
-		for _, m := range msgs {
-			g := m.group()
-			if resume, held := r.holds.heldBack(m, r.cfg.Clock.Now()); held {
-				// An earlier message of the group awaits its retry: this one
-				// must not overtake it.
-				r.settle(ctx, m, settlement{kind: 1, until: resume}, false)
-				continue
-			}
-			if refused[g] {
-				r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
-				continue
-			}
-			if r.inflight.track(m) != tracked {
-				r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
-				continue
-			}
-			if !p.submit(m) {
-				r.inflight.remove(m)
-				r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
+		if refused[g] {
+			r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
+			continue
+		}
+		if r.inflight.track(m) != tracked {
+			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+			continue
+		}
+		if !p.submit(m) {
+			// Full, or the group holds its share: m and the rest of its
+			// group come back after FastFailDelay, later batches of the
+			// group are held back until then.
+			r.inflight.remove(m)
+			r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
+			if m.grouped() {
+				r.holds.hold(m, r.cfg.Clock.Now().Add(r.cfg.FastFailDelay), r.cfg.FastFailDelay)
 				refused[g] = true
 			}
 		}
 	}
-}
-
-// holds remembers, per topic and message group, a message that failed and
-// will be redelivered: until it comes back (or the hold expires), newer
-// messages of the group from later batches are nacked instead of delivered
-// ahead of it. Sources like SQS FIFO enforce this themselves; a database
-// queue does not.
-type holds struct {
-	mu sync.Mutex
-	m  map[string]hold
-}
-
-type hold struct {
-	messageID string
-	resume    time.Time // held-back messages come back at this one instant
-	until     time.Time // the hold lapses then (the message never returned)
-}
-
-func holdKey(m *Message) string { return m.Topic + "|" + m.group() }
-
-// hold holds m's group back: m returns at retryAt; its group mates are
-// nacked to one instant just after, so they come back together, in order.
-func (h *holds) hold(m *Message, retryAt time.Time, gap time.Duration) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.m[holdKey(m)] = hold{messageID: m.ID, resume: retryAt.Add(gap), until: retryAt.Add(2 * gap)}
-}
-
-// heldBack reports whether m must wait for an earlier message of its
-// group, and until when.
-func (h *holds) heldBack(m *Message, now time.Time) (time.Time, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	k := holdKey(m)
-	hd, ok := h.m[k]
-	if !ok {
-		return time.Time{}, false
-	}
-	if hd.messageID == m.ID || now.After(hd.until) {
-		delete(h.m, k) // the held message is back (or the hold lapsed)
-		return time.Time{}, false
-	}
-	if hd.resume.Before(now) {
-		return now.Add(MinDelay), true
-	}
-	return hd.resume, true
 }
 
 // defaultPool returns DEFAULT-POOL, creating it on demand.
@@ -472,12 +501,40 @@ type settlement struct {
 
 var ackIt = settlement{kind: 0}
 
-func nackWith(d time.Duration) settlement  { return settlement{kind: 1, delay: d} }
-func retryWith(d time.Duration) settlement { return settlement{kind: 1, delay: d, attempted: true} }
-func deadLetterWith(r string) settlement   { return settlement{kind: 2, reason: r} }
+func nackWith(d time.Duration) settlement { return settlement{kind: 1, delay: d} }
+func retryWith(d time.Duration, reason string) settlement {
+	return settlement{kind: 1, delay: d, attempted: true, reason: reason}
+}
+func deadLetterWith(r string) settlement { return settlement{kind: 2, reason: r} }
+
+// panicError is a panic recovered in code the router calls.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
+
+// mapperPanicked retries m, whose mapping panicked, as a failed attempt
+// (so a message that always makes it panic ends as a dead letter), and
+// reports the panic.
+func (r *Router) mapperPanicked(ctx context.Context, m *Message) {
+	r.reportPanic("mapper of "+m.Topic, fmt.Sprintf("mapping message %s of %s panicked: %v; the source goes on", m.ID, m.Topic, m.panicked.value),
+		m.panicked.stack)
+	r.settle(ctx, m, retryWith(r.retryDelay(m, Outcome{}), "mapper "+m.panicked.Error()), false)
+}
+
+// reportPanic raises GROUP_THREAD_RESTART about subject and logs it with
+// the stack (rate-limited like the other warnings).
+func (r *Router) reportPanic(subject, msg string, stack []byte) {
+	r.warn.record(WarnGroupThreadRestart, SeverityWarn, subject, msg)
+	r.events.log(slog.LevelError, "warning:"+WarnGroupThreadRestart+"|"+subject, "pgoutbox router: "+msg,
+		slog.String("code", WarnGroupThreadRestart), slog.String("subject", subject), slog.String("stack", string(stack)))
+}
 
 // settle acks, nacks or dead-letters m exactly once and, when it was
-// tracked, removes it from the in-flight map.
+// tracked, removes it from the in-flight map. A Settler that panics is
+// logged like one that fails.
 func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracked bool) {
 	if !m.settled.CompareAndSwap(false, true) {
 		return
@@ -487,6 +544,15 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 	}
 	ctx = context.WithoutCancel(ctx)
 	var err error
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("panic: %v", v)
+		}
+		if err != nil {
+			r.events.log(slog.LevelWarn, "settle-failed|"+m.Topic, "pgoutbox router: settling a message failed; its source redelivers it",
+				slog.String("event", "settle-failed"), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.Any("error", err))
+		}
+	}()
 	switch s.kind {
 	case 0:
 		err = m.Settle.Ack(ctx)
@@ -496,57 +562,26 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 		if until.IsZero() {
 			until = r.cfg.Clock.Now().Add(clampDelay(s.delay))
 		}
-		err = m.Settle.Nack(ctx, until, s.attempted)
+		err = m.Settle.Nack(ctx, Retry{At: until, Attempted: s.attempted, Reason: s.reason})
 		r.metrics.nacked.Add(ctx, 1)
 	case 2:
 		err = m.Settle.DeadLetter(ctx, s.reason)
 		r.metrics.deadLettered.Add(ctx, 1)
-	}
-	if err != nil {
-		r.logger.Warn("pgoutbox router: settling a message failed; its source redelivers it", slog.String("id", m.ID), slog.Any("error", err))
+		host := targetSubject(m.Target)
+		r.events.log(slog.LevelWarn, "dead-letter|"+host, "pgoutbox router: message dead-lettered", slog.String("event", "dead-letter"),
+			slog.String("host", host), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.String("reason", s.reason))
 	}
 }
 
 func clampDelay(d time.Duration) time.Duration { return min(max(d, MinDelay), MaxDelay) }
 
-func (r *Router) runSource(rs *runningSource) {
-	ctx, cancel := context.WithCancel(r.bg)
-	rs.cancel, rs.done = cancel, make(chan struct{})
-	go func() {
-		defer close(rs.done)
-		if err := rs.src.Run(ctx, r.Route); err != nil && ctx.Err() == nil {
-			r.logger.Error("pgoutbox router: source stopped", slog.String("source", rs.src.Name()), slog.Any("error", err))
-		}
-	}()
-}
-
-// checkSources restarts sources that stopped polling.
-func (r *Router) checkSources() {
+// cleanup forgets lapsed holds and pools that finished draining.
+func (r *Router) cleanup() {
+	r.holds.prune(r.cfg.Clock.Now())
+	r.events.prune()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stopped {
-		return
-	}
-	for _, rs := range r.sources {
-		last := rs.src.LastPoll()
-		stalled := !last.IsZero() && r.cfg.Clock.Now().Sub(last) > r.cfg.StallTimeout
-		exited := rs.done != nil && isClosed(rs.done)
-		if !stalled && !exited {
-			continue
-		}
-		r.warn.add(WarnConsumerRestart, SeverityWarn, fmt.Sprintf("source %s stalled (last poll %v); restarting", rs.src.Name(), last))
-		rs.cancel()
-		r.runSource(rs)
-	}
-}
-
-func isClosed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
+	r.drained = slices.DeleteFunc(r.drained, (*pool).finished)
+	r.mu.Unlock()
 }
 
 // checkLeaks warns when the in-flight map outgrows what the pools can hold.
@@ -559,7 +594,7 @@ func (r *Router) checkLeaks() {
 	r.mu.Unlock()
 	total = max(total, MinQueueCapacity)
 	if n := r.inflight.size(); n > total {
-		r.warn.add(WarnPipelineMapLeak, SeverityWarn, fmt.Sprintf("in-flight map holds %d messages, pools hold at most %d", n, total))
+		r.warn.add(WarnPipelineMapLeak, SeverityWarn, "", fmt.Sprintf("in-flight map holds %d messages, pools hold at most %d", n, total))
 	}
 }
 
@@ -574,25 +609,14 @@ func (r *Router) Stop(ctx context.Context) error {
 		return nil
 	}
 	r.stopped = true
-	sources := r.sources
-	r.mu.Unlock()
-
-	for _, rs := range sources {
+	for _, rs := range r.sources {
 		if rs.cancel != nil {
 			rs.cancel()
 		}
 	}
-	var err error
-	for _, rs := range sources {
-		if rs.done == nil {
-			continue
-		}
-		select {
-		case <-rs.done:
-		case <-ctx.Done():
-			err = ctx.Err()
-		}
-	}
+	r.mu.Unlock()
+
+	err := waitCtx(ctx, &r.runs) // every source's Run, removed ones too
 	r.cancel()
 	r.wg.Wait()
 
@@ -607,21 +631,32 @@ func (r *Router) Stop(ctx context.Context) error {
 		p.drain()
 	}
 	for _, p := range pools {
-		if werr := p.wait(ctx); werr != nil && err == nil {
+		if werr := waitCtx(ctx, &p.workers); werr != nil && err == nil {
 			err = werr
 		}
 	}
 	failures := 0
 	for _, m := range r.inflight.drain() {
-		if e := m.Settle.Nack(context.WithoutCancel(ctx), r.cfg.Clock.Now().Add(MinDelay), false); e != nil {
+		if e := m.Settle.Nack(context.WithoutCancel(ctx), Retry{At: r.cfg.Clock.Now().Add(MinDelay)}); e != nil {
 			failures++
 		}
 		m.settled.Store(true)
 	}
 	if failures > 0 {
-		r.warn.add(WarnShutdownCleanup, SeverityWarn, fmt.Sprintf("%d messages could not be nacked at shutdown", failures))
+		r.warn.add(WarnShutdownCleanup, SeverityWarn, "", fmt.Sprintf("%d messages could not be nacked at shutdown", failures))
 	}
+	close(r.keepStop)
+	r.keepers.Wait()
 	return err
+}
+
+// targetSubject is what a warning about a refused target is about: its
+// host, or "invalid target URL".
+func targetSubject(target string) string {
+	if u, err := url.Parse(target); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return "invalid target URL"
 }
 
 // validTarget parses an absolute http(s) URL.
@@ -631,4 +666,14 @@ func validTarget(target string) (*url.URL, error) {
 		return nil, fmt.Errorf("%w: %q", ErrInvalidTarget, target)
 	}
 	return u, nil
+}
+
+// adopter returns the settler of orig, the message in flight m duplicates,
+// if it can adopt m's claim.
+func adopter(orig, m *Message) (Adopter, bool) {
+	if orig == nil || orig == m {
+		return nil, false
+	}
+	a, ok := orig.Settle.(Adopter)
+	return a, ok
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,7 +51,8 @@ func TestPoolCapacityAndDefaultPool(t *testing.T) {
 	release := make(chan struct{})
 	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { <-release; _, _ = w.Write([]byte(`{"ack":true}`)) })
 	defer close(release)
-	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}},
+		GroupShare: 1}) // one group may fill the pool
 	rec := newRecorder()
 	target := "http://" + host + "/"
 	var first []*router.Message
@@ -210,7 +212,10 @@ func TestConfigSync(t *testing.T) {
 	source := &router.HTTPConfigSource{URL: "http://" + cfgHost + "/config"}
 	bad, err := router.New(router.Config{AllowedHosts: []string{"x"}, ConfigSource: source, StartupAttempts: 3, StartupRetryDelay: 10 * time.Millisecond})
 	require.NoError(t, err)
-	require.ErrorIs(t, bad.Start(context.Background()), router.ErrConfigUnavailable)
+	err = bad.Start(context.Background())
+	require.ErrorIs(t, err, router.ErrConfigUnavailable)
+	require.Equal(t, 1, strings.Count(err.Error(), "router:"), "each layer names itself once: %v", err)
+	require.Contains(t, err.Error(), "HTTP 500")
 	mu.Lock()
 	require.Equal(t, 3, calls, "12 attempts by default; 3 here")
 	status = 200
@@ -325,4 +330,38 @@ func TestCapacityCountsMessagesWaitingForAPermit(t *testing.T) {
 	for i := range 50 {
 		require.Equal(t, "ack", rec.outcome(t, fmt.Sprintf("%d/1", i)).kind)
 	}
+}
+
+// Messages without a message group have no order to keep: they are
+// delivered concurrently up to the pool's concurrency, and one failing
+// does not hold the others back.
+func TestUngroupedMessagesAreConcurrent(t *testing.T) {
+	t.Parallel()
+	var inFlight, peak atomic.Int32
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		time.Sleep(100 * time.Millisecond)
+		if strings.HasSuffix(r.URL.Path, "/fail") {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, Pools: []router.PoolConfig{{Code: "P", Concurrency: 5}}})
+	rec := newRecorder()
+	batch := []*router.Message{rec.msg("f", "f/1", "http://"+host+"/fail", "")}
+	for i := range 10 {
+		batch = append(batch, rec.msg(fmt.Sprint(i), fmt.Sprint(i, "/1"), "http://"+host+"/", ""))
+	}
+	start := time.Now()
+	rt.Route(context.Background(), batch)
+	require.Equal(t, "nack", rec.outcome(t, "f/1").kind)
+	for i := range 10 {
+		require.Equal(t, "ack", rec.outcome(t, fmt.Sprint(i, "/1")).kind, "not held back by the failure")
+	}
+	require.EqualValues(t, 5, peak.Load(), "up to the pool's concurrency at once")
+	require.Less(t, time.Since(start), time.Second, "11 calls of 100 ms, 5 at a time")
 }

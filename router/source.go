@@ -3,11 +3,15 @@ package router
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -50,24 +54,36 @@ type QueueSourceConfig struct {
 	// PollInterval is the wait after a claim that found fewer than
 	// BatchSize messages. Defaults to 100ms.
 	PollInterval time.Duration
-	// Lease is renewed (for this long) when less than half of it is left
-	// before a delivery. Defaults to the topic's lease.
+	// Lease is how long each renewal keeps a claimed message leased.
+	// Defaults to the topic's lease.
 	Lease time.Duration
+	// RenewEvery is how often the leases of all messages the source holds
+	// (claimed and not yet settled: queued in a pool, waiting for a rate
+	// limit, in an HTTP call) are renewed, in one statement. Defaults to a
+	// third of Lease.
+	RenewEvery time.Duration
 	// Mapper maps a delivery to its route. Defaults to HeaderMapper.
 	Mapper Mapper
 	// MaxInFlight caps this source's messages between claim and settlement;
 	// it claims only what fits. Keep it at most the capacity of the pools
 	// its messages go to (max(concurrency×20, 50)), so the router never has
-	// to refuse a batch for lack of room. Defaults to BatchSize.
+	// to refuse a batch for lack of room, and, if one message group can
+	// dominate the topic, at most that group's share of it
+	// (Config.GroupShare, half by default). Defaults to BatchSize.
 	MaxInFlight int
 }
 
-// QueueSource claims messages of a QUEUE topic for the router.
+// QueueSource claims messages of a QUEUE topic for the router. It holds
+// the lease of every message it claimed until the router settles it, and
+// renews them all together (it is a LeaseKeeper).
 type QueueSource struct {
-	cfg         QueueSourceConfig
-	lastPoll    atomic.Int64 // unix nanos
-	outstanding atomic.Int64 // claimed, not yet settled
-	room        chan struct{}
+	cfg      QueueSourceConfig
+	lastPoll atomic.Int64 // unix nanos
+	room     chan struct{}
+	lease    atomic.Int64 // what a renewal asks for; 0 until Run knows the topic's lease
+
+	mu   sync.Mutex
+	held map[*queueSettler]struct{} // claimed, not settled
 }
 
 // NewQueueSource returns a source for cfg.Topic.
@@ -85,10 +101,10 @@ func NewQueueSource(cfg QueueSourceConfig) (*QueueSource, error) {
 		cfg.Mapper = HeaderMapper
 	}
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, cfg.BatchSize)
-	if cfg.BatchSize < 1 || cfg.MaxInFlight < 1 {
-		return nil, fmt.Errorf("%w: BatchSize and MaxInFlight must be at least 1", ErrInvalidConfig)
+	if cfg.BatchSize < 1 || cfg.MaxInFlight < 1 || cfg.Lease < 0 || cfg.RenewEvery < 0 {
+		return nil, fmt.Errorf("%w: BatchSize and MaxInFlight must be at least 1, Lease and RenewEvery not negative", ErrInvalidConfig)
 	}
-	return &QueueSource{cfg: cfg, room: make(chan struct{}, 1)}, nil
+	return &QueueSource{cfg: cfg, room: make(chan struct{}, 1), held: map[*queueSettler]struct{}{}}, nil
 }
 
 // Name implements Source.
@@ -105,17 +121,14 @@ func (s *QueueSource) LastPoll() time.Time {
 
 // Run implements Source.
 func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Message)) error {
-	lease := s.cfg.Lease
-	if lease == 0 {
-		t, err := s.cfg.Client.Topic(ctx, s.cfg.Topic)
-		if err != nil {
-			return err
-		}
-		lease = t.Lease
+	t, err := s.cfg.Client.Topic(ctx, s.cfg.Topic)
+	if err != nil {
+		return err
 	}
+	s.lease.Store(int64(cmp.Or(s.cfg.Lease, t.Lease)))
 	for ctx.Err() == nil {
 		s.lastPoll.Store(time.Now().UnixNano())
-		limit := min(int64(s.cfg.BatchSize), int64(s.cfg.MaxInFlight)-s.outstanding.Load())
+		limit := min(s.cfg.BatchSize, s.cfg.MaxInFlight-s.holding())
 		if limit <= 0 {
 			select { // full: wait for settlements
 			case <-ctx.Done():
@@ -128,7 +141,7 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 		// Claims are not cancelled by ctx: a claim cut off after it
 		// committed would leave its messages leased until they expire.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		ds, err := s.cfg.Client.Claim(cctx, s.cfg.Topic, s.cfg.Owner, int(limit))
+		ds, err := s.cfg.Client.Claim(cctx, s.cfg.Topic, s.cfg.Owner, limit)
 		cancel()
 		if err != nil {
 			if !sleep(ctx, s.cfg.PollInterval) {
@@ -136,29 +149,50 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 			}
 			continue
 		}
-		batch := make([]*Message, 0, len(ds))
-		s.outstanding.Add(int64(len(ds)))
-		for _, d := range ds {
-			st := &queueSettler{client: s.cfg.Client, d: d, lease: lease, src: s}
-			r, err := s.cfg.Mapper(d)
-			if err != nil {
-				_ = st.DeadLetter(context.WithoutCancel(ctx), err.Error())
-				continue
-			}
-			batch = append(batch, &Message{
-				ID: strconv.FormatInt(d.ID, 10), DeliveryID: strconv.FormatInt(d.ID, 10) + "/" + strconv.Itoa(d.Attempt),
-				Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
-				Topic: d.Topic, Payload: d.Payload, Settle: st,
-			})
-		}
-		if len(batch) > 0 {
+		if batch := s.messages(ctx, t, ds); len(batch) > 0 {
 			route(ctx, batch)
 		}
-		if int64(len(ds)) < limit && !sleep(ctx, s.cfg.PollInterval) {
+		if len(ds) < limit && !sleep(ctx, s.cfg.PollInterval) {
 			return nil
 		}
 	}
 	return nil
+}
+
+// messages maps claimed deliveries of topic t to router messages and holds
+// their leases; a delivery the mapper refuses is dead-lettered.
+func (s *QueueSource) messages(ctx context.Context, t outbox.TopicConfig, ds []*outbox.Delivery) []*Message {
+	batch := make([]*Message, 0, len(ds))
+	for _, d := range ds {
+		r, err := s.mapRoute(d)
+		var panicked *panicError
+		if err != nil && !errors.As(err, &panicked) {
+			_ = s.cfg.Client.DeadLetter(context.WithoutCancel(ctx), d, err.Error())
+			continue
+		}
+		st := &queueSettler{src: s, d: d}
+		s.hold(st)
+		batch = append(batch, &Message{
+			// One message of the table is one delivery, however often it
+			// is claimed: a claim of a message the router still holds is
+			// the same delivery again, which the router adopts.
+			ID: strconv.FormatInt(d.ID, 10), DeliveryID: "queue:" + s.cfg.Topic + "/" + strconv.FormatInt(d.ID, 10),
+			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
+			Topic: d.Topic, Payload: d.Payload, Settle: st, RetryDelay: backoff.Exponential(d.Attempt, t.BackoffInitial, t.BackoffMax),
+			panicked: panicked, // the router retries it and reports the panic
+		})
+	}
+	return batch
+}
+
+// mapRoute runs the mapper; a panic comes back as a *panicError.
+func (s *QueueSource) mapRoute(d *outbox.Delivery) (r Route, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	return s.cfg.Mapper(d)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
@@ -170,44 +204,148 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// queueSettler settles a QUEUE delivery.
-type queueSettler struct {
-	client *outbox.Client
-	d      *outbox.Delivery
-	lease  time.Duration
-	src    *QueueSource
+func (s *QueueSource) holding() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
 }
 
-// done frees the message's place in the source's in-flight budget.
-func (q *queueSettler) done() {
-	q.src.outstanding.Add(-1)
+func (s *QueueSource) hold(q *queueSettler) {
+	s.mu.Lock()
+	s.held[q] = struct{}{}
+	s.mu.Unlock()
+}
+
+// forget stops holding q and frees its place in the in-flight budget.
+func (s *QueueSource) forget(q *queueSettler) {
+	s.mu.Lock()
+	delete(s.held, q)
+	s.mu.Unlock()
 	select {
-	case q.src.room <- struct{}{}:
+	case s.room <- struct{}{}:
 	default:
 	}
 }
 
-func (q *queueSettler) Ack(ctx context.Context) error {
-	defer q.done()
-	return q.client.Ack(ctx, q.d)
-}
-
-func (q *queueSettler) Nack(ctx context.Context, until time.Time, attempted bool) error {
-	defer q.done()
-	if attempted {
-		return q.client.RetryAt(ctx, q.d, until, "router: delivery failed")
+// RenewEvery implements LeaseKeeper.
+func (s *QueueSource) RenewEvery() time.Duration {
+	if s.cfg.RenewEvery > 0 {
+		return s.cfg.RenewEvery
 	}
-	return q.client.PostponeUntil(ctx, q.d, until)
+	if lease := time.Duration(s.lease.Load()); lease > 0 {
+		return lease / 3
+	}
+	return s.cfg.PollInterval // Run has not read the topic's lease yet
 }
 
-func (q *queueSettler) DeadLetter(ctx context.Context, reason string) error {
-	defer q.done()
-	return q.client.DeadLetter(ctx, q.d, "router: "+reason)
+// KeepLeases implements LeaseKeeper: one statement renews the lease of
+// every message the source holds. A lease found lost (the message was
+// settled elsewhere or claimed again) is not renewed again; settling
+// that message then changes nothing.
+func (s *QueueSource) KeepLeases(ctx context.Context) (held, lost int, err error) {
+	s.mu.Lock()
+	settlers := make([]*queueSettler, 0, len(s.held))
+	for q := range s.held {
+		settlers = append(settlers, q)
+	}
+	s.mu.Unlock()
+	ds := make([]*outbox.Delivery, 0, len(settlers))
+	owner := make(map[*outbox.Delivery]*queueSettler, len(settlers))
+	for _, q := range settlers {
+		if d := q.renewable(); d != nil {
+			ds = append(ds, d)
+			owner[d] = q
+		}
+	}
+	gone, err := s.cfg.Client.ExtendLeases(ctx, ds, time.Duration(s.lease.Load()))
+	for _, d := range gone {
+		owner[d].lose(d)
+	}
+	return len(settlers), len(gone), err
 }
 
-func (q *queueSettler) Extend(ctx context.Context) error {
-	if time.Until(q.d.LeaseUntil) > q.lease/2 {
+// queueSettler settles a QUEUE delivery. Its delivery changes when it
+// adopts a newer claim of the same message.
+type queueSettler struct {
+	src *QueueSource
+
+	mu       sync.Mutex
+	d        *outbox.Delivery
+	lost     bool // d's lease could not be renewed
+	finished bool // settling began (or another settler adopted this one)
+}
+
+// finish marks q settled and returns the delivery to settle.
+func (q *queueSettler) finish() *outbox.Delivery {
+	q.mu.Lock()
+	q.finished = true
+	d := q.d
+	q.mu.Unlock()
+	q.src.forget(q)
+	return d
+}
+
+// renewable returns the delivery whose lease to renew, or nil.
+func (q *queueSettler) renewable() *outbox.Delivery {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.finished || q.lost {
 		return nil
 	}
-	return q.client.ExtendLease(ctx, q.d, q.lease)
+	return q.d
+}
+
+// lose records that d's lease could not be renewed (unless q adopted a
+// newer claim meanwhile).
+func (q *queueSettler) lose(d *outbox.Delivery) {
+	q.mu.Lock()
+	if q.d == d {
+		q.lost = true
+	}
+	q.mu.Unlock()
+}
+
+// Adopt implements Adopter: newer, a later claim of q's message (its lease
+// ran out and it was claimed again while the router still held it),
+// replaces q's claim; q settles and renews it from now on.
+func (q *queueSettler) Adopt(newer Settler) bool {
+	n, ok := newer.(*queueSettler)
+	if !ok || n == q {
+		return false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n.mu.Lock()
+	nd, free := n.d, !n.finished
+	if free && !q.finished && nd.ID == q.d.ID && nd.Attempt > q.d.Attempt {
+		n.finished = true
+		q.d, q.lost = nd, false
+	} else {
+		free = false
+	}
+	n.mu.Unlock()
+	if free {
+		n.src.forget(n)
+	}
+	return free
+}
+
+// Ack implements Settler.
+func (q *queueSettler) Ack(ctx context.Context) error {
+	return q.src.cfg.Client.Ack(ctx, q.finish())
+}
+
+// Nack implements Settler: an attempted delivery counts and records its
+// reason as the message's last error.
+func (q *queueSettler) Nack(ctx context.Context, r Retry) error {
+	d := q.finish()
+	if r.Attempted {
+		return q.src.cfg.Client.RetryAt(ctx, d, r.At, cmp.Or(r.Reason, "delivery failed"))
+	}
+	return q.src.cfg.Client.PostponeUntil(ctx, d, r.At)
+}
+
+// DeadLetter implements Settler.
+func (q *queueSettler) DeadLetter(ctx context.Context, reason string) error {
+	return q.src.cfg.Client.DeadLetter(ctx, q.finish(), reason)
 }

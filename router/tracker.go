@@ -23,11 +23,19 @@ const (
 	logicalRequeue
 )
 
-// check classifies m without tracking it.
-func (t *tracker) check(m *Message) trackResult {
+// check classifies m without tracking it; for a duplicate it also returns
+// the message in flight.
+func (t *tracker) check(m *Message) (trackResult, *Message) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.checkLocked(m)
+	res := t.checkLocked(m)
+	if res == tracked {
+		return res, nil
+	}
+	if orig, ok := t.byKey[m.pipelineKey()]; ok {
+		return res, orig
+	}
+	return res, t.byKey[t.byID[m.ID]]
 }
 
 func (t *tracker) checkLocked(m *Message) trackResult {

@@ -21,16 +21,16 @@ import (
 type Outbox struct {
 	// Send's single-message statements, each with a variant that also
 	// notifies (the channel is the parameter after the last one).
-	InsertUnconfigured, InsertUnconfiguredNotify string // topic not seen configured: $1..$9
-	InsertQueued, InsertQueuedNotify             string // configured QUEUE topic, available now: $1..$6
-	InsertQueuedAt, InsertQueuedAtNotify         string // configured QUEUE topic: $1..$9
-	InsertPublished, InsertPublishedNotify       string // configured PUB_SUB topic: $1..$9
-	SelectSemantics                              string
-	Insert, InsertNotify, SelectIdempotent       string
-	UpsertTopic, SelectTopic                     string
-	Claim, Ack, Settle, ExtendLease              string
-	ListDeadLetters, ReplayDeadLetters           string
-	ExpireIdempotencyKeys                        string
+	InsertUnconfigured, InsertUnconfiguredNotify  string // topic not seen configured: $1..$9
+	InsertQueued, InsertQueuedNotify              string // configured QUEUE topic, available now: $1..$6
+	InsertQueuedAt, InsertQueuedAtNotify          string // configured QUEUE topic: $1..$9
+	InsertPublished, InsertPublishedNotify        string // configured PUB_SUB topic: $1..$9
+	SelectSemantics                               string
+	Insert, InsertNotify, SelectIdempotent        string
+	UpsertTopic, SelectTopic                      string
+	Claim, Ack, Settle, ExtendLease, ExtendLeases string
+	ListDeadLetters, ReplayDeadLetters            string
+	ExpireIdempotencyKeys                         string
 }
 
 // For returns the statements for schema (already validated).
@@ -55,6 +55,7 @@ func For(schema string) *Outbox {
 		Ack:                      r.Replace(ack),
 		Settle:                   r.Replace(settle),
 		ExtendLease:              r.Replace(extendLease),
+		ExtendLeases:             r.Replace(extendLeases),
 		ListDeadLetters:          r.Replace(listDeadLetters),
 		ReplayDeadLetters:        r.Replace(replayDeadLetters),
 		ExpireIdempotencyKeys:    r.Replace(expireIdempotencyKeys),
@@ -361,6 +362,17 @@ const extendLease = `
 UPDATE {{schema}}.outbox SET available_at = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
 WHERE id = $1 AND attempts = $2 AND lease_owner IS NOT NULL
 RETURNING available_at`
+
+// extendLeases pushes many held leases ($1 ids, $2 attempts) out to $3 +
+// $4 microseconds in one statement and returns the ones it extended; a
+// lease that ended (settled, or claimed again as a new attempt) is left
+// alone and missing from the result.
+const extendLeases = `
+UPDATE {{schema}}.outbox AS o
+SET available_at = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
+FROM unnest($1::bigint[], $2::int[]) AS l(id, attempts)
+WHERE o.id = l.id AND o.attempts = l.attempts AND o.lease_owner IS NOT NULL
+RETURNING o.id, o.attempts, o.available_at`
 
 const listDeadLetters = `
 SELECT id, payload, headers, correlation_id, coalesce(message_group, ''), priority, attempts,

@@ -1,0 +1,71 @@
+package router
+
+import (
+	"sync"
+	"time"
+)
+
+// holds remembers, per topic and message group, a message that failed or
+// was sent back and will be redelivered: until it comes back (or the hold
+// lapses), messages of the group routed in later batches are nacked
+// instead of delivered ahead of it. Messages routed before it are not
+// affected. Sources like SQS FIFO enforce this themselves; a database
+// queue does not.
+type holds struct {
+	mu sync.Mutex
+	m  map[string]hold
+}
+
+type hold struct {
+	messageID  string
+	afterBatch uint64    // messages of later batches are held back
+	resume     time.Time // held-back messages come back at this one instant
+	until      time.Time // the hold lapses then (the message never returned)
+}
+
+func newHolds() *holds { return &holds{m: map[string]hold{}} }
+
+func holdKey(m *Message) string { return m.Topic + "|" + m.group() }
+
+// hold holds m's group back: m returns at retryAt; its group mates from
+// later batches are nacked to one instant just after, so they come back
+// together, in order.
+func (h *holds) hold(m *Message, retryAt time.Time, gap time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.m[holdKey(m)] = hold{messageID: m.ID, afterBatch: m.batchSeq, resume: retryAt.Add(gap), until: retryAt.Add(2 * gap)}
+}
+
+// heldBack reports whether m must wait for an earlier message of its
+// group, and until when.
+func (h *holds) heldBack(m *Message, now time.Time) (time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !m.grouped() {
+		return time.Time{}, false // no order to keep
+	}
+	k := holdKey(m)
+	hd, ok := h.m[k]
+	if !ok || m.batchSeq <= hd.afterBatch {
+		return time.Time{}, false
+	}
+	if hd.messageID == m.ID || now.After(hd.until) {
+		delete(h.m, k) // the held message is back (or the hold lapsed)
+		return time.Time{}, false
+	}
+	if hd.resume.Before(now) {
+		return now.Add(MinDelay), true
+	}
+	return hd.resume, true
+}
+
+// prune forgets the holds that lapsed: their groups saw no message since.
+func (h *holds) prune(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k, hd := range h.m {
+		if now.After(hd.until) {
+			delete(h.m, k)
+		}
+	}
+}

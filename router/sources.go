@@ -1,0 +1,219 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// runningSource is a source and its current Run. The router's mu guards
+// every field but removed.
+type runningSource struct {
+	src        Source
+	cancel     context.CancelFunc // ends the current Run
+	done       chan struct{}      // closed when the current Run returned
+	keeping    bool               // a lease keeper runs for src
+	restarting bool               // a restart waits for the current Run to return
+	removed    atomic.Bool        // RemoveSource took it out
+}
+
+// AddSource registers a source; sources added after Start start at once.
+func (r *Router) AddSource(s Source) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rs := &runningSource{src: s}
+	r.sources = append(r.sources, rs)
+	if r.started && !r.stopped {
+		r.runSource(rs, false)
+	}
+}
+
+// RemoveSource stops s claiming and waits until its Run returned (or ctx
+// ended: then it returns ctx.Err() and Stop waits for the rest). The
+// messages s already handed over are still delivered and settled, their
+// leases kept alive. It returns ErrUnknownSource for a source that was
+// not added (or already removed).
+func (r *Router) RemoveSource(ctx context.Context, s Source) error {
+	if s == nil || !reflect.TypeOf(s).Comparable() {
+		return ErrUnknownSource
+	}
+	r.mu.Lock()
+	i := slices.IndexFunc(r.sources, func(rs *runningSource) bool { return rs.src == s })
+	if i < 0 {
+		r.mu.Unlock()
+		return ErrUnknownSource
+	}
+	rs := r.sources[i]
+	r.sources = slices.Delete(r.sources, i, i+1)
+	rs.removed.Store(true)
+	cancel, done := rs.cancel, rs.done
+	r.mu.Unlock()
+	if done == nil {
+		return nil // never started
+	}
+	cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// runSource starts a Run of rs (callers hold mu); restart says whether it
+// replaces one that stalled or exited.
+func (r *Router) runSource(rs *runningSource, restart bool) {
+	ctx, cancel := context.WithCancel(r.bg)
+	done := make(chan struct{})
+	rs.cancel, rs.done = cancel, done
+	if k, ok := rs.src.(LeaseKeeper); ok && !rs.keeping {
+		rs.keeping = true
+		r.keepers.Add(1)
+		go r.keepLeases(rs, k)
+	}
+	r.runs.Add(1)
+	go func() {
+		defer r.runs.Done()
+		defer close(done)
+		err := r.run(ctx, rs.src)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		name := rs.src.Name()
+		r.logger.Error("pgoutbox router: source stopped", slog.String("source", name), slog.Any("error", err))
+		if restart {
+			r.warn.add(WarnConsumerRestartFailed, SeverityCritical, name, fmt.Sprintf("source %s failed after its restart: %v", name, err))
+		}
+	}()
+}
+
+// run is src.Run with a panic turned into an error.
+func (r *Router) run(ctx context.Context, src Source) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("panic: %v", v)
+			r.logger.Error("pgoutbox router: source panicked", slog.String("source", src.Name()), slog.Any("panic", v),
+				slog.String("stack", string(debug.Stack())))
+		}
+	}()
+	return src.Run(ctx, r.Route)
+}
+
+// checkSources restarts sources that stopped polling or whose Run
+// returned. A stalled Run is cancelled first; the new one starts once it
+// returned, so two Runs of a source never overlap.
+func (r *Router) checkSources() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	for _, rs := range r.sources {
+		if rs.restarting || rs.done == nil {
+			continue
+		}
+		last := rs.src.LastPoll()
+		exited := isClosed(rs.done)
+		if stalled := !last.IsZero() && r.cfg.Clock.Now().Sub(last) > r.cfg.StallTimeout; !stalled && !exited {
+			continue
+		}
+		name, why := rs.src.Name(), fmt.Sprintf("stalled (last poll %v)", last)
+		if exited {
+			why = "stopped"
+		}
+		r.warn.add(WarnConsumerRestart, SeverityWarn, name, fmt.Sprintf("source %s %s; restarting", name, why))
+		if exited {
+			r.runSource(rs, true)
+			continue
+		}
+		rs.cancel()
+		rs.restarting = true
+		r.wg.Add(1)
+		go r.restartAfter(rs, rs.done)
+	}
+}
+
+// restartAfter starts rs again once its cancelled Run (done) returned.
+func (r *Router) restartAfter(rs *runningSource, done <-chan struct{}) {
+	defer r.wg.Done()
+	late := time.NewTimer(r.cfg.StallTimeout)
+	defer late.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-r.bg.Done():
+			return
+		case <-late.C:
+			name := rs.src.Name()
+			r.warn.add(WarnConsumerRestartFailed, SeverityCritical, name,
+				fmt.Sprintf("source %s did not stop within %v of its cancellation; it restarts once it does", name, r.cfg.StallTimeout))
+		case <-done:
+			waiting = false
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rs.restarting = false
+	if !r.stopped && !rs.removed.Load() {
+		r.runSource(rs, true)
+	}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// keepLeases renews the leases of rs's source every RenewEvery until Stop
+// has settled everything, or until the source was removed and holds
+// nothing any more.
+func (r *Router) keepLeases(rs *runningSource, k LeaseKeeper) {
+	defer r.keepers.Done()
+	name := rs.src.Name()
+	t := time.NewTimer(k.RenewEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-r.keepStop:
+			return
+		case <-t.C:
+		}
+		every := k.RenewEvery()
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		held, lost, err := k.KeepLeases(ctx)
+		cancel()
+		if err != nil {
+			r.events.log(slog.LevelWarn, "lease-renewal|"+name, "pgoutbox router: renewing leases failed", slog.String("event", "lease-renewal"),
+				slog.String("source", name), slog.Int("held", held), slog.Any("error", err))
+		}
+		if lost > 0 {
+			r.events.log(slog.LevelWarn, "lease-lost|"+name, "pgoutbox router: leases lost; those messages may be delivered twice",
+				slog.String("event", "lease-lost"), slog.String("source", name), slog.Int("lost", lost))
+		}
+		if held == 0 && rs.removed.Load() {
+			return
+		}
+		t.Reset(every)
+	}
+}
+
+// waitCtx waits for wg, or until ctx ends.
+func waitCtx(ctx context.Context, wg *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
