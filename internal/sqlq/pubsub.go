@@ -448,10 +448,10 @@ const deleteRetry = `
 DELETE FROM {{schema}}.outbox_group_retries
 WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING'`
 
-// extendLeases keeps the leases of the batches ($3) and retry deliveries
+// extendGroupLeases keeps the leases of the batches ($3) and retry deliveries
 // ($4) that member $2 is still working on, in one statement. It returns
 // the ids it extended: the others were taken over.
-const extendLeases = `
+const extendGroupLeases = `
 WITH b AS (
     UPDATE {{schema}}.outbox_group_batches
     SET lease_until = coalesce($5::timestamptz, now()) + $6 * interval '1 microsecond'
