@@ -110,8 +110,12 @@ func (r *runner) completeRetry(o *retryOut) {
 			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, 0, false, "", g.now(), 1)
 			return err
 		default:
+			uncount := 0
+			if o.f.snoozed {
+				uncount = 1
+			}
 			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, o.f.delay.Microseconds(),
-				o.f.dead, o.f.err, g.now(), 0)
+				o.f.dead, o.f.err, g.now(), uncount)
 			if err == nil {
 				g.metrics.retried.Add(ctx, 1)
 			}

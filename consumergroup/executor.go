@@ -135,6 +135,11 @@ func (r *runner) classify(j *job, err error) (outcome, failure) {
 		return release, f
 	}
 	f.err = err.Error()
+	if delay, ok := outbox.IsSnooze(err); ok {
+		f.attempts--
+		f.delay, f.snoozed = delay, true
+		return fail, f
+	}
 	switch {
 	case outbox.IsPermanent(err):
 		f.dead = true

@@ -94,6 +94,7 @@ type failure struct {
 	attempts int // attempts spent
 	delay    time.Duration
 	dead     bool
+	snoozed  bool // the handler did not try it: the attempt is given back
 	err      string
 }
 

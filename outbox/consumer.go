@@ -21,7 +21,8 @@ import (
 
 // Handler handles one delivery. Returning nil acks the message (it is
 // deleted). Returning an error retries it after the topic's backoff, or the
-// delay given with RetryAfter; Permanent dead-letters it at once. After the
+// delay given with RetryAfter; Permanent dead-letters it at once; Snooze
+// brings it back after a delay without spending an attempt. After the
 // topic's MaxAttempts the message is dead-lettered.
 //
 // ctx ends shortly before the message's lease expires, and when the consumer
@@ -41,12 +42,24 @@ func RetryAfter(delay time.Duration, err error) error {
 // further attempts.
 func Permanent(err error) error { return &permanentError{err: err} }
 
+// Snooze makes the message come back after delay without spending an
+// attempt: the handler did not try it (its destination is known to be down,
+// a rate limit, a dependency not ready). err, which may be nil, is
+// recorded as the message's last error.
+func Snooze(delay time.Duration, err error) error {
+	return &retryError{delay: max(delay, 0), err: err, snooze: true}
+}
+
 type retryError struct {
-	delay time.Duration
-	err   error
+	delay  time.Duration
+	err    error
+	snooze bool // the attempt is not spent
 }
 
 func (e *retryError) Error() string {
+	if e.snooze {
+		return fmt.Sprintf("snoozed for %v: %v", e.delay, e.err)
+	}
 	return fmt.Sprintf("retry after %v: %v", e.delay, e.err)
 }
 func (e *retryError) Unwrap() error { return e.err }
@@ -167,6 +180,7 @@ const (
 	outcomeDead
 	outcomeRelease          // stop interrupted the handler: redeliver now, attempt counted
 	outcomeReleaseUnstarted // never started: redeliver now, attempt given back
+	outcomeSnooze           // Snooze: redeliver after delay, attempt given back
 )
 
 type result struct {
@@ -383,6 +397,8 @@ func (k *Consumer) handle(j *job) result {
 	var retry *retryError
 	topic := k.topic.Load()
 	switch {
+	case errors.As(err, &retry) && retry.snooze:
+		r.outcome, r.delay = outcomeSnooze, retry.delay
 	case errors.As(err, &perm):
 		r.outcome = outcomeDead
 	case j.d.Attempt >= topic.MaxAttempts:
@@ -467,7 +483,7 @@ func (k *Consumer) flush(batch []result) {
 		}
 		s.errs = append(s.errs, e)
 		var uncount int32
-		if r.outcome == outcomeReleaseUnstarted {
+		if r.outcome == outcomeReleaseUnstarted || r.outcome == outcomeSnooze {
 			uncount = 1
 		}
 		s.uncount = append(s.uncount, uncount)
@@ -534,7 +550,16 @@ func (k *Consumer) maintainOnce() {
 	}
 }
 
-// RetryDelay reports the delay err carries from RetryAfter, if any.
+// IsSnooze reports whether err was made with Snooze, and its delay.
+func IsSnooze(err error) (time.Duration, bool) {
+	var r *retryError
+	if errors.As(err, &r) && r.snooze {
+		return r.delay, true
+	}
+	return 0, false
+}
+
+// RetryDelay reports the delay err carries from RetryAfter (or Snooze), if any.
 func RetryDelay(err error) (time.Duration, bool) {
 	var r *retryError
 	if errors.As(err, &r) {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,10 +16,17 @@ import (
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
+// DefaultGroupHandlerTimeout is how long a GroupSource lets the router
+// take over one group batch (every message delivered, or nacked, or
+// dead-lettered) before the group gives up on it and retries its
+// unsettled messages.
+const DefaultGroupHandlerTimeout = time.Hour
+
 // GroupSourceConfig configures a GroupSource.
 type GroupSourceConfig struct {
 	// Pool and Group configure the consumer group instance the source runs
-	// (a new one each time the source starts). Required.
+	// (a new one each time the source starts). Required. Group.HandlerTimeout
+	// defaults to DefaultGroupHandlerTimeout.
 	Pool  *pgxpool.Pool
 	Group consumergroup.Config
 	// Options apply when the subscription is created. Defaults to FromNow.
@@ -28,10 +36,12 @@ type GroupSourceConfig struct {
 }
 
 // GroupSource feeds the router from a consumer group on a PUB_SUB topic.
-// Each group batch (in commit order) becomes one router batch; the group's
-// batch completes once the router settled every message of it. Router
-// nacks become group retries, dead letters group dead letters. The group's
-// lease must cover a batch's delivery time (it is not extended).
+// Each group batch (in commit order), and each set of the group's retries
+// claimed together, becomes one router batch; the group's batch completes
+// once the router settled every message of it. The group keeps the
+// batch's lease alive meanwhile. Router nacks become group retries (a nack
+// that attempted no delivery spends no attempt), dead letters group dead
+// letters.
 type GroupSource struct {
 	cfg     GroupSourceConfig
 	running atomic.Bool
@@ -48,6 +58,7 @@ func NewGroupSource(cfg GroupSourceConfig) (*GroupSource, error) {
 	if cfg.Mapper == nil {
 		cfg.Mapper = HeaderMapper
 	}
+	cfg.Group.HandlerTimeout = cmp.Or(cfg.Group.HandlerTimeout, DefaultGroupHandlerTimeout)
 	return &GroupSource{cfg: cfg}, nil
 }
 
@@ -63,7 +74,9 @@ func (s *GroupSource) LastPoll() time.Time {
 	return time.Time{}
 }
 
-// Run implements Source: it starts a group instance and stops it when ctx ends.
+// Run implements Source: it starts a group instance and stops it when ctx
+// ends, or returns the instance's error when it stopped on its own (its
+// subscription was cancelled or deleted).
 func (s *GroupSource) Run(ctx context.Context, route func(context.Context, []*Message)) error {
 	g, err := consumergroup.New(s.cfg.Pool, s.cfg.Group)
 	if err != nil {
@@ -78,8 +91,12 @@ func (s *GroupSource) Run(ctx context.Context, route func(context.Context, []*Me
 		return err
 	}
 	s.running.Store(true)
-	<-ctx.Done()
-	s.running.Store(false)
+	defer s.running.Store(false)
+	select {
+	case <-ctx.Done():
+	case <-g.Stopped():
+		return g.Err()
+	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return g.Stop(stopCtx)
@@ -91,15 +108,20 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 	var wg sync.WaitGroup
 	batch := make([]*Message, 0, len(ds))
 	for i, d := range ds {
-		r, err := s.cfg.Mapper(d)
+		r, err := s.mapRoute(d)
 		if err != nil {
 			results[i] = outbox.Permanent(err)
 			continue
 		}
 		wg.Add(1)
 		st := &groupSettler{result: &results[i], wg: &wg}
+		// A message is the group's copy: another group's copy of the same
+		// message is a different delivery (and gets its own idempotency
+		// key). A copy claimed again while in flight (its lease ran out)
+		// keeps the DeliveryID and is adopted.
+		id := s.Name() + "/" + strconv.FormatInt(d.ID, 10)
 		batch = append(batch, &Message{
-			ID: strconv.FormatInt(d.ID, 10), DeliveryID: s.Name() + "/" + strconv.FormatInt(d.ID, 10) + "/" + strconv.Itoa(d.Attempt),
+			ID: id, DeliveryID: id,
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st,
 		})
@@ -111,35 +133,80 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-ctx.Done(): // lease running out or stopping: unsettled messages are retried by the group
-		<-done // the router settles everything before it stops
+	case <-ctx.Done(): // stopping: the router settles everything before it stops
+		<-done
 	}
 	return results
 }
 
-var errNacked = errors.New("router: nacked")
+// mapRoute runs the mapper; a panic is an error (the message is dead-lettered with it).
+func (s *GroupSource) mapRoute(d *outbox.Delivery) (r Route, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("mapper panic: %v", p)
+		}
+	}()
+	return s.cfg.Mapper(d)
+}
 
 // groupSettler turns the router's settlement into a group handler result.
 type groupSettler struct {
-	once   sync.Once
-	result *error
-	wg     *sync.WaitGroup
+	mu      sync.Mutex
+	settled bool
+	adopted Settler // a newer copy of the message, settled alike
+	result  *error
+	wg      *sync.WaitGroup
 }
 
-func (g *groupSettler) set(err error) {
-	g.once.Do(func() { *g.result = err; g.wg.Done() })
-}
-
-func (g *groupSettler) Ack(context.Context) error { g.set(nil); return nil }
-
-func (g *groupSettler) Nack(_ context.Context, r Retry) error {
-	g.set(outbox.RetryAfter(max(time.Until(r.At), 0), errNacked))
+func (g *groupSettler) set(ctx context.Context, err error, also func(Settler) error) error {
+	g.mu.Lock()
+	if g.settled {
+		g.mu.Unlock()
+		return nil
+	}
+	g.settled = true
+	newer := g.adopted
+	*g.result = err
+	g.mu.Unlock()
+	g.wg.Done()
+	if newer != nil {
+		return also(newer)
+	}
 	return nil
 }
 
-func (g *groupSettler) DeadLetter(_ context.Context, reason string) error {
-	g.set(outbox.Permanent(errors.New(reason)))
-	return nil
+// Ack implements Settler.
+func (g *groupSettler) Ack(ctx context.Context) error {
+	return g.set(ctx, nil, func(n Settler) error { return n.Ack(ctx) })
 }
 
-func (g *groupSettler) Extend(context.Context) error { return nil }
+// Nack implements Settler: a nack that attempted no delivery (held back,
+// circuit open) snoozes the message without spending an attempt.
+func (g *groupSettler) Nack(ctx context.Context, r Retry) error {
+	reason := errors.New(cmp.Or(r.Reason, "router: nacked"))
+	delay := max(time.Until(r.At), 0)
+	err := outbox.RetryAfter(delay, reason)
+	if !r.Attempted {
+		err = outbox.Snooze(delay, reason)
+	}
+	return g.set(ctx, err, func(n Settler) error { return n.Nack(ctx, r) })
+}
+
+// DeadLetter implements Settler.
+func (g *groupSettler) DeadLetter(ctx context.Context, reason string) error {
+	return g.set(ctx, outbox.Permanent(errors.New(reason)), func(n Settler) error { return n.DeadLetter(ctx, reason) })
+}
+
+// Adopt implements Adopter: the group took the message's batch over (its
+// lease ran out) and handed it out again as a retry while this copy is in
+// flight. This copy's outcome can no longer be recorded (its batch is
+// gone), so it is passed on to the newer copy's settler.
+func (g *groupSettler) Adopt(newer Settler) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.settled || g.adopted != nil {
+		return false
+	}
+	g.adopted = newer
+	return true
+}
