@@ -174,3 +174,33 @@ func TestHungHandlerIsAbandoned(t *testing.T) {
 	defer cancel()
 	require.ErrorIs(t, g.Stop(stopCtx), context.DeadlineExceeded, "Stop reports the call still running")
 }
+
+// An instance keeps the leases of what it works on alive: a handler that
+// takes 2.5 times the topic's lease (within its HandlerTimeout) is not
+// taken over, and its batch completes once.
+func TestLeasesKeptWhileHandling(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, mode)
+			ctx := context.Background()
+			require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: mode, Lease: time.Second}))
+			r := newRecorder()
+			g := b.newGroup(t, "g", func(c *consumergroup.Config) { c.HandlerTimeout = 10 * time.Second })
+			require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+				if p, _ := outbox.Decode[seqPayload](d); p.Seq == 0 {
+					time.Sleep(2500 * time.Millisecond)
+				}
+				return r.handler(ctx, d)
+			}, nil))
+			start(t, g, consumergroup.FromNow())
+			b.send(t, 0, 1, 2)
+			pgtest.Eventually(t, 10*time.Second, "all handled", func() bool { return r.distinct() == 3 })
+			time.Sleep(200 * time.Millisecond)
+			require.Zero(t, r.dups(), "nothing handled twice")
+			var retries int
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_group_retries")).Scan(&retries))
+			require.Zero(t, retries, "no lease ran out")
+		})
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -82,8 +83,16 @@ func (s *GroupSource) Run(ctx context.Context, route func(context.Context, []*Me
 	if err != nil {
 		return err
 	}
+	client, err := outbox.NewClient(s.cfg.Pool, outbox.Config{Schema: s.cfg.Group.Schema})
+	if err != nil {
+		return err
+	}
+	topic, err := client.Topic(ctx, s.cfg.Group.Topic)
+	if err != nil {
+		return err
+	}
 	if err := g.SetBatchHandler(func(bctx context.Context, ds []*outbox.Delivery) []error {
-		return s.handle(bctx, route, ds)
+		return s.handle(bctx, route, topic, ds)
 	}); err != nil {
 		return err
 	}
@@ -103,7 +112,7 @@ func (s *GroupSource) Run(ctx context.Context, route func(context.Context, []*Me
 }
 
 // handle routes one group batch and waits until every message is settled.
-func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []*Message), ds []*outbox.Delivery) []error {
+func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []*Message), topic outbox.TopicConfig, ds []*outbox.Delivery) []error {
 	results := make([]error, len(ds))
 	var wg sync.WaitGroup
 	batch := make([]*Message, 0, len(ds))
@@ -124,6 +133,7 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 			ID: id, DeliveryID: id,
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st,
+			RetryDelay: backoff.Exponential(d.Attempt, topic.BackoffInitial, topic.BackoffMax),
 		})
 	}
 	if len(batch) > 0 {

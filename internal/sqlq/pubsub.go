@@ -83,7 +83,7 @@ func ForPubSub(schema string) *PubSub {
 		InsertRetries: q(insertRetries),
 		SettleRetry:   q(settleRetry),
 		DeleteRetry:   q(deleteRetry),
-		ExtendLeases:  q(extendLeases),
+		ExtendLeases:  q(extendGroupLeases),
 
 		ListDeadLetters:   q(listGroupDeadLetters),
 		ReplayDeadLetters: q(replayGroupDeadLetters),

@@ -1,0 +1,128 @@
+package router_test
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/router"
+)
+
+// groupSource adds a GroupSource for group on topic hooks to rt.
+func (b *pgBundle) groupSource(t *testing.T, rt *router.Router, group string) {
+	t.Helper()
+	src, err := router.NewGroupSource(router.GroupSourceConfig{Pool: b.db.Pool,
+		Group: consumergroup.Config{Topic: "hooks", Group: group, Schema: b.db.Schema, PollInterval: 20 * time.Millisecond, BatchSize: 30}})
+	require.NoError(t, err)
+	rt.AddSource(src)
+}
+
+func (b *pgBundle) pubsubTopic(t *testing.T, cfg outbox.TopicConfig) {
+	t.Helper()
+	cfg.Name, cfg.Semantics = "hooks", outbox.PubSub
+	cfg.Tracking = outbox.Bitmap
+	require.NoError(t, b.client.ConfigureTopic(context.Background(), cfg))
+}
+
+func (b *pgBundle) waitSubscribed(t *testing.T, n int) {
+	t.Helper()
+	pgtest.Eventually(t, 10*time.Second, "groups subscribed", func() bool {
+		return b.countIn(t, "outbox_topic_subscriptions", "subscription_status = 'ACTIVE'") == n
+	})
+}
+
+// A failed delivery of a group source becomes a group retry, and the retry
+// goes through the router like the first delivery: a receiver that fails
+// the first call of each message sees every message succeed once, and the
+// group completes every message only after that.
+func TestGroupSourceRetriesAreDelivered(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	b.pubsubTopic(t, outbox.TopicConfig{BackoffInitial: 50 * time.Millisecond, BackoffMax: 100 * time.Millisecond})
+	rv := newReceiver()
+	rv.fail = func(_ body, n int) int {
+		if n == 1 {
+			return http.StatusServiceUnavailable
+		}
+		return 0
+	}
+	_, host := endpoint(t, rv.ServeHTTP)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, FastFailDelay: 50 * time.Millisecond,
+		Pools: []router.PoolConfig{{Code: "P", Concurrency: 5}}})
+	b.groupSource(t, rt, "webhooks")
+	b.waitSubscribed(t, 1)
+	b.sendInterleaved(t, "http://"+host+"/hook", 1, 5)
+	pgtest.Eventually(t, 20*time.Second, "every message delivered", func() bool { return rv.total.Load() == 5 })
+	pgtest.Eventually(t, 10*time.Second, "completed by the group", func() bool {
+		return b.countPublished(t, "done_bits = required_bits AND required_bits <> 0") == 5
+	})
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	require.Equal(t, []int{0, 1, 2, 3, 4}, rv.order["g0"], "each delivered once, in order")
+	require.Zero(t, b.countIn(t, "outbox_group_retries", "status = 'DEAD_LETTER'"))
+}
+
+// The group keeps a batch's lease alive while the router delivers it: a
+// first delivery that takes 2.5 s with a 1 s lease and then fails is not
+// taken over (which would complete its copy unsent); it is retried and
+// every message is delivered once.
+func TestGroupSourceLeaseOutlivesSlowDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	b.pubsubTopic(t, outbox.TopicConfig{Lease: time.Second, BackoffInitial: 50 * time.Millisecond, BackoffMax: 100 * time.Millisecond})
+	rv := newReceiver()
+	var calls atomic.Int64
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			time.Sleep(2500 * time.Millisecond)
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		rv.ServeHTTP(w, r)
+	})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, FastFailDelay: 50 * time.Millisecond,
+		Pools: []router.PoolConfig{{Code: "P", Concurrency: 2}}})
+	b.groupSource(t, rt, "webhooks")
+	b.waitSubscribed(t, 1)
+	b.sendInterleaved(t, "http://"+host+"/hook", 2, 3)
+	pgtest.Eventually(t, 20*time.Second, "every message delivered", func() bool { return rv.total.Load() == 6 })
+	pgtest.Eventually(t, 10*time.Second, "completed by the group", func() bool {
+		return b.countPublished(t, "done_bits = required_bits AND required_bits <> 0") == 6
+	})
+	time.Sleep(200 * time.Millisecond)
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for bd, n := range rv.seen {
+		require.Equal(t, 1, n, "%v delivered %d times", bd, n)
+	}
+	for g, seqs := range rv.order {
+		require.Equal(t, []int{0, 1, 2}, seqs, g)
+	}
+}
+
+// Two groups of one topic routed by one router each deliver every message:
+// a group's copy is its own delivery, not a requeue of the other's.
+func TestTwoGroupSourcesOnOneTopic(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	b.pubsubTopic(t, outbox.TopicConfig{})
+	rv := newReceiver()
+	rv.delay = 20 * time.Millisecond // both copies in flight at once
+	_, host := endpoint(t, rv.ServeHTTP)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 10}}})
+	b.groupSource(t, rt, "billing")
+	b.groupSource(t, rt, "audit")
+	b.waitSubscribed(t, 2)
+	b.sendInterleaved(t, "http://"+host+"/hook", 5, 4)
+	pgtest.Eventually(t, 20*time.Second, "each group's copy of every message delivered", func() bool { return rv.total.Load() == 40 })
+	pgtest.Eventually(t, 10*time.Second, "completed by both groups", func() bool {
+		return b.countPublished(t, "done_bits = required_bits AND required_bits = 3") == 20
+	})
+}
