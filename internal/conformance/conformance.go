@@ -31,6 +31,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/router"
 )
 
 // Payload is what the suite's producers send.
@@ -46,6 +47,8 @@ type Env struct {
 	Producer *outbox.Producer
 	Topic    outbox.TopicConfig
 	Subject  *Subject
+
+	receiver *receiver // router subjects
 
 	mu   sync.Mutex
 	seq  int
@@ -77,7 +80,11 @@ CREATE TABLE `+db.Table("conformance_ledger")+` (
     handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
 )`)
 	require.NoError(t, err)
-	return &Env{DB: db, Client: client, Producer: producer, Topic: tc.WithDefaults(), Subject: s, sent: map[int64]int{}}
+	e := &Env{DB: db, Client: client, Producer: producer, Topic: tc.WithDefaults(), Subject: s, sent: map[int64]int{}}
+	if s.Router {
+		e.startReceiver(t)
+	}
+	return e
 }
 
 // record writes a handling to the ledger. Handlers call it before they
@@ -219,6 +226,9 @@ func (e *Env) produceTx(ctx context.Context, rng *rand.Rand, n int, o ProduceOpt
 		seqs[i] = e.seq
 		p, _ := json.Marshal(Payload{Seq: e.seq})
 		msgs[i] = outbox.Message{Topic: e.Topic.Name, Payload: p}
+		if e.receiver != nil {
+			msgs[i].Headers = map[string]string{router.HeaderPool: "P", router.HeaderTarget: e.receiver.url}
+		}
 	}
 	e.mu.Unlock()
 	ids, err := e.Producer.SendBatch(ctx, tx, msgs)

@@ -15,9 +15,9 @@ func TestMain(m *testing.M) {
 }
 
 // TestConformance runs the suite over every delivery path of packages
-// outbox and consumergroup.
+// outbox, consumergroup and router.
 func TestConformance(t *testing.T) {
-	for _, s := range conformance.Subjects {
+	for _, s := range append(conformance.Subjects, conformance.RouterSubjects...) {
 		t.Run(s.Name, func(t *testing.T) {
 			t.Parallel()
 			conformance.Run(t, s)

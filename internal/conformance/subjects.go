@@ -30,6 +30,9 @@ type Subject struct {
 	// Groups: consumer groups on a PUB_SUB topic (the group lifecycle
 	// scenarios apply).
 	Groups bool
+	// Router: delivery through the router to an HTTP receiver (see
+	// RouterSubjects).
+	Router bool
 	// Start starts one consumer instance with handler h on pool.
 	Start func(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error)
 }
@@ -47,6 +50,7 @@ type Spec struct {
 	HandlerTimeout    time.Duration // consumer groups only (QUEUE handlers end with their lease)
 	Start             consumergroup.SubscriptionOptions
 	Logger            *slog.Logger
+	Target            string // router subjects: the receiver's URL (set by the suite)
 }
 
 func (s Spec) withDefaults() Spec {
@@ -90,7 +94,7 @@ var Subjects = []*Subject{
 }
 
 func subjectNamed(name string) *Subject {
-	for _, s := range Subjects {
+	for _, s := range append(Subjects, RouterSubjects...) {
 		if s.Name == name {
 			return s
 		}
@@ -136,6 +140,10 @@ func startGroup(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h ou
 func (e *Env) StartInstance(t testing.TB, pool *pgxpool.Pool, spec Spec, b Behaviour) Instance {
 	t.Helper()
 	spec = spec.withDefaults()
+	if e.receiver != nil {
+		e.receiver.setBehaviour(b)
+		spec.Target = e.receiver.url
+	}
 	in, err := e.Subject.Start(context.Background(), e, pool, spec, e.Handler(spec.Group, spec.Instance, b))
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -240,6 +248,12 @@ type Child struct {
 func (e *Env) StartChild(t testing.TB, cs ChildSpec) *Child {
 	t.Helper()
 	cs.DSN, cs.Schema, cs.Subject, cs.Topic = e.DB.DSN, e.DB.Schema, e.Subject.Name, e.Topic.Name
+	if e.receiver != nil { // the child routes to this process's receiver
+		cs.Spec.Target = e.receiver.url
+		if slow := cs.Slow; slow > 0 {
+			e.receiver.setBehaviour(func(context.Context, *outbox.Delivery, int) error { time.Sleep(slow); return nil })
+		}
+	}
 	b, err := json.Marshal(cs)
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
