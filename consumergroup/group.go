@@ -1,23 +1,32 @@
 // Package consumergroup delivers PUB_SUB messages to consumer groups.
 //
-// Every group subscribed to a topic receives every message written after it
-// subscribed (or earlier ones, see SubscriptionOptions), independently of
-// the other groups: a slow or failing group never delays another. Within a
-// group, each message is handled by one member at a time, at least once.
+// Every group subscribed to a topic receives every message committed after
+// its Start returned (or earlier ones, see SubscriptionOptions),
+// independently of the other groups: a slow or failing group never delays
+// another. Within a group, each message is handled by one member at a time,
+// at least once.
 //
 // A group's instances (one Group value per process, or several) share the
 // work in batches. A batch is the topic's rows committed between two
 // database snapshots, so a transaction that commits late never has its
 // messages skipped (commit order is not id order), and a transaction left
 // open elsewhere delays only its own messages. A fetching instance records
-// the batch with a lease and handles it with no transaction open; if it
-// crashes, another instance re-reads exactly that batch when the lease ends.
-// Failed messages wait in a per-group retry table with backoff, and are
-// dead-lettered after the topic's MaxAttempts, so their batch can finish.
+// the batch with a lease, handles it with no transaction open, and keeps
+// the lease alive while it works. If the instance crashes or freezes, the
+// lease runs out and the batch's messages move to the group's retry table;
+// a message whose lease ran out is retried on its own, so one that crashes
+// every process handling it is dead-lettered after the topic's MaxAttempts
+// without taking its batch down. Failed messages wait in the retry table
+// with backoff and are dead-lettered after MaxAttempts, so their batch can
+// finish. A handler that overruns Config.HandlerTimeout is abandoned and
+// its message retried.
 //
 // Which groups a message needs is fixed when it is written (package pubsub
-// records completion per mode). Stop leaves the subscription ACTIVE: a
-// rolling deploy loses nothing. Only Cancel unsubscribes.
+// records completion per mode). Every change of a group's state keeps the
+// groups a message needs and what each group reads in agreement, against
+// producers, other instances and crashes: see State for the state machine
+// and what DEAD costs. Stop leaves the subscription ACTIVE: a rolling
+// deploy loses nothing. Only Cancel unsubscribes.
 package consumergroup
 
 import (
