@@ -152,51 +152,45 @@ func (g *Group) register(ctx context.Context, opts SubscriptionOptions) (*regist
 }
 
 func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOptions) (*registration, error) {
-	reg := &registration{}
-	err := func() error {
-		sub, err := g.selectSubscription(ctx, tx)
-		if err != nil {
-			return err
-		}
-		if sub == nil {
-			// Creating: the topic lock serialises creators; look again
-			// under it, another instance may have just created it.
-			if err := g.lockTopic(ctx, tx); err != nil {
-				return err
-			}
-			if sub, err = g.selectSubscription(ctx, tx); err != nil {
-				return err
-			}
-			if sub == nil {
-				reg.created = true
-				if sub, err = g.createSubscription(ctx, tx, opts); err != nil {
-					return err
-				}
-			}
-		}
-		switch sub.status {
-		case Cancelled:
-			return fmt.Errorf("%w: group %q on %q is CANCELLED (terminal); delete it or use another group name",
-				ErrInvalidTransition, g.cfg.Group, g.cfg.Topic)
-		case Dead:
-			if err := g.resurrectTx(ctx, tx, sub, opts); err != nil {
-				return err
-			}
-			sub.status = Active
-		}
-		if reg.topic, err = g.client.LoadTopic(ctx, tx, g.cfg.Topic); err != nil {
-			return err
-		}
-		if reg.topic.Semantics != outbox.PubSub {
-			return fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, g.cfg.Topic, reg.topic.Semantics)
-		}
-		reg.sub = *sub
-		return nil
-	}()
+	sub, err := g.selectSubscription(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
-	return reg, nil
+	created := false
+	if sub == nil {
+		// Creating: the topic lock serialises creators; look again under
+		// it, another instance may have just created it.
+		if err := g.lockTopic(ctx, tx); err != nil {
+			return nil, err
+		}
+		if sub, err = g.selectSubscription(ctx, tx); err != nil {
+			return nil, err
+		}
+		if sub == nil {
+			created = true
+			if sub, err = g.createSubscription(ctx, tx, opts); err != nil {
+				return nil, err
+			}
+		}
+	}
+	switch sub.status {
+	case Cancelled:
+		return nil, fmt.Errorf("%w: group %q on %q is CANCELLED (terminal); delete it or use another group name",
+			ErrInvalidTransition, g.cfg.Group, g.cfg.Topic)
+	case Dead:
+		if err := g.resurrectTx(ctx, tx, sub, opts); err != nil {
+			return nil, err
+		}
+		sub.status = Active
+	}
+	topic, err := g.client.LoadTopic(ctx, tx, g.cfg.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if topic.Semantics != outbox.PubSub {
+		return nil, fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
+	}
+	return &registration{topic: topic, sub: *sub, created: created}, nil
 }
 
 // createSubscription inserts a new subscription under the topic lock: its

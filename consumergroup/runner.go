@@ -2,7 +2,9 @@ package consumergroup
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,7 +229,11 @@ func (r *runner) stop(ctx context.Context, cancelHandlers bool, cause error) err
 // end stops the instance from one of its own goroutines, which must
 // return right after.
 func (r *runner) end(cause error) {
-	r.g.logger.Error("pgoutbox: consumer group instance stops", "error", cause)
+	if errors.Is(cause, ErrCancelled) {
+		r.g.logger.Warn("pgoutbox: the group's subscription was cancelled; this instance stops", slog.Any("error", cause))
+	} else {
+		r.g.logger.Error("pgoutbox: the group's subscription is gone; this instance stops", slog.Any("error", cause))
+	}
 	r.setCause(cause)
 	r.stopOnce.Do(func() { go r.shutdown() })
 }
