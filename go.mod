@@ -1,6 +1,6 @@
 module github.com/pgoutbox/pgoutbox
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/golang-migrate/migrate/v4 v4.20.1

@@ -92,6 +92,17 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", outbox.ErrInvalidConfig)
 	}
+	if c := cfg.Client; c != nil { // settings come from the client unless given
+		if cfg.Schema == "" {
+			cfg.Schema = c.Schema()
+		}
+		if cfg.Logger == nil {
+			cfg.Logger = c.Logger()
+		}
+		if cfg.MeterProvider == nil {
+			cfg.MeterProvider = c.MeterProvider()
+		}
+	}
 	schema, err := ident.Schema(cfg.Schema)
 	if err != nil {
 		return nil, err
@@ -101,7 +112,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 	}
 	logger := cfg.Logger
 	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+		logger = slog.Default()
 	}
 	logger = logger.With(slog.String("topic", cfg.Topic), slog.String("group", cfg.Group), slog.String("instance", cfg.InstanceID))
 	client := cfg.Client

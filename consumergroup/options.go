@@ -190,12 +190,13 @@ type Config struct {
 	Topic string
 	// Group names the consumer group (1 to 255 bytes). Required.
 	Group string
-	// Schema holds pgoutbox's tables. Defaults to "public".
+	// Schema holds pgoutbox's tables. Defaults to Client's schema, or "public".
 	Schema string
 	// Client, when set, is used for topic configuration and shares its
-	// LISTEN connection with the client's other consumers and groups; its
-	// schema must be Schema, and its Clock replaces Clock. Defaults to a
-	// client of the group's own.
+	// LISTEN connection with the client's other consumers and groups. The
+	// group takes its Schema, Logger and MeterProvider from it unless they
+	// are set (a Schema that differs is an error), and its Clock replaces
+	// Clock. Defaults to a client of the group's own.
 	Client *outbox.Client
 	// BatchSize is the most messages one fetch hands to this instance.
 	// Defaults to DefaultBatchSize.
@@ -226,7 +227,8 @@ type Config struct {
 	// InstanceID names this instance in batch leases and logs.
 	// Defaults to host-pid-random.
 	InstanceID string
-	// Logger defaults to a logger that discards everything.
+	// Logger receives the instance's logs. Defaults to Client's logger, or
+	// slog.Default().
 	Logger *slog.Logger
 	// MeterProvider defaults to a no-op provider.
 	MeterProvider metric.MeterProvider

@@ -21,10 +21,13 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -52,7 +55,7 @@ type Config struct {
 	// Defaults to "public".
 	Schema string
 	// Logger receives one line per applied migration step.
-	// Defaults to a logger that discards everything.
+	// Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -107,6 +110,40 @@ func Version(ctx context.Context, pool *pgxpool.Pool, cfg Config) (uint, error) 
 	return version, err
 }
 
+// ErrNotMigrated is returned for a schema whose pgoutbox tables are missing
+// or older than this code needs: run Up (at boot, from every instance: it
+// is idempotent) before creating clients.
+var ErrNotMigrated = errors.New("pgoutbox: schema not migrated; run migrations.Up first")
+
+// Check reports whether cfg.Schema holds pgoutbox's tables at the version
+// this code needs (Latest), reading the version table with one query. A
+// missing or older schema, or one left dirty by a failed migration, is
+// ErrNotMigrated (ErrDirty too for the latter). A newer schema is fine: an
+// instance of the previous release may run while a new one migrated.
+func Check(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
+	schema, err := ident.Schema(cfg.Schema)
+	if err != nil {
+		return err
+	}
+	var version uint
+	var dirty bool
+	err = pool.QueryRow(ctx, `SELECT version, dirty FROM `+ident.Quote(schema)+`.`+ident.Quote(VersionTable)+` LIMIT 1`).Scan(&version, &dirty)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined table or schema
+		return fmt.Errorf("%w (schema %q has no pgoutbox tables)", ErrNotMigrated, schema)
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w (schema %q: no migration applied)", ErrNotMigrated, schema)
+	case err != nil:
+		return fmt.Errorf("pgoutbox migrations: read version: %w", err)
+	case dirty:
+		return fmt.Errorf("%w: %w at version %d in schema %q", ErrNotMigrated, ErrDirty, version, schema)
+	case version < Latest():
+		return fmt.Errorf("%w (schema %q is at version %d, this code needs %d)", ErrNotMigrated, schema, version, Latest())
+	}
+	return nil
+}
+
 // Latest is the version Up migrates to.
 func Latest() uint {
 	src, err := iofs.New(files, "sql")
@@ -136,7 +173,7 @@ func run(ctx context.Context, base *pgxpool.Config, cfg Config, step func(*migra
 	}
 	logger := cfg.Logger
 	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+		logger = slog.Default()
 	}
 
 	pcfg := base.Copy()
@@ -222,7 +259,7 @@ func newMigrate(pool *pgxpool.Pool, schema string, logger *slog.Logger) (*migrat
 type migrateLogger struct{ l *slog.Logger }
 
 func (l migrateLogger) Printf(format string, v ...any) {
-	l.l.Info(fmt.Sprintf(format, v...), slog.String("component", "pgoutbox.migrations"))
+	l.l.Info(strings.TrimRight(fmt.Sprintf(format, v...), "\n"), slog.String("component", "pgoutbox.migrations"))
 }
 
 func (l migrateLogger) Verbose() bool { return false }

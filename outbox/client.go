@@ -26,7 +26,7 @@ type Config struct {
 	// Schema holds pgoutbox's tables (see package migrations).
 	// Defaults to "public".
 	Schema string
-	// Logger defaults to a logger that discards everything.
+	// Logger receives pgoutbox's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// MeterProvider receives pgoutbox's metrics. Defaults to a no-op provider.
 	MeterProvider metric.MeterProvider
@@ -41,6 +41,7 @@ type Config struct {
 // creates are stopped with their own Stop.
 type Client struct {
 	pool    *pgxpool.Pool
+	mp      metric.MeterProvider
 	schema  string
 	sql     *sqlq.Outbox
 	logger  *slog.Logger
@@ -60,10 +61,11 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	}
 	logger := cfg.Logger
 	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+		logger = slog.Default()
 	}
 	return &Client{
 		pool:    pool,
+		mp:      cfg.MeterProvider,
 		schema:  schema,
 		sql:     sqlq.For(schema),
 		logger:  logger,
@@ -134,6 +136,9 @@ func (c *Client) LoadTopic(ctx context.Context, db QueryRower, name string) (Top
 
 // Pool returns the client's pool.
 func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+
+// MeterProvider returns the client's meter provider (nil: none configured).
+func (c *Client) MeterProvider() metric.MeterProvider { return c.mp }
 
 // Logger returns the client's logger.
 func (c *Client) Logger() *slog.Logger { return c.logger }

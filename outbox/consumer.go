@@ -147,6 +147,7 @@ type Consumer struct {
 	mu      sync.Mutex // guards started/stopped and the fields set by Start
 	started bool
 	stopped bool
+	done    chan struct{} // closed when shutdown finished
 
 	wake        <-chan struct{}
 	unsubscribe func()
@@ -220,6 +221,7 @@ func (k *Consumer) Start(ctx context.Context) error {
 	}
 	k.topic.Store(&topic)
 	k.started = true
+	k.done = make(chan struct{})
 
 	k.wake, k.unsubscribe = k.client.WakeUps(k.cfg.Topic)
 
@@ -245,39 +247,69 @@ func (k *Consumer) Start(ctx context.Context) error {
 
 // Stop stops claiming, releases claimed messages no handler has started
 // (they are redelivered at once), and waits for running handlers. When ctx
-// ends first, it cancels the handlers' contexts, waits for them to return,
-// releases their messages too and returns ctx's error. Stop is safe to call
+// ends first, it cancels the handlers' contexts and returns ctx's error;
+// handlers that return then have their messages released too, and a
+// handler that ignores its context is left to finish on its own (its
+// message is redelivered when its lease expires). Stop is safe to call
 // more than once and on a consumer never started.
-func (k *Consumer) Stop(ctx context.Context) error {
+func (k *Consumer) Stop(ctx context.Context) error { return k.stop(ctx, false) }
+
+// StopAndCancel is Stop that cancels the running handlers' contexts at once.
+func (k *Consumer) StopAndCancel(ctx context.Context) error { return k.stop(ctx, true) }
+
+// Stopped returns a channel closed once the consumer stopped (nil before Start).
+func (k *Consumer) Stopped() <-chan struct{} {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if !k.started || k.stopped {
+	return k.done
+}
+
+func (k *Consumer) stop(ctx context.Context, cancelHandlers bool) error {
+	k.mu.Lock()
+	if !k.started {
+		k.mu.Unlock()
 		return nil
 	}
-	k.stopped = true
+	if cancelHandlers {
+		k.workCancel()
+	}
+	if !k.stopped {
+		k.stopped = true
+		go k.shutdown()
+	}
+	done := k.done
+	k.mu.Unlock()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		k.workCancel()
+		select {
+		case <-done:
+		case <-time.After(stopGrace):
+		}
+		return ctx.Err()
+	}
+}
 
+// stopGrace is how long a Stop whose context ended waits for cancelled
+// handlers to return before it gives up on them.
+const stopGrace = 100 * time.Millisecond
+
+// shutdown stops claiming, lets the workers release what is queued and
+// finish what runs, then writes every outcome and leaves LISTEN.
+func (k *Consumer) shutdown() {
+	defer close(k.done)
 	k.stopping.Store(true)
 	k.fetchCancel()
 	k.fetchWG.Wait()
 	close(k.jobs) // workers release what is still queued, then exit
-
-	workersDone := make(chan struct{})
-	go func() { k.workWG.Wait(); close(workersDone) }()
-	var err error
-	select {
-	case <-workersDone:
-	case <-ctx.Done():
-		err = ctx.Err()
-		k.workCancel()
-		<-workersDone
-	}
+	k.workWG.Wait()
 	k.workCancel()
 	close(k.results)
 	k.doneWG.Wait()
-
 	k.unsubscribe()
 	k.client.logger.Info("pgoutbox: consumer stopped", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
-	return err
 }
 
 // fetch claims batches while there is room and work, then waits for a
@@ -408,9 +440,14 @@ func (k *Consumer) handle(j *job) result {
 	default:
 		r.outcome, r.delay = outcomeRetry, backoff.Exponential(j.d.Attempt, topic.BackoffInitial, topic.BackoffMax)
 	}
-	k.client.logger.Warn("pgoutbox: handler failed",
-		slog.String("topic", k.cfg.Topic), slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt),
-		slog.Bool("dead_lettered", r.outcome == outcomeDead), slog.Duration("retry_in", r.delay), slog.Any("error", err))
+	attrs := []any{slog.String("topic", k.cfg.Topic), slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt),
+		slog.Bool("dead_lettered", r.outcome == outcomeDead), slog.Duration("retry_in", r.delay)}
+	var p *panicError
+	if errors.As(err, &p) {
+		k.client.logger.Error("pgoutbox: handler panicked", append(attrs, slog.Any("panic", p.value), slog.String("stack", p.stack))...)
+	} else {
+		k.client.logger.Warn("pgoutbox: handler failed", append(attrs, slog.Any("error", err))...)
+	}
 	return r
 }
 
@@ -418,11 +455,19 @@ func (k *Consumer) handle(j *job) result {
 func (k *Consumer) runHandler(ctx context.Context, d *Delivery) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("handler panic: %v\n%s", p, debug.Stack())
+			err = &panicError{value: p, stack: string(debug.Stack())}
 		}
 	}()
 	return k.cfg.Handler(ctx, d)
 }
+
+// panicError is a handler's panic, recovered.
+type panicError struct {
+	value any
+	stack string
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("handler panic: %v", p.value) }
 
 // complete writes outcomes to the database in batches: whatever has
 // arrived while the previous batch was being written.

@@ -45,7 +45,12 @@ type Message struct {
 }
 
 // NewMessage returns a message for topic whose payload is v encoded as JSON.
+// An invalid topic name is ErrInvalidTopic, a value JSON cannot encode
+// ErrInvalidPayload.
 func NewMessage[T any](topic string, v T) (Message, error) {
+	if err := ValidateTopic(topic); err != nil {
+		return Message{}, err
+	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return Message{}, fmt.Errorf("%w: %v", ErrInvalidPayload, err)

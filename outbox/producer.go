@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/migrations"
 )
 
 // Executor is what Send needs from the caller: pgx.Tx, *pgxpool.Pool and
@@ -407,6 +408,9 @@ func sendError(err error) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, marker) {
 		topic := pgErr.Message[strings.Index(pgErr.Message, marker)+len(marker):]
 		return fmt.Errorf("%w: topic %s", ErrNoSubscriptions, strings.TrimRight(topic, `"`))
+	}
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table or schema
+		return fmt.Errorf("outbox: send: %w: %w", migrations.ErrNotMigrated, err)
 	}
 	return fmt.Errorf("outbox: send: %w", err)
 }

@@ -252,7 +252,7 @@ func (*Offset) Forget(context.Context, pgx.Tx, Subscription, bool, int) (int64, 
 // committed position of the subscribed groups), records it, and deletes
 // rows visible in it.
 func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
-	w, err := Watermark(ctx, db, o.q, topic)
+	w, err := watermark(ctx, db, o.q, topic)
 	if err != nil {
 		return 0, err
 	}

@@ -6,16 +6,25 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
 // Watermark returns the least committed position of topic's subscribed
-// (ACTIVE or PAUSED) groups as pg_snapshot text, or "" when none is
-// subscribed. Every position is a snapshot taken at some moment (or the
+// (ACTIVE or PAUSED) groups, in the tables of schema, as pg_snapshot text,
+// or "" when none is subscribed. Every position is a snapshot taken at some moment (or the
 // empty one), so they are ordered by inclusion: a snapshot taken earlier
 // sees a subset of what a later one sees. The least is found by comparing
 // xmax, then xmin, then the in-progress list (longer is earlier).
-func Watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string, error) {
+func Watermark(ctx context.Context, db DB, schema, topic string) (string, error) {
+	schema, err := ident.Schema(schema)
+	if err != nil {
+		return "", err
+	}
+	return watermark(ctx, db, sqlq.ForPubSub(schema), topic)
+}
+
+func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string, error) {
 	rows, err := db.Query(ctx, q.CommittedPosition, topic)
 	if err != nil {
 		return "", fmt.Errorf("pubsub: committed positions: %w", err)

@@ -36,7 +36,7 @@ var (
 	ErrUnknownSource = errors.New("router: unknown source")
 )
 
-// Pool and routing defaults (seed 001).
+// Pool and routing defaults.
 const (
 	DefaultPoolCode           = "DEFAULT-POOL"
 	DefaultPoolConcurrency    = 20
@@ -249,8 +249,14 @@ type Config struct {
 	// other group's batches refused. Between 0 and 1; defaults to 0.5.
 	GroupShare float64
 
-	Clock         Clock
-	Logger        *slog.Logger
+	// Clock tells the router's time (tests inject one). Defaults to the
+	// system clock.
+	Clock Clock
+	// Logger receives what goes wrong (rate-limited, see LogInterval).
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+	// MeterProvider receives the router's metrics. Defaults to a no-op
+	// provider.
 	MeterProvider metric.MeterProvider
 }
 
@@ -287,7 +293,7 @@ func (c Config) withDefaults() Config {
 		c.Clock = systemClock{}
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 	return c
 }

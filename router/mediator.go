@@ -19,7 +19,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// Result classifies a delivery attempt (seed 001, "Response Handling").
+// Result classifies a delivery attempt (see the response table in the package documentation).
 type Result int
 
 // Results.
@@ -30,7 +30,7 @@ const (
 	ErrorConnection               // nack
 )
 
-// String names the result as the seed does (SUCCESS, ERROR_CONFIG, ...).
+// String names the result (SUCCESS, ERROR_CONFIG, ...).
 func (r Result) String() string {
 	return [...]string{"SUCCESS", "ERROR_CONFIG", "ERROR_PROCESS", "ERROR_CONNECTION"}[r]
 }
@@ -170,7 +170,7 @@ func (m *mediator) deliver(ctx context.Context, msg *Message) Outcome {
 	return out
 }
 
-// attempt is one HTTP POST and the seed's response table.
+// attempt is one HTTP POST and its response read against the response table.
 func (m *mediator) attempt(ctx context.Context, msg *Message, u *url.URL) Outcome {
 	body := msg.Payload
 	if m.cfg.PointerBody {

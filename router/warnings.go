@@ -10,7 +10,7 @@ import (
 // Severity of a warning.
 type Severity string
 
-// Severities, as the seed's warning table uses them.
+// Severities of warnings, from least to most urgent.
 const (
 	SeverityWarn     Severity = "WARN"
 	SeverityError    Severity = "ERROR"
