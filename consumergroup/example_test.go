@@ -8,23 +8,25 @@ import (
 	"sync"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/outboxtest"
 )
 
 // Two groups subscribe to one PUB_SUB topic; each receives every message.
 func Example() {
 	ctx := context.Background()
-	pool, cleanup, err := pgtest.ExamplePool() // a fresh database
+	// A pool on DATABASE_URL (default: the postgres database of a local
+	// server), and a fresh schema in it.
+	pool, schema, cleanup, err := outboxtest.Open(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer cleanup()
-	if err := migrations.Up(ctx, pool, migrations.Config{}); err != nil {
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		log.Fatal(err)
 	}
-	client, _ := outbox.NewClient(pool, outbox.Config{})
+	client, _ := outbox.NewClient(pool, outbox.Config{Schema: schema})
 	err = client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders.placed", Semantics: outbox.PubSub, Tracking: outbox.Bitmap})
 	if err != nil {
 		log.Fatal(err)
@@ -36,7 +38,7 @@ func Example() {
 	wg.Add(4) // 2 messages × 2 groups
 	var groups []*consumergroup.Group
 	for _, name := range []string{"billing", "shipping"} {
-		g, err := consumergroup.New(pool, consumergroup.Config{Topic: "orders.placed", Group: name})
+		g, err := consumergroup.New(pool, consumergroup.Config{Topic: "orders.placed", Group: name, Client: client})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -53,7 +55,7 @@ func Example() {
 		groups = append(groups, g)
 	}
 
-	producer, _ := outbox.NewProducer(outbox.ProducerConfig{})
+	producer, _ := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
 	for _, order := range []string{`{"order":1}`, `{"order":2}`} {
 		if _, err := producer.Send(ctx, pool, outbox.Message{Topic: "orders.placed", Payload: []byte(order)}); err != nil {
 			log.Fatal(err)

@@ -10,18 +10,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/outboxtest"
 )
 
-// exampleDB opens a pool on a fresh database of the test server.
-func exampleDB() (*pgxpool.Pool, func()) {
-	pool, cleanup, err := pgtest.ExamplePool()
+// exampleDB opens a pool on DATABASE_URL (default: the postgres database
+// of a local server) and creates a fresh schema in it.
+func exampleDB() (*pgxpool.Pool, string, func()) {
+	pool, schema, cleanup, err := outboxtest.Open(context.Background())
 	if err != nil {
 		log.Fatal(err)
 	}
-	return pool, cleanup
+	return pool, schema, cleanup
 }
 
 type OrderPaid struct {
@@ -31,17 +32,17 @@ type OrderPaid struct {
 // Send a message in a transaction and handle it with a QUEUE consumer.
 func Example() {
 	ctx := context.Background()
-	pool, cleanup := exampleDB()
+	pool, schema, cleanup := exampleDB()
 	defer cleanup()
 
-	if err := migrations.Up(ctx, pool, migrations.Config{Schema: "app"}); err != nil {
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		log.Fatal(err)
 	}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: "app"})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
 	if err != nil {
 		log.Fatal(err)
 	}
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: "app"})
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -100,13 +101,13 @@ func Example() {
 // Dead letters are kept, listed and replayed.
 func ExampleClient_ReplayDeadLetters() {
 	ctx := context.Background()
-	pool, cleanup := exampleDB()
+	pool, schema, cleanup := exampleDB()
 	defer cleanup()
-	if err := migrations.Up(ctx, pool, migrations.Config{}); err != nil {
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		log.Fatal(err)
 	}
-	client, _ := outbox.NewClient(pool, outbox.Config{})
-	producer, _ := outbox.NewProducer(outbox.ProducerConfig{})
+	client, _ := outbox.NewClient(pool, outbox.Config{Schema: schema})
+	producer, _ := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
 	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "emails", MaxAttempts: 1}); err != nil {
 		log.Fatal(err)
 	}

@@ -10,9 +10,9 @@ import (
 	"net/url"
 	"sync"
 
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/outboxtest"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -20,12 +20,14 @@ import (
 // within each message group.
 func Example() {
 	ctx := context.Background()
-	pool, cleanup, err := pgtest.ExamplePool() // a fresh database
+	// A pool on DATABASE_URL (default: the postgres database of a local
+	// server), and a fresh schema in it.
+	pool, schema, cleanup, err := outboxtest.Open(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer cleanup()
-	if err := migrations.Up(ctx, pool, migrations.Config{}); err != nil {
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		log.Fatal(err)
 	}
 
@@ -46,7 +48,7 @@ func Example() {
 	defer srv.Close()
 	host := srv.Listener.Addr().String()
 
-	producer, _ := outbox.NewProducer(outbox.ProducerConfig{})
+	producer, _ := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
 	for _, step := range []string{"created", "paid", "shipped"} {
 		msg, _ := outbox.NewMessage("orders", map[string]string{"step": step})
 		msg.Group = "order-42"
@@ -56,7 +58,7 @@ func Example() {
 		}
 	}
 
-	client, _ := outbox.NewClient(pool, outbox.Config{})
+	client, _ := outbox.NewClient(pool, outbox.Config{Schema: schema})
 	rt, err := router.New(router.Config{
 		Pools:        []router.PoolConfig{{Code: "ORDERS", Concurrency: 4}},
 		AllowedHosts: []string{host},

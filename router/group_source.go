@@ -83,9 +83,11 @@ func (s *GroupSource) Run(ctx context.Context, route func(context.Context, []*Me
 	if err != nil {
 		return err
 	}
-	client, err := outbox.NewClient(s.cfg.Pool, outbox.Config{Schema: s.cfg.Group.Schema})
-	if err != nil {
-		return err
+	client := s.cfg.Group.Client
+	if client == nil {
+		if client, err = outbox.NewClient(s.cfg.Pool, outbox.Config{Schema: s.cfg.Group.Schema}); err != nil {
+			return err
+		}
 	}
 	topic, err := client.Topic(ctx, s.cfg.Group.Topic)
 	if err != nil {

@@ -3,12 +3,13 @@
 //
 //	go run ./examples/fanout
 //
-// It connects to DATABASE_URL when set, else to a local server on
-// 127.0.0.1:5432 (user postgres), else it starts a throw-away cluster from
-// the local PostgreSQL binaries.
+// It connects to DATABASE_URL, or, when that is not set, to the postgres
+// database of a local server (postgres://postgres@127.0.0.1:5432/postgres),
+// and works in a schema of its own that it drops at the end.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
-	"github.com/pgoutbox/pgoutbox/internal/pgfind"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -42,16 +43,13 @@ func main() {
 func run(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	dsn, stop, err := pgfind.DatabaseURL(ctx)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	pool, err := pgxpool.New(ctx, dsn)
+	url := cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	fmt.Fprintf(os.Stderr, "database %s (set DATABASE_URL to use another)\n", pool.Config().ConnConfig.Database)
 
 	// A fresh schema per run keeps the example repeatable.
 	schema := fmt.Sprintf("fanout_%d", time.Now().UnixNano())
@@ -59,7 +57,7 @@ func run(ctx context.Context) error {
 	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		return err
 	}
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
+	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: schema})
 	if err != nil {
 		return err
 	}
@@ -70,9 +68,9 @@ func run(ctx context.Context) error {
 
 	names := []string{"billing", "shipping", "analytics"}
 	counts := make([]atomic.Int64, len(names))
-	var groups []*consumergroup.Group
 	for i, name := range names {
-		g, err := consumergroup.New(pool, consumergroup.Config{Topic: "orders.placed", Group: name, Schema: schema, PollInterval: 50 * time.Millisecond})
+		g, err := client.NewGroup(consumergroup.Config{Topic: "orders.placed", Group: name, PollInterval: 50 * time.Millisecond},
+			consumergroup.FromNow())
 		if err != nil {
 			return err
 		}
@@ -86,23 +84,18 @@ func run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
-			return err
-		}
-		groups = append(groups, g)
 	}
-
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
-	if err != nil {
+	if err := client.Start(ctx); err != nil { // subscribes the groups: they receive what is sent from now on
 		return err
 	}
+
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for id := 1; id <= messages; id++ {
 			msg, err := outbox.NewMessage("orders.placed", OrderPlaced{OrderID: id})
 			if err != nil {
 				return err
 			}
-			if _, err := producer.Send(ctx, tx, msg); err != nil {
+			if _, err := client.Send(ctx, tx, msg); err != nil {
 				return err
 			}
 		}
@@ -122,10 +115,8 @@ func run(ctx context.Context) error {
 			}
 		}
 	}
-	for _, g := range groups {
-		if err := g.Stop(ctx); err != nil {
-			return err
-		}
+	if err := client.Stop(ctx); err != nil {
+		return err
 	}
 	for i, name := range names {
 		fmt.Printf("group %-9s handled %d messages\n", name, counts[i].Load())

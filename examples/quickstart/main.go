@@ -3,12 +3,13 @@
 //
 //	go run ./examples/quickstart
 //
-// It connects to DATABASE_URL when set, else to a local server on
-// 127.0.0.1:5432 (user postgres), else it starts a throw-away cluster from
-// the local PostgreSQL binaries.
+// It connects to DATABASE_URL, or, when that is not set, to the postgres
+// database of a local server (postgres://postgres@127.0.0.1:5432/postgres),
+// and works in the schema "quickstart" there (created when missing).
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgoutbox/pgoutbox/internal/pgfind"
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -43,32 +44,26 @@ func run(ctx context.Context) error {
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-	dsn, stop, err := pgfind.DatabaseURL(ctx)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	pool, err := pgxpool.New(ctx, dsn)
+	url := cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	fmt.Fprintf(os.Stderr, "database %s (set DATABASE_URL to use another)\n", pool.Config().ConnConfig.Database)
 
+	// At boot: create or upgrade the tables (idempotent, safe from many
+	// instances at once), then the one client everything is created from.
 	const schema = "quickstart"
-	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema, Logger: logger}); err != nil {
 		return err
 	}
 	fmt.Printf("migrated schema %q to version %d\n", schema, migrations.Latest())
-
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema, Logger: logger})
+	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: schema, Logger: logger})
 	if err != nil {
 		return err
 	}
 	err = client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "greetings", MaxAttempts: 5, Lease: 10 * time.Second})
-	if err != nil {
-		return err
-	}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -82,7 +77,7 @@ func run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			id, err := producer.Send(ctx, tx, msg)
+			id, err := client.Send(ctx, tx, msg)
 			if err != nil {
 				return err
 			}
@@ -96,7 +91,7 @@ func run(ctx context.Context) error {
 
 	var handled atomic.Int64
 	done := make(chan struct{})
-	consumer, err := client.NewConsumer(outbox.ConsumerConfig{
+	_, err = client.NewConsumer(outbox.ConsumerConfig{
 		Topic:       "greetings",
 		Concurrency: 2,
 		Handler: func(ctx context.Context, d *outbox.Delivery) error {
@@ -114,7 +109,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := consumer.Start(ctx); err != nil {
+	if err := client.Start(ctx); err != nil { // starts every consumer, group and router of the client
 		return err
 	}
 	select {
@@ -124,7 +119,7 @@ func run(ctx context.Context) error {
 	}
 	stopCtx, cancelStop := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancelStop()
-	if err := consumer.Stop(stopCtx); err != nil {
+	if err := client.Stop(stopCtx); err != nil { // stops them all, waiting for running handlers
 		return err
 	}
 	fmt.Printf("done: %d messages sent and handled\n", handled.Load())

@@ -4,12 +4,13 @@
 //
 //	go run ./examples/router
 //
-// It connects to DATABASE_URL when set, else to a local server on
-// 127.0.0.1:5432 (user postgres), else it starts a throw-away cluster from
-// the local PostgreSQL binaries.
+// It connects to DATABASE_URL, or, when that is not set, to the postgres
+// database of a local server (postgres://postgres@127.0.0.1:5432/postgres),
+// and works in a schema of its own that it drops at the end.
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,7 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgoutbox/pgoutbox/internal/pgfind"
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -77,26 +78,19 @@ func run(ctx context.Context) error {
 	defer srv.Close()
 	target := "http://" + ln.Addr().String() + "/events"
 
-	dsn, stop, err := pgfind.DatabaseURL(ctx)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	pool, err := pgxpool.New(ctx, dsn)
+	url := cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	fmt.Fprintf(os.Stderr, "database %s (set DATABASE_URL to use another)\n", pool.Config().ConnConfig.Database)
 	schema := fmt.Sprintf("router_example_%d", time.Now().UnixNano())
 	defer pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
 	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		return err
 	}
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
-	if err != nil {
-		return err
-	}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
+	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: schema})
 	if err != nil {
 		return err
 	}
@@ -111,7 +105,7 @@ func run(ctx context.Context) error {
 				}
 				msg.Group = fmt.Sprintf("customer-%d", c)
 				msg.Headers = map[string]string{router.HeaderPool: "WEBHOOKS", router.HeaderTarget: target}
-				if _, err := producer.Send(ctx, tx, msg); err != nil {
+				if _, err := client.Send(ctx, tx, msg); err != nil {
 					return err
 				}
 			}
@@ -122,19 +116,19 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	rt, err := router.New(router.Config{
+	rt, err := client.NewRouter(router.Config{
 		Pools:        []router.PoolConfig{{Code: "WEBHOOKS", Concurrency: 4, RateLimitPerMinute: 6000}},
 		AllowedHosts: []string{ln.Addr().String()},
 	})
 	if err != nil {
 		return err
 	}
-	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: "customer.events"})
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: client.Outbox(), Topic: "customer.events"})
 	if err != nil {
 		return err
 	}
 	rt.AddSource(src)
-	if err := rt.Start(ctx); err != nil {
+	if err := client.Start(ctx); err != nil {
 		return err
 	}
 	select {
@@ -142,7 +136,7 @@ func run(ctx context.Context) error {
 	case <-ctx.Done():
 		return errors.New("timed out waiting for deliveries")
 	}
-	if err := rt.Stop(ctx); err != nil {
+	if err := client.Stop(ctx); err != nil {
 		return err
 	}
 

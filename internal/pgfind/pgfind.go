@@ -89,15 +89,3 @@ func WithDatabase(dsn, db string) (string, error) {
 	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cred, cfg.Host, cfg.Port, db), nil
 }
 
-// DatabaseURL is what the example programs connect to: DATABASE_URL when
-// set, else a server Locate finds or starts. stop stops a server it started.
-func DatabaseURL(ctx context.Context) (dsn string, stop func(), err error) {
-	if dsn := os.Getenv("DATABASE_URL"); dsn != "" {
-		return dsn, func() {}, nil
-	}
-	srv, err := Locate(ctx, "DATABASE_URL")
-	if err != nil {
-		return "", nil, err
-	}
-	return srv.AdminDSN, srv.Stop, nil
-}

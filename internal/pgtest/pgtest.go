@@ -173,20 +173,6 @@ func locateOnce() {
 	})
 }
 
-// ExampleDSN returns the DSN of a new empty database for a runnable
-// example (which has no *testing.T), and a function that drops it.
-func ExampleDSN() (string, func(), error) {
-	locateOnce()
-	if serverErr != nil {
-		return "", nil, serverErr
-	}
-	db, drop, err := server.createDatabase(context.Background(), false)
-	if err != nil {
-		return "", nil, err
-	}
-	return db.DSN, func() { _ = drop() }, nil
-}
-
 // createDatabase clones the migrated template (or template0) into a new
 // database and returns it with a function that drops it.
 func (s *found) createDatabase(ctx context.Context, migrated bool) (*DB, func() error, error) {
@@ -300,21 +286,6 @@ func migrationsChecksum() (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// ExamplePool opens a pool on a new empty database for a runnable example
-// and returns a function that closes it and drops the database.
-func ExamplePool() (*pgxpool.Pool, func(), error) {
-	dsn, drop, err := ExampleDSN()
-	if err != nil {
-		return nil, nil, err
-	}
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		drop()
-		return nil, nil, err
-	}
-	return pool, func() { pool.Close(); drop() }, nil
 }
 
 // Eventually polls cond every 5ms until it is true, failing the test with

@@ -1,0 +1,305 @@
+package pgoutbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/migrations"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/router"
+)
+
+// ErrNotMigrated: the client's schema has no pgoutbox tables, or older
+// ones than this code needs. Run migrations.Up first.
+var ErrNotMigrated = migrations.ErrNotMigrated
+
+// ErrStopped: a component was created after the client stopped.
+var ErrStopped = errors.New("pgoutbox: client stopped")
+
+// Config configures a Client. Every component created from the client
+// (consumers, consumer groups, routers) takes these settings.
+type Config struct {
+	// Schema holds pgoutbox's tables (see package migrations). Defaults to
+	// "public".
+	Schema string
+	// Logger receives the logs of the client and its components.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+	// MeterProvider receives the metrics of the client and its components.
+	// Defaults to a no-op provider.
+	MeterProvider metric.MeterProvider
+	// Clock replaces database time for leases, retries and availability
+	// (tests). Defaults to nil: the database's now().
+	Clock outbox.Clock
+	// Producer tunes the client's Producer (its Schema and Clock are the
+	// client's).
+	Producer outbox.ProducerConfig
+}
+
+// Client is a service's one handle on pgoutbox: it carries the settings
+// every component needs, sends messages, and starts and stops the
+// consumers, consumer groups and routers created from it together.
+//
+// Create it at boot, after migrations.Up; create components from it; call
+// Start once; call Stop (or StopAndCancel) at shutdown. Each component's
+// own Start and Stop still work.
+type Client struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	outbox   *outbox.Client
+	producer *outbox.Producer
+
+	mu         sync.Mutex // guards the fields below
+	components []*component
+	running    bool
+	stopping   bool
+	stopped    chan struct{}
+}
+
+// component is something the client starts and stops.
+type component struct {
+	name  string
+	last  bool // a router: started after, and stopped before, the others
+	start func(ctx context.Context) error
+	stop  func(ctx context.Context, cancel bool) error
+}
+
+// NewClient returns a client on pool. It fails with ErrNotMigrated when
+// cfg.Schema is not migrated to the version this code needs.
+func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", outbox.ErrInvalidConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := migrations.Check(ctx, pool, migrations.Config{Schema: cfg.Schema}); err != nil {
+		return nil, err
+	}
+	oc, err := outbox.NewClient(pool, outbox.Config{Schema: cfg.Schema, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider, Clock: cfg.Clock})
+	if err != nil {
+		return nil, err
+	}
+	pcfg := cfg.Producer
+	pcfg.Schema, pcfg.Clock = oc.Schema(), cfg.Clock
+	producer, err := outbox.NewProducer(pcfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Schema = oc.Schema()
+	return &Client{pool: pool, cfg: cfg, outbox: oc, producer: producer, stopped: make(chan struct{})}, nil
+}
+
+// Outbox returns the client for topics, dead letters and claims.
+func (c *Client) Outbox() *outbox.Client { return c.outbox }
+
+// Producer returns the client's producer.
+func (c *Client) Producer() *outbox.Producer { return c.producer }
+
+// Pool returns the client's pool.
+func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+
+// Schema returns the schema the client works in.
+func (c *Client) Schema() string { return c.cfg.Schema }
+
+// ConfigureTopic creates or replaces a topic's configuration (see
+// outbox.Client.ConfigureTopic).
+func (c *Client) ConfigureTopic(ctx context.Context, cfg outbox.TopicConfig) error {
+	return c.outbox.ConfigureTopic(ctx, cfg)
+}
+
+// Send writes msg inside tx, the caller's transaction (see
+// outbox.Producer.Send).
+func (c *Client) Send(ctx context.Context, tx outbox.Executor, msg outbox.Message) (int64, error) {
+	return c.producer.Send(ctx, tx, msg)
+}
+
+// SendBatch writes msgs inside tx in one statement (see
+// outbox.Producer.SendBatch).
+func (c *Client) SendBatch(ctx context.Context, tx outbox.Executor, msgs []outbox.Message) ([]int64, error) {
+	return c.producer.SendBatch(ctx, tx, msgs)
+}
+
+// NewConsumer returns a consumer of a QUEUE topic that starts and stops
+// with the client.
+func (c *Client) NewConsumer(cfg outbox.ConsumerConfig) (*outbox.Consumer, error) {
+	k, err := c.outbox.NewConsumer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return k, c.add(&component{
+		name:  "consumer of " + cfg.Topic,
+		start: k.Start,
+		stop: func(ctx context.Context, cancel bool) error {
+			if cancel {
+				return k.StopAndCancel(ctx)
+			}
+			return k.Stop(ctx)
+		},
+	})
+}
+
+// NewGroup returns an instance of a consumer group that starts (with opts)
+// and stops with the client. Its schema, logger, meter provider and clock
+// are the client's. Add its members before the client starts.
+func (c *Client) NewGroup(cfg consumergroup.Config, opts consumergroup.SubscriptionOptions) (*consumergroup.Group, error) {
+	cfg.Client = c.outbox
+	g, err := consumergroup.New(c.pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return g, c.add(&component{
+		name:  "consumer group " + cfg.Group + " of " + cfg.Topic,
+		start: func(ctx context.Context) error { return g.Start(ctx, opts) },
+		stop: func(ctx context.Context, cancel bool) error {
+			if cancel {
+				return g.StopAndCancel(ctx)
+			}
+			return g.Stop(ctx)
+		},
+	})
+}
+
+// NewRouter returns a router that starts and stops with the client (after
+// and before the client's consumers and groups). Its logger and meter
+// provider are the client's unless cfg sets them. Give it sources that use
+// the client: router.QueueSourceConfig{Client: c.Outbox()} and
+// router.GroupSourceConfig{Pool: c.Pool(), Group: consumergroup.Config{Client: c.Outbox()}}.
+func (c *Client) NewRouter(cfg router.Config) (*router.Router, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = c.cfg.Logger
+	}
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = c.cfg.MeterProvider
+	}
+	rt, err := router.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return rt, c.add(&component{
+		name:  "router",
+		last:  true,
+		start: rt.Start,
+		stop: func(ctx context.Context, cancel bool) error {
+			if cancel {
+				// In-flight calls are abandoned: their messages are nacked.
+				done, end := context.WithCancel(ctx)
+				end()
+				return rt.Stop(done)
+			}
+			return rt.Stop(ctx)
+		},
+	})
+}
+
+// add registers a component; one created while the client runs starts at
+// once.
+func (c *Client) add(comp *component) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopping {
+		return fmt.Errorf("%w: %s not added", ErrStopped, comp.name)
+	}
+	c.components = append(c.components, comp)
+	if c.running {
+		return c.startOne(context.Background(), comp)
+	}
+	return nil
+}
+
+func (c *Client) startOne(ctx context.Context, comp *component) error {
+	err := comp.start(ctx)
+	if errors.Is(err, outbox.ErrAlreadyStarted) || errors.Is(err, router.ErrStarted) {
+		return nil // started on its own
+	}
+	if err != nil {
+		return fmt.Errorf("pgoutbox: start %s: %w", comp.name, err)
+	}
+	return nil
+}
+
+// Start starts every component created from the client (consumers and
+// groups, then routers) and returns at once; components created later
+// start when they are created. ctx bounds only the start-up queries. If a
+// component fails to start, Start returns its error and leaves the others
+// running: call Stop.
+func (c *Client) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopping {
+		return ErrStopped
+	}
+	if c.running {
+		return fmt.Errorf("%w: client", outbox.ErrAlreadyStarted)
+	}
+	c.running = true
+	for _, last := range []bool{false, true} {
+		for _, comp := range c.components {
+			if comp.last != last {
+				continue
+			}
+			if err := c.startOne(ctx, comp); err != nil {
+				return err
+			}
+		}
+	}
+	c.cfg.Logger.Info("pgoutbox: client started", slog.Int("components", len(c.components)))
+	return nil
+}
+
+// Stop stops every component: first the routers (they stop claiming, let
+// the calls in flight finish and nack what they still hold), then the
+// consumers and groups at once (they stop claiming, wait for running
+// handlers and record what finished). Once the last consumer is gone the
+// shared LISTEN connection closes. When ctx ends first, running handlers
+// are cancelled and Stop returns ctx's error once the components are
+// stopped or have given up on handlers that ignore their context. Stop is
+// idempotent.
+func (c *Client) Stop(ctx context.Context) error { return c.stop(ctx, false) }
+
+// StopAndCancel is Stop that cancels running handlers and HTTP calls at
+// once instead of waiting for them.
+func (c *Client) StopAndCancel(ctx context.Context) error { return c.stop(ctx, true) }
+
+// Stopped returns a channel closed when a Stop finished.
+func (c *Client) Stopped() <-chan struct{} { return c.stopped }
+
+func (c *Client) stop(ctx context.Context, cancel bool) error {
+	c.mu.Lock()
+	first := !c.stopping
+	c.stopping = true
+	comps := c.components
+	c.mu.Unlock()
+	var errs []error
+	for _, last := range []bool{true, false} {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, comp := range comps {
+			if comp.last != last {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := comp.stop(ctx, cancel); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("pgoutbox: stop %s: %w", comp.name, err))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if first {
+		c.cfg.Logger.Info("pgoutbox: client stopped")
+		close(c.stopped)
+	}
+	return errors.Join(errs...)
+}
