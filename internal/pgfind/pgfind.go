@@ -88,4 +88,3 @@ func WithDatabase(dsn, db string) (string, error) {
 	}
 	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cred, cfg.Host, cfg.Port, db), nil
 }
-
