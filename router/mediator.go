@@ -48,13 +48,24 @@ type Outcome struct {
 
 // mediator POSTs messages to their targets.
 type mediator struct {
-	cfg      Config
-	warn     *warnings
-	events   *eventLog
-	client   *http.Client
-	allowed  map[string]bool
-	mu       sync.Mutex
-	breakers map[string]*gobreaker.CircuitBreaker[Outcome]
+	cfg     Config
+	warn    *warnings
+	events  *eventLog
+	client  *http.Client
+	allowed map[string]bool
+	// ownTransport is the transport the mediator made (nil when the
+	// configuration gave a client): Stop closes its idle connections.
+	ownTransport *http.Transport
+	mu           sync.Mutex
+	breakers     map[string]*gobreaker.CircuitBreaker[Outcome]
+}
+
+// close releases the idle connections of the mediator's own transport
+// (and their goroutines).
+func (m *mediator) close() {
+	if m.ownTransport != nil {
+		m.ownTransport.CloseIdleConnections()
+	}
 }
 
 func newMediator(cfg Config, warn *warnings, events *eventLog) *mediator {
@@ -68,6 +79,7 @@ func newMediator(cfg Config, warn *warnings, events *eventLog) *mediator {
 		transport.DialContext = (&net.Dialer{Timeout: cfg.ConnectTimeout}).DialContext
 		transport.MaxIdleConnsPerHost = 256
 		m.client = &http.Client{Transport: transport, Timeout: cfg.RequestTimeout}
+		m.ownTransport = transport
 	}
 	client := *m.client
 	// Redirects are followed only within the same host; a redirect to

@@ -647,6 +647,7 @@ func (r *Router) Stop(ctx context.Context) error {
 	}
 	close(r.keepStop)
 	r.keepers.Wait()
+	r.mediator.close()
 	return err
 }
 

@@ -1,0 +1,202 @@
+package pgoutbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrations"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/router"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func newClient(t *testing.T, db *pgtest.DB) *pgoutbox.Client {
+	t.Helper()
+	c, err := pgoutbox.NewClient(context.Background(), db.Pool, pgoutbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	return c
+}
+
+func send(t *testing.T, c *pgoutbox.Client, topic string, n int, headers map[string]string) {
+	t.Helper()
+	err := pgx.BeginFunc(context.Background(), c.Pool(), func(tx pgx.Tx) error {
+		for i := range n {
+			msg, err := outbox.NewMessage(topic, map[string]int{"n": i})
+			if err != nil {
+				return err
+			}
+			msg.Headers = headers
+			if _, err := c.Send(context.Background(), tx, msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+}
+
+// Every kind of component is created from one client, started by one
+// call and stopped by one call; nothing the library started is left
+// running afterwards.
+func TestOneClientStartsAndStopsEverything(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	var delivered atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		delivered.Add(1)
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	leaks := goleak.IgnoreCurrent() // the test's pool and receiver
+
+	c := newClient(t, db)
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks"}))
+
+	var jobs, events atomic.Int64
+	_, err := c.NewConsumer(outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
+		Handler: func(context.Context, *outbox.Delivery) error { jobs.Add(1); return nil }})
+	require.NoError(t, err)
+	g, err := c.NewGroup(consumergroup.Config{Topic: "events", Group: "audit", PollInterval: 20 * time.Millisecond}, consumergroup.FromNow())
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { events.Add(1); return nil }, nil))
+	rt, err := c.NewRouter(router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 4}}})
+	require.NoError(t, err)
+	qs, err := router.NewQueueSource(router.QueueSourceConfig{Client: c.Outbox(), Topic: "hooks", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	rt.AddSource(qs)
+	gs, err := router.NewGroupSource(router.GroupSourceConfig{Pool: c.Pool(),
+		Group: consumergroup.Config{Client: c.Outbox(), Topic: "events", Group: "webhooks", PollInterval: 20 * time.Millisecond}})
+	require.NoError(t, err)
+	rt.AddSource(gs)
+
+	require.NoError(t, c.Start(ctx))
+	pgtest.Eventually(t, 10*time.Second, "both groups subscribed", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("outbox_topic_subscriptions")).Scan(&n))
+		return n == 2
+	})
+	hook := map[string]string{router.HeaderPool: "P", router.HeaderTarget: srv.URL + "/hook"}
+	send(t, c, "jobs", 10, nil)
+	send(t, c, "events", 10, hook)
+	send(t, c, "hooks", 10, hook)
+	pgtest.Eventually(t, 20*time.Second, "everything handled", func() bool {
+		return jobs.Load() == 10 && events.Load() == 10 && delivered.Load() == 20
+	})
+
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, c.Stop(stopCtx))
+	select {
+	case <-c.Stopped():
+	default:
+		t.Fatal("Stopped not closed after Stop")
+	}
+	require.NoError(t, c.Stop(stopCtx), "Stop is idempotent")
+	goleak.VerifyNone(t, leaks)
+	_, err = c.NewConsumer(outbox.ConsumerConfig{Topic: "jobs", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	require.ErrorIs(t, err, pgoutbox.ErrStopped)
+}
+
+// StopAndCancel returns by its deadline even when handlers ignore their
+// context; the messages they held are retried later.
+func TestStopAndCancelDoesNotWaitForHandlersThatIgnoreTheirContext(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	c := newClient(t, db)
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub}))
+	release := make(chan struct{})
+	var running atomic.Int64
+	stuck := func(context.Context, *outbox.Delivery) error { running.Add(1); <-release; return nil }
+	k, err := c.NewConsumer(outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond, Handler: stuck})
+	require.NoError(t, err)
+	g, err := c.NewGroup(consumergroup.Config{Topic: "events", Group: "g", PollInterval: 20 * time.Millisecond}, consumergroup.FromNow())
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", stuck, nil))
+	require.NoError(t, c.Start(ctx))
+	send(t, c, "jobs", 1, nil)
+	send(t, c, "events", 1, nil)
+	pgtest.Eventually(t, 10*time.Second, "both handlers running", func() bool { return running.Load() == 2 })
+
+	stopCtx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	began := time.Now()
+	err = c.StopAndCancel(stopCtx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(began), 1500*time.Millisecond, "StopAndCancel waited for handlers that ignore their context")
+
+	close(release) // the handlers return at last; the components finish stopping
+	for _, done := range []<-chan struct{}{k.Stopped(), g.Stopped(), c.Stopped()} {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a component did not finish stopping")
+		}
+	}
+}
+
+// A client on a schema that is not migrated, or migrated to an older
+// version, fails at once with ErrNotMigrated; a send to such a schema says
+// the same.
+func TestNewClientRequiresAMigratedSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	empty := pgtest.NewEmptyDB(t)
+	_, err := pgoutbox.NewClient(ctx, empty.Pool, pgoutbox.Config{Schema: "app"})
+	require.ErrorIs(t, err, pgoutbox.ErrNotMigrated)
+	require.Contains(t, err.Error(), "migrations.Up")
+
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: "app"})
+	require.NoError(t, err)
+	_, err = producer.Send(ctx, empty.Pool, outbox.Message{Topic: "t", Payload: json.RawMessage(`{}`)})
+	require.ErrorIs(t, err, migrations.ErrNotMigrated)
+
+	_, err = empty.Pool.Exec(ctx, `CREATE SCHEMA app`)
+	require.NoError(t, err)
+	_, err = pgoutbox.NewClient(ctx, empty.Pool, pgoutbox.Config{Schema: "app"})
+	require.ErrorIs(t, err, pgoutbox.ErrNotMigrated)
+
+	require.NoError(t, migrations.Up(ctx, empty.Pool, migrations.Config{Schema: "app"}))
+	_, err = empty.Pool.Exec(ctx, `UPDATE app.`+migrations.VersionTable+` SET version = version - 1`)
+	require.NoError(t, err)
+	_, err = pgoutbox.NewClient(ctx, empty.Pool, pgoutbox.Config{Schema: "app"})
+	require.ErrorIs(t, err, pgoutbox.ErrNotMigrated, "an outdated schema")
+
+	_, err = outbox.NewMessage("not a topic", 1)
+	require.ErrorIs(t, err, outbox.ErrInvalidTopic)
+}
+
+// A group given a client takes its schema and logger: no Schema to repeat,
+// and its logs go where the client's go.
+func TestGroupTakesTheClientsSettings(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	logs := &lines{}
+	c, err := pgoutbox.NewClient(ctx, db.Pool, pgoutbox.Config{Schema: db.Schema, Logger: logs.logger()})
+	require.NoError(t, err)
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub}))
+	g, err := consumergroup.New(db.Pool, consumergroup.Config{Client: c.Outbox(), Topic: "events", Group: "g"})
+	require.NoError(t, err, "the schema comes from the client")
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
+	require.NoError(t, g.Stop(ctx))
+	require.True(t, logs.contains("consumer group started"), "the group logs through the client's logger")
+}

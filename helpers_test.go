@@ -1,0 +1,28 @@
+package pgoutbox_test
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
+)
+
+// lines collects log output.
+type lines struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lines) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+func (l *lines) contains(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Contains(l.buf.String(), s)
+}
