@@ -1,0 +1,44 @@
+package pgoutbox_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The quick start program and a runnable godoc example build in a module
+// of their own (a user's service) that requires pgoutbox: they use only
+// public packages.
+func TestExamplesBuildInAnotherModule(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs(".")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	goMod := "module example.com/shop\n\ngo 1.26\n\nrequire github.com/pgoutbox/pgoutbox v0.0.0\n\nreplace github.com/pgoutbox/pgoutbox => " + root + "\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(goMod), 0o644))
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644))
+	program, err := os.ReadFile(filepath.Join(root, "examples", "quickstart", "main.go"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), program, 0o644))
+	example, err := os.ReadFile(filepath.Join(root, "outbox", "example_test.go"))
+	require.NoError(t, err)
+	example = []byte(strings.Replace(string(example), "package outbox_test", "package main_test", 1))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "example_test.go"), example, 0o644))
+
+	run := func(args ...string) {
+		cmd := exec.Command("go", args...)
+		cmd.Dir = dir
+		// Everything it needs is in the module cache already: no network.
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out)
+	}
+	run("mod", "tidy")
+	run("vet", "./...") // builds the program and type-checks the example
+}

@@ -1,0 +1,83 @@
+package outboxtest_test
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/outboxtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type OrderPlaced struct {
+	ID int `json:"id"`
+}
+
+// fakeTB records a failure instead of failing the test (Fatal ends the
+// calling goroutine, as testing.T's does).
+type fakeTB struct {
+	testing.TB
+	mu     sync.Mutex
+	failed string
+}
+
+func (f *fakeTB) Helper() {}
+func (f *fakeTB) Fatalf(format string, args ...any) {
+	f.mu.Lock()
+	f.failed = format
+	f.mu.Unlock()
+	runtime.Goexit()
+}
+func (f *fakeTB) Fatal(args ...any) { f.Fatalf("%v", args...) }
+
+// fails reports whether check fails on a fake TB.
+func fails(check func(tb testing.TB)) bool {
+	f := &fakeTB{}
+	done := make(chan struct{})
+	go func() { defer close(done); check(f) }()
+	<-done
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed != ""
+}
+
+func TestRequireSent(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	schema := outboxtest.Schema(t, db.Pool)
+	ctx := context.Background()
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
+	require.NoError(t, err)
+
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	outboxtest.RequireNotSent(t, tx, schema, "orders.placed")
+	for id := 1; id <= 2; id++ {
+		msg, err := outbox.NewMessage("orders.placed", OrderPlaced{ID: id})
+		require.NoError(t, err)
+		_, err = producer.Send(ctx, tx, msg)
+		require.NoError(t, err)
+	}
+	// Read through the sending transaction, before it commits.
+	placed := outboxtest.RequireSentN[OrderPlaced](t, tx, schema, "orders.placed", 2)
+	require.Equal(t, []OrderPlaced{{ID: 1}, {ID: 2}}, placed)
+	outboxtest.RequireNotSent(t, db.Pool, schema, "orders.placed") // not committed yet
+	require.True(t, fails(func(tb testing.TB) { outboxtest.RequireSent[OrderPlaced](tb, tx, schema, "orders.placed") }), "two sent, not one")
+	require.True(t, fails(func(tb testing.TB) { outboxtest.RequireNotSent(tb, tx, schema, "orders.placed") }))
+	require.True(t, fails(func(tb testing.TB) { outboxtest.RequireSentN[[]string](tb, tx, schema, "orders.placed", 2) }), "does not decode")
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, OrderPlaced{ID: 2}, outboxtest.RequireSentN[OrderPlaced](t, db.Pool, schema, "orders.placed", 2)[1])
+
+	// The schema is a fresh one with pgoutbox's tables, dropped at the end.
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema}.Sanitize()+`.outbox_topics`).Scan(&n))
+	require.Zero(t, n)
+}
