@@ -1,24 +1,27 @@
 // Package pgoutbox turns PostgreSQL into a reliable message backbone for Go
 // services: a transactional outbox, QUEUE topics with competing consumers,
-// PUB_SUB fan-out to consumer groups, and an HTTP router. This package
-// holds only the overview; the API lives in:
+// PUB_SUB fan-out to consumer groups, and an HTTP router. A service creates
+// one Client and everything else from it:
 //
+//   - [Client]: the settings every component needs (schema, logger, meter
+//     provider, clock), sending, and one Start/Stop for every consumer,
+//     group and router created from it.
 //   - [github.com/pgoutbox/pgoutbox/migrations]: create and upgrade the tables at boot.
 //   - [github.com/pgoutbox/pgoutbox/outbox]: topics, the Producer, the QUEUE Consumer,
 //     dead letters.
 //   - [github.com/pgoutbox/pgoutbox/consumergroup]: PUB_SUB consumer groups (fan-out).
 //   - [github.com/pgoutbox/pgoutbox/pubsub]: the completion tracking modes of PUB_SUB topics.
 //   - [github.com/pgoutbox/pgoutbox/router]: delivery to HTTP endpoints, FIFO per message group.
+//   - [github.com/pgoutbox/pgoutbox/outboxtest]: helpers for the service's own tests.
 //
 // # Boot
 //
-// Run the migrations, then build a client and a producer:
+// Run the migrations, then create the client:
 //
 //	if err := migrations.Up(ctx, pool, migrations.Config{Schema: "app"}); err != nil {
 //		return err
 //	}
-//	client, err := outbox.NewClient(pool, outbox.Config{Schema: "app", Logger: logger})
-//	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: "app"})
+//	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: "app", Logger: logger})
 //
 // # Sending
 //
@@ -33,13 +36,13 @@
 //		if err != nil {
 //			return err
 //		}
-//		_, err = producer.Send(ctx, tx, msg)
+//		_, err = client.Send(ctx, tx, msg)
 //		return err
 //	})
 //
 // # Consuming
 //
-//	consumer, err := client.NewConsumer(outbox.ConsumerConfig{
+//	_, err = client.NewConsumer(outbox.ConsumerConfig{
 //		Topic: "orders.paid",
 //		Handler: func(ctx context.Context, d *outbox.Delivery) error {
 //			paid, err := outbox.Decode[OrderPaid](d)
@@ -49,8 +52,8 @@
 //			return ship(ctx, paid)           // error: retry with backoff
 //		},
 //	})
-//	err = consumer.Start(ctx)
-//	defer consumer.Stop(shutdownCtx)
+//	err = client.Start(ctx)
+//	defer client.Stop(shutdownCtx) // routers, then consumers and groups, then LISTEN
 //
 // # Guarantees
 //
