@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -155,7 +156,9 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	// statement; every other statement also takes the delivery time.
 	atOnce := semantics == Queue && notBefore == nil && m.Delay == 0 && p.clock == nil
 	args := make([]any, 6, 10)
-	args[0], args[1], args[2], args[3], args[4], args[5] = m.Topic, []byte(m.Payload), headers, corrID, group, int16(m.Priority)
+	// JSON travels as json.RawMessage, which pgx sends as json in every
+	// query exec mode ([]byte would be bytea where pgx assumes types).
+	args[0], args[1], args[2], args[3], args[4], args[5] = m.Topic, m.Payload, json.RawMessage(headers), corrID, group, int16(m.Priority)
 	if !atOnce {
 		args = append(args, notBefore, m.Delay.Microseconds(), p.now())
 	}
@@ -268,7 +271,7 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 	n := len(msgs)
 	var (
 		topics, corrIDs, groups, keys = make([]string, n), make([]string, n), make([]*string, n), make([]*string, n)
-		payloads, headers             = make([][]byte, n), make([][]byte, n)
+		payloads, headers             = make([]json.RawMessage, n), make([]json.RawMessage, n)
 		priorities                    = make([]int16, n)
 		notBefore                     = make([]*time.Time, n)
 		delays                        = make([]int64, n)

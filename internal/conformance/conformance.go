@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +61,10 @@ type Env struct {
 func newEnv(t *testing.T, s *Subject, topic func(*outbox.TopicConfig)) *Env {
 	t.Helper()
 	db := pgtest.NewDB(t)
+	if s.ExecMode != "" { // every pool of the scenario uses the mode
+		db.DSN = withParam(db.DSN, "default_query_exec_mode", s.ExecMode)
+		db.Pool = pgtest.NewPool(t, db.DSN)
+	}
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
@@ -85,6 +90,15 @@ CREATE TABLE `+db.Table("conformance_ledger")+` (
 		e.startReceiver(t)
 	}
 	return e
+}
+
+// withParam adds a connection parameter to a postgres:// URL.
+func withParam(dsn, key, value string) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + key + "=" + value
 }
 
 // record writes a handling to the ledger. Handlers call it before they

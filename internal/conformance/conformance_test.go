@@ -24,3 +24,14 @@ func TestConformance(t *testing.T) {
 		})
 	}
 }
+
+// TestExecModes runs the core scenarios with every pool in each of pgx's
+// query exec modes, over QUEUE consumers and one tracking mode.
+func TestExecModes(t *testing.T) {
+	for _, s := range conformance.Subjects {
+		if s.Name != "queue" && s.Name != "bitmap" {
+			continue
+		}
+		t.Run(s.Name, func(t *testing.T) { conformance.RunExecModes(t, s) })
+	}
+}

@@ -56,6 +56,34 @@ func Run(t *testing.T, s *Subject) {
 	}
 }
 
+// ExecModes are pgx's query exec modes: every statement must work in each
+// (PgBouncer's transaction pooling needs exec, simple_protocol or
+// cache_describe).
+var ExecModes = []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"}
+
+// RunExecModes runs the core scenarios over s with every pool in each of
+// pgx's query exec modes.
+func RunExecModes(t *testing.T, s *Subject) {
+	core := map[string]bool{"StartWhileProducersCommitOutOfOrder": true, "TwoInstancesOnSeparatePools": true,
+		"MemberKilledMidBatch": true, "HungHandlerDoesNotStallTheRest": true, "StopAndStartDoNotRedeliver": true,
+		"CancelUnstartedGroupBesideLiveOnes": true, "PauseAndResumeTwoInstances": true}
+	for _, mode := range ExecModes {
+		sm := *s
+		sm.ExecMode = mode
+		t.Run(mode, func(t *testing.T) {
+			for _, sc := range scenarios {
+				if !core[sc.name] || (sc.groups && !s.Groups) {
+					continue
+				}
+				t.Run(sc.name, func(t *testing.T) {
+					t.Parallel()
+					sc.run(t, &sm)
+				})
+			}
+		})
+	}
+}
+
 // shortRetention lets cleanup delete finished messages at once, so a
 // message that a group was required to read but is not required on is
 // deleted (and lost) as soon as the other groups finished it.
@@ -252,7 +280,9 @@ func hungHandler(t *testing.T, s *Subject) {
 func stopStart(t *testing.T, s *Subject) {
 	logs := &logRecorder{}
 	logger := slog.New(logs)
-	e := newEnv(t, s, nil)
+	// A lease long enough that a loaded machine never lets one run out:
+	// this scenario is about stopping, not about lease expiry.
+	e := newEnv(t, s, func(tc *outbox.TopicConfig) { tc.Lease = 10 * time.Second })
 	slow := func(ctx context.Context, d *outbox.Delivery, seq int) error {
 		select {
 		case <-ctx.Done():

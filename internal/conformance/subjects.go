@@ -33,6 +33,9 @@ type Subject struct {
 	// Router: delivery through the router to an HTTP receiver (see
 	// RouterSubjects).
 	Router bool
+	// ExecMode, when set, is the pgx query exec mode of every pool the
+	// scenario opens (see RunExecModes).
+	ExecMode string
 	// Start starts one consumer instance with handler h on pool.
 	Start func(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error)
 }
