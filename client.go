@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
@@ -41,6 +42,12 @@ type Config struct {
 	// Producer tunes the client's Producer (its Schema and Clock are the
 	// client's).
 	Producer outbox.ProducerConfig
+	// ListenDSN, PollOnly and ListenProbeInterval configure the LISTEN
+	// connection that wakes consumers (see outbox.Config): behind a
+	// transaction pooler, give it a direct connection.
+	ListenDSN           string
+	PollOnly            bool
+	ListenProbeInterval time.Duration
 }
 
 // Client is a service's one handle on pgoutbox: it carries the settings
@@ -83,7 +90,8 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 	if err := migrations.Check(ctx, pool, migrations.Config{Schema: cfg.Schema}); err != nil {
 		return nil, err
 	}
-	oc, err := outbox.NewClient(pool, outbox.Config{Schema: cfg.Schema, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider, Clock: cfg.Clock})
+	oc, err := outbox.NewClient(pool, outbox.Config{Schema: cfg.Schema, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider,
+		Clock: cfg.Clock, ListenDSN: cfg.ListenDSN, PollOnly: cfg.PollOnly, ListenProbeInterval: cfg.ListenProbeInterval})
 	if err != nil {
 		return nil, err
 	}

@@ -117,7 +117,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 	logger = logger.With(slog.String("topic", cfg.Topic), slog.String("group", cfg.Group), slog.String("instance", cfg.InstanceID))
 	client := cfg.Client
 	if client == nil {
-		client, err = outbox.NewClient(pool, outbox.Config{Schema: schema, Logger: logger, MeterProvider: cfg.MeterProvider, Clock: cfg.Clock})
+		client, err = outbox.NewClient(pool, outbox.Config{Schema: schema, Logger: logger, MeterProvider: cfg.MeterProvider, Clock: cfg.Clock,
+			ListenDSN: cfg.ListenDSN, PollOnly: cfg.PollOnly})
 		if err != nil {
 			return nil, err
 		}

@@ -198,6 +198,11 @@ type Config struct {
 	// are set (a Schema that differs is an error), and its Clock replaces
 	// Clock. Defaults to a client of the group's own.
 	Client *outbox.Client
+	// ListenDSN and PollOnly configure the LISTEN connection of the
+	// group's own client when Client is nil (see outbox.Config): behind a
+	// transaction pooler, give it a direct connection.
+	ListenDSN string
+	PollOnly  bool
 	// BatchSize is the most messages one fetch hands to this instance.
 	// Defaults to DefaultBatchSize.
 	BatchSize int

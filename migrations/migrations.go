@@ -45,6 +45,13 @@ const VersionTable = "pgoutbox_schema_migrations"
 // must be lower-case letters, digits and underscores, at most 63 bytes.
 var ErrInvalidSchema = ident.ErrInvalidSchema
 
+// ErrPooledConnection is returned when migrations run through a connection
+// that does not keep session settings (a transaction pooler such as
+// PgBouncer in transaction mode): they need a direct connection to
+// PostgreSQL, or a session-mode pool, because they set search_path and hold
+// a session advisory lock. Nothing was changed.
+var ErrPooledConnection = errors.New("pgoutbox migrations: need a direct or session-pooled connection (not a transaction pooler)")
+
 // ErrDirty is returned when a previous migration failed half-way and the
 // version table is marked dirty; an operator has to repair it by hand.
 var ErrDirty = errors.New("pgoutbox migrations: database is dirty")
@@ -188,9 +195,22 @@ func run(ctx context.Context, base *pgxpool.Config, cfg Config, step func(*migra
 
 	lockConn, err := pool.Acquire(ctx)
 	if err != nil {
+		if strings.Contains(err.Error(), "unsupported startup parameter") {
+			return fmt.Errorf("%w: %w", ErrPooledConnection, err)
+		}
 		return fmt.Errorf("pgoutbox migrations: connect: %w", err)
 	}
 	defer lockConn.Release()
+	// A transaction pooler that ignores the search_path startup parameter
+	// would have the tables created in the wrong schema (and the session
+	// lock below held on a shared server connection): refuse.
+	var searchPath string
+	if err := lockConn.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&searchPath); err != nil {
+		return fmt.Errorf("pgoutbox migrations: connect: %w", err)
+	}
+	if searchPath != ident.Quote(schema) && searchPath != schema {
+		return fmt.Errorf("%w: the connection's search_path is %q, not %q", ErrPooledConnection, searchPath, schema)
+	}
 	if _, err := lockConn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, schema); err != nil {
 		return fmt.Errorf("pgoutbox migrations: waiting for the migration lock: %w", err)
 	}

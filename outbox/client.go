@@ -33,21 +33,42 @@ type Config struct {
 	// Clock replaces database time for leases, retries and availability.
 	// Defaults to nil: the database's now(), which every instance agrees on.
 	Clock Clock
+	// ListenDSN is the connection string of the dedicated LISTEN connection
+	// that wakes consumers: a direct connection to PostgreSQL, or a
+	// session-mode pool. Set it when the pool goes through a transaction
+	// pooler (PgBouncer in transaction mode), where LISTEN receives
+	// nothing. Defaults to the pool's connection settings.
+	ListenDSN string
+	// PollOnly opens no LISTEN connection: consumers find new messages by
+	// polling, within their PollInterval (default 1 s) instead of about a
+	// millisecond. Logged once. Defaults to false.
+	PollOnly bool
+	// ListenProbeInterval is how often the LISTEN connection is checked
+	// with a notification of its own, sent through the pool like a
+	// producer's: one that receives nothing is logged as an error (and its
+	// recovery as info). Negative disables the check. Defaults to
+	// DefaultListenProbeInterval.
+	ListenProbeInterval time.Duration
 }
+
+// DefaultListenProbeInterval is how often the LISTEN connection is checked.
+const DefaultListenProbeInterval = time.Minute
 
 // Client is the entry point for everything that needs a connection pool:
 // topic configuration, consumers and dead-letter administration. It is safe
 // for concurrent use and holds nothing that needs closing; consumers it
 // creates are stopped with their own Stop.
 type Client struct {
-	pool    *pgxpool.Pool
-	mp      metric.MeterProvider
-	schema  string
-	sql     *sqlq.Outbox
-	logger  *slog.Logger
-	metrics *metrics
-	clock   Clock
-	wake    wakeups // the shared LISTEN connection
+	pool          *pgxpool.Pool
+	listen        *pgx.ConnConfig // the LISTEN connection's settings; nil: PollOnly
+	probeInterval time.Duration
+	mp            metric.MeterProvider
+	schema        string
+	sql           *sqlq.Outbox
+	logger        *slog.Logger
+	metrics       *metrics
+	clock         Clock
+	wake          wakeups // the shared LISTEN connection
 }
 
 // NewClient returns a client using pool and the tables in cfg.Schema.
@@ -63,14 +84,31 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	var listen *pgx.ConnConfig
+	switch {
+	case cfg.PollOnly:
+		logger.Info("pgoutbox: no LISTEN connection (PollOnly): consumers find new messages by polling, within their PollInterval")
+	case cfg.ListenDSN != "":
+		if listen, err = pgx.ParseConfig(cfg.ListenDSN); err != nil {
+			return nil, fmt.Errorf("%w: ListenDSN: %v", ErrInvalidConfig, err)
+		}
+	default:
+		listen = pool.Config().ConnConfig
+	}
+	probe := cfg.ListenProbeInterval
+	if probe == 0 {
+		probe = DefaultListenProbeInterval
+	}
 	return &Client{
-		pool:    pool,
-		mp:      cfg.MeterProvider,
-		schema:  schema,
-		sql:     sqlq.For(schema),
-		logger:  logger,
-		metrics: newMetrics(cfg.MeterProvider),
-		clock:   cfg.Clock,
+		pool:          pool,
+		listen:        listen,
+		probeInterval: max(probe, 0),
+		mp:            cfg.MeterProvider,
+		schema:        schema,
+		sql:           sqlq.For(schema),
+		logger:        logger,
+		metrics:       newMetrics(cfg.MeterProvider),
+		clock:         cfg.Clock,
 	}, nil
 }
 

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"sync"
 
 	"github.com/pgoutbox/pgoutbox/internal/notify"
@@ -17,15 +18,22 @@ type wakeups struct {
 
 // WakeUps returns a channel that receives a (coalesced) value when a
 // producer commits a message to topic, and a function to stop receiving.
-// All subscriptions of a Client share one LISTEN connection, opened from
-// the client's pool configuration outside the pool. Wake-ups are hints:
-// keep polling.
+// All subscriptions of a Client share one LISTEN connection, opened outside
+// the pool (from Config.ListenDSN, else the pool's settings). Wake-ups are
+// hints: keep polling. With Config.PollOnly the channel is nil.
 func (c *Client) WakeUps(topic string) (<-chan struct{}, func()) {
+	if c.listen == nil { // PollOnly
+		return nil, func() {}
+	}
 	w := &c.wake
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.listener == nil {
-		w.listener = notify.New(c.pool.Config().ConnConfig, NotifyChannel(c.schema), c.logger)
+		probe := notify.Probe{Interval: c.probeInterval, Send: func(ctx context.Context, channel, payload string) error {
+			_, err := c.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, channel, payload)
+			return err
+		}}
+		w.listener = notify.New(c.listen, NotifyChannel(c.schema), c.logger, probe)
 		w.listener.Start()
 	}
 	w.subs++

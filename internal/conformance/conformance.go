@@ -61,6 +61,10 @@ type Env struct {
 func newEnv(t *testing.T, s *Subject, topic func(*outbox.TopicConfig)) *Env {
 	t.Helper()
 	db := pgtest.NewDB(t)
+	if s.PgBouncer { // every pool of the scenario goes through it
+		db.DSN = pgtest.PgBouncer(t, db)
+		db.Pool = pgtest.NewPool(t, db.DSN)
+	}
 	if s.ExecMode != "" { // every pool of the scenario uses the mode
 		db.DSN = withParam(db.DSN, "default_query_exec_mode", s.ExecMode)
 		db.Pool = pgtest.NewPool(t, db.DSN)

@@ -35,3 +35,14 @@ func TestExecModes(t *testing.T) {
 		t.Run(s.Name, func(t *testing.T) { conformance.RunExecModes(t, s) })
 	}
 }
+
+// TestThroughPgBouncer runs the core scenarios with every pool going through
+// a PgBouncer in transaction pooling mode.
+func TestThroughPgBouncer(t *testing.T) {
+	for _, s := range conformance.Subjects {
+		if s.Name != "queue" && s.Name != "counter" {
+			continue
+		}
+		t.Run(s.Name, func(t *testing.T) { conformance.RunThroughPgBouncer(t, s) })
+	}
+}

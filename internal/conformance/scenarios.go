@@ -61,15 +61,30 @@ func Run(t *testing.T, s *Subject) {
 // cache_describe).
 var ExecModes = []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"}
 
+// core are the scenarios run in every exec mode and through PgBouncer.
+var core = map[string]bool{"StartWhileProducersCommitOutOfOrder": true, "TwoInstancesOnSeparatePools": true,
+	"MemberKilledMidBatch": true, "HungHandlerDoesNotStallTheRest": true, "StopAndStartDoNotRedeliver": true,
+	"CancelUnstartedGroupBesideLiveOnes": true, "PauseAndResumeTwoInstances": true}
+
 // RunExecModes runs the core scenarios over s with every pool in each of
 // pgx's query exec modes.
-func RunExecModes(t *testing.T, s *Subject) {
-	core := map[string]bool{"StartWhileProducersCommitOutOfOrder": true, "TwoInstancesOnSeparatePools": true,
-		"MemberKilledMidBatch": true, "HungHandlerDoesNotStallTheRest": true, "StopAndStartDoNotRedeliver": true,
-		"CancelUnstartedGroupBesideLiveOnes": true, "PauseAndResumeTwoInstances": true}
-	for _, mode := range ExecModes {
+func RunExecModes(t *testing.T, s *Subject) { runModes(t, s, ExecModes, false) }
+
+// PgBouncerExecModes are the exec modes that work through PgBouncer's
+// transaction pooling (before PgBouncer 1.21, which tracks prepared
+// statements, the default cache_statement does not).
+var PgBouncerExecModes = []string{"exec", "simple_protocol", "cache_describe"}
+
+// RunThroughPgBouncer runs the core scenarios over s with every pool going
+// through a PgBouncer in transaction pooling mode, in each exec mode that
+// works there. LISTEN does not work through it: consumers find messages by
+// polling.
+func RunThroughPgBouncer(t *testing.T, s *Subject) { runModes(t, s, PgBouncerExecModes, true) }
+
+func runModes(t *testing.T, s *Subject, modes []string, pgbouncer bool) {
+	for _, mode := range modes {
 		sm := *s
-		sm.ExecMode = mode
+		sm.ExecMode, sm.PgBouncer = mode, pgbouncer
 		t.Run(mode, func(t *testing.T) {
 			for _, sc := range scenarios {
 				if !core[sc.name] || (sc.groups && !s.Groups) {

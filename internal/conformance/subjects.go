@@ -36,6 +36,9 @@ type Subject struct {
 	// ExecMode, when set, is the pgx query exec mode of every pool the
 	// scenario opens (see RunExecModes).
 	ExecMode string
+	// PgBouncer: every pool of the scenario goes through a PgBouncer in
+	// transaction pooling mode (see RunThroughPgBouncer).
+	PgBouncer bool
 	// Start starts one consumer instance with handler h on pool.
 	Start func(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error)
 }

@@ -12,6 +12,8 @@ package notify
 import (
 	"context"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,27 +23,43 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 )
 
-// Listener LISTENs on one channel. Start it once; Stop waits for its goroutine.
+// Listener LISTENs on one channel. Start it once; Stop waits for its goroutines.
 type Listener struct {
 	connConfig *pgx.ConnConfig
 	channel    string
 	logger     *slog.Logger
+	probe      Probe
 
 	mu   sync.Mutex
 	subs map[string]map[chan struct{}]struct{} // topic -> wake channels
+
+	probes chan string // payloads of probes that came back
 
 	cancel context.CancelFunc
 	done   chan struct{}
 	ready  chan struct{} // closed after the first successful LISTEN
 }
 
+// Probe checks that the LISTEN connection receives what producers send:
+// Send notifies the channel with payload the way producers do (through
+// their pool), every Interval.
+type Probe struct {
+	Interval time.Duration // 0: no probing
+	Send     func(ctx context.Context, channel, payload string) error
+}
+
+// probePrefix starts a probe's payload; no topic name can contain '#'.
+const probePrefix = "#probe:"
+
 // New returns a listener that will connect with connConfig.
-func New(connConfig *pgx.ConnConfig, channel string, logger *slog.Logger) *Listener {
+func New(connConfig *pgx.ConnConfig, channel string, logger *slog.Logger, probe Probe) *Listener {
 	return &Listener{
 		connConfig: connConfig.Copy(),
 		channel:    channel,
 		logger:     logger,
+		probe:      probe,
 		subs:       map[string]map[chan struct{}]struct{}{},
+		probes:     make(chan string, 8),
 		ready:      make(chan struct{}),
 	}
 }
@@ -69,15 +87,84 @@ func (l *Listener) Subscribe(topic string) (<-chan struct{}, func()) {
 // Ready is closed once the listener has LISTENed successfully for the first time.
 func (l *Listener) Ready() <-chan struct{} { return l.ready }
 
-// Start runs the listener until Stop.
+// Start runs the listener (and its probe) until Stop.
 func (l *Listener) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	l.done = make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		defer close(l.done)
+		defer wg.Done()
 		l.run(ctx)
 	}()
+	if l.probe.Interval > 0 && l.probe.Send != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.probeLoop(ctx)
+		}()
+	}
+	go func() { wg.Wait(); close(l.done) }()
+}
+
+// probeLoop notifies the channel through the producers' path every
+// interval and expects the notification back within the next interval. A
+// LISTEN connection that receives nothing (through a transaction pooler,
+// notifications reach a server connection nobody listens on any more) is
+// reported once, and its recovery once.
+func (l *Listener) probeLoop(ctx context.Context) {
+	select { // probe only a connection that is listening
+	case <-ctx.Done():
+		return
+	case <-l.ready:
+	}
+	t := time.NewTicker(l.probe.Interval)
+	defer t.Stop()
+	dead := false
+	for n := 1; ; n++ {
+		payload := probePrefix + strconv.Itoa(n)
+		sendCtx, cancel := context.WithTimeout(ctx, l.probe.Interval)
+		err := l.probe.Send(sendCtx, l.channel, payload)
+		cancel()
+		got := false
+		if err == nil {
+			timeout := time.After(l.probe.Interval)
+		wait:
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case p := <-l.probes:
+					if p == payload {
+						got = true
+						break wait
+					}
+				case <-timeout:
+					break wait
+				}
+			}
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			l.logger.Warn("pgoutbox: could not send the LISTEN probe", slog.String("channel", l.channel), slog.Any("error", err))
+		case !got && !dead:
+			dead = true
+			l.logger.Error("pgoutbox: the LISTEN connection receives no notifications: consumers fall back to polling (within their PollInterval). "+
+				"Is it going through a transaction pooler such as PgBouncer? Give it a direct connection (ListenDSN) or disable it (PollOnly)",
+				slog.String("channel", l.channel), slog.Duration("waited", l.probe.Interval))
+		case got && dead:
+			dead = false
+			l.logger.Info("pgoutbox: the LISTEN connection receives notifications again", slog.String("channel", l.channel))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Stop ends the listener and waits for it. Safe to call when not started.
@@ -137,6 +224,13 @@ func (l *Listener) session(ctx context.Context, listening func()) error {
 }
 
 func (l *Listener) wake(topic string) {
+	if strings.HasPrefix(topic, probePrefix) {
+		select {
+		case l.probes <- topic:
+		default:
+		}
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for ch := range l.subs[topic] {

@@ -3,6 +3,8 @@ package notify_test
 import (
 	"context"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +24,7 @@ func TestReconnectBackoffStartsAfreshAfterEachConnection(t *testing.T) {
 	db := pgtest.NewEmptyDB(t)
 	cfg, err := pgx.ParseConfig(db.DSN)
 	require.NoError(t, err)
-	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler))
+	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler), notify.Probe{})
 	wake, unsub := l.Subscribe("topic")
 	defer unsub()
 	l.Start()
@@ -56,4 +58,58 @@ WHERE datname = current_database() AND query LIKE 'LISTEN%' AND state = 'idle'`)
 		}
 		require.Less(t, time.Since(killed), time.Second, "outage %d lasted too long", i+1)
 	}
+}
+
+// logLines collects log records' messages.
+type logLines struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logLines) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Level.String()+" "+r.Message)
+	return nil
+}
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logLines) WithGroup(string) slog.Handler      { return l }
+func (l *logLines) has(prefix string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range l.msgs {
+		if strings.HasPrefix(m, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// The probe notices a LISTEN connection that receives nothing: one that
+// goes through PgBouncer in transaction mode (the LISTEN succeeds on some
+// server connection, which then goes back to the pool). A direct one
+// passes.
+func TestProbeDetectsADeadListenConnection(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	send := func(ctx context.Context, channel, payload string) error {
+		_, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, $2)`, channel, payload)
+		return err
+	}
+	listen := func(dsn string) *logLines {
+		cfg, err := pgx.ParseConfig(dsn)
+		require.NoError(t, err)
+		logs := &logLines{}
+		l := notify.New(cfg, "pgoutbox_probe", slog.New(logs), notify.Probe{Interval: 200 * time.Millisecond, Send: send})
+		l.Start()
+		t.Cleanup(l.Stop)
+		return logs
+	}
+	pooled := listen(pgtest.PgBouncer(t, db) + "&default_query_exec_mode=simple_protocol")
+	direct := listen(db.DSN)
+	pgtest.Eventually(t, 5*time.Second, "the dead channel reported", func() bool {
+		return pooled.has("ERROR pgoutbox: the LISTEN connection receives no notifications")
+	})
+	require.False(t, direct.has("ERROR"), "a direct LISTEN connection is healthy")
 }

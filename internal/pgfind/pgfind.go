@@ -88,3 +88,12 @@ func WithDatabase(dsn, db string) (string, error) {
 	}
 	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cred, cfg.Host, cfg.Port, db), nil
 }
+
+// HostPort returns the host and port a DSN points to.
+func HostPort(dsn string) (string, uint16, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return "", 0, err
+	}
+	return cfg.Host, cfg.Port, nil
+}

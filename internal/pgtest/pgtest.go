@@ -14,15 +14,21 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,7 +133,9 @@ func NewPool(tb testing.TB, dsn string) *pgxpool.Pool {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	cfg.MaxConns = 20
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	if cfg.ConnConfig.RuntimeParams["application_name"] != pgbouncerApp {
+		cfg.ConnConfig.RuntimeParams["search_path"] = "" // PgBouncer refuses the parameter
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pgtest: open pool: %v", err)
@@ -298,5 +306,99 @@ func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// pgbouncerApp is the application_name of connections through PgBouncer
+// (NewPool does not set search_path on them: PgBouncer refuses it).
+const pgbouncerApp = "pgoutbox-test-pgbouncer"
+
+// PgBouncer starts a PgBouncer (from the local pgbouncer binary) in
+// transaction pooling mode in front of db's database, on a free loopback
+// port, stops it when the test ends, and returns a DSN through it. Each of
+// settings is a line added to its [pgbouncer] section.
+func PgBouncer(tb testing.TB, db *DB, settings ...string) string {
+	tb.Helper()
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		bin = "/usr/sbin/pgbouncer"
+		if _, serr := os.Stat(bin); serr != nil {
+			tb.Fatalf("pgtest: pgbouncer not found (install Debian's pgbouncer; .ci/run does): %v", err)
+		}
+	}
+	s := find(tb)
+	host, port, err := pgfind.HostPort(s.AdminDSN)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("pgtest: free port: %v", err)
+	}
+	listenPort := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	dir, err := os.MkdirTemp("", "pgbouncer")
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	_ = os.Chmod(dir, 0o777) // pgbouncer refuses to run as root; it runs as postgres
+	ini := fmt.Sprintf(`[databases]
+%s = host=%s port=%d dbname=%s user=postgres
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = any
+pool_mode = transaction
+default_pool_size = 40
+max_client_conn = 500
+logfile = %s/pgbouncer.log
+pidfile = %s/pgbouncer.pid
+%s
+`, db.Name, host, port, db.Name, listenPort, dir, dir, strings.Join(settings, "\n"))
+	path := filepath.Join(dir, "pgbouncer.ini")
+	if err := os.WriteFile(path, []byte(ini), 0o644); err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	args := []string{path}
+	if os.Geteuid() == 0 {
+		args = []string{"-u", "postgres", path}
+	}
+	cmd := exec.Command(bin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("pgtest: start pgbouncer: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	tb.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&application_name=%s", listenPort, db.Name, pgbouncerApp)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := pgx.Connect(context.Background(), dsn+"&default_query_exec_mode=simple_protocol")
+		if err == nil {
+			conn.Close(context.Background())
+			return dsn
+		}
+		select {
+		case <-exited:
+			tb.Fatalf("pgtest: pgbouncer exited: %s", out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("pgtest: pgbouncer does not answer on port %d: %v\n%s", listenPort, err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
