@@ -54,8 +54,18 @@ func (g *Group) Cleanup(ctx context.Context, limit int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return tracker.Cleanup(ctx, g.pool, g.cfg.Topic, pubsub.Retention{Now: g.now(), Completed: topic.Retention,
-		ZeroSubscription: topic.ZeroSubscriptionRetention}, limit)
+	var n int64
+	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+		// Like a producer: a subscription change (which may start a
+		// backfill) waits for this cleanup, and a later one sees it.
+		if _, err := tx.Exec(ctx, g.q.LockTopicShared, g.cfg.Topic); err != nil {
+			return fmt.Errorf("consumergroup: cleanup: %w", err)
+		}
+		n, err = tracker.Cleanup(ctx, tx, g.cfg.Topic, pubsub.Retention{Now: g.now(), Completed: topic.Retention,
+			ZeroSubscription: topic.ZeroSubscriptionRetention}, limit)
+		return err
+	})
+	return n, err
 }
 
 // DeadLetters lists the group's dead-lettered messages with id > afterID.

@@ -110,7 +110,6 @@ type position struct {
 	resumeID     *int64
 	backfillFrom *string
 	backfillLeft int64
-	reopen       bool
 }
 
 // fetchOnce is one look (see the top of this file). Its statements are not
@@ -128,7 +127,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 
 	var p position
 	err = tx.QueryRow(ctx, g.q.LockOffset, g.sub.ID).Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
-		&p.backfillFrom, &p.backfillLeft, &p.reopen)
+		&p.backfillFrom, &p.backfillLeft)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var exists bool
 		if err := tx.QueryRow(ctx, g.q.OffsetExists, g.sub.ID).Scan(&exists); err != nil {
@@ -184,16 +183,16 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 func (r *runner) backfillStep(ctx context.Context, tx pgx.Tx, p position) error {
 	g := r.g
 	limit := min(int64(g.opts.BackfillBatchSize), p.backfillLeft)
-	var n int64
+	var picked, raised int64
 	if limit > 0 {
 		var err error
-		n, err = g.tracker.Backfill(ctx, tx, g.sub, backfillRange(g.subRow, *p.backfillFrom, p.reopen), int(limit))
+		picked, raised, err = g.tracker.Backfill(ctx, tx, g.sub, backfillRange(g.subRow, *p.backfillFrom), int(limit))
 		if err != nil {
 			return err
 		}
 	}
-	left := p.backfillLeft - n
-	done := n < limit || left <= 0
+	left := p.backfillLeft - raised
+	done := picked < limit || left <= 0 // a step that picked fewer rows than it could found the end
 	if _, err := tx.Exec(ctx, g.q.BackfillProgress, g.sub.ID, left, done); err != nil {
 		return fmt.Errorf("backfill: %w", err)
 	}

@@ -12,12 +12,12 @@ import (
 )
 
 // The heartbeat: one goroutine per instance, on the heartbeat pool (so a
-// busy main pool cannot starve it). Every HeartbeatInterval (±10%
-// jitter, so instances do not beat in step) it records the instance's
-// liveness in database time, follows the subscription's state (a DEAD
-// group comes back; a cancelled or deleted one stops the instance), marks
-// other groups of the topic whose heartbeats stopped as DEAD, forgets
-// groups that left, and deletes expired idempotency keys.
+// busy main pool cannot starve it), doing nothing else (slow lifecycle
+// work, see janitor.go, never delays a beat). Every HeartbeatInterval
+// (±10% jitter, so instances do not beat in step) it records the
+// instance's liveness in database time and follows the subscription's
+// state: a DEAD group comes back; a cancelled or deleted one stops the
+// instance.
 
 func (r *runner) heartbeat() {
 	defer r.fetchWG.Done()
@@ -27,15 +27,26 @@ func (r *runner) heartbeat() {
 			r.end(err)
 			return
 		}
-		g.detectDead(r.fetchCtx, r.hbPool)
-		g.forgetPending(r.fetchCtx, r.hbPool)
-		r.expireIdempotencyKeys()
-		jitter := time.Duration(rand.Int64N(int64(g.cfg.HeartbeatInterval)/5+1)) - g.cfg.HeartbeatInterval/10
-		select {
-		case <-r.fetchCtx.Done():
+		if !r.pause(jittered(g.cfg.HeartbeatInterval)) {
 			return
-		case <-time.After(g.cfg.HeartbeatInterval + jitter):
 		}
+	}
+}
+
+// jittered is d ±10%.
+func jittered(d time.Duration) time.Duration {
+	return d + time.Duration(rand.Int64N(int64(d)/5+1)) - d/10
+}
+
+// pause waits d, reporting false when the instance stops meanwhile.
+func (r *runner) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.fetchCtx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -64,12 +75,4 @@ func (r *runner) beat() error {
 		}
 	}
 	return nil
-}
-
-func (r *runner) expireIdempotencyKeys() {
-	ctx, cancel := context.WithTimeout(r.fetchCtx, 10*time.Second)
-	defer cancel()
-	if _, err := r.g.client.ExpireIdempotencyKeys(ctx); err != nil && r.fetchCtx.Err() == nil {
-		r.g.logger.Error("pgoutbox: deleting expired idempotency keys failed", slog.Any("error", err))
-	}
 }

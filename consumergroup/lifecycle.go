@@ -324,9 +324,9 @@ func streamFor(mode outbox.TrackingMode, sub subscription) streamArgs {
 
 // backfillRange is the part of the topic a backfill of sub may raise it
 // on: rows not visible in from that its start position selects.
-func backfillRange(sub subscription, from string, reopen bool) pubsub.Range {
+func backfillRange(sub subscription, from string) pubsub.Range {
 	return pubsub.Range{Position: from, All: sub.kind == StartNow || sub.kind == StartBeginning,
-		From: sub.fromTS, FromID: sub.fromID, Reopen: reopen}
+		From: sub.fromTS, FromID: sub.fromID}
 }
 
 func mask(bit int) int64 {

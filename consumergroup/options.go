@@ -109,10 +109,12 @@ type SubscriptionOptions struct {
 	Position  Position
 	Timestamp time.Time // StartTimestamp
 	MessageID int64     // StartMessageID
-	// Backfill makes the group required on the unfinished messages it will
-	// read from before it subscribed, so cleanup keeps them until it acks.
-	// Finished messages are never re-opened. Without it such messages are
-	// delivered only if they are still there when the group reads them.
+	// Backfill makes the group required on the messages still stored that
+	// its start position selects from before it subscribed (up to
+	// MaxBackfill, oldest first), finished by other groups or not, so
+	// cleanup keeps them until the group read them. Without it such
+	// messages are delivered only if they are still there when the group
+	// reads them.
 	Backfill bool
 	// MaxBackfill caps how many messages Backfill raises (oldest first).
 	// Defaults to DefaultMaxBackfill.

@@ -27,8 +27,10 @@ import (
 //     calls that overran their timeout (through the slots' locks).
 //   - completer (completer.go), one goroutine: writes outcomes. Removes
 //     from inflight and held.
-//   - heartbeat (heartbeat.go), one goroutine: liveness, resurrection,
-//     dead-group detection, forgetting, expired idempotency keys.
+//   - heartbeat (heartbeat.go), one goroutine: liveness, following the
+//     subscription's state, resurrection.
+//   - janitor (janitor.go), one goroutine: dead-group detection,
+//     forgetting groups that left, expired idempotency keys.
 //   - lease keeper (leases.go), one goroutine: extends the leases of what
 //     held lists, while anyone works on it.
 //
@@ -53,7 +55,7 @@ type runner struct {
 	slotsMu sync.Mutex
 	slots   map[*slot]struct{} // executors running a handler loop
 
-	fetchCtx    context.Context // fetcher and heartbeat
+	fetchCtx    context.Context // fetcher, heartbeat, janitor
 	fetchCancel context.CancelFunc
 	workCtx     context.Context // handler calls
 	workCancel  context.CancelFunc
@@ -61,7 +63,7 @@ type runner struct {
 	keepCtx     context.Context // lease keeper and watchdog
 	keepCancel  context.CancelFunc
 
-	fetchWG   sync.WaitGroup // fetcher, heartbeat
+	fetchWG   sync.WaitGroup // fetcher, heartbeat, janitor
 	workWG    sync.WaitGroup // executors (not abandoned ones), batch goroutines
 	doneWG    sync.WaitGroup // completer
 	keepWG    sync.WaitGroup // lease keeper, watchdog
@@ -193,9 +195,10 @@ func (r *runner) start() {
 	for range r.g.cfg.Concurrency {
 		r.startExecutor()
 	}
-	r.fetchWG.Add(2)
+	r.fetchWG.Add(3)
 	go r.fetch()
 	go r.heartbeat()
+	go r.janitor()
 }
 
 // stop stops the instance once (cause, when not nil, records why the

@@ -55,10 +55,6 @@ type Range struct {
 	All      bool
 	From     *time.Time
 	FromID   *int64
-	// Reopen also raises the group on rows every other group finished, or
-	// that no group needed: a group coming back from DEAD owes them. A new
-	// subscription's backfill leaves finished rows alone.
-	Reopen bool
 }
 
 // Retention says which finished rows cleanup may delete.
@@ -82,9 +78,11 @@ type Tracker interface {
 	// batches. Offset mode cannot tell per message and returns none.
 	Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error)
 	// Backfill makes sub required on at most limit rows of r that neither
-	// require it nor were completed by it, returning how many it changed:
-	// unfinished rows, or with r.Reopen every such row.
-	Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error)
+	// require it nor were completed by it, whether other groups finished
+	// them or none needed them. It returns how many rows it picked (fewer
+	// than limit: none is left) and how many it raised (a picked row
+	// deleted meanwhile is not).
+	Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (picked, raised int64, err error)
 	// Forget removes sub from the required sets of at most limit rows it
 	// had not finished (the group died or was cancelled), inside tx,
 	// returning how many rows it looked at; fewer than limit means none
@@ -95,6 +93,9 @@ type Tracker interface {
 	Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error)
 	// Cleanup deletes at most limit rows of topic that every required group
 	// finished and that retention lets go, returning how many it deleted.
+	// Run it in a transaction holding the topic's lock in shared mode (as
+	// consumergroup.Group.Cleanup does), so that a subscription change that
+	// starts a backfill is never overtaken by a cleanup that missed it.
 	Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error)
 }
 
@@ -154,8 +155,16 @@ func (b *Bitmap) Completed(ctx context.Context, db DB, sub Subscription, ids []i
 }
 
 // Backfill implements Tracker.
-func (b *Bitmap) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error) {
-	return exec(ctx, db, "bitmap backfill", b.q.BitmapBackfill, sub.Topic, sub.Mask(), r.Position, limit, r.All, r.From, r.FromID, r.Reopen)
+func (b *Bitmap) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, int64, error) {
+	return backfill(ctx, db, "bitmap backfill", b.q.BitmapBackfill, sub.Topic, sub.Mask(), r, limit)
+}
+
+func backfill(ctx context.Context, db DB, what, sql, topic string, member any, r Range, limit int) (picked, raised int64, err error) {
+	err = db.QueryRow(ctx, sql, topic, member, r.Position, limit, r.All, r.From, r.FromID).Scan(&picked, &raised)
+	if err != nil {
+		return 0, 0, fmt.Errorf("pubsub: %s: %w", what, err)
+	}
+	return picked, raised, nil
 }
 
 // Forget implements Tracker: a cancelled group's bit is stripped from
@@ -190,8 +199,8 @@ func (c *Counter) Completed(ctx context.Context, db DB, sub Subscription, ids []
 }
 
 // Backfill implements Tracker.
-func (c *Counter) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, error) {
-	return exec(ctx, db, "counter backfill", c.q.CounterBackfill, sub.Topic, sub.ID, r.Position, limit, r.All, r.From, r.FromID, r.Reopen)
+func (c *Counter) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, int64, error) {
+	return backfill(ctx, db, "counter backfill", c.q.CounterBackfill, sub.Topic, sub.ID, r, limit)
 }
 
 // Forget implements Tracker in two statements: lock the candidate rows,
@@ -242,7 +251,9 @@ func (*Offset) Completed(context.Context, DB, Subscription, []int64) (map[int64]
 
 // Backfill implements Tracker: a late group's start position already holds
 // the watermark back, so there is nothing to raise.
-func (*Offset) Backfill(context.Context, DB, Subscription, Range, int) (int64, error) { return 0, nil }
+func (*Offset) Backfill(context.Context, DB, Subscription, Range, int) (int64, int64, error) {
+	return 0, 0, nil
+}
 
 // Forget implements Tracker: a group that left simply stops holding the
 // watermark back.

@@ -18,12 +18,13 @@ import (
 // read the old set and holds back those that would read it next.
 type PubSub struct {
 	// Subscriptions and their state.
-	LockTopic, SelectSubscription, InsertSubscription, InsertOffset string
-	SubscribedBits, AddSubscribed, RemoveSubscribed, SetStatus      string
-	LockOffsetWait, ResurrectOffset, SubscriptionStatus, Heartbeat  string
-	DeadCandidates, AnyDeadCandidate, LockOffsetsSkipLocked         string
-	PendingForgets, LockForget, ForgetDone, DeleteGroupState        string
-	CommittedPosition                                               string
+	LockTopic, LockTopicShared                                     string
+	SelectSubscription, InsertSubscription, InsertOffset           string
+	SubscribedBits, AddSubscribed, RemoveSubscribed, SetStatus     string
+	LockOffsetWait, ResurrectOffset, SubscriptionStatus, Heartbeat string
+	DeadCandidates, AnyDeadCandidate, LockOffsetsSkipLocked        string
+	PendingForgets, LockForget, ForgetDone, DeleteGroupState       string
+	CommittedPosition                                              string
 
 	// Fetching.
 	LockOffset, OffsetExists, FetchState, BackfillProgress string
@@ -47,6 +48,7 @@ func ForPubSub(schema string) *PubSub {
 	q := func(s string) string { return r.Replace(s) }
 	return &PubSub{
 		LockTopic:             q(lockTopic),
+		LockTopicShared:       q(lockTopicShared),
 		SelectSubscription:    q(selectSubscription),
 		InsertSubscription:    q(insertSubscription),
 		InsertOffset:          q(insertOffset),
@@ -116,6 +118,10 @@ const lockTopic = `
 SELECT semantics, coalesce(tracking_mode, '') FROM {{schema}}.outbox_topics AS t
 WHERE t.topic = $1 AND pg_advisory_xact_lock(` + topicLockClass + `, hashtext(t.topic)) IS NOT NULL
 FOR UPDATE`
+
+// lockTopicShared is what cleanup takes (like a producer): subscription
+// changes wait for it.
+const lockTopicShared = `SELECT pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1))`
 
 const selectSubscription = `
 SELECT id, subscription_status, coalesce(bit, -1), start_position,
@@ -189,7 +195,7 @@ WITH expired AS (
 UPDATE {{schema}}.outbox_subscription_offsets AS o
 SET backfill_from = coalesce((SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
                               WHERE b.subscription_id = $1 ORDER BY b.id LIMIT 1), o.position),
-    backfill_left = $2, backfill_reopen = true, updated_at = now()
+    backfill_left = $2, updated_at = now()
 WHERE o.subscription_id = $1`
 
 const subscriptionStatus = `
@@ -262,7 +268,7 @@ WHERE s.topic = $1 AND s.subscription_status IN ('ACTIVE', 'PAUSED')`
 // Nobody holds it while handling.
 const lockOffset = `
 SELECT position::text, pair_cur::text, resume_xid::text, resume_id,
-       backfill_from::text, backfill_left, backfill_reopen
+       backfill_from::text, backfill_left
 FROM {{schema}}.outbox_subscription_offsets
 WHERE subscription_id = $1
 FOR UPDATE SKIP LOCKED`
@@ -281,7 +287,7 @@ FROM {{schema}}.outbox_topic_subscriptions WHERE id = $1`
 const backfillProgress = `
 UPDATE {{schema}}.outbox_subscription_offsets
 SET backfill_left = $2, backfill_from = CASE WHEN $3 THEN NULL ELSE backfill_from END,
-    backfill_reopen = backfill_reopen AND NOT $3, updated_at = now()
+    updated_at = now()
 WHERE subscription_id = $1`
 
 // streamFilter says which rows of a pair belong to the group, with bind
@@ -486,28 +492,37 @@ WHERE subscription_id = ` + groupSubscription + ` AND status = 'DEAD_LETTER'
 // ---------------------------------------------------------------- bitmap
 
 // bitmapComplete ORs the group's bit into done_bits: one UPDATE a batch.
+// It does so even on a row the group was forgotten on meanwhile (it was
+// DEAD while it handled the batch): a later resurrection backfill then
+// knows the group handled it. A done bit without its required bit is
+// harmless to cleanup, and a cancelled group's strip clears it.
 const bitmapComplete = `
 UPDATE {{schema}}.outbox_published SET done_bits = done_bits | $2
-WHERE id = ANY($1::bigint[]) AND required_bits & $2 <> 0 AND done_bits & $2 = 0`
+WHERE id = ANY($1::bigint[]) AND done_bits & $2 = 0`
 
 const bitmapCompleted = `
 SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0`
 
 // bitmapBackfill makes the group (bit $2) required on up to $4 rows of its
 // stream that are not visible in $3 and that it has neither required nor
-// completed: unfinished rows, or ($8) every such row, finished by the
-// other groups or needed by none. $5 all rows / $6 from time / $7 from id
-// narrow it to the group's start.
+// completed, whether the other groups finished them or none needed them
+// (the group owes them: cleanup must keep them until it read them). $5 all rows / $6 from time / $7 from id
+// narrow it to the group's start. It returns how many rows it picked (a
+// step that picked fewer than $4 found the end) and how many it raised (a
+// picked row deleted meanwhile is not raised).
 const bitmapBackfill = `
-UPDATE {{schema}}.outbox_published SET required_bits = required_bits | $2
-WHERE id IN (
+WITH picked AS (
     SELECT id FROM {{schema}}.outbox_published
     WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 = 0 AND done_bits & $2 = 0
-          AND ($8::bool OR (required_bits <> 0 AND done_bits & required_bits <> required_bits))
-          AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
+          AND xid >= pg_snapshot_xmin($3::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
           AND ($5::bool OR created_at >= $6::timestamptz OR id >= $7::bigint)
-    ORDER BY id LIMIT $4)
-  AND required_bits & $2 = 0`
+    ORDER BY id LIMIT $4
+), raised AS (
+    UPDATE {{schema}}.outbox_published AS o SET required_bits = o.required_bits | $2
+    FROM picked WHERE o.id = picked.id AND o.required_bits & $2 = 0 AND o.done_bits & $2 = 0
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM raised)`
 
 // bitmapForget drops a DEAD group (bit $2) from up to $3 rows it had not
 // completed. The row conditions are repeated outside the subquery so that
@@ -534,12 +549,20 @@ WHERE id IN (
 
 // retention: rows older than the topic's retention (and, for rows nobody
 // was subscribed to, older than the zero-subscription floor), with no
-// pending retry of a subscribed group.
+// pending retry of a subscribed group, and out of reach of every pending
+// backfill (a group that came back, or subscribed with Backfill, may still
+// be raised on them). Cleanup runs under the topic's lock in shared mode
+// (see lockTopicShared), so a subscription change that starts a backfill
+// waits for cleanups in progress and later ones see it.
 const retention = `
       AND o.created_at < coalesce($2::timestamptz, now()) - $3 * interval '1 microsecond'
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
                       JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
-                      WHERE r.message_id = o.id AND s.subscription_status IN ('ACTIVE', 'PAUSED'))`
+                      WHERE r.message_id = o.id AND s.subscription_status IN ('ACTIVE', 'PAUSED'))
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets AS b
+                      JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = b.subscription_id
+                      WHERE s.topic = o.topic AND s.subscription_status IN ('ACTIVE', 'PAUSED')
+                            AND b.backfill_from IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, b.backfill_from))`
 
 const bitmapCleanup = `
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
@@ -547,7 +570,8 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
     WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND coalesce(o.done_bits, 0) & o.required_bits = o.required_bits
           AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
-    ORDER BY o.id LIMIT $4)`
+    ORDER BY o.id LIMIT $4)
+  AND coalesce(done_bits, 0) & required_bits = required_bits -- re-checked on the row version the delete locks`
 
 // ---------------------------------------------------------------- counter
 
@@ -570,19 +594,23 @@ const counterCompleted = `
 SELECT message_id FROM {{schema}}.outbox_consumer_groups
 WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
 
+// counterBackfill is bitmapBackfill for subscription $2 in Counter mode.
 const counterBackfill = `
-UPDATE {{schema}}.outbox_published AS o
-SET required_ids = array_append(required_ids, $2::bigint), required_count = required_count + 1
-WHERE id IN (
+WITH picked AS (
     SELECT id FROM {{schema}}.outbox_published AS o
     WHERE topic = $1 AND status = 'PUBLISHED' AND NOT ($2::bigint = ANY(required_ids))
-          AND ($8::bool OR (required_count > 0 AND completed_count < required_count))
-          AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
+          AND xid >= pg_snapshot_xmin($3::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
           AND ($5::bool OR created_at >= $6::timestamptz OR id >= $7::bigint)
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                           WHERE c.message_id = o.id AND c.subscription_id = $2)
-    ORDER BY id LIMIT $4)
-  AND NOT ($2::bigint = ANY(o.required_ids))`
+    ORDER BY id LIMIT $4
+), raised AS (
+    UPDATE {{schema}}.outbox_published AS o
+    SET required_ids = array_append(o.required_ids, $2::bigint), required_count = o.required_count + 1
+    FROM picked WHERE o.id = picked.id AND NOT ($2::bigint = ANY(o.required_ids))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM raised)`
 
 // counterForgetCandidates locks up to $3 rows that still require
 // subscription $2 and that it had not completed when the statement began.
@@ -612,6 +640,7 @@ WITH gone AS (
               AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
         ORDER BY o.id LIMIT $4)
+      AND coalesce(completed_count, 0) >= coalesce(required_count, 0) -- re-checked on the locked row version
     RETURNING id
 ), dedupe AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)

@@ -5,12 +5,11 @@
 -- A pending backfill: before anyone fetches for the group again, the
 -- group is raised on the stored rows of its stream that are not visible in
 -- backfill_from and that it has not completed (at most backfill_left of
--- them). A resurrected group also takes back rows every other group
--- finished (backfill_reopen); a new subscription only unfinished ones.
+-- them), whether other groups finished them or none needed them. Until it
+-- is done, cleanup leaves those rows alone.
 ALTER TABLE outbox_subscription_offsets
-    ADD COLUMN backfill_from   pg_snapshot,
-    ADD COLUMN backfill_left   bigint  NOT NULL DEFAULT 0,
-    ADD COLUMN backfill_reopen boolean NOT NULL DEFAULT false;
+    ADD COLUMN backfill_from pg_snapshot,
+    ADD COLUMN backfill_left bigint NOT NULL DEFAULT 0;
 
 -- A DEAD or CANCELLED group stays in the required sets of rows written by
 -- producers that read the subscribed set before it left; forgetting is
