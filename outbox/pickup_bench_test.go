@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -43,7 +44,8 @@ func BenchmarkIdlePickup(b *testing.B) {
 				dsn = pgtest.PgBouncer(b, db)
 			}
 			pool := pgtest.NewPool(b, dsn+"&default_query_exec_mode=cache_describe")
-			cfg := outbox.Config{Schema: db.Schema, PollOnly: setup.pollOnly, ListenProbeInterval: -1}
+			cfg := outbox.Config{Schema: db.Schema, PollOnly: setup.pollOnly, ListenProbeInterval: -1,
+				Logger: slog.New(slog.DiscardHandler)}
 			if setup.listen {
 				cfg.ListenDSN = db.DSN
 			}
