@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
@@ -171,7 +172,7 @@ func twoInstances(t *testing.T, s *Subject) {
 	}
 	for _, g := range groups {
 		for _, i := range []string{"a", "b"} {
-			e.StartInstance(t, pgtest.NewPool(t, e.DB.DSN), Spec{Group: g, Instance: g + "-" + i, BatchSize: 20}, nil)
+			e.StartInstance(t, e.instancePool(t), Spec{Group: g, Instance: g + "-" + i, BatchSize: 20}, nil)
 		}
 	}
 	e.cleaner(t)
@@ -180,6 +181,13 @@ func twoInstances(t *testing.T, s *Subject) {
 		e.WaitDelivered(t, g, sent.Committed, 60*time.Second)
 		e.Check(t, g, sent.Committed, sent.RolledBack)
 	}
+}
+
+// instancePool opens a small pool of its own for one instance (another
+// process), so that many scenarios in parallel stay within the server's
+// connection limit.
+func (e *Env) instancePool(t testing.TB) *pgxpool.Pool {
+	return pgtest.NewPool(t, withParam(e.DB.DSN, "pool_max_conns", "6"))
 }
 
 // handledBy counts the ledger rows of instance (for router subjects, which
@@ -484,7 +492,7 @@ func pauseResume(t *testing.T, s *Subject) {
 	spec := Spec{Group: "g1", PollInterval: 50 * time.Millisecond, HeartbeatInterval: 10 * time.Second}
 	for _, i := range []string{"a", "b"} {
 		spec.Instance = i
-		e.StartInstance(t, pgtest.NewPool(t, e.DB.DSN), spec, nil)
+		e.StartInstance(t, e.instancePool(t), spec, nil)
 	}
 	warm := e.Send(t, 10)
 	e.WaitDelivered(t, "g1", warm, 30*time.Second)
@@ -496,7 +504,7 @@ func pauseResume(t *testing.T, s *Subject) {
 	time.Sleep(10 * spec.PollInterval)
 	require.Empty(t, e.handledOf(t, "g1", ids), "paused group handled messages")
 	spec.Instance = "c"
-	e.StartInstance(t, pgtest.NewPool(t, e.DB.DSN), spec, nil)
+	e.StartInstance(t, e.instancePool(t), spec, nil)
 	time.Sleep(10 * spec.PollInterval)
 	require.Empty(t, e.handledOf(t, "g1", ids), "an instance started while paused handled messages")
 	require.NoError(t, admin.Resume(ctx))

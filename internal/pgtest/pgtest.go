@@ -124,7 +124,8 @@ func NewEmptyDB(tb testing.TB) *DB {
 	return db
 }
 
-// NewPool opens another pool on dsn (empty search_path, 20 connections),
+// NewPool opens another pool on dsn (empty search_path, 20 connections
+// unless dsn sets pool_max_conns),
 // closed when the test ends: use it to play a second process.
 func NewPool(tb testing.TB, dsn string) *pgxpool.Pool {
 	tb.Helper()
@@ -132,7 +133,9 @@ func NewPool(tb testing.TB, dsn string) *pgxpool.Pool {
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
-	cfg.MaxConns = 20
+	if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = 20
+	}
 	if cfg.ConnConfig.RuntimeParams["application_name"] != pgbouncerApp {
 		cfg.ConnConfig.RuntimeParams["search_path"] = "" // PgBouncer refuses the parameter
 	}
@@ -352,7 +355,7 @@ listen_port = %d
 unix_socket_dir =
 auth_type = any
 pool_mode = transaction
-default_pool_size = 40
+default_pool_size = 10
 max_client_conn = 500
 logfile = %s/pgbouncer.log
 pidfile = %s/pgbouncer.pid
