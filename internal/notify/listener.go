@@ -123,6 +123,11 @@ func (l *Listener) probeLoop(ctx context.Context) {
 	defer t.Stop()
 	dead := false
 	for n := 1; ; n++ {
+		select { // the first probe after one interval: nothing to check at start
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 		payload := probePrefix + strconv.Itoa(n)
 		sendCtx, cancel := context.WithTimeout(ctx, l.probe.Interval)
 		err := l.probe.Send(sendCtx, l.channel, payload)
@@ -158,11 +163,6 @@ func (l *Listener) probeLoop(ctx context.Context) {
 		case got && dead:
 			dead = false
 			l.logger.Info("pgoutbox: the LISTEN connection receives notifications again", slog.String("channel", l.channel))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
 		}
 	}
 }
