@@ -187,7 +187,7 @@ func twoInstances(t *testing.T, s *Subject) {
 // process), so that many scenarios in parallel stay within the server's
 // connection limit.
 func (e *Env) instancePool(t testing.TB) *pgxpool.Pool {
-	return pgtest.NewPool(t, withParam(e.DB.DSN, "pool_max_conns", "6"))
+	return pgtest.NewPool(t, withParam(e.DB.DSN, "pool_max_conns", "4"))
 }
 
 // handledBy counts the ledger rows of instance (for router subjects, which

@@ -124,7 +124,7 @@ func NewEmptyDB(tb testing.TB) *DB {
 	return db
 }
 
-// NewPool opens another pool on dsn (empty search_path, 20 connections
+// NewPool opens another pool on dsn (empty search_path, 10 connections
 // unless dsn sets pool_max_conns),
 // closed when the test ends: use it to play a second process.
 func NewPool(tb testing.TB, dsn string) *pgxpool.Pool {
@@ -134,7 +134,7 @@ func NewPool(tb testing.TB, dsn string) *pgxpool.Pool {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	if !strings.Contains(dsn, "pool_max_conns") {
-		cfg.MaxConns = 20
+		cfg.MaxConns = 10
 	}
 	if cfg.ConnConfig.RuntimeParams["application_name"] != pgbouncerApp {
 		cfg.ConnConfig.RuntimeParams["search_path"] = "" // PgBouncer refuses the parameter
