@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -90,7 +91,7 @@ func TestNoLossOnOutOfOrderCommits(t *testing.T) {
 					require.False(t, r.has(seq), "group %d got rolled-back message %d", i, seq)
 				}
 				require.Equal(t, len(committed), r.distinct())
-				require.Zero(t, r.dups())
+				require.Zero(t, r.dups(), r.duplicates())
 			}
 		})
 	}
@@ -127,5 +128,63 @@ func TestNoGlobalStallFromOpenTransaction(t *testing.T) {
 			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_xact_status($1::xid8) = 'in progress'`, xid).Scan(&stillOpen))
 			require.True(t, stillOpen)
 		})
+	}
+}
+
+// A snapshot pair read in several batches is read in xid order, as a
+// number: a pair whose transaction ids cross a power of ten (999999 →
+// 1000000) once sorted its rows as text, so a batch's last row was not its
+// greatest and the next batch resumed from the wrong place, delivering
+// some rows twice or skipping others for good.
+func TestPairCrossingAPowerOfTenInXids(t *testing.T) {
+	cases := []struct {
+		name         string
+		below, above int // rows with six- and seven-digit xids
+	}{
+		{"fewer rows above the boundary than a batch", 5, 3}, // redelivered 3 rows
+		{"a whole batch above the boundary", 2, 7},           // skipped 2 rows
+	}
+	for _, mode := range modes {
+		for _, c := range cases {
+			t.Run(string(mode)+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, mode)
+				ctx := context.Background()
+				cfg := func(c *consumergroup.Config) { c.BatchSize = 7; c.Concurrency = 1 }
+
+				// The group is registered, then stopped: the messages
+				// require it and wait for it.
+				first := b.newGroup(t, "g", cfg)
+				require.NoError(t, first.AddConsumer("m", newRecorder().handler, nil))
+				start(t, first, consumergroup.FromNow())
+				require.NoError(t, first.Stop(ctx))
+				seqs := make([]int, c.below+c.above)
+				for i := range seqs {
+					seqs[i] = i
+				}
+				ids := b.send(t, seqs...)
+
+				// Give the rows xids on both sides of 10^6, and move the
+				// group's position back before them: its next pair holds
+				// all of them, more than one batch.
+				for i, id := range ids {
+					xid := 999999 - c.below + 1 + i // ..., 999999, then 1000000, ...
+					_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_published")+` SET xid = $2::text::xid8 WHERE id = $1`,
+						id, strconv.Itoa(xid))
+					require.NoError(t, err)
+				}
+				_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_subscription_offsets")+`
+SET position = '999990:999990:', pair_cur = NULL, resume_xid = NULL, resume_id = NULL`)
+				require.NoError(t, err)
+
+				r := newRecorder()
+				second := b.newGroup(t, "g", cfg)
+				require.NoError(t, second.AddConsumer("m", r.handler, nil))
+				start(t, second, consumergroup.FromNow())
+				pgtest.Eventually(t, 10*time.Second, "every message delivered", func() bool { return r.distinct() == len(ids) })
+				time.Sleep(100 * time.Millisecond) // a redelivery would come at once
+				require.Zero(t, r.dups(), r.duplicates())
+			})
+		}
 	}
 }

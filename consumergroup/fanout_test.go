@@ -30,7 +30,7 @@ func TestFanOutEveryGroupGetsEveryMessage(t *testing.T) {
 			b.sendRange(t, 0, n)
 			for i, r := range recs {
 				pgtest.Eventually(t, 60*time.Second, fmt.Sprintf("group %d drained", i), func() bool { return r.distinct() == n })
-				require.Zero(t, r.dups(), "group %d handled a message twice", i)
+				require.Zero(t, r.dups(), "group %d handled a message twice:\n%s", i, r.duplicates())
 			}
 			// Groups complete the same rows concurrently; they must lock
 			// them in one order (a deadlock costs a second and a retry).

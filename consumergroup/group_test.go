@@ -65,7 +65,7 @@ func TestTwoInstancesShareAGroup(t *testing.T) {
 			b.sendRange(t, 0, 3000)
 			pgtest.Eventually(t, 30*time.Second, "drained", func() bool { return r.distinct() == 3000 })
 			time.Sleep(50 * time.Millisecond)
-			require.Zero(t, r.dups())
+			require.Zero(t, r.dups(), r.duplicates())
 			require.Positive(t, perInstance[0].Load())
 			require.Positive(t, perInstance[1].Load())
 		})
@@ -108,7 +108,7 @@ func TestCrashedMemberBatchRedeliveredAfterLease(t *testing.T) {
 			require.Zero(t, r.distinct(), "nothing redelivered before the lease expires")
 			clock.Advance(31 * time.Second)
 			pgtest.Eventually(t, 10*time.Second, "batch re-read after the lease", func() bool { return r.distinct() == 10 })
-			require.Zero(t, r.dups())
+			require.Zero(t, r.dups(), r.duplicates())
 		})
 	}
 }

@@ -3,6 +3,8 @@ package consumergroup_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,9 +76,12 @@ type recorder struct {
 	mu    sync.Mutex
 	count map[int64]int
 	seqs  map[int]int
+	seen  map[int64][]string // each delivery's attempt and lease end, to explain a duplicate
 }
 
-func newRecorder() *recorder { return &recorder{count: map[int64]int{}, seqs: map[int]int{}} }
+func newRecorder() *recorder {
+	return &recorder{count: map[int64]int{}, seqs: map[int]int{}, seen: map[int64][]string{}}
+}
 
 func (r *recorder) handler(ctx context.Context, d *outbox.Delivery) error {
 	p, err := outbox.Decode[seqPayload](d)
@@ -86,6 +91,7 @@ func (r *recorder) handler(ctx context.Context, d *outbox.Delivery) error {
 	r.mu.Lock()
 	r.count[d.ID]++
 	r.seqs[p.Seq]++
+	r.seen[d.ID] = append(r.seen[d.ID], fmt.Sprintf("attempt %d lease until %s", d.Attempt, d.LeaseUntil.Format("15:04:05.000000")))
 	r.mu.Unlock()
 	return nil
 }
@@ -104,6 +110,20 @@ func (r *recorder) dups() int {
 		n += c - 1
 	}
 	return n
+}
+
+// duplicates describes the messages delivered more than once (for a
+// failing assertion's message).
+func (r *recorder) duplicates() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for id, c := range r.count {
+		if c > 1 {
+			fmt.Fprintf(&b, "message %d: %s\n", id, strings.Join(r.seen[id], "; "))
+		}
+	}
+	return b.String()
 }
 
 func (r *recorder) has(seq int) bool {

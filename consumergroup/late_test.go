@@ -103,7 +103,7 @@ func TestRegistrationRace(t *testing.T) {
 			handledIDs.Range(func(k, _ any) bool { ids = append(ids, k.(int64)); return true })
 			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_published")+` WHERE id = ANY($1) AND NOT (`+requires+`)`, ids).Scan(&notRequired))
 			require.Zero(t, notRequired, "the late group received a message that does not require it")
-			require.Zero(t, late.dups())
+			require.Zero(t, late.dups(), late.duplicates())
 			t.Logf("%s: %d sent, %d required the late group (still present), %d handled by it", mode, sent.Load(), required, late.distinct())
 		})
 	}

@@ -327,8 +327,9 @@ func (e *Env) WaitDelivered(t testing.TB, group string, ids []int64, timeout tim
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("group %q: %d of %d messages neither delivered nor dead-lettered after %v (first: %v)",
-				group, len(missing), len(ids), timeout, missing[:min(len(missing), 10)])
+			first := missing[:min(len(missing), 10)]
+			t.Fatalf("group %q: %d of %d messages neither delivered nor dead-lettered after %v (first: %v)\n%s",
+				group, len(missing), len(ids), timeout, first, e.explain(group, first))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -398,4 +399,54 @@ func (e *Env) CheckNoDuplicates(t testing.TB, group string) {
 		}
 	}
 	require.Empty(t, dups, "group %q: messages handled more than once", group)
+}
+
+// explain describes where the messages ids stand for group: their rows,
+// the group's retries of them, its position and open batches. A failing
+// scenario prints it, so a loss can be told from a delay.
+func (e *Env) explain(group string, ids []int64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	dump := func(title, q string, args ...any) {
+		rows, err := e.DB.Pool.Query(ctx, q, args...)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", title, err)
+			return
+		}
+		defer rows.Close()
+		fmt.Fprintf(&b, "%s:\n", title)
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				fmt.Fprintf(&b, "  %v\n", err)
+				return
+			}
+			fmt.Fprintf(&b, "  %v\n", vals)
+		}
+	}
+	if !e.Subject.Groups {
+		dump("queue rows (id, attempts, available_at, lease_owner)", `SELECT id, attempts, available_at, lease_owner FROM `+
+			e.DB.Table("outbox")+` WHERE id = ANY($1)`, ids)
+		return b.String()
+	}
+	sub := `(SELECT id FROM ` + e.DB.Table("outbox_topic_subscriptions") + ` WHERE topic = $1 AND group_name = $2)`
+	dump("subscriptions (id, group, status, bit, forget_pending)", `SELECT id, group_name, subscription_status, bit, forget_pending FROM `+
+		e.DB.Table("outbox_topic_subscriptions")+` WHERE topic = $1 ORDER BY id`, e.Topic.Name)
+	dump("rows (id, xid, required_bits, done_bits, required_ids, required_count, completed_count)",
+		`SELECT id, xid::text, required_bits, done_bits, required_ids, required_count, completed_count FROM `+
+			e.DB.Table("outbox_published")+` WHERE id = ANY($1) ORDER BY id`, ids)
+	dump("retries (message_id, status, attempts, lease_owner, lease_until, lease_expiries, last_error)",
+		`SELECT message_id, status, attempts, lease_owner, lease_until, lease_expiries, last_error FROM `+
+			e.DB.Table("outbox_group_retries")+` WHERE subscription_id = `+sub+` AND message_id = ANY($3) ORDER BY message_id`,
+		e.Topic.Name, group, ids)
+	dump("position (position, pair_cur, resume_xid, resume_id, backfill_from, backfill_left)",
+		`SELECT position::text, pair_cur::text, resume_xid::text, resume_id, backfill_from::text, backfill_left FROM `+
+			e.DB.Table("outbox_subscription_offsets")+` WHERE subscription_id = `+sub, e.Topic.Name, group)
+	dump("open batches (id, prev, cur, after, last, member, lease_until)",
+		`SELECT id, prev::text, cur::text, after_xid::text || '/' || after_id, last_xid::text || '/' || last_id, member, lease_until FROM `+
+			e.DB.Table("outbox_group_batches")+` WHERE subscription_id = `+sub+` ORDER BY id`, e.Topic.Name, group)
+	dump("ledger of these ids (group, id, attempt, instance)", `SELECT grp, message_id, attempt, instance FROM `+
+		e.DB.Table("conformance_ledger")+` WHERE message_id = ANY($1) ORDER BY message_id`, ids)
+	return b.String()
 }

@@ -342,7 +342,10 @@ const messageColumns = `id, xid::text, payload, headers, correlation_id, coalesc
 
 // fetchRows reads the next rows of snapshot pair ($2 prev, $3 cur) after
 // ($4, $5), in commit-safe order: only transactions that committed between
-// the two snapshots, whatever their ids.
+// the two snapshots, whatever their ids. It orders by the xid8 column,
+// qualified: a bare "xid" names the text output column, whose order differs
+// from the resume point's once xids cross a power of ten (rows then came
+// twice, or never).
 var fetchRows = `
 SELECT ` + messageColumns + `
 FROM {{schema}}.outbox_published AS o
@@ -351,7 +354,7 @@ WHERE topic = $1 AND status = 'PUBLISHED'
       AND (xid, id) > ($4::text::xid8, $5::bigint)
       AND pg_visible_in_snapshot(xid, $3::pg_snapshot)
       AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)` + streamFilter("o", 7) + `
-ORDER BY xid, id
+ORDER BY o.xid, o.id
 LIMIT $6`
 
 const insertBatch = `
