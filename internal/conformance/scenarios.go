@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,6 +36,7 @@ var scenarios = []scenario{
 	{"DeadGroupResurrectsByStart", true, resurrectByStart},
 	{"ForgetRacesCompletionOfThreeGroups", true, forgetRacesCompletion},
 	{"PauseAndResumeTwoInstances", true, pauseResume},
+	{"XidsCrossAPowerOfTen", true, xidsCrossAPowerOfTen},
 }
 
 // Run runs every scenario that applies to s, each in a database of its own.
@@ -549,4 +551,33 @@ func (l *logRecorder) atLeast(level slog.Level) []string {
 		}
 	}
 	return out
+}
+
+// xidsCrossAPowerOfTen: the transactions of one snapshot pair have ids on
+// both sides of 10^6 (as every busy database's do once), and the pair holds
+// more than one batch. Every message is delivered once: sorting the pair's
+// rows by the text of their ids skipped the six-digit ones for good here.
+func xidsCrossAPowerOfTen(t *testing.T, s *Subject) {
+	e := newEnv(t, s, nil)
+	ctx := context.Background()
+	spec := Spec{Group: "g1", BatchSize: 7}
+	first := e.StartInstance(t, e.DB.Pool, spec, nil)
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, first.Stop(stopCtx)) // the group stays subscribed: the messages wait for it
+	ids := e.Send(t, 14)
+	for i, id := range ids {
+		_, err := e.DB.Pool.Exec(ctx, `UPDATE `+e.DB.Table("outbox_published")+` SET xid = $2::text::xid8 WHERE id = $1`,
+			id, strconv.Itoa(999995+i)) // five six-digit ids, then 1000000 and up
+		require.NoError(t, err)
+	}
+	// The group's next pair starts before all of them.
+	_, err := e.DB.Pool.Exec(ctx, `UPDATE `+e.DB.Table("outbox_subscription_offsets")+`
+SET position = '999990:999990:', pair_cur = NULL, resume_xid = NULL, resume_id = NULL`)
+	require.NoError(t, err)
+	spec.Instance = "g1-after"
+	e.StartInstance(t, e.DB.Pool, spec, nil)
+	e.WaitDelivered(t, "g1", ids, 30*time.Second)
+	e.Check(t, "g1", ids, nil)
+	e.CheckNoDuplicates(t, "g1")
 }

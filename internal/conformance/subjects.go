@@ -66,8 +66,12 @@ func (s Spec) withDefaults() Spec {
 	if s.Instance == "" {
 		s.Instance = s.Group + "-i"
 	}
-	s.Concurrency = max(s.Concurrency, 4)
-	s.BatchSize = max(s.BatchSize, 50)
+	if s.Concurrency == 0 {
+		s.Concurrency = 4
+	}
+	if s.BatchSize == 0 {
+		s.BatchSize = 50
+	}
 	if s.PollInterval == 0 {
 		s.PollInterval = 20 * time.Millisecond
 	}
