@@ -129,8 +129,7 @@ func startQueue(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h ou
 func (e *Env) NewGroup(pool *pgxpool.Pool, spec Spec) (*consumergroup.Group, error) {
 	spec = spec.withDefaults()
 	return consumergroup.New(pool, consumergroup.Config{Topic: e.Topic.Name, Group: spec.Group, Schema: e.DB.Schema,
-		HeartbeatPool: pool, // no pool of its own: scenarios in parallel stay within the server's connections
-		InstanceID:    spec.Instance, BatchSize: spec.BatchSize, Concurrency: spec.Concurrency, PollInterval: spec.PollInterval,
+		InstanceID: spec.Instance, BatchSize: spec.BatchSize, Concurrency: spec.Concurrency, PollInterval: spec.PollInterval,
 		HeartbeatInterval: spec.HeartbeatInterval, HeartbeatTimeout: spec.HeartbeatTimeout, HandlerTimeout: spec.HandlerTimeout,
 		Logger: spec.Logger})
 }
