@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
@@ -134,8 +135,10 @@ func (c *Client) now() *time.Time {
 // ErrInvalidConfig. A PUB_SUB topic's tracking mode can change only while
 // no group is subscribed and no message of the topic is stored (cancel the
 // groups and let cleanup empty the topic first); otherwise ConfigureTopic
-// fails with ErrInvalidConfig and changes nothing. Configure topics before sending to them: sends to a
-// topic that was never configured read the topic table every time.
+// fails with ErrInvalidConfig and changes nothing. To decide that, it waits
+// for the topic's producer transactions and subscription changes in
+// flight. Configure topics before sending to them: sends to a topic that
+// was never configured read the topic table every time.
 func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -146,11 +149,19 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		s := string(cfg.Tracking)
 		tracking = &s
 	}
-	tag, err := c.pool.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
-		cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
-		cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds(),
-		cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions,
-		cfg.IdempotencyWindow.Microseconds())
+	var tag pgconn.CommandTag
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
+			return err
+		}
+		var err error
+		tag, err = tx.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
+			cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
+			cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds(),
+			cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions,
+			cfg.IdempotencyWindow.Microseconds())
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("outbox: configure topic %q: %w", cfg.Name, err)
 	}

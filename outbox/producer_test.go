@@ -542,3 +542,41 @@ func TestBusyNotifyInterval(t *testing.T) {
 	send() // after a pause of NotifyInterval
 	require.Equal(t, 3, count(), "the first send after a pause")
 }
+
+// A tracking mode cannot change under a send in flight: ConfigureTopic
+// waits for the topic's open producer transactions, then sees their
+// messages and refuses. (It used to decide on what its statement saw
+// before it waited for the topic row, change the mode, and leave the
+// message with the old mode's columns, which no cleanup ever deletes.)
+func TestTrackingModeDoesNotChangeUnderASendInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = b.producer.Send(ctx, tx, seqMessage("events", 1))
+	require.NoError(t, err)
+
+	changed := make(chan error, 1)
+	go func() {
+		changed <- b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap})
+	}()
+	select {
+	case err := <-changed:
+		t.Fatalf("ConfigureTopic returned while a send was in flight: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	select {
+	case err := <-changed:
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	case <-time.After(10 * time.Second):
+		t.Fatal("ConfigureTopic still waits after the send committed")
+	}
+	topic, err := b.client.Topic(ctx, "events")
+	require.NoError(t, err)
+	require.Equal(t, outbox.Counter, topic.Tracking)
+}

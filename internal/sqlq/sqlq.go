@@ -27,7 +27,7 @@ type Outbox struct {
 	InsertPublished, InsertPublishedNotify        string // configured PUB_SUB topic: $1..$9
 	SelectSemantics                               string
 	Insert, InsertNotify, SelectIdempotent        string
-	UpsertTopic, SelectTopic                      string
+	LockTopic, UpsertTopic, SelectTopic           string
 	Claim, Ack, Settle, ExtendLease, ExtendLeases string
 	ListDeadLetters, ReplayDeadLetters            string
 	ExpireIdempotencyKeys                         string
@@ -49,6 +49,7 @@ func For(schema string) *Outbox {
 		Insert:                   r.Replace(insert),
 		InsertNotify:             r.Replace(insertNotify),
 		SelectIdempotent:         r.Replace(selectIdempotent),
+		LockTopic:                r.Replace(lockTopicExclusive),
 		UpsertTopic:              r.Replace(upsertTopic),
 		SelectTopic:              r.Replace(selectTopic),
 		Claim:                    r.Replace(claim),
@@ -247,6 +248,14 @@ USING (SELECT topic, idempotency_key FROM {{schema}}.outbox_idempotency_keys
        LIMIT $2
        FOR UPDATE SKIP LOCKED) AS e
 WHERE k.topic = e.topic AND k.idempotency_key = e.idempotency_key`
+
+// lockTopicExclusive is what ConfigureTopic takes before upsertTopic:
+// the topic's lock, exclusively, until the transaction ends. It waits for
+// producers and subscription changes in flight, so the upsert (a later
+// statement, with a fresh snapshot) sees their messages and subscriptions
+// when it decides whether the tracking mode may change. In one statement,
+// the upsert would decide on what it saw before it waited.
+const lockTopicExclusive = `SELECT pg_advisory_xact_lock(` + topicLockClass + `, hashtext($1))`
 
 const upsertTopic = `
 INSERT INTO {{schema}}.outbox_topics
