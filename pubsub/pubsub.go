@@ -81,7 +81,8 @@ type Tracker interface {
 	// require it nor were completed by it, whether other groups finished
 	// them or none needed them. It returns how many rows it picked (fewer
 	// than limit: none is left) and how many it raised (a picked row
-	// deleted meanwhile is not).
+	// deleted meanwhile is not). db must be a transaction: Counter mode
+	// locks the rows in one statement and raises them in the next.
 	Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (picked, raised int64, err error)
 	// Forget removes sub from the required sets of at most limit rows it
 	// had not finished (the group died or was cancelled), inside tx,
@@ -198,9 +199,21 @@ func (c *Counter) Completed(ctx context.Context, db DB, sub Subscription, ids []
 	return idSet(ctx, db, "counter completed", c.q.CounterCompleted, ids, sub.ID)
 }
 
-// Backfill implements Tracker.
+// Backfill implements Tracker in two statements, like Forget: lock the
+// candidate rows, then raise each after re-checking it under its lock with
+// a fresh snapshot, so a completion by the group that committed in between
+// is seen. It needs a transaction (db is one in every caller).
 func (c *Counter) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, int64, error) {
-	return backfill(ctx, db, "counter backfill", c.q.CounterBackfill, sub.Topic, sub.ID, r, limit)
+	var ids []int64
+	err := db.QueryRow(ctx, c.q.CounterBackfillCandidates, sub.Topic, sub.ID, r.Position, limit, r.All, r.From, r.FromID).Scan(&ids)
+	if err != nil {
+		return 0, 0, fmt.Errorf("pubsub: counter backfill: %w", err)
+	}
+	if len(ids) == 0 {
+		return 0, 0, nil
+	}
+	raised, err := exec(ctx, db, "counter backfill", c.q.CounterBackfill, ids, sub.ID)
+	return int64(len(ids)), raised, err
 }
 
 // Forget implements Tracker in two statements: lock the candidate rows,

@@ -38,7 +38,8 @@ type PubSub struct {
 	ListDeadLetters, ReplayDeadLetters string
 
 	BitmapComplete, BitmapCompleted, BitmapBackfill, BitmapForget, BitmapStrip, BitmapCleanup string
-	CounterComplete, CounterCompleted, CounterBackfill, CounterForgetCandidates               string
+	CounterComplete, CounterCompleted, CounterBackfillCandidates, CounterBackfill             string
+	CounterForgetCandidates                                                                   string
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark                             string
 }
 
@@ -90,20 +91,21 @@ func ForPubSub(schema string) *PubSub {
 		ListDeadLetters:   q(listGroupDeadLetters),
 		ReplayDeadLetters: q(replayGroupDeadLetters),
 
-		BitmapComplete:          q(bitmapComplete),
-		BitmapCompleted:         q(bitmapCompleted),
-		BitmapBackfill:          q(bitmapBackfill),
-		BitmapForget:            q(bitmapForget),
-		BitmapStrip:             q(bitmapStrip),
-		BitmapCleanup:           q(bitmapCleanup),
-		CounterComplete:         q(counterComplete),
-		CounterCompleted:        q(counterCompleted),
-		CounterBackfill:         q(counterBackfill),
-		CounterForgetCandidates: q(counterForgetCandidates),
-		CounterForget:           q(counterForget),
-		CounterCleanup:          q(counterCleanup),
-		OffsetCleanup:           q(offsetCleanup),
-		UpsertWatermark:         q(upsertWatermark),
+		BitmapComplete:            q(bitmapComplete),
+		BitmapCompleted:           q(bitmapCompleted),
+		BitmapBackfill:            q(bitmapBackfill),
+		BitmapForget:              q(bitmapForget),
+		BitmapStrip:               q(bitmapStrip),
+		BitmapCleanup:             q(bitmapCleanup),
+		CounterComplete:           q(counterComplete),
+		CounterCompleted:          q(counterCompleted),
+		CounterBackfillCandidates: q(counterBackfillCandidates),
+		CounterBackfill:           q(counterBackfill),
+		CounterForgetCandidates:   q(counterForgetCandidates),
+		CounterForget:             q(counterForget),
+		CounterCleanup:            q(counterCleanup),
+		OffsetCleanup:             q(offsetCleanup),
+		UpsertWatermark:           q(upsertWatermark),
 	}
 }
 
@@ -581,7 +583,10 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
 // counterComplete inserts dedupe rows and counts only the new ones, so a
 // redelivered message is never counted twice; a row the group was
 // forgotten on meanwhile is not counted (the condition is re-checked on the
-// row version the update locks).
+// row version the update locks). Every newly deduped row is updated,
+// counted or not: its lock, held until commit, makes a resurrection
+// backfill wait for this completion and then see its dedupe row (see
+// counterBackfillCandidates).
 const counterComplete = `
 WITH fresh AS (
     INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
@@ -589,17 +594,28 @@ WITH fresh AS (
     ON CONFLICT DO NOTHING
     RETURNING message_id
 )
-UPDATE {{schema}}.outbox_published AS o SET completed_count = o.completed_count + 1
+UPDATE {{schema}}.outbox_published AS o
+SET completed_count = o.completed_count + CASE WHEN $2 = ANY(o.required_ids) THEN 1 ELSE 0 END
 FROM (SELECT message_id FROM fresh ORDER BY message_id) AS f -- lock rows in id order, like every group
-WHERE o.id = f.message_id AND $2 = ANY(o.required_ids)`
+WHERE o.id = f.message_id`
 
 const counterCompleted = `
 SELECT message_id FROM {{schema}}.outbox_consumer_groups
 WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
 
-// counterBackfill is bitmapBackfill for subscription $2 in Counter mode.
-const counterBackfill = `
-WITH picked AS (
+// counterBackfillCandidates and counterBackfill are bitmapBackfill for
+// subscription $2 in Counter mode, in two statements: the first locks up
+// to $4 rows of the group's stream not visible in $3 that neither require
+// it nor were completed by it (whether the other groups finished them or
+// none needed them: the group owes them), $5 all rows / $6 from time / $7
+// from id narrowing them to its start; the second raises them, re-checking
+// each under its lock with a fresh snapshot. A completion by the group that
+// committed in between (its instance finished a batch while the group was
+// DEAD) is so seen, and the row is not raised on a group that will never
+// count it. In one statement the raise decided on its start snapshot and
+// the row was never cleaned up.
+const counterBackfillCandidates = `
+SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM (
     SELECT id FROM {{schema}}.outbox_published AS o
     WHERE topic = $1 AND status = 'PUBLISHED' AND NOT ($2::bigint = ANY(required_ids))
           AND xid >= pg_snapshot_xmin($3::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
@@ -607,13 +623,14 @@ WITH picked AS (
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                           WHERE c.message_id = o.id AND c.subscription_id = $2)
     ORDER BY id LIMIT $4
-), raised AS (
-    UPDATE {{schema}}.outbox_published AS o
-    SET required_ids = array_append(o.required_ids, $2::bigint), required_count = o.required_count + 1
-    FROM picked WHERE o.id = picked.id AND NOT ($2::bigint = ANY(o.required_ids))
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM raised)`
+    FOR NO KEY UPDATE) AS picked`
+
+const counterBackfill = `
+UPDATE {{schema}}.outbox_published AS o
+SET required_ids = array_append(o.required_ids, $2::bigint), required_count = o.required_count + 1
+WHERE o.id = ANY($1::bigint[]) AND NOT ($2::bigint = ANY(o.required_ids))
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                      WHERE c.message_id = o.id AND c.subscription_id = $2)`
 
 // counterForgetCandidates locks up to $3 rows that still require
 // subscription $2 and that it had not completed when the statement began.
