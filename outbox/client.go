@@ -154,6 +154,19 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
 			return err
 		}
+		if cfg.Semantics == PubSub {
+			// Sends before the topic's first configuration wrote QUEUE
+			// messages, which no consumer group would ever read. (A send
+			// whose statement began before this configuration committed
+			// still can: configure topics before sending to them.)
+			var queued bool
+			if err := tx.QueryRow(ctx, c.sql.AnyQueued, cfg.Name).Scan(&queued); err != nil {
+				return err
+			}
+			if queued {
+				return errQueuedMessages
+			}
+		}
 		var err error
 		tag, err = tx.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
 			cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
@@ -162,6 +175,10 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			cfg.IdempotencyWindow.Microseconds())
 		return err
 	})
+	if errors.Is(err, errQueuedMessages) {
+		return fmt.Errorf("%w: topic %q has QUEUE messages (sent before it was configured); consume or delete them before configuring it PubSub",
+			ErrInvalidConfig, cfg.Name)
+	}
 	if err != nil {
 		return fmt.Errorf("outbox: configure topic %q: %w", cfg.Name, err)
 	}
@@ -174,6 +191,9 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	}
 	return nil
 }
+
+// errQueuedMessages: a topic about to become PUB_SUB has QUEUE messages.
+var errQueuedMessages = errors.New("queued messages")
 
 // LoadTopic is Topic for a topic name read with db (a pool or a transaction).
 func (c *Client) LoadTopic(ctx context.Context, db QueryRower, name string) (TopicConfig, error) {

@@ -416,8 +416,12 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events"}), outbox.ErrInvalidConfig)
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
 
-	// The producer has seen "unconfigured" without configuration. Configured
-	// as PUB_SUB now, its next message must be a PUB_SUB message at once.
+	// The producer has seen "unconfigured" without configuration. Its
+	// messages consumed (a topic holding QUEUE messages cannot become
+	// PUB_SUB), it is configured as PUB_SUB: the next message must be a
+	// PUB_SUB message at once.
+	_, err := b.db.Pool.Exec(ctx, `DELETE FROM `+b.db.Table("outbox")+` WHERE topic = 'unconfigured'`)
+	require.NoError(t, err)
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unconfigured", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
 	for range 2 { // the first send learns the semantics, the second relies on them
 		got := read(send("unconfigured"))
@@ -431,7 +435,7 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 	// writes are refused while nobody subscribes, if the topic says so.
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unconfigured", Semantics: outbox.PubSub,
 		Tracking: outbox.Bitmap, BlockWritesOnZeroSubscriptions: true}))
-	_, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "unconfigured", Payload: json.RawMessage(`{}`)})
+	_, err = b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "unconfigured", Payload: json.RawMessage(`{}`)})
 	require.ErrorIs(t, err, outbox.ErrNoSubscriptions)
 }
 
@@ -579,4 +583,26 @@ func TestTrackingModeDoesNotChangeUnderASendInFlight(t *testing.T) {
 	topic, err := b.client.Topic(ctx, "events")
 	require.NoError(t, err)
 	require.Equal(t, outbox.Counter, topic.Tracking)
+}
+
+// A topic that received messages before its first configuration holds
+// them as QUEUE messages: configuring it PubSub is refused (no consumer
+// group would ever read them) and they stay claimable.
+func TestPubSubRefusedForATopicWithQueuedMessages(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	_, err := b.producer.Send(ctx, b.db.Pool, seqMessage("early", 1))
+	require.NoError(t, err)
+	err = b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "early", Semantics: outbox.PubSub, Tracking: outbox.Bitmap})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	ds, err := b.client.Claim(ctx, "early", "holder", 10)
+	require.NoError(t, err)
+	require.Len(t, ds, 1, "the message is still a QUEUE message")
+
+	// A PubSub topic configured before its first send is reconfigured freely.
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "late", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	_, err = b.producer.Send(ctx, b.db.Pool, seqMessage("late", 1))
+	require.NoError(t, err)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "late", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, MaxAttempts: 3}))
 }

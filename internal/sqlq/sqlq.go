@@ -21,16 +21,16 @@ import (
 type Outbox struct {
 	// Send's single-message statements, each with a variant that also
 	// notifies (the channel is the parameter after the last one).
-	InsertUnconfigured, InsertUnconfiguredNotify  string // topic not seen configured: $1..$9
-	InsertQueued, InsertQueuedNotify              string // configured QUEUE topic, available now: $1..$6
-	InsertQueuedAt, InsertQueuedAtNotify          string // configured QUEUE topic: $1..$9
-	InsertPublished, InsertPublishedNotify        string // configured PUB_SUB topic: $1..$9
-	SelectSemantics                               string
-	Insert, InsertNotify, SelectIdempotent        string
-	LockTopic, UpsertTopic, SelectTopic           string
-	Claim, Ack, Settle, ExtendLease, ExtendLeases string
-	ListDeadLetters, ReplayDeadLetters            string
-	ExpireIdempotencyKeys                         string
+	InsertUnconfigured, InsertUnconfiguredNotify   string // topic not seen configured: $1..$9
+	InsertQueued, InsertQueuedNotify               string // configured QUEUE topic, available now: $1..$6
+	InsertQueuedAt, InsertQueuedAtNotify           string // configured QUEUE topic: $1..$9
+	InsertPublished, InsertPublishedNotify         string // configured PUB_SUB topic: $1..$9
+	SelectSemantics                                string
+	Insert, InsertNotify, SelectIdempotent         string
+	LockTopic, AnyQueued, UpsertTopic, SelectTopic string
+	Claim, Ack, Settle, ExtendLease, ExtendLeases  string
+	ListDeadLetters, ReplayDeadLetters             string
+	ExpireIdempotencyKeys                          string
 }
 
 // For returns the statements for schema (already validated).
@@ -50,6 +50,7 @@ func For(schema string) *Outbox {
 		InsertNotify:             r.Replace(insertNotify),
 		SelectIdempotent:         r.Replace(selectIdempotent),
 		LockTopic:                r.Replace(lockTopicExclusive),
+		AnyQueued:                r.Replace(anyQueued),
 		UpsertTopic:              r.Replace(upsertTopic),
 		SelectTopic:              r.Replace(selectTopic),
 		Claim:                    r.Replace(claim),
@@ -256,6 +257,14 @@ WHERE k.topic = e.topic AND k.idempotency_key = e.idempotency_key`
 // when it decides whether the tracking mode may change. In one statement,
 // the upsert would decide on what it saw before it waited.
 const lockTopicExclusive = `SELECT pg_advisory_xact_lock(` + topicLockClass + `, hashtext($1))`
+
+// anyQueued: topic $1 was never configured and has QUEUE messages,
+// pending or dead-lettered (an unconfigured topic's sends are QUEUE
+// messages).
+const anyQueued = `
+SELECT NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topics WHERE topic = $1)
+   AND (EXISTS (SELECT 1 FROM {{schema}}.outbox WHERE topic = $1)
+        OR EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters WHERE topic = $1))`
 
 const upsertTopic = `
 INSERT INTO {{schema}}.outbox_topics
