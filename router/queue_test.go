@@ -628,3 +628,30 @@ func TestRemovedSourceFinishesItsMessages(t *testing.T) {
 	pgtest.Eventually(t, 10*time.Second, "the message in flight acked", func() bool { return b.count(t, "true") == 1 })
 	require.EqualValues(t, 1, rv.total.Load())
 }
+
+// A source whose Lease is longer than the topic's still renews in time: a
+// claim leases a message for the topic's lease (1 s here), so the first
+// renewal must come within it, not within a third of the source's 9 s. A
+// second router on the topic never gets the message while the first
+// delivers it (2.5 s).
+func TestLongerSourceLeaseRenewsWithinTheTopicsLease(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", Lease: time.Second}))
+	var calls atomic.Int32
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		time.Sleep(2500 * time.Millisecond)
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	for range 2 {
+		rt := newRouter(t, router.Config{AllowedHosts: []string{host}, RequestTimeout: 5 * time.Second,
+			Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
+		b.addSource(t, rt, router.QueueSourceConfig{Lease: 9 * time.Second})
+	}
+	time.Sleep(300 * time.Millisecond) // the sources' first renewals have passed
+	b.sendTo(t, "http://"+host+"/hook")
+	pgtest.Eventually(t, 20*time.Second, "acked", func() bool { return b.count(t, "true") == 0 })
+	require.EqualValues(t, 1, calls.Load(), "delivered once")
+}

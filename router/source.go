@@ -60,7 +60,8 @@ type QueueSourceConfig struct {
 	// RenewEvery is how often the leases of all messages the source holds
 	// (claimed and not yet settled: queued in a pool, waiting for a rate
 	// limit, in an HTTP call) are renewed, in one statement. Defaults to a
-	// third of Lease.
+	// third of the shorter of Lease and the topic's lease (a claim holds a
+	// message for the topic's lease until its first renewal).
 	RenewEvery time.Duration
 	// Mapper maps a delivery to its route. Defaults to HeaderMapper.
 	Mapper Mapper
@@ -81,6 +82,7 @@ type QueueSource struct {
 	lastPoll atomic.Int64 // unix nanos
 	room     chan struct{}
 	lease    atomic.Int64 // what a renewal asks for; 0 until Run knows the topic's lease
+	shortest atomic.Int64 // the shorter of a claim's lease (the topic's) and a renewal's
 
 	mu   sync.Mutex
 	held map[*queueSettler]struct{} // claimed, not settled
@@ -125,7 +127,9 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 	if err != nil {
 		return err
 	}
-	s.lease.Store(int64(cmp.Or(s.cfg.Lease, t.Lease)))
+	lease := cmp.Or(s.cfg.Lease, t.Lease)
+	s.lease.Store(int64(lease))
+	s.shortest.Store(int64(min(lease, t.Lease))) // a claim leases for the topic's lease, whatever Lease says
 	for ctx.Err() == nil {
 		s.lastPoll.Store(time.Now().UnixNano())
 		limit := min(s.cfg.BatchSize, s.cfg.MaxInFlight-s.holding())
@@ -232,7 +236,7 @@ func (s *QueueSource) RenewEvery() time.Duration {
 	if s.cfg.RenewEvery > 0 {
 		return s.cfg.RenewEvery
 	}
-	if lease := time.Duration(s.lease.Load()); lease > 0 {
+	if lease := time.Duration(s.shortest.Load()); lease > 0 {
 		return lease / 3
 	}
 	return s.cfg.PollInterval // Run has not read the topic's lease yet
