@@ -45,6 +45,7 @@ type GroupSourceConfig struct {
 // letters.
 type GroupSource struct {
 	cfg     GroupSourceConfig
+	scope   string // where its message ids are unique
 	running atomic.Bool
 }
 
@@ -60,7 +61,11 @@ func NewGroupSource(cfg GroupSourceConfig) (*GroupSource, error) {
 		cfg.Mapper = HeaderMapper
 	}
 	cfg.Group.HandlerTimeout = cmp.Or(cfg.Group.HandlerTimeout, DefaultGroupHandlerTimeout)
-	return &GroupSource{cfg: cfg}, nil
+	schema := cfg.Group.Schema
+	if schema == "" && cfg.Group.Client != nil {
+		schema = cfg.Group.Client.Schema()
+	}
+	return &GroupSource{cfg: cfg, scope: scopeOf(cfg.Pool, cmp.Or(schema, "public"))}, nil
 }
 
 // Name implements Source.
@@ -132,7 +137,7 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 		// keeps the DeliveryID and is adopted.
 		id := s.Name() + "/" + strconv.FormatInt(d.ID, 10)
 		batch = append(batch, &Message{
-			ID: id, DeliveryID: id,
+			ID: id, DeliveryID: id, scope: s.scope,
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st,
 			RetryDelay: backoff.Exponential(d.Attempt, topic.BackoffInitial, topic.BackoffMax),

@@ -655,3 +655,44 @@ func TestLongerSourceLeaseRenewsWithinTheTopicsLease(t *testing.T) {
 	pgtest.Eventually(t, 20*time.Second, "acked", func() bool { return b.count(t, "true") == 0 })
 	require.EqualValues(t, 1, calls.Load(), "delivered once")
 }
+
+// Message ids are unique within one database and schema only: two
+// sources of one router over two databases both hand it message 1, and
+// both are delivered. (The second was taken for a copy of the first, in
+// flight, and acked without delivery.)
+func TestSameIDFromTwoDatabasesIsTwoMessages(t *testing.T) {
+	t.Parallel()
+	a, b := setupPG(t), setupPG(t)
+	ctx := context.Background()
+	inFlight := make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	got := map[string]int{}
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got[r.URL.Path]++
+		mu.Unlock()
+		if r.URL.Path == "/a" {
+			once.Do(func() { close(inFlight) })
+			time.Sleep(time.Second)
+		}
+		_, _ = w.Write([]byte(`{"ack":true}`))
+	})
+	send := func(p *pgBundle, topic, path string) int64 {
+		id, err := p.producer.Send(ctx, p.db.Pool, outbox.Message{Topic: topic, Payload: []byte(`{}`),
+			Headers: map[string]string{router.HeaderPool: "P", router.HeaderTarget: "http://" + host + path}})
+		require.NoError(t, err)
+		return id
+	}
+	require.Equal(t, send(a, "hooks", "/a"), send(b, "other", "/b"), "both databases number from 1")
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
+	a.addSource(t, rt, router.QueueSourceConfig{})
+	<-inFlight
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "other", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	rt.AddSource(src)
+	pgtest.Eventually(t, 10*time.Second, "both acked", func() bool { return a.count(t, "true")+b.count(t, "true") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[string]int{"/a": 1, "/b": 1}, got, "each message delivered once")
+}

@@ -111,6 +111,7 @@ type Message struct {
 	// Settle is how the router acks and nacks it. Required.
 	Settle Settler
 
+	scope    string // where ID is unique (a database and schema); set by pgoutbox's sources
 	batchID  string
 	batchSeq uint64      // batches are numbered in routing order
 	panicked *panicError // the source's mapper panicked on this message
@@ -118,7 +119,10 @@ type Message struct {
 	settled  atomic.Bool
 }
 
-func (m *Message) pipelineKey() string { return m.DeliveryID }
+// pipelineKey and idKey are DeliveryID and ID within the message's scope:
+// ids of two databases (or schemas) are different messages.
+func (m *Message) pipelineKey() string { return m.scope + "\x00" + m.DeliveryID }
+func (m *Message) idKey() string       { return m.scope + "\x00" + m.ID }
 
 func (m *Message) group() string {
 	if !m.grouped() {

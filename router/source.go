@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -83,6 +85,7 @@ type QueueSource struct {
 	room     chan struct{}
 	lease    atomic.Int64 // what a renewal asks for; 0 until Run knows the topic's lease
 	shortest atomic.Int64 // the shorter of a claim's lease (the topic's) and a renewal's
+	scope    string       // where its message ids are unique
 
 	mu   sync.Mutex
 	held map[*queueSettler]struct{} // claimed, not settled
@@ -106,7 +109,16 @@ func NewQueueSource(cfg QueueSourceConfig) (*QueueSource, error) {
 	if cfg.BatchSize < 1 || cfg.MaxInFlight < 1 || cfg.Lease < 0 || cfg.RenewEvery < 0 {
 		return nil, fmt.Errorf("%w: BatchSize and MaxInFlight must be at least 1, Lease and RenewEvery not negative", ErrInvalidConfig)
 	}
-	return &QueueSource{cfg: cfg, room: make(chan struct{}, 1), held: map[*queueSettler]struct{}{}}, nil
+	return &QueueSource{cfg: cfg, room: make(chan struct{}, 1), held: map[*queueSettler]struct{}{},
+		scope: scopeOf(cfg.Client.Pool(), cfg.Client.Schema())}, nil
+}
+
+// scopeOf names where a source's message ids are unique: the database
+// (host, port, name) and schema it reads. The same id from two of them is
+// two messages to the router.
+func scopeOf(pool *pgxpool.Pool, schema string) string {
+	cc := pool.Config().ConnConfig
+	return fmt.Sprintf("%s:%d/%s/%s", cc.Host, cc.Port, cc.Database, schema)
 }
 
 // Name implements Source.
@@ -180,7 +192,7 @@ func (s *QueueSource) messages(ctx context.Context, t outbox.TopicConfig, ds []*
 			// One message of the table is one delivery, however often it
 			// is claimed: a claim of a message the router still holds is
 			// the same delivery again, which the router adopts.
-			ID: strconv.FormatInt(d.ID, 10), DeliveryID: "queue:" + s.cfg.Topic + "/" + strconv.FormatInt(d.ID, 10),
+			ID: strconv.FormatInt(d.ID, 10), DeliveryID: "queue:" + s.cfg.Topic + "/" + strconv.FormatInt(d.ID, 10), scope: s.scope,
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st, RetryDelay: backoff.Exponential(d.Attempt, t.BackoffInitial, t.BackoffMax),
 			panicked: panicked, // the router retries it and reports the panic

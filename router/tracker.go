@@ -35,21 +35,21 @@ func (t *tracker) check(m *Message) (trackResult, *Message) {
 	if orig, ok := t.byKey[m.pipelineKey()]; ok {
 		return res, orig
 	}
-	return res, t.byKey[t.byID[m.ID]]
+	return res, t.byKey[t.byID[m.idKey()]]
 }
 
 func (t *tracker) checkLocked(m *Message) trackResult {
 	if _, ok := t.byKey[m.pipelineKey()]; ok {
 		return physicalDuplicate
 	}
-	if key, ok := t.byID[m.ID]; ok {
+	if key, ok := t.byID[m.idKey()]; ok {
 		if _, live := t.byKey[key]; live {
 			if key == m.pipelineKey() {
 				return physicalDuplicate
 			}
 			return logicalRequeue
 		}
-		delete(t.byID, m.ID) // stale index entry
+		delete(t.byID, m.idKey()) // stale index entry
 	}
 	return tracked
 }
@@ -62,7 +62,7 @@ func (t *tracker) track(m *Message) trackResult {
 		return r
 	}
 	t.byKey[m.pipelineKey()] = m
-	t.byID[m.ID] = m.pipelineKey()
+	t.byID[m.idKey()] = m.pipelineKey()
 	return tracked
 }
 
@@ -71,8 +71,8 @@ func (t *tracker) remove(m *Message) {
 	defer t.mu.Unlock()
 	if t.byKey[m.pipelineKey()] == m {
 		delete(t.byKey, m.pipelineKey())
-		if t.byID[m.ID] == m.pipelineKey() {
-			delete(t.byID, m.ID)
+		if t.byID[m.idKey()] == m.pipelineKey() {
+			delete(t.byID, m.idKey())
 		}
 	}
 }
