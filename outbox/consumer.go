@@ -89,7 +89,10 @@ type ConsumerConfig struct {
 	// Concurrency is the most handlers running at once. Defaults to DefaultConcurrency.
 	Concurrency int
 	// BatchSize is the most messages claimed in one query; up to this many
-	// may wait, leased, for a free handler. Defaults to DefaultBatchSize.
+	// may wait, leased, for a free handler (their leases are renewed
+	// together every third of the topic's Lease while they wait; a handler
+	// then has the rest of the lease, less a margin, to finish). Defaults
+	// to DefaultBatchSize.
 	BatchSize int
 	// PollInterval is the longest an idle consumer waits before looking for
 	// work when no notification woke it (a message whose lease expired is
@@ -157,20 +160,23 @@ type Consumer struct {
 	workCtx     context.Context // ends when Stop's deadline passes: handlers are cancelled
 	workCancel  context.CancelFunc
 
-	jobs     chan *job      // fetcher -> workers; closed by Stop after the fetcher ended
-	results  chan result    // workers -> completer; closed by Stop after the workers ended
-	room     chan struct{}  // completer -> fetcher: capacity freed (coalesced)
-	inflight atomic.Int64   // claimed and not yet settled in the database
-	stopping atomic.Bool    // workers release instead of handling
-	fetchWG  sync.WaitGroup // fetcher and maintain
-	workWG   sync.WaitGroup // workers
-	doneWG   sync.WaitGroup // completer
+	jobs     chan *job     // fetcher -> workers; closed by Stop after the fetcher ended
+	results  chan result   // workers -> completer; closed by Stop after the workers ended
+	room     chan struct{} // completer -> fetcher: capacity freed (coalesced)
+	inflight atomic.Int64  // claimed and not yet settled in the database
+	queuedMu sync.Mutex
+	queued   map[*job]struct{} // claimed, not yet picked by a worker: the lease keeper renews them
+	stopping atomic.Bool       // workers release instead of handling
+	fetchWG  sync.WaitGroup    // fetcher and maintain
+	workWG   sync.WaitGroup    // workers
+	doneWG   sync.WaitGroup    // completer
 	attrs    metric.MeasurementOption
 }
 
 type job struct {
 	d        *Delivery
-	deadline time.Time // local clock: shortly before the lease ends
+	deadline time.Time // local clock: shortly before the lease ends; guarded by Consumer.queuedMu while queued
+	lost     bool      // its lease could not be renewed while it waited; guarded by Consumer.queuedMu
 }
 
 type outcome int
@@ -231,6 +237,7 @@ func (k *Consumer) Start(ctx context.Context) error {
 	k.jobs = make(chan *job, capacity)
 	k.results = make(chan result, capacity)
 	k.room = make(chan struct{}, 1)
+	k.queued = map[*job]struct{}{}
 
 	k.doneWG.Add(1)
 	go k.complete()
@@ -238,9 +245,10 @@ func (k *Consumer) Start(ctx context.Context) error {
 		k.workWG.Add(1)
 		go k.work()
 	}
-	k.fetchWG.Add(2)
+	k.fetchWG.Add(3)
 	go k.fetch()
 	go k.maintain()
+	go k.keepLeases()
 	k.client.logger.Info("pgoutbox: consumer started", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
 	return nil
 }
@@ -388,11 +396,14 @@ func (k *Consumer) claim(limit int) (int, error) {
 		}
 		return a.d.ID < b.d.ID
 	})
-	margin := min(topic.Lease/10, 5*time.Second)
-	deadline := claimedAt.Add(topic.Lease - margin)
+	deadline := claimedAt.Add(handlerWindow(topic.Lease))
 	k.inflight.Add(int64(len(batch)))
 	for _, c := range batch {
-		k.jobs <- &job{d: c.d, deadline: deadline} // never blocks: capacity bounds inflight
+		j := &job{d: c.d, deadline: deadline}
+		k.queuedMu.Lock()
+		k.queued[j] = struct{}{}
+		k.queuedMu.Unlock()
+		k.jobs <- j // never blocks: capacity bounds inflight
 	}
 	if len(batch) > 0 {
 		k.client.metrics.delivered.Add(ctx, int64(len(batch)), k.attrs)
@@ -404,16 +415,92 @@ func (k *Consumer) claim(limit int) (int, error) {
 func (k *Consumer) work() {
 	defer k.workWG.Done()
 	for j := range k.jobs {
-		if k.stopping.Load() {
+		deadline, lost := k.unqueue(j)
+		if k.stopping.Load() || lost || !time.Now().Before(deadline) {
+			// Stopping, or its lease ran out while it waited (another
+			// consumer may hold it now): hand it back unhandled.
 			k.results <- result{d: j.d, outcome: outcomeReleaseUnstarted}
 			continue
 		}
-		k.results <- k.handle(j)
+		k.results <- k.handle(j, deadline)
 	}
 }
 
-func (k *Consumer) handle(j *job) result {
-	ctx, cancel := context.WithDeadline(k.workCtx, j.deadline)
+// unqueue takes j off the renewed set as a worker picks it: its handler
+// must finish within the lease it holds now.
+func (k *Consumer) unqueue(j *job) (deadline time.Time, lost bool) {
+	k.queuedMu.Lock()
+	defer k.queuedMu.Unlock()
+	delete(k.queued, j)
+	return j.deadline, j.lost
+}
+
+// handlerWindow is how long a handler may run within a lease: it ends
+// shortly before the lease does.
+func handlerWindow(lease time.Duration) time.Duration {
+	return lease - min(lease/10, 5*time.Second)
+}
+
+// keepLeases renews, every third of the lease and in one statement, the
+// leases of the claimed messages still waiting for a worker, so a message
+// waits in the queue as long as it must without being claimed again (a
+// running handler ends with its lease, see ConsumerConfig).
+func (k *Consumer) keepLeases() {
+	defer k.fetchWG.Done()
+	for {
+		lease := k.topic.Load().Lease
+		select {
+		case <-k.fetchCtx.Done():
+			return
+		case <-time.After(lease / 3):
+		}
+		k.renewQueued(lease)
+	}
+}
+
+func (k *Consumer) renewQueued(lease time.Duration) {
+	k.queuedMu.Lock()
+	jobs := make([]*job, 0, len(k.queued))
+	copies := make([]*Delivery, 0, len(k.queued))
+	for j := range k.queued {
+		d := *j.d // ExtendLeases writes LeaseUntil: not on a delivery a worker may hold
+		jobs, copies = append(jobs, j), append(copies, &d)
+	}
+	k.queuedMu.Unlock()
+	if len(jobs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.fetchCtx), lease/3)
+	defer cancel()
+	renewedAt := time.Now()
+	lost, err := k.client.ExtendLeases(ctx, copies, lease)
+	if err != nil {
+		if k.fetchCtx.Err() == nil {
+			k.client.logger.Error("pgoutbox: renewing the leases of queued messages failed", slog.String("topic", k.cfg.Topic),
+				slog.Any("error", err))
+		}
+		return
+	}
+	gone := make(map[*Delivery]bool, len(lost))
+	for _, d := range lost {
+		gone[d] = true
+	}
+	k.queuedMu.Lock()
+	defer k.queuedMu.Unlock()
+	for i, j := range jobs {
+		if _, ok := k.queued[j]; !ok {
+			continue // a worker took it meanwhile: it keeps the lease it had
+		}
+		if gone[copies[i]] {
+			j.lost = true
+		} else {
+			j.deadline = renewedAt.Add(handlerWindow(lease))
+		}
+	}
+}
+
+func (k *Consumer) handle(j *job, deadline time.Time) result {
+	ctx, cancel := context.WithDeadline(k.workCtx, deadline)
 	defer cancel()
 	start := time.Now()
 	err := k.runHandler(ctx, j.d)

@@ -615,3 +615,43 @@ func TestExtendLeasesInBulk(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, lost)
 }
+
+// Claimed messages waiting for a worker keep their leases: with a 1 s
+// lease, one worker, 300 ms handlers and 10 messages claimed at once (3 s
+// of work), none is claimed again while it waits, so each is handled once,
+// with a live context, and none is dead-lettered. (They ran out their
+// leases in the queue: the consumer claimed them again and ran them up to
+// ten times, some only with expired contexts until they were dead-lettered.)
+func TestQueuedMessagesKeepTheirLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "q", Lease: time.Second, MaxAttempts: 3}))
+	b.sendN(t, "q", 10)
+	var mu sync.Mutex
+	handled := map[int64]int{}
+	expired := 0
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "q", Concurrency: 1, BatchSize: 10, PollInterval: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			if ctx.Err() != nil {
+				mu.Lock()
+				expired++
+				mu.Unlock()
+				return ctx.Err()
+			}
+			time.Sleep(300 * time.Millisecond)
+			mu.Lock()
+			handled[d.ID]++
+			mu.Unlock()
+			return nil
+		}})
+	pgtest.Eventually(t, 30*time.Second, "all acked", func() bool { return b.count(t, "true") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, handled, 10)
+	for id, n := range handled {
+		require.Equal(t, 1, n, "message %d handled %d times", id, n)
+	}
+	require.Zero(t, expired, "no handler got an expired context")
+	require.Zero(t, b.countDead(t, "true"))
+}
