@@ -167,7 +167,7 @@ type Consumer struct {
 	queuedMu sync.Mutex
 	queued   map[*job]struct{} // claimed, not yet picked by a worker: the lease keeper renews them
 	stopping atomic.Bool       // workers release instead of handling
-	fetchWG  sync.WaitGroup    // fetcher and maintain
+	fetchWG  sync.WaitGroup    // fetcher, maintain and the lease keeper
 	workWG   sync.WaitGroup    // workers
 	doneWG   sync.WaitGroup    // completer
 	attrs    metric.MeasurementOption
@@ -398,11 +398,14 @@ func (k *Consumer) claim(limit int) (int, error) {
 	})
 	deadline := claimedAt.Add(handlerWindow(topic.Lease))
 	k.inflight.Add(int64(len(batch)))
-	for _, c := range batch {
-		j := &job{d: c.d, deadline: deadline}
-		k.queuedMu.Lock()
-		k.queued[j] = struct{}{}
-		k.queuedMu.Unlock()
+	jobs := make([]*job, len(batch))
+	k.queuedMu.Lock()
+	for i, c := range batch {
+		jobs[i] = &job{d: c.d, deadline: deadline}
+		k.queued[jobs[i]] = struct{}{}
+	}
+	k.queuedMu.Unlock()
+	for _, j := range jobs {
 		k.jobs <- j // never blocks: capacity bounds inflight
 	}
 	if len(batch) > 0 {

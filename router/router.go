@@ -112,6 +112,7 @@ type Message struct {
 	Settle Settler
 
 	scope    string // where ID is unique (a database and schema); set by pgoutbox's sources
+	key, idk string // DeliveryID and ID within scope, set by Route (see scopeKeys)
 	batchID  string
 	batchSeq uint64      // batches are numbered in routing order
 	panicked *panicError // the source's mapper panicked on this message
@@ -119,10 +120,13 @@ type Message struct {
 	settled  atomic.Bool
 }
 
-// pipelineKey and idKey are DeliveryID and ID within the message's scope:
+// scopeKeys computes, once, DeliveryID and ID within the message's scope:
 // ids of two databases (or schemas) are different messages.
-func (m *Message) pipelineKey() string { return m.scope + "\x00" + m.DeliveryID }
-func (m *Message) idKey() string       { return m.scope + "\x00" + m.ID }
+func (m *Message) scopeKeys() { m.key, m.idk = m.scope+"\x00"+m.DeliveryID, m.scope+"\x00"+m.ID }
+
+// pipelineKey and idKey are what the in-flight tracker knows a message by.
+func (m *Message) pipelineKey() string { return m.key }
+func (m *Message) idKey() string       { return m.idk }
 
 func (m *Message) group() string {
 	if !m.grouped() {
@@ -393,6 +397,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	var poolOrder []string
 	for _, m := range batch {
 		m.batchID, m.batchSeq = batchID, batchSeq
+		m.scopeKeys()
 		if m.panicked != nil {
 			r.mapperPanicked(ctx, m)
 			continue
