@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -133,7 +132,7 @@ func TestNoGlobalStallFromOpenTransaction(t *testing.T) {
 
 // A snapshot pair read in several batches is read in xid order, as a
 // number: a pair whose transaction ids cross a power of ten (999999 →
-// 1000000) once sorted its rows as text, so a batch's last row was not its
+// 1000000, or 99 → 100 on a young server) once sorted its rows as text, so a batch's last row was not its
 // greatest and the next batch resumed from the wrong place, delivering
 // some rows twice or skipping others for good.
 func TestPairCrossingAPowerOfTenInXids(t *testing.T) {
@@ -164,17 +163,16 @@ func TestPairCrossingAPowerOfTenInXids(t *testing.T) {
 				}
 				ids := b.send(t, seqs...)
 
-				// Give the rows xids on both sides of 10^6, and move the
-				// group's position back before them: its next pair holds
-				// all of them, more than one batch.
+				// Give the rows xids on both sides of a power of ten, and
+				// move the group's position back before them: its next pair
+				// holds all of them, more than one batch.
+				xids, position := pgtest.XidsAcrossPowerOfTen(t, b.db.Pool, c.below, c.above)
 				for i, id := range ids {
-					xid := 999999 - c.below + 1 + i // ..., 999999, then 1000000, ...
-					_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_published")+` SET xid = $2::text::xid8 WHERE id = $1`,
-						id, strconv.Itoa(xid))
+					_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_published")+` SET xid = $2::xid8 WHERE id = $1`, id, xids[i])
 					require.NoError(t, err)
 				}
 				_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_subscription_offsets")+`
-SET position = '999990:999990:', pair_cur = NULL, resume_xid = NULL, resume_id = NULL`)
+SET position = $1::pg_snapshot, pair_cur = NULL, resume_xid = NULL, resume_id = NULL`, position)
 				require.NoError(t, err)
 
 				r := newRecorder()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -554,9 +553,10 @@ func (l *logRecorder) atLeast(level slog.Level) []string {
 }
 
 // xidsCrossAPowerOfTen: the transactions of one snapshot pair have ids on
-// both sides of 10^6 (as every busy database's do once), and the pair holds
-// more than one batch. Every message is delivered once: sorting the pair's
-// rows by the text of their ids skipped the six-digit ones for good here.
+// both sides of a power of ten (as every database's do, at 10^6 and
+// beyond), and the pair holds more than one batch. Every message is
+// delivered once: sorting the pair's rows by the text of their ids skipped
+// the ones below the power of ten for good here.
 func xidsCrossAPowerOfTen(t *testing.T, s *Subject) {
 	e := newEnv(t, s, nil)
 	ctx := context.Background()
@@ -566,14 +566,14 @@ func xidsCrossAPowerOfTen(t *testing.T, s *Subject) {
 	defer cancel()
 	require.NoError(t, first.Stop(stopCtx)) // the group stays subscribed: the messages wait for it
 	ids := e.Send(t, 14)
+	xids, position := pgtest.XidsAcrossPowerOfTen(t, e.DB.Pool, 5, 9) // five ids below the power of ten, nine from it
 	for i, id := range ids {
-		_, err := e.DB.Pool.Exec(ctx, `UPDATE `+e.DB.Table("outbox_published")+` SET xid = $2::text::xid8 WHERE id = $1`,
-			id, strconv.Itoa(999995+i)) // five six-digit ids, then 1000000 and up
+		_, err := e.DB.Pool.Exec(ctx, `UPDATE `+e.DB.Table("outbox_published")+` SET xid = $2::xid8 WHERE id = $1`, id, xids[i])
 		require.NoError(t, err)
 	}
 	// The group's next pair starts before all of them.
 	_, err := e.DB.Pool.Exec(ctx, `UPDATE `+e.DB.Table("outbox_subscription_offsets")+`
-SET position = '999990:999990:', pair_cur = NULL, resume_xid = NULL, resume_id = NULL`)
+SET position = $1::pg_snapshot, pair_cur = NULL, resume_xid = NULL, resume_id = NULL`, position)
 	require.NoError(t, err)
 	spec.Instance = "g1-after"
 	e.StartInstance(t, e.DB.Pool, spec, nil)

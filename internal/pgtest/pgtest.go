@@ -169,6 +169,7 @@ func locateOnce() {
 		s, err := pgfind.Locate(ctx, EnvDSN)
 		if err == nil {
 			server = &found{Server: s}
+			_ = dropAbandoned(ctx, s.AdminDSN) // best effort: a failure here fails no test
 			return
 		}
 		if os.Getenv(EnvDSN) != "" {
@@ -195,7 +196,7 @@ func (s *found) createDatabase(ctx context.Context, migrated bool) (*DB, func() 
 		}
 		template = s.template
 	}
-	name := fmt.Sprintf("pgoutbox_t%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6, dbCounter.Add(1))
+	name := fmt.Sprintf("%s%d_%d_%d", dbPrefix(), os.Getpid(), time.Now().UnixNano()%1e6, dbCounter.Add(1))
 	admin, err := pgx.Connect(ctx, s.AdminDSN)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to %s: %w", s.Source, err)
