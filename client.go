@@ -136,9 +136,10 @@ func (c *Client) SendBatch(ctx context.Context, tx outbox.Executor, msgs []outbo
 }
 
 // NewConsumer returns a consumer of a QUEUE topic that starts and stops
-// with the client.
-func (c *Client) NewConsumer(cfg outbox.ConsumerConfig) (*outbox.Consumer, error) {
-	k, err := c.outbox.NewConsumer(cfg)
+// with the client. It fails with outbox.ErrWrongSemantics for a PUB_SUB
+// topic (use NewGroup) and outbox.ErrInvalidConfig for a bad cfg.
+func (c *Client) NewConsumer(ctx context.Context, cfg outbox.ConsumerConfig) (*outbox.Consumer, error) {
+	k, err := c.outbox.NewConsumer(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -234,10 +235,13 @@ func (c *Client) startOne(ctx context.Context, comp *component) error {
 }
 
 // Start starts every component created from the client (consumers and
-// groups, then routers) and returns at once; components created later
-// start when they are created. ctx bounds only the start-up queries. If a
-// component fails to start, Start returns its error and leaves the others
-// running: call Stop.
+// groups, then routers) and returns once they run; components created
+// later start when they are created. Groups, and routers' group sources,
+// are subscribed when Start returns: every message committed after it
+// reaches them (Start waits for the producer transactions of their topics
+// that are open when it is called). ctx bounds only the start-up. If a
+// component fails to start, Start stops the ones it started and returns
+// the error; the client is then stopped.
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -248,14 +252,21 @@ func (c *Client) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: client", outbox.ErrAlreadyStarted)
 	}
 	c.running = true
+	var started []*component
 	for _, last := range []bool{false, true} {
 		for _, comp := range c.components {
 			if comp.last != last {
 				continue
 			}
 			if err := c.startOne(ctx, comp); err != nil {
-				return err
+				c.stopping = true
+				c.mu.Unlock()
+				stopErr := c.stopAll(context.WithoutCancel(ctx), started, false)
+				c.mu.Lock()
+				close(c.stopped)
+				return errors.Join(err, stopErr)
 			}
+			started = append(started, comp)
 		}
 	}
 	c.cfg.Logger.Info("pgoutbox: client started", slog.Int("components", len(c.components)))
@@ -285,6 +296,16 @@ func (c *Client) stop(ctx context.Context, cancel bool) error {
 	c.stopping = true
 	comps := c.components
 	c.mu.Unlock()
+	err := c.stopAll(ctx, comps, cancel)
+	if first {
+		c.cfg.Logger.Info("pgoutbox: client stopped")
+		close(c.stopped)
+	}
+	return err
+}
+
+// stopAll stops comps: routers first, then the others at once.
+func (c *Client) stopAll(ctx context.Context, comps []*component, cancel bool) error {
 	var errs []error
 	for _, last := range []bool{true, false} {
 		var mu sync.Mutex
@@ -304,10 +325,6 @@ func (c *Client) stop(ctx context.Context, cancel bool) error {
 			}()
 		}
 		wg.Wait()
-	}
-	if first {
-		c.cfg.Logger.Info("pgoutbox: client stopped")
-		close(c.stopped)
 	}
 	return errors.Join(errs...)
 }

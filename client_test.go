@@ -70,7 +70,7 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks"}))
 
 	var jobs, events atomic.Int64
-	_, err := c.NewConsumer(outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
+	_, err := c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
 		Handler: func(context.Context, *outbox.Delivery) error { jobs.Add(1); return nil }})
 	require.NoError(t, err)
 	g, err := c.NewGroup(consumergroup.Config{Topic: "events", Group: "audit", PollInterval: 20 * time.Millisecond}, consumergroup.FromNow())
@@ -110,7 +110,7 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 	}
 	require.NoError(t, c.Stop(stopCtx), "Stop is idempotent")
 	goleak.VerifyNone(t, leaks)
-	_, err = c.NewConsumer(outbox.ConsumerConfig{Topic: "jobs", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	_, err = c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
 	require.ErrorIs(t, err, pgoutbox.ErrStopped)
 }
 
@@ -125,7 +125,7 @@ func TestStopAndCancelDoesNotWaitForHandlersThatIgnoreTheirContext(t *testing.T)
 	release := make(chan struct{})
 	var running atomic.Int64
 	stuck := func(context.Context, *outbox.Delivery) error { running.Add(1); <-release; return nil }
-	k, err := c.NewConsumer(outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond, Handler: stuck})
+	k, err := c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond, Handler: stuck})
 	require.NoError(t, err)
 	g, err := c.NewGroup(consumergroup.Config{Topic: "events", Group: "g", PollInterval: 20 * time.Millisecond}, consumergroup.FromNow())
 	require.NoError(t, err)
@@ -199,4 +199,72 @@ func TestGroupTakesTheClientsSettings(t *testing.T) {
 	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
 	require.NoError(t, g.Stop(ctx))
 	require.True(t, logs.contains("consumer group started"), "the group logs through the client's logger")
+}
+
+// Every message committed after Start returns reaches a router's group
+// sources, as it reaches the client's groups: Start waits until the
+// sources' groups are subscribed (they used to subscribe later, in their
+// own goroutine, and FromNow missed what was sent meanwhile).
+func TestStartReturnsOnceGroupSourcesAreSubscribed(t *testing.T) {
+	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter, outbox.Offset} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewDB(t)
+			ctx := context.Background()
+			var delivered atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { delivered.Add(1) }))
+			defer srv.Close()
+			c := newClient(t, db)
+			require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode}))
+			rt, err := c.NewRouter(router.Config{AllowedHosts: []string{strings.TrimPrefix(srv.URL, "http://")},
+				Pools: []router.PoolConfig{{Code: "P", Concurrency: 4}}})
+			require.NoError(t, err)
+			for _, group := range []string{"webhooks", "audit"} {
+				gs, err := router.NewGroupSource(router.GroupSourceConfig{Pool: c.Pool(),
+					Group: consumergroup.Config{Client: c.Outbox(), Topic: "events", Group: group, PollInterval: 20 * time.Millisecond}})
+				require.NoError(t, err)
+				rt.AddSource(gs)
+			}
+			require.NoError(t, c.Start(ctx))
+			defer func() {
+				stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				require.NoError(t, c.Stop(stopCtx))
+			}()
+			send(t, c, "events", 2, map[string]string{router.HeaderPool: "P", router.HeaderTarget: srv.URL + "/hook"})
+			pgtest.Eventually(t, 10*time.Second, "both messages delivered to both groups", func() bool { return delivered.Load() == 4 })
+		})
+	}
+}
+
+// A component that fails to start makes Start stop the ones it started and
+// return the error: nothing is left running (they used to keep running).
+func TestStartStopsWhatItStartedWhenAComponentFails(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	leaks := goleak.IgnoreCurrent()
+	c := newClient(t, db)
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
+	var handled atomic.Int64
+	k, err := c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
+		Handler: func(context.Context, *outbox.Delivery) error { handled.Add(1); return nil }})
+	require.NoError(t, err)
+	g, err := c.NewGroup(consumergroup.Config{Topic: "never.configured", Group: "g"}, consumergroup.FromNow())
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+
+	err = c.Start(ctx)
+	require.ErrorIs(t, err, outbox.ErrUnknownTopic)
+	for what, done := range map[string]<-chan struct{}{"consumer": k.Stopped(), "client": c.Stopped()} {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the %s still runs after Start failed", what)
+		}
+	}
+	send(t, c, "jobs", 1, nil)
+	time.Sleep(100 * time.Millisecond) // five poll intervals of a consumer that would still run
+	require.Zero(t, handled.Load())
+	goleak.VerifyNone(t, leaks)
+	require.ErrorIs(t, c.Start(ctx), pgoutbox.ErrStopped)
 }

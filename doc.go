@@ -42,7 +42,7 @@
 //
 // # Consuming
 //
-//	_, err = client.NewConsumer(outbox.ConsumerConfig{
+//	_, err = client.NewConsumer(ctx, outbox.ConsumerConfig{
 //		Topic: "orders.paid",
 //		Handler: func(ctx context.Context, d *outbox.Delivery) error {
 //			paid, err := outbox.Decode[OrderPaid](d)

@@ -45,7 +45,7 @@ func ExampleClient() {
 	}
 
 	emailed := make(chan int, 1)
-	_, err = client.NewConsumer(outbox.ConsumerConfig{Topic: "emails", Handler: func(ctx context.Context, d *outbox.Delivery) error {
+	_, err = client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "emails", Handler: func(ctx context.Context, d *outbox.Delivery) error {
 		o, err := outbox.Decode[OrderPlaced](d)
 		emailed <- o.ID
 		return err

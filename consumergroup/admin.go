@@ -1,8 +1,10 @@
 package consumergroup
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,17 +70,20 @@ func (g *Group) Cleanup(ctx context.Context, limit int) (int64, error) {
 	return n, err
 }
 
-// DeadLetters lists the group's dead-lettered messages with id > afterID.
-// It works on a Group value that was never started.
+// DeadLetters lists the group's dead-lettered messages with id > afterID,
+// at most limit of them (outbox.DefaultDeadLetterPage when 0). It works on
+// a Group value that was never started, and fails with outbox.ErrNotFound
+// when the group has no subscription to its topic.
 func (g *Group) DeadLetters(ctx context.Context, afterID int64, limit int) ([]outbox.DeadLetter, error) {
-	if limit <= 0 {
-		limit = outbox.DefaultDeadLetterPage
+	if limit < 0 {
+		return nil, fmt.Errorf("%w: negative limit", outbox.ErrInvalidConfig)
 	}
+	limit = cmp.Or(limit, outbox.DefaultDeadLetterPage)
 	rows, err := g.pool.Query(ctx, g.q.ListDeadLetters, g.cfg.Topic, g.cfg.Group, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("consumergroup: dead letters: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.DeadLetter, error) {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.DeadLetter, error) {
 		dl := outbox.DeadLetter{Delivery: outbox.Delivery{Topic: g.cfg.Topic}}
 		var prio int16
 		err := r.Scan(&dl.ID, &dl.Payload, &dl.Headers, &dl.CorrelationID, &dl.Group, &prio, &dl.Attempt,
@@ -86,19 +91,41 @@ func (g *Group) DeadLetters(ctx context.Context, afterID int64, limit int) ([]ou
 		dl.Priority = int(prio)
 		return dl, err
 	})
+	if err != nil {
+		return nil, fmt.Errorf("consumergroup: dead letters: %w", err)
+	}
+	if len(out) == 0 {
+		if _, err := g.State(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // ReplayDeadLetters makes the group's dead letters (the given ids, or all)
-// deliverable to it again with a fresh attempt budget. It works on a Group
-// value that was never started.
+// deliverable to it again with a fresh attempt budget, and returns how
+// many it replayed. It works on a Group value that was never started. It
+// fails with outbox.ErrNotFound when the group has no subscription to its
+// topic; when ids are given and some are not dead letters of the group,
+// the error wraps outbox.ErrNotFound (the others are still replayed).
 func (g *Group) ReplayDeadLetters(ctx context.Context, ids ...int64) (int64, error) {
 	var filter []int64
 	if len(ids) > 0 {
-		filter = ids
+		filter = slices.Compact(slices.Sorted(slices.Values(ids)))
 	}
 	tag, err := g.pool.Exec(ctx, g.q.ReplayDeadLetters, g.cfg.Topic, g.cfg.Group, filter)
 	if err != nil {
 		return 0, fmt.Errorf("consumergroup: replay: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	n := tag.RowsAffected()
+	if n < int64(len(filter)) || n == 0 {
+		if _, err := g.State(ctx); err != nil {
+			return n, err
+		}
+	}
+	if n < int64(len(filter)) {
+		return n, fmt.Errorf("%w: %d of %d ids are not dead letters of group %q of %q",
+			outbox.ErrNotFound, int64(len(filter))-n, len(filter), g.cfg.Group, g.cfg.Topic)
+	}
+	return n, nil
 }

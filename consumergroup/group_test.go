@@ -334,3 +334,39 @@ func TestBadInput(t *testing.T) {
 	// Mode changes are refused while groups are subscribed.
 	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: outbox.Counter}), outbox.ErrInvalidConfig)
 }
+
+// A group that never subscribed is not found, whichever way it is asked
+// about (dead letters and replays used to answer an empty list and 0); a
+// replay of ids that are not the group's dead letters says so, and an
+// unknown topic is not found either.
+func TestUnknownGroupIsNotFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Bitmap)
+	ctx := context.Background()
+	ghost := b.newGroup(t, "never-started")
+	_, err := ghost.State(ctx)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = ghost.DeadLetters(ctx, 0, 10)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = ghost.ReplayDeadLetters(ctx)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = ghost.ReplayDeadLetters(ctx, 1, 2)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+
+	g := b.newGroup(t, "real")
+	require.NoError(t, g.AddConsumer("m", newRecorder().handler, nil))
+	start(t, g, consumergroup.FromNow())
+	dead, err := g.DeadLetters(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, dead)
+	n, err := g.ReplayDeadLetters(ctx)
+	require.NoError(t, err, "a subscribed group without dead letters replays nothing")
+	require.Zero(t, n)
+	n, err = g.ReplayDeadLetters(ctx, 42)
+	require.ErrorIs(t, err, outbox.ErrNotFound, "42 is not a dead letter of the group")
+	require.Zero(t, n)
+
+	require.ErrorIs(t, outbox.ErrUnknownTopic, outbox.ErrNotFound)
+	_, err = b.newGroup(t, "g", func(c *consumergroup.Config) { c.Topic = "no.such.topic" }).DeadLetters(ctx, 0, 1)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+}

@@ -197,13 +197,27 @@ type result struct {
 	err     string
 }
 
-// NewConsumer returns a consumer; Start runs it.
-func (c *Client) NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
+// NewConsumer returns a consumer of a QUEUE topic; Start runs it. It fails
+// with ErrInvalidConfig for a bad cfg and ErrWrongSemantics for a PUB_SUB
+// topic (read them with package consumergroup). ctx bounds the topic's
+// lookup.
+func (c *Client) NewConsumer(ctx context.Context, cfg ConsumerConfig) (*Consumer, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	topic, err := c.loadTopic(ctx, c.pool, cfg.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if topic.Semantics != Queue {
+		return nil, wrongSemantics(cfg.Topic, topic.Semantics)
+	}
 	return &Consumer{client: c, cfg: cfg, attrs: metric.WithAttributes(attribute.String("topic", cfg.Topic))}, nil
+}
+
+func wrongSemantics(topic string, s Semantics) error {
+	return fmt.Errorf("%w: %q is a %s topic; consume it with package consumergroup", ErrWrongSemantics, topic, s)
 }
 
 // ID is the consumer's lease owner name.
@@ -223,7 +237,7 @@ func (k *Consumer) Start(ctx context.Context) error {
 		return err
 	}
 	if topic.Semantics != Queue {
-		return fmt.Errorf("%w: %q is a %s topic; consume it with package consumergroup", ErrWrongSemantics, k.cfg.Topic, topic.Semantics)
+		return wrongSemantics(k.cfg.Topic, topic.Semantics)
 	}
 	k.topic.Store(&topic)
 	k.started = true

@@ -90,7 +90,7 @@ func TestCrashedConsumerMessagesRedeliveredAfterLease(t *testing.T) {
 	require.NoError(t, err)
 	var doomedGot sync.Map
 	var doomedCount atomic.Int64
-	doomed, err := doomedClient.NewConsumer(outbox.ConsumerConfig{Topic: "work", Concurrency: 5, BatchSize: 10, ID: "doomed",
+	doomed, err := doomedClient.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "work", Concurrency: 5, BatchSize: 10, ID: "doomed",
 		Handler: func(ctx context.Context, d *outbox.Delivery) error {
 			doomedGot.Store(d.ID, true)
 			doomedCount.Add(1)
@@ -400,7 +400,7 @@ func TestStopReleasesUnstartedClaims(t *testing.T) {
 	b.sendN(t, "t", 30)
 	release := make(chan struct{})
 	var started, finished atomic.Int64
-	k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "t", Concurrency: 2, BatchSize: 10,
+	k, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "t", Concurrency: 2, BatchSize: 10,
 		Handler: func(ctx context.Context, d *outbox.Delivery) error {
 			started.Add(1)
 			<-release
@@ -435,7 +435,7 @@ func TestStopDeadlineCancelsHandlers(t *testing.T) {
 	id, err := b.producer.Send(ctx, b.db.Pool, seqMessage("t", 1))
 	require.NoError(t, err)
 	running := make(chan struct{})
-	k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "t",
+	k, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "t",
 		Handler: func(ctx context.Context, d *outbox.Delivery) error {
 			close(running)
 			<-ctx.Done()
@@ -521,7 +521,7 @@ func TestConsumersShareOneListenConnection(t *testing.T) {
 	noop := func(context.Context, *outbox.Delivery) error { return nil }
 	var consumers []*outbox.Consumer
 	for _, topic := range []string{"a", "b", "c"} {
-		k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: topic, Handler: noop})
+		k, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: topic, Handler: noop})
 		require.NoError(t, err)
 		require.NoError(t, k.Start(ctx))
 		consumers = append(consumers, k)

@@ -38,9 +38,17 @@ var (
 	// ErrNoSubscriptions: a send to a PUB_SUB topic configured with
 	// BlockWritesOnZeroSubscriptions while no group is subscribed.
 	ErrNoSubscriptions = errors.New("outbox: topic has no subscriptions and blocks writes")
-	// ErrUnknownTopic: an operation needs a configured topic (a PUB_SUB
-	// subscription, for one) and the topic was never configured.
-	ErrUnknownTopic = errors.New("outbox: unknown topic")
-	// ErrNotFound: no such message (e.g. replaying a dead letter that is not one).
+	// ErrNotFound: no such topic, group, subscription or message (e.g.
+	// replaying a dead letter that is not one).
 	ErrNotFound = errors.New("outbox: not found")
+	// ErrUnknownTopic: an operation needs a configured topic (a PUB_SUB
+	// subscription, for one) and the topic was never configured. It
+	// matches ErrNotFound too.
+	ErrUnknownTopic error = &notFound{"outbox: unknown topic"}
 )
+
+// notFound is a sentinel that also matches ErrNotFound.
+type notFound struct{ msg string }
+
+func (e *notFound) Error() string { return e.msg }
+func (e *notFound) Unwrap() error { return ErrNotFound }

@@ -68,7 +68,7 @@ func Example() {
 	wg.Add(3)
 	var mu sync.Mutex
 	total := 0
-	consumer, err := client.NewConsumer(outbox.ConsumerConfig{
+	consumer, err := client.NewConsumer(ctx, outbox.ConsumerConfig{
 		Topic: "orders.paid",
 		Handler: func(ctx context.Context, d *outbox.Delivery) error {
 			defer wg.Done()
@@ -117,7 +117,7 @@ func ExampleClient_ReplayDeadLetters() {
 	}
 
 	failed := make(chan struct{})
-	consumer, _ := client.NewConsumer(outbox.ConsumerConfig{Topic: "emails",
+	consumer, _ := client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "emails",
 		Handler: func(ctx context.Context, d *outbox.Delivery) error {
 			defer close(failed)
 			return fmt.Errorf("smtp: connection refused")

@@ -73,7 +73,7 @@ func TestEveryQueryExecMode(t *testing.T) {
 			require.NoError(t, err)
 
 			handled := make(chan int64, 10)
-			k, err := client.NewConsumer(outbox.ConsumerConfig{Topic: "q", PollInterval: 10 * time.Millisecond,
+			k, err := client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "q", PollInterval: 10 * time.Millisecond,
 				Handler: func(_ context.Context, d *outbox.Delivery) error { handled <- d.ID; return nil }})
 			require.NoError(t, err)
 			require.NoError(t, k.Start(ctx))

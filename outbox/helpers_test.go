@@ -80,7 +80,7 @@ func (b *testBundle) countIn(t *testing.T, table, where string, args ...any) int
 
 func startConsumer(t *testing.T, c *outbox.Client, cfg outbox.ConsumerConfig) *outbox.Consumer {
 	t.Helper()
-	k, err := c.NewConsumer(cfg)
+	k, err := c.NewConsumer(context.Background(), cfg)
 	require.NoError(t, err)
 	require.NoError(t, k.Start(context.Background()))
 	t.Cleanup(func() {

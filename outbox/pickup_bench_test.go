@@ -68,7 +68,7 @@ func benchPickup(b *testing.B, pool *pgxpool.Pool, schema string, cfg outbox.Con
 		b.Fatal(err)
 	}
 	started := make(chan time.Time, 1)
-	consumer, err := client.NewConsumer(outbox.ConsumerConfig{Topic: "pickup", PollInterval: 100 * time.Millisecond,
+	consumer, err := client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "pickup", PollInterval: 100 * time.Millisecond,
 		Handler: func(context.Context, *outbox.Delivery) error { started <- time.Now(); return nil }})
 	if err != nil {
 		b.Fatal(err)

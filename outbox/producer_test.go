@@ -317,9 +317,9 @@ func TestConfigureTopicBadInput(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_topics")).Scan(&n))
 	require.Zero(t, n)
 
-	_, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "t"})
+	_, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "t"})
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig, "nil handler")
-	_, err = b.client.NewConsumer(outbox.ConsumerConfig{Topic: "t", Concurrency: -1, Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	_, err = b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "t", Concurrency: -1, Handler: func(context.Context, *outbox.Delivery) error { return nil }})
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 }
 
@@ -342,10 +342,10 @@ func TestTopicDefaultsAndConfiguration(t *testing.T) {
 		BackoffMax: outbox.DefaultBackoffMax, Lease: 5 * time.Second,
 		ZeroSubscriptionRetention: outbox.DefaultZeroSubscriptionRetention, IdempotencyWindow: outbox.DefaultIdempotencyWindow, Configured: true}, got)
 
-	k, err := b.client.NewConsumer(outbox.ConsumerConfig{Topic: "events", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
-	require.NoError(t, err)
-	require.ErrorIs(t, k.Start(ctx), outbox.ErrWrongSemantics)
-	require.NoError(t, k.Stop(ctx))
+	// A QUEUE consumer of a PUB_SUB topic is refused when it is created
+	// (it used to fail only at Start).
+	_, err = b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "events", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	require.ErrorIs(t, err, outbox.ErrWrongSemantics)
 	if errors.Is(nil, outbox.ErrNotFound) {
 		t.Fatal("unreachable")
 	}

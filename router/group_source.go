@@ -71,6 +71,8 @@ func NewGroupSource(cfg GroupSourceConfig) (*GroupSource, error) {
 // Name implements Source.
 func (s *GroupSource) Name() string { return "group:" + s.cfg.Group.Topic + "/" + s.cfg.Group.Group }
 
+var _ ReadySource = (*GroupSource)(nil)
+
 // LastPoll implements Source: a running group instance polls on its own
 // (and its heartbeats say it is alive), so it reports now while running.
 func (s *GroupSource) LastPoll() time.Time {
@@ -84,6 +86,12 @@ func (s *GroupSource) LastPoll() time.Time {
 // ends, or returns the instance's error when it stopped on its own (its
 // subscription was cancelled or deleted).
 func (s *GroupSource) Run(ctx context.Context, route func(context.Context, []*Message)) error {
+	return s.RunReady(ctx, route, func() {})
+}
+
+// RunReady implements ReadySource: Run that calls ready once the group
+// instance started, its subscription registered.
+func (s *GroupSource) RunReady(ctx context.Context, route func(context.Context, []*Message), ready func()) error {
 	g, err := consumergroup.New(s.cfg.Pool, s.cfg.Group)
 	if err != nil {
 		return err
@@ -108,6 +116,7 @@ func (s *GroupSource) Run(ctx context.Context, route func(context.Context, []*Me
 	}
 	s.running.Store(true)
 	defer s.running.Store(false)
+	ready()
 	select {
 	case <-ctx.Done():
 	case <-g.Stopped():

@@ -128,3 +128,19 @@ func TestTwoGroupSourcesOnOneTopic(t *testing.T) {
 		return b.countPublished(t, "done_bits = required_bits AND required_bits = 3") == 20
 	})
 }
+
+// Start returns once a group source is subscribed, or with the error that
+// kept it from subscribing (here: its topic was never configured); the
+// router is then stopped.
+func TestStartFailsWhenAGroupSourceCannotSubscribe(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	rt, err := router.New(router.Config{AllowedHosts: []string{"127.0.0.1"}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
+	require.NoError(t, err)
+	b.groupSource(t, rt, "webhooks") // topic "hooks" is not configured
+	err = rt.Start(context.Background())
+	require.ErrorIs(t, err, outbox.ErrUnknownTopic)
+	require.Contains(t, err.Error(), "group:hooks/webhooks")
+	require.ErrorIs(t, rt.Start(context.Background()), router.ErrStarted)
+	require.NoError(t, rt.Stop(context.Background()))
+}

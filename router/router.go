@@ -162,6 +162,18 @@ type Source interface {
 	LastPoll() time.Time
 }
 
+// ReadySource is a Source that subscribes before it claims, as a
+// GroupSource registers its consumer group. Router.Start waits until each
+// ReadySource added before it has subscribed, so every message committed
+// after Start returns reaches it.
+type ReadySource interface {
+	Source
+	// RunReady is Run that calls ready once the source is subscribed:
+	// from then on, every message committed reaches it. It may return
+	// before calling ready (with the error that prevented it).
+	RunReady(ctx context.Context, route func(ctx context.Context, batch []*Message), ready func()) error
+}
+
 // Router routes messages from sources to pools. Create it with New, add
 // sources, Start it, Stop it.
 type Router struct {
@@ -216,7 +228,13 @@ func (r *Router) Warnings() []Warning { return r.warn.list() }
 
 // Start loads the configuration (from ConfigSource: up to StartupAttempts
 // tries, then ErrConfigUnavailable), creates the pools and starts the
-// sources and the background checks. It returns once running.
+// sources and the background checks. It returns once every source is
+// running and every ReadySource (a GroupSource) is subscribed: a group
+// source's Start waits, as consumergroup.Group.Start does, for the
+// producer transactions of its topic that are open, and every message
+// committed after Start returns reaches it. If a source fails before it
+// subscribed, or ctx ends first, Start stops the router and returns the
+// error. Sources added after Start start at once, without such a wait.
 func (r *Router) Start(ctx context.Context) error {
 	r.mu.Lock()
 	if r.started {
@@ -239,10 +257,16 @@ func (r *Router) Start(ctx context.Context) error {
 	r.loop(r.cfg.LeakCheckInterval, r.checkLeaks)
 	r.loop(r.cfg.CleanupInterval, r.cleanup)
 	r.mu.Lock()
+	runs := make([]*sourceRun, 0, len(r.sources))
 	for _, rs := range r.sources {
 		r.runSource(rs, false)
+		runs = append(runs, rs.current)
 	}
 	r.mu.Unlock()
+	if err := waitReady(ctx, runs); err != nil {
+		_ = r.Stop(context.WithoutCancel(ctx))
+		return err
+	}
 	return nil
 }
 

@@ -21,6 +21,15 @@ type runningSource struct {
 	keeping    bool               // a lease keeper runs for src
 	restarting bool               // a restart waits for the current Run to return
 	removed    atomic.Bool        // RemoveSource took it out
+	current    *sourceRun         // the current Run
+}
+
+// sourceRun is one Run of a source.
+type sourceRun struct {
+	name  string
+	ready chan struct{} // closed once it subscribed (a ReadySource), or as it starts
+	done  chan struct{} // closed when it returned
+	err   error         // what it returned; read once done is closed
 }
 
 // AddSource registers a source; sources added after Start start at once.
@@ -70,8 +79,8 @@ func (r *Router) RemoveSource(ctx context.Context, s Source) error {
 // replaces one that stalled or exited.
 func (r *Router) runSource(rs *runningSource, restart bool) {
 	ctx, cancel := context.WithCancel(r.bg)
-	done := make(chan struct{})
-	rs.cancel, rs.done = cancel, done
+	run := &sourceRun{name: rs.src.Name(), ready: make(chan struct{}), done: make(chan struct{})}
+	rs.cancel, rs.done, rs.current = cancel, run.done, run
 	if k, ok := rs.src.(LeaseKeeper); ok && !rs.keeping {
 		rs.keeping = true
 		r.keepers.Add(1)
@@ -80,8 +89,9 @@ func (r *Router) runSource(rs *runningSource, restart bool) {
 	r.runs.Add(1)
 	go func() {
 		defer r.runs.Done()
-		defer close(done)
-		err := r.run(ctx, rs.src)
+		var err error
+		defer func() { run.err = err; close(run.done) }()
+		err = r.run(ctx, rs.src, sync.OnceFunc(func() { close(run.ready) }))
 		if err == nil || ctx.Err() != nil {
 			return
 		}
@@ -93,8 +103,10 @@ func (r *Router) runSource(rs *runningSource, restart bool) {
 	}()
 }
 
-// run is src.Run with a panic turned into an error.
-func (r *Router) run(ctx context.Context, src Source) (err error) {
+// run is src.Run (or RunReady) with a panic turned into an error. ready
+// is called once src is subscribed: by a ReadySource when it says so, at
+// once for other sources.
+func (r *Router) run(ctx context.Context, src Source, ready func()) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("panic: %v", v)
@@ -102,7 +114,33 @@ func (r *Router) run(ctx context.Context, src Source) (err error) {
 				slog.String("stack", string(debug.Stack())))
 		}
 	}()
+	if rs, ok := src.(ReadySource); ok {
+		return rs.RunReady(ctx, r.Route, ready)
+	}
+	ready()
 	return src.Run(ctx, r.Route)
+}
+
+// waitReady waits until each of runs is subscribed. It fails with the
+// error of a Run that returned first, or ctx's.
+func waitReady(ctx context.Context, runs []*sourceRun) error {
+	for _, run := range runs {
+		select {
+		case <-run.ready:
+			continue
+		case <-run.done:
+		case <-ctx.Done():
+			return fmt.Errorf("router: waiting for source %s to subscribe: %w", run.name, ctx.Err())
+		}
+		if isClosed(run.ready) {
+			continue // subscribed, then returned: the health check restarts it
+		}
+		if run.err == nil {
+			return fmt.Errorf("router: source %s returned before it subscribed", run.name)
+		}
+		return fmt.Errorf("router: source %s: %w", run.name, run.err)
+	}
+	return nil
 }
 
 // checkSources restarts sources that stopped polling or whose Run

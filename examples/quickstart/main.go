@@ -91,7 +91,7 @@ func run(ctx context.Context) error {
 
 	var handled atomic.Int64
 	done := make(chan struct{})
-	_, err = client.NewConsumer(outbox.ConsumerConfig{
+	_, err = client.NewConsumer(ctx, outbox.ConsumerConfig{
 		Topic:       "greetings",
 		Concurrency: 2,
 		Handler: func(ctx context.Context, d *outbox.Delivery) error {

@@ -336,7 +336,7 @@ func (b *bench) w4(ctx context.Context) error {
 }
 
 func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (*outbox.Consumer, error) {
-	k, err := b.client.NewConsumer(outbox.ConsumerConfig{
+	k, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{
 		Topic:       topic,
 		Concurrency: b.c.workers,
 		Handler:     tr.handler,

@@ -117,7 +117,7 @@ func startQueue(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h ou
 	if err != nil {
 		return nil, err
 	}
-	c, err := client.NewConsumer(outbox.ConsumerConfig{Topic: e.Topic.Name, Handler: h, Concurrency: spec.Concurrency,
+	c, err := client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: e.Topic.Name, Handler: h, Concurrency: spec.Concurrency,
 		BatchSize: spec.BatchSize, PollInterval: spec.PollInterval, ID: spec.Instance})
 	if err != nil {
 		return nil, err
