@@ -225,7 +225,7 @@ func (c *Client) add(comp *component) error {
 
 func (c *Client) startOne(ctx context.Context, comp *component) error {
 	err := comp.start(ctx)
-	if errors.Is(err, outbox.ErrAlreadyStarted) || errors.Is(err, router.ErrStarted) {
+	if errors.Is(err, outbox.ErrAlreadyStarted) {
 		return nil // started on its own
 	}
 	if err != nil {

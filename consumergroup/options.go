@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -166,10 +167,10 @@ func (o SubscriptionOptions) validate() error {
 	default:
 		return fmt.Errorf("%w: unknown start position %q", outbox.ErrInvalidConfig, o.Position)
 	}
-	if o.MaxBackfill < 0 || o.BackfillBatchSize < 1 {
-		return fmt.Errorf("%w: MaxBackfill must be >= 0 and BackfillBatchSize >= 1", outbox.ErrInvalidConfig)
-	}
-	return nil
+	check := cfgcheck.New("SubscriptionOptions")
+	check.Count("MaxBackfill", o.MaxBackfill, 0)
+	check.Count("BackfillBatchSize", o.BackfillBatchSize, 1)
+	return check.Err()
 }
 
 // Filter decides whether a member wants a message. A message that every
@@ -260,17 +261,16 @@ func (c Config) validate() error {
 	if err := ValidateGroup(c.Group); err != nil {
 		return err
 	}
-	switch {
-	case c.BatchSize < 1, c.Concurrency < 1:
-		return fmt.Errorf("%w: BatchSize and Concurrency must be at least 1", outbox.ErrInvalidConfig)
-	case c.PollInterval < time.Millisecond:
-		return fmt.Errorf("%w: PollInterval must be at least 1ms", outbox.ErrInvalidConfig)
-	case c.HeartbeatInterval < 10*time.Millisecond || c.HeartbeatTimeout <= c.HeartbeatInterval:
-		return fmt.Errorf("%w: need 10ms <= HeartbeatInterval < HeartbeatTimeout", outbox.ErrInvalidConfig)
-	case c.HandlerTimeout < 0:
-		return fmt.Errorf("%w: negative HandlerTimeout", outbox.ErrInvalidConfig)
+	check := cfgcheck.New(fmt.Sprintf("group %q of %q", c.Group, c.Topic))
+	check.Count("BatchSize", c.BatchSize, 1)
+	check.Count("Concurrency", c.Concurrency, 1)
+	check.AtLeast("PollInterval", c.PollInterval, time.Millisecond)
+	check.AtLeast("HeartbeatInterval", c.HeartbeatInterval, 10*time.Millisecond)
+	if c.HeartbeatTimeout <= c.HeartbeatInterval {
+		check.Failf("HeartbeatTimeout", "(%v) must be longer than HeartbeatInterval (%v)", c.HeartbeatTimeout, c.HeartbeatInterval)
 	}
-	return nil
+	check.NotNegative("HandlerTimeout", c.HandlerTimeout)
+	return check.Err()
 }
 
 // ValidateGroup reports whether name can name a group: 1 to 255 bytes,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
 )
 
@@ -119,19 +121,17 @@ func (cfg ConsumerConfig) validate() error {
 	if err := ValidateTopic(cfg.Topic); err != nil {
 		return err
 	}
-	switch {
-	case cfg.Handler == nil:
-		return fmt.Errorf("%w: consumer of %q: nil Handler", ErrInvalidConfig, cfg.Topic)
-	case cfg.Concurrency < 1:
-		return fmt.Errorf("%w: consumer of %q: Concurrency must be at least 1", ErrInvalidConfig, cfg.Topic)
-	case cfg.BatchSize < 1:
-		return fmt.Errorf("%w: consumer of %q: BatchSize must be at least 1", ErrInvalidConfig, cfg.Topic)
-	case cfg.PollInterval < time.Millisecond:
-		return fmt.Errorf("%w: consumer of %q: PollInterval must be at least 1ms", ErrInvalidConfig, cfg.Topic)
-	case len(cfg.ID) > MaxKeyBytes:
-		return fmt.Errorf("%w: consumer ID longer than %d bytes", ErrInvalidConfig, MaxKeyBytes)
+	check := cfgcheck.New("consumer of " + strconv.Quote(cfg.Topic))
+	if cfg.Handler == nil {
+		check.Failf("Handler", "is nil")
 	}
-	return nil
+	check.Count("Concurrency", cfg.Concurrency, 1)
+	check.Count("BatchSize", cfg.BatchSize, 1)
+	check.AtLeast("PollInterval", cfg.PollInterval, time.Millisecond)
+	if len(cfg.ID) > MaxKeyBytes {
+		check.Failf("ID", "is longer than %d bytes", MaxKeyBytes)
+	}
+	return check.Err()
 }
 
 // Consumer processes a QUEUE topic: competing consumers, in this and other

@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 
+	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 )
 
@@ -27,14 +28,17 @@ var (
 	ErrNilExecutor = errors.New("outbox: nil transaction or executor")
 	// ErrInvalidConfig: a configuration field has an unknown or out-of-range
 	// value (unknown semantics or tracking mode, negative durations, ...).
-	ErrInvalidConfig = errors.New("outbox: invalid configuration")
+	// Every package's ErrInvalidConfig is this one.
+	ErrInvalidConfig = cfgcheck.ErrInvalidConfig
 	// ErrInvalidSchema: a schema name pgoutbox refuses to use.
 	ErrInvalidSchema = ident.ErrInvalidSchema
 	// ErrWrongSemantics: a QUEUE consumer was started on a PUB_SUB topic
 	// (use the consumergroup package) or the other way round.
 	ErrWrongSemantics = errors.New("outbox: topic has other semantics")
-	// ErrAlreadyStarted: Start was called on a running consumer.
-	ErrAlreadyStarted = errors.New("outbox: already started")
+	// ErrAlreadyStarted: Start was called on something that already
+	// started (a consumer, group, router or client). Every package's
+	// "already started" error is this one.
+	ErrAlreadyStarted = cfgcheck.ErrAlreadyStarted
 	// ErrNoSubscriptions: a send to a PUB_SUB topic configured with
 	// BlockWritesOnZeroSubscriptions while no group is subscribed.
 	ErrNoSubscriptions = errors.New("outbox: topic has no subscriptions and blocks writes")

@@ -15,13 +15,23 @@ const (
 	MaxHeaderBytes = 16 << 10
 	// MaxKeyBytes caps the correlation id, message group and idempotency key.
 	MaxKeyBytes = 255
+	// DefaultMaxPayloadBytes is the largest payload a producer accepts
+	// unless ProducerConfig.MaxPayloadBytes says otherwise: 1 MiB, like
+	// Kafka's and NATS's default message size. A message is a row that
+	// every consumer reads whole; put large documents elsewhere and send a
+	// reference.
+	DefaultMaxPayloadBytes = 1 << 20
+	// MaxStorablePayloadBytes is the most ProducerConfig.MaxPayloadBytes
+	// may be: 256 MiB less one byte, PostgreSQL's limit on a jsonb value.
+	MaxStorablePayloadBytes = 1<<28 - 1
 )
 
 // Message is what a producer writes.
 type Message struct {
 	// Topic the message goes to (see ValidateTopic). Required.
 	Topic string
-	// Payload is the message body: valid JSON. Required.
+	// Payload is the message body: valid JSON, at most the producer's
+	// MaxPayloadBytes (default DefaultMaxPayloadBytes). Required.
 	Payload json.RawMessage
 	// Headers travel with the message; at most MaxHeaderBytes as JSON.
 	Headers map[string]string
@@ -58,13 +68,18 @@ func NewMessage[T any](topic string, v T) (Message, error) {
 	return Message{Topic: topic, Payload: b}, nil
 }
 
-// validate checks m and returns its headers encoded as JSON (nil for none).
-func (m *Message) validate() (headers []byte, err error) {
+// validate checks m, whose payload may have at most maxPayload bytes, and
+// returns its headers encoded as JSON (nil for none).
+func (m *Message) validate(maxPayload int) (headers []byte, err error) {
 	if err := ValidateTopic(m.Topic); err != nil {
 		return nil, err
 	}
 	if len(m.Payload) == 0 {
 		return nil, fmt.Errorf("%w: topic %q: empty payload", ErrInvalidPayload, m.Topic)
+	}
+	if len(m.Payload) > maxPayload {
+		return nil, fmt.Errorf("%w: topic %q: payload of %d bytes, at most %d allowed (ProducerConfig.MaxPayloadBytes)",
+			ErrInvalidPayload, m.Topic, len(m.Payload), maxPayload)
 	}
 	if !json.Valid(m.Payload) {
 		return nil, fmt.Errorf("%w: topic %q: payload is not valid JSON", ErrInvalidPayload, m.Topic)

@@ -57,6 +57,11 @@ type ProducerConfig struct {
 	// long. Zero means DefaultBusyNotifyInterval; shorter than
 	// NotifyInterval means NotifyInterval.
 	BusyNotifyInterval time.Duration
+	// MaxPayloadBytes is the largest payload Send and SendBatch accept;
+	// a larger one is refused with ErrInvalidPayload before any statement
+	// runs, the caller's transaction still usable. Defaults to
+	// DefaultMaxPayloadBytes (1 MiB); at most MaxStorablePayloadBytes.
+	MaxPayloadBytes int
 	// Logger defaults to a logger that discards everything.
 	Logger *slog.Logger
 	// MeterProvider defaults to the no-op provider.
@@ -70,12 +75,13 @@ type ProducerConfig struct {
 // Producer writes messages inside the caller's transaction. It holds no
 // connection and is safe for concurrent use.
 type Producer struct {
-	sql       *sqlq.Outbox
-	channel   string
-	notifier  *notifier
-	semantics sync.Map // topic -> learnedSemantics
-	metrics   *metrics
-	clock     Clock
+	maxPayload int
+	sql        *sqlq.Outbox
+	channel    string
+	notifier   *notifier
+	semantics  sync.Map // topic -> learnedSemantics
+	metrics    *metrics
+	clock      Clock
 }
 
 // learnedSemantics is what a producer last read of a topic's semantics.
@@ -99,9 +105,14 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.MaxPayloadBytes = cmp.Or(cfg.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	if cfg.MaxPayloadBytes < 1 || cfg.MaxPayloadBytes > MaxStorablePayloadBytes {
+		return nil, fmt.Errorf("%w: producer: MaxPayloadBytes %d is not between 1 and %d", ErrInvalidConfig, cfg.MaxPayloadBytes, MaxStorablePayloadBytes)
+	}
 	return &Producer{
-		sql:     sqlq.For(schema),
-		channel: NotifyChannel(schema),
+		maxPayload: cfg.MaxPayloadBytes,
+		sql:        sqlq.For(schema),
+		channel:    NotifyChannel(schema),
 		notifier: newNotifier(cmp.Or(cfg.NotifyInterval, DefaultNotifyInterval),
 			cmp.Or(cfg.BusyNotifyInterval, DefaultBusyNotifyInterval), cfg.Clock),
 		metrics: newMetrics(cfg.MeterProvider),
@@ -129,7 +140,7 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if isNil(tx) {
 		return 0, ErrNilExecutor
 	}
-	headers, err := m.validate()
+	headers, err := m.validate(p.maxPayload)
 	if err != nil {
 		return 0, err
 	}
@@ -278,7 +289,7 @@ func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (
 	)
 	for i := range msgs {
 		m := &msgs[i]
-		h, err := m.validate()
+		h, err := m.validate(p.maxPayload)
 		if err != nil {
 			if n > 1 {
 				return nil, fmt.Errorf("message %d: %w", i, err)

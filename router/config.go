@@ -14,20 +14,25 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
+	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
 // Errors. Bad configuration and refused targets wrap one of these.
 var (
-	// ErrInvalidConfig: a configuration value is out of range.
-	ErrInvalidConfig = errors.New("router: invalid configuration")
+	// ErrInvalidConfig: a configuration value is out of range. It is
+	// outbox.ErrInvalidConfig: errors.Is matches either.
+	ErrInvalidConfig = outbox.ErrInvalidConfig
 	// ErrTargetNotAllowed: a message's target host is not on the allow-list.
 	ErrTargetNotAllowed = errors.New("router: target host not allowed")
 	// ErrInvalidTarget: a message's target is not an absolute http(s) URL.
 	ErrInvalidTarget = errors.New("router: invalid target URL")
 	// ErrConfigUnavailable: the configuration source failed every start-up attempt.
 	ErrConfigUnavailable = errors.New("router: configuration unavailable")
-	// ErrStarted: Start on a router that already started.
-	ErrStarted = errors.New("router: already started")
+	// ErrStarted: Start on a router that already started. It is
+	// outbox.ErrAlreadyStarted: errors.Is matches either.
+	ErrStarted = outbox.ErrAlreadyStarted
 	// ErrInvalidAllowedHost: an AllowedHosts entry that can never match a
 	// target's host (a URL, a path, spaces). It comes wrapped with
 	// ErrInvalidConfig.
@@ -135,6 +140,8 @@ func (s *HTTPConfigSource) Pools(ctx context.Context) ([]PoolConfig, error) {
 // BreakerConfig configures the circuit breaker of each target host.
 type BreakerConfig struct {
 	// MinRequests before the failure ratio is judged. Defaults to 10.
+	// (Zero fields take the defaults; a negative OpenFor or Interval, or a
+	// FailureRatio outside (0, 1], is refused.)
 	MinRequests uint32
 	// FailureRatio at which the breaker opens. Defaults to 0.5.
 	FailureRatio float64
@@ -168,20 +175,23 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-// Config configures a Router. Durations and counts at zero take the
-// defaults above.
+// Config configures a Router. A zero duration or count takes the default
+// its field names; a negative one is refused by New with ErrInvalidConfig.
 type Config struct {
 	// Pools is the static pool configuration (used when ConfigSource is nil,
 	// and as the starting set otherwise).
 	Pools []PoolConfig
-	// ConfigSource, when set, is polled every SyncInterval; at start-up it
-	// is tried StartupAttempts times StartupRetryDelay apart before Start fails.
+	// ConfigSource, when set, is polled every SyncInterval (default
+	// DefaultSyncInterval); at start-up it is tried StartupAttempts times
+	// (default DefaultStartupAttempts), StartupRetryDelay apart (default
+	// DefaultStartupRetryDelay), before Start fails.
 	ConfigSource      ConfigSource
 	SyncInterval      time.Duration
 	StartupAttempts   int
 	StartupRetryDelay time.Duration
-	// MaxPools refuses pools beyond it (critical warning); a warning is
-	// raised from PoolWarningThreshold on.
+	// MaxPools refuses pools beyond it (critical warning; default
+	// DefaultMaxPools); a warning is raised from PoolWarningThreshold on
+	// (default DefaultPoolWarnThreshold).
 	MaxPools             int
 	PoolWarningThreshold int
 
@@ -189,68 +199,89 @@ type Config struct {
 	// a message can never send the router somewhere else.
 	AllowedHosts []string
 	// Tokens gives a bearer token per target host; TokenFunc, when set, is
-	// asked instead. Credentials never come from message rows.
+	// asked instead. Credentials never come from message rows. Default:
+	// no token.
 	Tokens    map[string]string
 	TokenFunc func(ctx context.Context, target *url.URL) (string, error)
 
 	// Success chooses which statuses ack a message. Defaults to Any2xx.
 	Success SuccessRule
-	// PointerBody sends {"messageId": id} instead of the payload.
+	// PointerBody sends {"messageId": id} instead of the payload. Defaults
+	// to false.
 	PointerBody bool
-	// ConnectTimeout, RequestTimeout bound each HTTP attempt.
+	// ConnectTimeout and RequestTimeout bound each HTTP attempt: the
+	// connection (default DefaultConnectTimeout) and the whole call
+	// (default DefaultRequestTimeout).
 	ConnectTimeout time.Duration
 	RequestTimeout time.Duration
-	// MaxAttempts per delivery for retryable errors (timeouts, connection
-	// errors, 5xx), with RetryBackoff between them (default 1s, 2s, 3s).
+	// MaxAttempts is how often one delivery calls the receiver for
+	// retryable errors (timeouts, connection errors, 5xx) before the
+	// message is nacked (default DefaultMaxAttempts, 3), with
+	// RetryBackoff(n) between call n and n+1 (default n seconds: 1 s, then
+	// 2 s).
 	MaxAttempts  int
 	RetryBackoff func(attempt int) time.Duration
-	Breaker      BreakerConfig
-	// HTTPClient overrides the client built from the timeouts.
+	// Breaker configures each target host's circuit breaker (see
+	// BreakerConfig for its defaults).
+	Breaker BreakerConfig
+	// HTTPClient overrides the client built from the timeouts. Default:
+	// a client of the router's own.
 	HTTPClient *http.Client
 
 	// IdleTimeout ends a message group's goroutine after that long idle.
+	// Defaults to DefaultIdleTimeout.
 	IdleTimeout time.Duration
-	// DefaultRetryDelay is the retry delay of a failed delivery when
-	// neither the receiver nor the message (Message.RetryDelay) names one,
-	// and the nack delay of a message refused before delivery;
-	// FastFailDelay the nack delay of messages behind a failed one of their
-	// batch+group. A delivery the circuit breaker refused (the host was not
-	// called) waits Breaker.OpenFor and spends no attempt.
+	// DefaultRetryDelay is the nack delay of a message refused before
+	// delivery (its pool was full, or it duplicates a delivery in flight),
+	// and of a failed delivery when neither the receiver (Retry-After,
+	// delaySeconds) nor the message (Message.RetryDelay: a QueueSource or
+	// GroupSource sets the topic's backoff) names one. Defaults to the
+	// constant DefaultRetryDelay.
 	DefaultRetryDelay time.Duration
-	FastFailDelay     time.Duration
+	// FastFailDelay is the nack delay of messages behind a failed one of
+	// their batch and message group. Defaults to DefaultFastFailDelay. A
+	// delivery the circuit breaker refused (the host was not called) waits
+	// Breaker.OpenFor and spends no attempt.
+	FastFailDelay time.Duration
 	// RateLimitPollEvery is how often a rate-limited worker tries again.
+	// Defaults to DefaultRateLimitPollEvery.
 	RateLimitPollEvery time.Duration
 
-	// HealthInterval: how often sources are checked; a source that has not
-	// polled for StallTimeout is restarted. LeakCheckInterval: how often the
-	// in-flight map is compared with the pools' capacity.
-	HealthInterval    time.Duration
-	StallTimeout      time.Duration
+	// HealthInterval is how often sources are checked (default
+	// DefaultHealthInterval); a source that has not polled for
+	// StallTimeout (default DefaultStallTimeout) is restarted.
+	HealthInterval time.Duration
+	StallTimeout   time.Duration
+	// LeakCheckInterval is how often the in-flight map is compared with the
+	// pools' capacity. Defaults to DefaultLeakCheckInterval.
 	LeakCheckInterval time.Duration
 	// CleanupInterval is how often state that outlived its use is dropped:
 	// holds on message groups whose retry time passed, pools that left the
-	// configuration and finished draining. Defaults to 10 seconds.
+	// configuration and finished draining. Defaults to
+	// DefaultCleanupInterval.
 	CleanupInterval time.Duration
 	// WarningTTL is how long a warning is kept after it was last raised
-	// (default 8 hours); MaxWarnings how many distinct warnings (code and
-	// subject) are kept, the least recently raised dropped first (default
-	// 1000).
+	// (default DefaultWarningTTL, 8 hours); MaxWarnings how many distinct
+	// warnings (code and subject) are kept, the least recently raised
+	// dropped first (default DefaultMaxWarnings, 1000).
 	WarningTTL  time.Duration
 	MaxWarnings int
 	// LogInterval is the least time between two log records about the
 	// same kind of event and subject (a dead letter to a host, a retry, a
 	// warning); the next record says how many were left out. Defaults to
-	// 1 minute.
+	// DefaultLogInterval.
 	LogInterval time.Duration
 	// GroupShare is the largest part of a pool's capacity one message
 	// group (or the messages without one) may hold; the rest of a batch's
 	// messages of that group are sent back and come back after
 	// FastFailDelay, so one busy group never fills a pool and gets every
-	// other group's batches refused. Between 0 and 1; defaults to 0.5.
+	// other group's batches refused. Between 0 and 1; defaults to
+	// DefaultGroupShare.
 	GroupShare float64
 
-	// Clock tells the router's time (tests inject one). Defaults to the
-	// system clock.
+	// Clock tells the router's time for rate limits, holds, retry times
+	// and warnings (tests inject one). Stall checks measure real time, as
+	// sources report it (Source.LastPoll). Defaults to the system clock.
 	Clock Clock
 	// Logger receives what goes wrong (rate-limited, see LogInterval).
 	// Defaults to slog.Default().
@@ -312,13 +343,33 @@ func (c Config) validate() error {
 			return err
 		}
 	}
-	if c.MaxAttempts < 1 || c.StartupAttempts < 1 || c.MaxPools < 1 || c.MaxWarnings < 1 {
-		return fmt.Errorf("%w: MaxAttempts, StartupAttempts, MaxPools and MaxWarnings must be at least 1", ErrInvalidConfig)
+	check := cfgcheck.New("router")
+	for _, d := range []struct {
+		field string
+		value time.Duration
+	}{
+		{"SyncInterval", c.SyncInterval}, {"StartupRetryDelay", c.StartupRetryDelay},
+		{"ConnectTimeout", c.ConnectTimeout}, {"RequestTimeout", c.RequestTimeout},
+		{"IdleTimeout", c.IdleTimeout}, {"DefaultRetryDelay", c.DefaultRetryDelay}, {"FastFailDelay", c.FastFailDelay},
+		{"RateLimitPollEvery", c.RateLimitPollEvery}, {"HealthInterval", c.HealthInterval},
+		{"StallTimeout", c.StallTimeout}, {"LeakCheckInterval", c.LeakCheckInterval},
+		{"CleanupInterval", c.CleanupInterval}, {"WarningTTL", c.WarningTTL}, {"LogInterval", c.LogInterval},
+		{"Breaker.OpenFor", c.Breaker.OpenFor}, {"Breaker.Interval", c.Breaker.Interval},
+	} {
+		check.Positive(d.field, d.value)
 	}
+	check.Count("MaxAttempts", c.MaxAttempts, 1)
+	check.Count("StartupAttempts", c.StartupAttempts, 1)
+	check.Count("MaxPools", c.MaxPools, 1)
+	check.Count("PoolWarningThreshold", c.PoolWarningThreshold, 1)
+	check.Count("MaxWarnings", c.MaxWarnings, 1)
 	if c.GroupShare <= 0 || c.GroupShare > 1 {
-		return fmt.Errorf("%w: GroupShare %v is not in (0, 1]", ErrInvalidConfig, c.GroupShare)
+		check.Failf("GroupShare", "%v is not in (0, 1]", c.GroupShare)
 	}
-	return nil
+	if c.Breaker.FailureRatio <= 0 || c.Breaker.FailureRatio > 1 {
+		check.Failf("Breaker.FailureRatio", "%v is not in (0, 1]", c.Breaker.FailureRatio)
+	}
+	return check.Err()
 }
 
 // validAllowedHost checks that an allow-list entry is a host, an IP

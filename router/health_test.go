@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/router"
 )
@@ -192,4 +193,20 @@ func TestPanicInDeliveryIsRecovered(t *testing.T) {
 	rt.Route(context.Background(), []*router.Message{rec.msg("b", "b/1", "http://"+host+"/fine", "g2")})
 	require.Equal(t, "ack", rec.outcome(t, "b/1").kind, "the pool lives on")
 	pgtest.Eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
+}
+
+// The stall check measures a source's last poll in the time sources
+// report it in (the wall clock), whatever Config.Clock says: a router
+// whose clock runs an hour ahead (a test clock) does not take a polling
+// source for stalled (it restarted it every health check).
+func TestStallCheckIgnoresTheInjectedClock(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now().Add(time.Hour))
+	src := &overlapSource{polling: true}
+	rt := newRouter(t, router.Config{AllowedHosts: []string{"x"}, Clock: clock,
+		HealthInterval: 10 * time.Millisecond, StallTimeout: 50 * time.Millisecond})
+	rt.AddSource(src)
+	time.Sleep(200 * time.Millisecond) // twenty health checks
+	require.EqualValues(t, 1, src.runs.Load(), "a polling source was restarted")
+	require.False(t, hasWarning(rt, router.WarnConsumerRestart, router.SeverityWarn))
 }

@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -285,4 +287,67 @@ func TestBreakerCountsResetOnInterval(t *testing.T) {
 	require.EqualValues(t, 24, hits.Load(), "4 failures of 4 requests in the window opened the circuit")
 	require.Equal(t, "nack", got.kind)
 	require.False(t, got.attempted, "the host was not called")
+}
+
+// Every duration and count is checked by New, and the error names the
+// field: a negative interval used to be accepted, and Start then panicked
+// in a goroutine of its own (time.NewTicker), ending the process.
+func TestNewRefusesNegativeDurationsAndCounts(t *testing.T) {
+	t.Parallel()
+	for field, set := range map[string]func(*router.Config){
+		"HealthInterval":       func(c *router.Config) { c.HealthInterval = -time.Second },
+		"SyncInterval":         func(c *router.Config) { c.SyncInterval = -time.Second },
+		"LeakCheckInterval":    func(c *router.Config) { c.LeakCheckInterval = -time.Second },
+		"CleanupInterval":      func(c *router.Config) { c.CleanupInterval = -time.Second },
+		"StallTimeout":         func(c *router.Config) { c.StallTimeout = -time.Second },
+		"RateLimitPollEvery":   func(c *router.Config) { c.RateLimitPollEvery = -time.Millisecond },
+		"IdleTimeout":          func(c *router.Config) { c.IdleTimeout = -time.Minute },
+		"RequestTimeout":       func(c *router.Config) { c.RequestTimeout = -time.Minute },
+		"ConnectTimeout":       func(c *router.Config) { c.ConnectTimeout = -time.Minute },
+		"DefaultRetryDelay":    func(c *router.Config) { c.DefaultRetryDelay = -time.Minute },
+		"FastFailDelay":        func(c *router.Config) { c.FastFailDelay = -time.Minute },
+		"StartupRetryDelay":    func(c *router.Config) { c.StartupRetryDelay = -time.Minute },
+		"WarningTTL":           func(c *router.Config) { c.WarningTTL = -time.Minute },
+		"LogInterval":          func(c *router.Config) { c.LogInterval = -time.Minute },
+		"Breaker.OpenFor":      func(c *router.Config) { c.Breaker.OpenFor = -time.Minute },
+		"Breaker.Interval":     func(c *router.Config) { c.Breaker.Interval = -time.Minute },
+		"Breaker.FailureRatio": func(c *router.Config) { c.Breaker.FailureRatio = 1.5 },
+		"MaxAttempts":          func(c *router.Config) { c.MaxAttempts = -1 },
+		"StartupAttempts":      func(c *router.Config) { c.StartupAttempts = -1 },
+		"MaxPools":             func(c *router.Config) { c.MaxPools = -1 },
+		"PoolWarningThreshold": func(c *router.Config) { c.PoolWarningThreshold = -1 },
+		"MaxWarnings":          func(c *router.Config) { c.MaxWarnings = -1 },
+		"GroupShare":           func(c *router.Config) { c.GroupShare = -0.5 },
+	} {
+		cfg := router.Config{AllowedHosts: []string{"x"}}
+		set(&cfg)
+		_, err := router.New(cfg)
+		require.ErrorIs(t, err, router.ErrInvalidConfig, field)
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig, "one ErrInvalidConfig for the library")
+		require.Contains(t, err.Error(), field)
+	}
+	for field, cfg := range map[string]router.QueueSourceConfig{
+		"BatchSize":    {BatchSize: -1},
+		"PollInterval": {PollInterval: -time.Second},
+		"Lease":        {Lease: -time.Second},
+		"RenewEvery":   {RenewEvery: -time.Second},
+		"MaxInFlight":  {MaxInFlight: -1},
+	} {
+		cfg.Client, cfg.Topic = outboxClientWithoutDB(t), "hooks"
+		_, err := router.NewQueueSource(cfg)
+		require.ErrorIs(t, err, router.ErrInvalidConfig, field)
+		require.Contains(t, err.Error(), field)
+	}
+}
+
+// outboxClientWithoutDB is a client whose pool never connects (it is
+// enough for checking configurations).
+func outboxClientWithoutDB(t *testing.T) *outbox.Client {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	c, err := outbox.NewClient(pool, outbox.Config{PollOnly: true})
+	require.NoError(t, err)
+	return c
 }

@@ -158,7 +158,9 @@ type Source interface {
 	// when it stopped claiming. The router never runs two Runs of one
 	// source at once: a stalled source is restarted once its Run returned.
 	Run(ctx context.Context, route func(ctx context.Context, batch []*Message)) error
-	// LastPoll is when the source last asked for messages (zero: never).
+	// LastPoll is when the source last asked for messages, by the wall
+	// clock (time.Now; zero: never). A source that has not polled for
+	// Config.StallTimeout of real time is restarted.
 	LastPoll() time.Time
 }
 

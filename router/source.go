@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -44,17 +45,25 @@ func HeaderMapper(d *outbox.Delivery) (Route, error) {
 	return r, nil
 }
 
-// QueueSourceConfig configures a QueueSource.
+// QueueSource defaults.
+const (
+	DefaultSourceBatchSize    = 100
+	DefaultSourcePollInterval = 100 * time.Millisecond
+)
+
+// QueueSourceConfig configures a QueueSource. Zero fields take their
+// defaults; negative ones are refused with ErrInvalidConfig.
 type QueueSourceConfig struct {
 	// Client and Topic: the QUEUE topic to claim from. Required.
 	Client *outbox.Client
 	Topic  string
 	// Owner names the claims (lease owner). Defaults to "router".
 	Owner string
-	// BatchSize is the most messages per claim. Defaults to 100.
+	// BatchSize is the most messages per claim. Defaults to
+	// DefaultSourceBatchSize.
 	BatchSize int
 	// PollInterval is the wait after a claim that found fewer than
-	// BatchSize messages. Defaults to 100ms.
+	// BatchSize messages. Defaults to DefaultSourcePollInterval.
 	PollInterval time.Duration
 	// Lease is how long each renewal keeps a claimed message leased.
 	// Defaults to the topic's lease.
@@ -100,14 +109,20 @@ func NewQueueSource(cfg QueueSourceConfig) (*QueueSource, error) {
 		return nil, err
 	}
 	cfg.Owner = cmp.Or(cfg.Owner, "router")
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, 100)
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, 100*time.Millisecond)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultSourceBatchSize)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultSourcePollInterval)
 	if cfg.Mapper == nil {
 		cfg.Mapper = HeaderMapper
 	}
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, cfg.BatchSize)
-	if cfg.BatchSize < 1 || cfg.MaxInFlight < 1 || cfg.Lease < 0 || cfg.RenewEvery < 0 {
-		return nil, fmt.Errorf("%w: BatchSize and MaxInFlight must be at least 1, Lease and RenewEvery not negative", ErrInvalidConfig)
+	check := cfgcheck.New("QueueSource of " + strconv.Quote(cfg.Topic))
+	check.Count("BatchSize", cfg.BatchSize, 1)
+	check.Count("MaxInFlight", cfg.MaxInFlight, 1)
+	check.Positive("PollInterval", cfg.PollInterval)
+	check.NotNegative("Lease", cfg.Lease)
+	check.NotNegative("RenewEvery", cfg.RenewEvery)
+	if err := check.Err(); err != nil {
+		return nil, err
 	}
 	return &QueueSource{cfg: cfg, room: make(chan struct{}, 1), held: map[*queueSettler]struct{}{},
 		scope: scopeOf(cfg.Client.Pool(), cfg.Client.Schema())}, nil

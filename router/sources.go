@@ -158,7 +158,7 @@ func (r *Router) checkSources() {
 		}
 		last := rs.src.LastPoll()
 		exited := isClosed(rs.done)
-		if stalled := !last.IsZero() && r.cfg.Clock.Now().Sub(last) > r.cfg.StallTimeout; !stalled && !exited {
+		if stalled := !last.IsZero() && time.Since(last) > r.cfg.StallTimeout; !stalled && !exited {
 			continue
 		}
 		name, why := rs.src.Name(), fmt.Sprintf("stalled (last poll %v)", last)
