@@ -48,6 +48,11 @@ type Config struct {
 	ListenDSN           string
 	PollOnly            bool
 	ListenProbeInterval time.Duration
+	// LogInterval is the least time between two log records of one kind
+	// for one topic, group or router subject (a handler failure, a dead
+	// letter, a retry); the next record counts those left out. Defaults
+	// to outbox.DefaultLogInterval (1 minute).
+	LogInterval time.Duration
 }
 
 // Client is a service's one handle on pgoutbox: it carries the settings
@@ -91,7 +96,8 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 		return nil, err
 	}
 	oc, err := outbox.NewClient(pool, outbox.Config{Schema: cfg.Schema, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider,
-		Clock: cfg.Clock, ListenDSN: cfg.ListenDSN, PollOnly: cfg.PollOnly, ListenProbeInterval: cfg.ListenProbeInterval})
+		Clock: cfg.Clock, ListenDSN: cfg.ListenDSN, PollOnly: cfg.PollOnly, ListenProbeInterval: cfg.ListenProbeInterval,
+		LogInterval: cfg.LogInterval})
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +184,7 @@ func (c *Client) NewGroup(cfg consumergroup.Config, opts consumergroup.Subscript
 
 // NewRouter returns a router that starts and stops with the client (after
 // and before the client's consumers and groups). Its logger and meter
-// provider are the client's unless cfg sets them. Give it sources that use
+// provider, and its LogInterval, are the client's unless cfg sets them. Give it sources that use
 // the client: router.QueueSourceConfig{Client: c.Outbox()} and
 // router.GroupSourceConfig{Pool: c.Pool(), Group: consumergroup.Config{Client: c.Outbox()}}.
 func (c *Client) NewRouter(cfg router.Config) (*router.Router, error) {
@@ -187,6 +193,9 @@ func (c *Client) NewRouter(cfg router.Config) (*router.Router, error) {
 	}
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = c.cfg.MeterProvider
+	}
+	if cfg.LogInterval == 0 {
+		cfg.LogInterval = c.outbox.LogInterval()
 	}
 	rt, err := router.New(cfg)
 	if err != nil {

@@ -3,6 +3,7 @@ package pgoutbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -267,4 +268,53 @@ func TestStartStopsWhatItStartedWhenAComponentFails(t *testing.T) {
 	require.Zero(t, handled.Load())
 	goleak.VerifyNone(t, leaks)
 	require.ErrorIs(t, c.Start(ctx), pgoutbox.ErrStopped)
+}
+
+// A failing handler is logged once per kind and topic (or group) per
+// LogInterval, the next record counting those left out: it was one WARN
+// line per message and attempt (70 lines for two 10 s outages).
+func TestHandlerFailuresAreLoggedAtMostOncePerInterval(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	logs := &lines{}
+	const interval = 500 * time.Millisecond
+	c, err := pgoutbox.NewClient(ctx, db.Pool, pgoutbox.Config{Schema: db.Schema, Logger: logs.logger(), LogInterval: interval})
+	require.NoError(t, err)
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs", MaxAttempts: 1}))
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, MaxAttempts: 1}))
+	failing := func(context.Context, *outbox.Delivery) error { return errors.New("receiver down") }
+	_, err = c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond, Handler: failing})
+	require.NoError(t, err)
+	g, err := c.NewGroup(consumergroup.Config{Topic: "events", Group: "g", PollInterval: 20 * time.Millisecond}, consumergroup.FromNow())
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", failing, nil))
+	require.NoError(t, c.Start(ctx))
+	defer func() { require.NoError(t, c.Stop(ctx)) }()
+
+	deadLetters := func() (queue, group int) {
+		q, err := c.Outbox().DeadLetters(ctx, "jobs", 0, 100)
+		require.NoError(t, err)
+		d, err := g.DeadLetters(ctx, 0, 100)
+		require.NoError(t, err)
+		return len(q), len(d)
+	}
+	burst := func(n, want int) {
+		began := time.Now()
+		send(t, c, "jobs", n, nil)
+		send(t, c, "events", n, nil)
+		pgtest.Eventually(t, 10*time.Second, "every message dead-lettered", func() bool {
+			q, d := deadLetters()
+			return q == want && d == want
+		})
+		require.Less(t, time.Since(began), interval, "the burst outlasted the log interval; the test proves nothing")
+	}
+	burst(10, 10)
+	require.Equal(t, 1, logs.count("topic=jobs", "handler failed"), logs.String())
+	require.Equal(t, 1, logs.count("group=g", "handler failed"), logs.String())
+	time.Sleep(interval)
+	burst(1, 11)
+	require.Equal(t, 2, logs.count("topic=jobs", "handler failed"), logs.String())
+	require.Equal(t, 2, logs.count("group=g", "handler failed"), logs.String())
+	require.Equal(t, 2, logs.count("suppressed=9"), "the next record counts those left out:\n%s", logs.String())
 }

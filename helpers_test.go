@@ -26,3 +26,26 @@ func (l *lines) contains(s string) bool {
 	defer l.mu.Unlock()
 	return strings.Contains(l.buf.String(), s)
 }
+
+// count returns how many lines contain every one of parts.
+func (l *lines) count(parts ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for line := range strings.Lines(l.buf.String()) {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}

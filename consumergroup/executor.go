@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/internal/handlers"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -112,7 +112,7 @@ func (r *runner) handle(s *slot, j *job) (o outcome, f failure, inTime bool) {
 	defer cancel()
 	s.begin(j, time.Now().Add(timeout))
 	start := time.Now()
-	err := runHandler(ctx, m.handler, j.d)
+	err := handlers.Call(ctx, m.handler, j.d)
 	if !s.end() {
 		return 0, failure{}, false
 	}
@@ -148,32 +148,9 @@ func (r *runner) classify(j *job, err error) (outcome, failure) {
 	default:
 		f.delay = retryDelay(err, j.d.Attempt, g.topic)
 	}
-	var p *panicError
-	if errors.As(err, &p) {
-		g.logger.Error("pgoutbox: handler panicked", slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt),
-			slog.Bool("dead_lettered", f.dead), slog.Any("panic", p.value), slog.String("stack", p.stack))
-	} else {
-		g.logger.Warn("pgoutbox: handler failed", slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt),
-			slog.Bool("dead_lettered", f.dead), slog.Duration("retry_in", f.delay), slog.Any("error", err))
-	}
+	handlers.LogFailure(g.events, g.cfg.Topic+"|"+g.cfg.Group, err, f.dead,
+		slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt), slog.Duration("retry_in", f.delay))
 	return fail, f
-}
-
-// panicError is a handler's panic, recovered.
-type panicError struct {
-	value any
-	stack string
-}
-
-func (p *panicError) Error() string { return fmt.Sprintf("handler panic: %v", p.value) }
-
-func runHandler(ctx context.Context, h outbox.Handler, d *outbox.Delivery) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = &panicError{value: p, stack: string(debug.Stack())}
-		}
-	}()
-	return h(ctx, d)
 }
 
 // finishJob records a job's outcome; a batch goes to the completer when
@@ -295,12 +272,9 @@ func (r *runner) handleBatch(bh BatchHandler, jobs []*job) {
 }
 
 func runBatchHandler(ctx context.Context, bh BatchHandler, ds []*outbox.Delivery) (errs []error, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = &panicError{value: p, stack: string(debug.Stack())}
-		}
-	}()
-	errs = bh(ctx, ds)
+	if err := handlers.Call(ctx, func(ctx context.Context, ds []*outbox.Delivery) error { errs = bh(ctx, ds); return nil }, ds); err != nil {
+		return nil, err
+	}
 	if len(errs) != len(ds) {
 		return nil, fmt.Errorf("batch handler returned %d results for %d messages", len(errs), len(ds))
 	}

@@ -45,6 +45,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
+	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/pubsub"
@@ -64,6 +65,7 @@ type Group struct {
 	schema  string
 	q       *sqlq.PubSub
 	logger  *slog.Logger
+	events  *ratelog.Log // handler failures, rate-limited
 	metrics *metrics
 
 	mu      sync.Mutex // guards members, started, opts and run
@@ -126,7 +128,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("%w: Client works in schema %q, the group in %q", outbox.ErrInvalidConfig, client.Schema(), schema)
 	}
 	return &Group{cfg: cfg, pool: pool, client: client, schema: schema, q: sqlq.ForPubSub(schema),
-		logger: logger, metrics: newMetrics(cfg.MeterProvider, cfg.Topic, cfg.Group)}, nil
+		logger: logger, events: ratelog.New(logger, client.LogInterval(), time.Now),
+		metrics: newMetrics(cfg.MeterProvider, cfg.Topic, cfg.Group)}, nil
 }
 
 // AddConsumer adds a member. filter may be nil (accept everything). A

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,7 +51,16 @@ type Config struct {
 	// recovery as info). Negative disables the check. Defaults to
 	// DefaultListenProbeInterval.
 	ListenProbeInterval time.Duration
+	// LogInterval is the least time between two log records of one kind
+	// (a handler failure, a dead letter, a panic) for one topic or group:
+	// the next record says how many were left out. Consumers and groups
+	// created from the client use it. Defaults to DefaultLogInterval.
+	LogInterval time.Duration
 }
+
+// DefaultLogInterval is the least time between two log records of one kind
+// for one topic or group.
+const DefaultLogInterval = time.Minute
 
 // DefaultListenProbeInterval is how often the LISTEN connection is checked.
 const DefaultListenProbeInterval = time.Minute
@@ -63,6 +73,7 @@ type Client struct {
 	pool          *pgxpool.Pool
 	listen        *pgx.ConnConfig // the LISTEN connection's settings; nil: PollOnly
 	probeInterval time.Duration
+	logInterval   time.Duration
 	mp            metric.MeterProvider
 	schema        string
 	sql           *sqlq.Outbox
@@ -76,6 +87,10 @@ type Client struct {
 func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	}
+	cfg.LogInterval = cmp.Or(cfg.LogInterval, DefaultLogInterval)
+	if cfg.LogInterval < 0 {
+		return nil, fmt.Errorf("%w: client: LogInterval is negative (%v)", ErrInvalidConfig, cfg.LogInterval)
 	}
 	schema, err := ident.Schema(cfg.Schema)
 	if err != nil {
@@ -104,6 +119,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		pool:          pool,
 		listen:        listen,
 		probeInterval: max(probe, 0),
+		logInterval:   cfg.LogInterval,
 		mp:            cfg.MeterProvider,
 		schema:        schema,
 		sql:           sqlq.For(schema),
@@ -211,6 +227,9 @@ func (c *Client) MeterProvider() metric.MeterProvider { return c.mp }
 
 // Logger returns the client's logger.
 func (c *Client) Logger() *slog.Logger { return c.logger }
+
+// LogInterval returns the client's Config.LogInterval.
+func (c *Client) LogInterval() time.Duration { return c.logInterval }
 
 // Now returns the configured clock's time, or nil for database time: the
 // value pgoutbox binds as the "now" of its statements.

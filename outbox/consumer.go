@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sort"
 	"strconv"
 	"sync"
@@ -18,7 +17,9 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
+	"github.com/pgoutbox/pgoutbox/internal/handlers"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
+	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 )
 
 // Handler handles one delivery. Returning nil acks the message (it is
@@ -144,6 +145,7 @@ func (cfg ConsumerConfig) validate() error {
 // claimed first.
 type Consumer struct {
 	client *Client
+	events *ratelog.Log // handler failures, rate-limited
 	cfg    ConsumerConfig
 	topic  atomic.Pointer[TopicConfig] // reloaded by maintain
 
@@ -213,7 +215,7 @@ func (c *Client) NewConsumer(ctx context.Context, cfg ConsumerConfig) (*Consumer
 	if topic.Semantics != Queue {
 		return nil, wrongSemantics(cfg.Topic, topic.Semantics)
 	}
-	return &Consumer{client: c, cfg: cfg, attrs: metric.WithAttributes(attribute.String("topic", cfg.Topic))}, nil
+	return &Consumer{client: c, cfg: cfg, events: ratelog.New(c.logger, c.logInterval, time.Now), attrs: metric.WithAttributes(attribute.String("topic", cfg.Topic))}, nil
 }
 
 func wrongSemantics(topic string, s Semantics) error {
@@ -520,7 +522,7 @@ func (k *Consumer) handle(j *job, deadline time.Time) result {
 	ctx, cancel := context.WithDeadline(k.workCtx, deadline)
 	defer cancel()
 	start := time.Now()
-	err := k.runHandler(ctx, j.d)
+	err := handlers.Call(ctx, k.cfg.Handler, j.d)
 	k.client.metrics.handlerTime.Record(ctx, time.Since(start).Seconds(), k.attrs)
 	if err == nil {
 		return result{d: j.d, outcome: outcomeAck}
@@ -544,34 +546,10 @@ func (k *Consumer) handle(j *job, deadline time.Time) result {
 	default:
 		r.outcome, r.delay = outcomeRetry, backoff.Exponential(j.d.Attempt, topic.BackoffInitial, topic.BackoffMax)
 	}
-	attrs := []any{slog.String("topic", k.cfg.Topic), slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt),
-		slog.Bool("dead_lettered", r.outcome == outcomeDead), slog.Duration("retry_in", r.delay)}
-	var p *panicError
-	if errors.As(err, &p) {
-		k.client.logger.Error("pgoutbox: handler panicked", append(attrs, slog.Any("panic", p.value), slog.String("stack", p.stack))...)
-	} else {
-		k.client.logger.Warn("pgoutbox: handler failed", append(attrs, slog.Any("error", err))...)
-	}
+	handlers.LogFailure(k.events, k.cfg.Topic, err, r.outcome == outcomeDead, slog.String("topic", k.cfg.Topic),
+		slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt), slog.Duration("retry_in", r.delay))
 	return r
 }
-
-// runHandler calls the handler and turns a panic into an error.
-func (k *Consumer) runHandler(ctx context.Context, d *Delivery) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = &panicError{value: p, stack: string(debug.Stack())}
-		}
-	}()
-	return k.cfg.Handler(ctx, d)
-}
-
-// panicError is a handler's panic, recovered.
-type panicError struct {
-	value any
-	stack string
-}
-
-func (p *panicError) Error() string { return fmt.Sprintf("handler panic: %v", p.value) }
 
 // complete writes outcomes to the database in batches: whatever has
 // arrived while the previous batch was being written.

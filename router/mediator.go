@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 )
 
 // Result classifies a delivery attempt (see the response table in the package documentation).
@@ -50,7 +52,7 @@ type Outcome struct {
 type mediator struct {
 	cfg     Config
 	warn    *warnings
-	events  *eventLog
+	events  *ratelog.Log
 	client  *http.Client
 	allowed map[string]bool
 	// ownTransport is the transport the mediator made (nil when the
@@ -68,7 +70,7 @@ func (m *mediator) close() {
 	}
 }
 
-func newMediator(cfg Config, warn *warnings, events *eventLog) *mediator {
+func newMediator(cfg Config, warn *warnings, events *ratelog.Log) *mediator {
 	m := &mediator{cfg: cfg, warn: warn, events: events, allowed: map[string]bool{}, breakers: map[string]*gobreaker.CircuitBreaker[Outcome]{}}
 	for _, h := range cfg.AllowedHosts {
 		m.allowed[strings.ToLower(h)] = true
@@ -139,7 +141,7 @@ func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
 			if to == gobreaker.StateOpen {
 				level = slog.LevelWarn
 			}
-			m.events.log(level, "breaker|"+name+"|"+to.String(), "pgoutbox router: circuit breaker changed state", slog.String("event", "breaker"),
+			m.events.Log(level, "breaker|"+name+"|"+to.String(), "pgoutbox router: circuit breaker changed state", slog.String("event", "breaker"),
 				slog.String("host", name), slog.String("from", from.String()), slog.String("state", to.String()))
 		},
 	})

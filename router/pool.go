@@ -368,7 +368,7 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 			// hold lapses if it never does (dead-lettered by its source).
 			p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
 		}
-		p.r.events.log(slog.LevelWarn, "retry|"+m.target.Host, "pgoutbox router: delivery failed; retrying later", slog.String("event", "retry"),
+		p.r.events.Log(slog.LevelWarn, "retry|"+m.target.Host, "pgoutbox router: delivery failed; retrying later", slog.String("event", "retry"),
 			slog.String("host", m.target.Host), slog.String("pool", p.code), slog.String("id", m.ID), slog.String("result", o.Result.String()),
 			slog.Bool("attempted", !o.notTried), slog.Duration("delay", delay), slog.String("reason", o.Reason))
 		p.r.settle(ctx, m, settlement{kind: 1, delay: delay, attempted: !o.notTried, reason: o.Reason}, true)

@@ -37,6 +37,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 )
 
 // Settler ends a message's life in its source.
@@ -181,7 +183,7 @@ type ReadySource interface {
 type Router struct {
 	cfg      Config
 	logger   *slog.Logger
-	events   *eventLog // rate-limited records of what goes wrong
+	events   *ratelog.Log // rate-limited records of what goes wrong
 	warn     *warnings
 	inflight *tracker
 	mediator *mediator
@@ -219,7 +221,7 @@ func New(cfg Config) (*Router, error) {
 		keepStop: make(chan struct{}),
 		metrics:  newMetrics(cfg.MeterProvider),
 	}
-	r.events = newEventLog(cfg.Logger, cfg.LogInterval, cfg.Clock.Now)
+	r.events = ratelog.New(cfg.Logger, cfg.LogInterval, cfg.Clock.Now)
 	r.warn = newWarnings(cfg.WarningTTL, cfg.MaxWarnings, cfg.Clock.Now, r.events)
 	r.mediator = newMediator(cfg, r.warn, r.events)
 	return r, nil
@@ -563,7 +565,7 @@ func (r *Router) mapperPanicked(ctx context.Context, m *Message) {
 // the stack (rate-limited like the other warnings).
 func (r *Router) reportPanic(subject, msg string, stack []byte) {
 	r.warn.record(WarnGroupThreadRestart, SeverityWarn, subject, msg)
-	r.events.log(slog.LevelError, "warning:"+WarnGroupThreadRestart+"|"+subject, "pgoutbox router: "+msg,
+	r.events.Log(slog.LevelError, "warning:"+WarnGroupThreadRestart+"|"+subject, "pgoutbox router: "+msg,
 		slog.String("code", WarnGroupThreadRestart), slog.String("subject", subject), slog.String("stack", string(stack)))
 }
 
@@ -584,7 +586,7 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 			err = fmt.Errorf("panic: %v", v)
 		}
 		if err != nil {
-			r.events.log(slog.LevelWarn, "settle-failed|"+m.Topic, "pgoutbox router: settling a message failed; its source redelivers it",
+			r.events.Log(slog.LevelWarn, "settle-failed|"+m.Topic, "pgoutbox router: settling a message failed; its source redelivers it",
 				slog.String("event", "settle-failed"), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.Any("error", err))
 		}
 	}()
@@ -603,7 +605,7 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 		err = m.Settle.DeadLetter(ctx, s.reason)
 		r.metrics.deadLettered.Add(ctx, 1)
 		host := targetSubject(m.Target)
-		r.events.log(slog.LevelWarn, "dead-letter|"+host, "pgoutbox router: message dead-lettered", slog.String("event", "dead-letter"),
+		r.events.Log(slog.LevelWarn, "dead-letter|"+host, "pgoutbox router: message dead-lettered", slog.String("event", "dead-letter"),
 			slog.String("host", host), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.String("reason", s.reason))
 	}
 }
@@ -613,7 +615,7 @@ func clampDelay(d time.Duration) time.Duration { return min(max(d, MinDelay), Ma
 // cleanup forgets lapsed holds and pools that finished draining.
 func (r *Router) cleanup() {
 	r.holds.prune(r.cfg.Clock.Now())
-	r.events.prune()
+	r.events.Prune()
 	r.mu.Lock()
 	r.drained = slices.DeleteFunc(r.drained, (*pool).finished)
 	r.mu.Unlock()

@@ -230,11 +230,11 @@ func (r *Router) keepLeases(rs *runningSource, k LeaseKeeper) {
 		held, lost, err := k.KeepLeases(ctx)
 		cancel()
 		if err != nil {
-			r.events.log(slog.LevelWarn, "lease-renewal|"+name, "pgoutbox router: renewing leases failed", slog.String("event", "lease-renewal"),
+			r.events.Log(slog.LevelWarn, "lease-renewal|"+name, "pgoutbox router: renewing leases failed", slog.String("event", "lease-renewal"),
 				slog.String("source", name), slog.Int("held", held), slog.Any("error", err))
 		}
 		if lost > 0 {
-			r.events.log(slog.LevelWarn, "lease-lost|"+name, "pgoutbox router: leases lost; those messages may be delivered twice",
+			r.events.Log(slog.LevelWarn, "lease-lost|"+name, "pgoutbox router: leases lost; those messages may be delivered twice",
 				slog.String("event", "lease-lost"), slog.String("source", name), slog.Int("lost", lost))
 		}
 		if held == 0 && rs.removed.Load() {

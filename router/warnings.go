@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 )
 
 // Severity of a warning.
@@ -69,19 +71,19 @@ type warnings struct {
 	ttl   time.Duration
 	max   int
 	now   func() time.Time
-	log   *eventLog
+	log   *ratelog.Log
 	byKey map[warningKey]*list.Element // of *Warning
 	order *list.List                   // least recently raised first
 }
 
-func newWarnings(ttl time.Duration, max int, now func() time.Time, log *eventLog) *warnings {
+func newWarnings(ttl time.Duration, max int, now func() time.Time, log *ratelog.Log) *warnings {
 	return &warnings{ttl: ttl, max: max, now: now, log: log, byKey: map[warningKey]*list.Element{}, order: list.New()}
 }
 
 // add raises a warning about subject, and logs it.
 func (w *warnings) add(code string, sev Severity, subject, msg string) {
 	w.record(code, sev, subject, msg)
-	w.log.log(levelOf(sev), "warning:"+code+"|"+subject, "pgoutbox router: "+msg,
+	w.log.Log(levelOf(sev), "warning:"+code+"|"+subject, "pgoutbox router: "+msg,
 		slog.String("code", code), slog.String("subject", subject), slog.String("severity", string(sev)))
 }
 
