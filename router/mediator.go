@@ -275,10 +275,14 @@ func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outc
 }
 
 // classifyAck reads a successful status's body: {"ack":false} (with an
-// optional "delaySeconds") asks for a retry; anything else acks. A 200
-// whose body is not an ack object is still a success (the original
-// table's compatibility rule), with a warning.
+// optional "delaySeconds") asks for a retry; anything else acks. An empty
+// body acks quietly; a 200 whose body is something other than an ack
+// object is still a success (the original table's compatibility rule),
+// with a warning.
 func (m *mediator) classifyAck(msg *Message, code int, body []byte) Outcome {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return Outcome{Result: Success}
+	}
 	var r struct {
 		Ack          *bool `json:"ack"`
 		DelaySeconds *int  `json:"delaySeconds"`

@@ -37,6 +37,8 @@ func TestResponseTable(t *testing.T) {
 		{name: "200 nack without delay", status: 200, body: `{"ack":false}`, want: "nack", delay: 5 * time.Second, attempts: 1, attempted: true},
 		{name: "200 nack delay clamped to 12h", status: 200, body: `{"ack":false,"delaySeconds":999999}`, want: "nack", delay: 12 * time.Hour, attempts: 1, attempted: true},
 		{name: "200 unparseable body", status: 200, body: `<html>ok</html>`, want: "ack", attempts: 1, warning: router.WarnResponseParse, severity: router.SeverityWarn},
+		{name: "200 without a body", status: 200, want: "ack", attempts: 1},
+		{name: "200 with a blank body", status: 200, body: " \r\n", want: "ack", attempts: 1},
 		{name: "201 without a body", status: 201, want: "ack", attempts: 1},
 		{name: "202 with a body", status: 202, body: `{"queued":true}`, want: "ack", attempts: 1},
 		{name: "204", status: 204, want: "ack", attempts: 1},
@@ -80,6 +82,8 @@ func TestResponseTable(t *testing.T) {
 			require.Equal(t, tc.attempts, hits.Load())
 			if tc.warning != "" {
 				require.True(t, hasWarning(rt, tc.warning, tc.severity), "warning %s/%s in %+v", tc.warning, tc.severity, rt.Warnings())
+			} else if tc.want == "ack" {
+				require.Empty(t, rt.Warnings(), "a plain success warns about nothing")
 			}
 			pgtest.Eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
 		})
