@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -57,10 +58,23 @@ func Connect(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// Option tunes Schema and CreateSchema.
+type Option func(*options)
+
+type options struct{ logger *slog.Logger }
+
+// WithLogger sends the migrations' log lines (one per step) to logger.
+// Without it they are discarded.
+func WithLogger(logger *slog.Logger) Option { return func(o *options) { o.logger = logger } }
+
 // CreateSchema creates a schema with a random name in pool's database and
-// migrates pgoutbox's tables into it. drop removes the schema and
-// everything in it.
-func CreateSchema(ctx context.Context, pool *pgxpool.Pool) (schema string, drop func(context.Context) error, err error) {
+// migrates pgoutbox's tables into it, quietly unless WithLogger says
+// otherwise. drop removes the schema and everything in it.
+func CreateSchema(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (schema string, drop func(context.Context) error, err error) {
+	o := options{logger: slog.New(slog.DiscardHandler)}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	schema = "pgoutbox_test_" + hex.EncodeToString(b[:])
@@ -68,7 +82,7 @@ func CreateSchema(ctx context.Context, pool *pgxpool.Pool) (schema string, drop 
 		_, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 		return err
 	}
-	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema, Logger: o.logger}); err != nil {
 		_ = drop(context.WithoutCancel(ctx))
 		return "", nil, fmt.Errorf("outboxtest: migrate schema %s: %w", schema, err)
 	}
@@ -77,12 +91,12 @@ func CreateSchema(ctx context.Context, pool *pgxpool.Pool) (schema string, drop 
 
 // Schema creates a migrated schema for one test (see CreateSchema) and
 // drops it when the test ends. Tests can run in parallel, each in a schema
-// of its own.
-func Schema(tb testing.TB, pool *pgxpool.Pool) string {
+// of its own. It logs nothing unless given WithLogger.
+func Schema(tb testing.TB, pool *pgxpool.Pool, opts ...Option) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	schema, drop, err := CreateSchema(ctx, pool)
+	schema, drop, err := CreateSchema(ctx, pool, opts...)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,7 +1,9 @@
 package outboxtest_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"runtime"
 	"sync"
 	"testing"
@@ -80,4 +82,19 @@ func TestRequireSent(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema}.Sanitize()+`.outbox_topics`).Scan(&n))
 	require.Zero(t, n)
+}
+
+// Schema logs nothing by default (the migrations printed a line per step
+// through slog.Default for every test); WithLogger takes them.
+func TestSchemaIsQuietUnlessGivenALogger(t *testing.T) { // not parallel: it swaps slog.Default
+	db := pgtest.NewEmptyDB(t)
+	var global, mine bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&global, nil)))
+	defer slog.SetDefault(old)
+	outboxtest.Schema(t, db.Pool)
+	require.Empty(t, global.String(), "Schema logged through slog.Default")
+	outboxtest.Schema(t, db.Pool, outboxtest.WithLogger(slog.New(slog.NewTextHandler(&mine, nil))))
+	require.Contains(t, mine.String(), "component=pgoutbox.migrations")
+	require.Empty(t, global.String())
 }

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -271,7 +272,7 @@ func (s *found) ensureTemplate(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := migrations.UpDSN(ctx, dsn, migrations.Config{Schema: Schema}); err != nil {
+	if err := migrations.UpDSN(ctx, dsn, migrations.Config{Schema: Schema, Logger: slog.New(slog.DiscardHandler)}); err != nil {
 		return "", fmt.Errorf("migrate template: %w", err)
 	}
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+ident.Quote(name)+" WITH IS_TEMPLATE true"); err != nil {
