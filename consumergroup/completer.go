@@ -22,7 +22,11 @@ func (r *runner) complete() {
 	defer r.doneWG.Done()
 	for s := range r.finished {
 		if s.batch != nil {
+			r.held.finishing(s.batch.id)
 			r.completeBatch(s.batch)
+			if r.testBatchFinished != nil {
+				r.testBatchFinished(s.batch.id)
+			}
 			r.held.remove(s.batch.id, 0)
 		} else {
 			r.completeRetry(s.retry)

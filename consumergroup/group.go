@@ -74,6 +74,8 @@ type Group struct {
 
 	batchHandler BatchHandler // set before Start
 
+	testBatchFinished func(batchID int64) // see runner.testBatchFinished
+
 	// Set by Start, read-only afterwards.
 	opts    SubscriptionOptions
 	topic   outbox.TopicConfig

@@ -53,16 +53,11 @@ func (r *runner) extendLeases() {
 		return
 	}
 	for _, b := range batches {
-		if !kept["batch"][b] && r.heldBatch(b) {
+		// A batch the completer began to finish is gone because it
+		// finished (a takeover, the completer reports itself).
+		if !kept["batch"][b] && r.held.workingOn(b) {
 			g.logger.Warn("pgoutbox: a batch this instance works on was taken over (its lease had expired); its messages are retried",
 				slog.Int64("batch", b))
 		}
 	}
-}
-
-func (r *runner) heldBatch(id int64) bool {
-	r.held.mu.Lock()
-	defer r.held.mu.Unlock()
-	_, ok := r.held.batches[id]
-	return ok
 }

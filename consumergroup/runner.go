@@ -43,6 +43,10 @@ type runner struct {
 	inflight atomic.Int64             // messages fetched and not yet settled
 	held     held                     // leases being worked on (own mutex)
 
+	// testBatchFinished, when set (tests), is called by the completer
+	// after a batch's outcome was written and before it leaves held.
+	testBatchFinished func(batchID int64)
+
 	hbPool    *pgxpool.Pool // heartbeats and lifecycle work
 	ownHBPool bool
 	wake      <-chan struct{} // notifications for the topic
@@ -126,7 +130,7 @@ type retryOut struct {
 // somebody still works on: the lease keeper extends their leases.
 type held struct {
 	mu      sync.Mutex
-	batches map[int64]struct{}
+	batches map[int64]bool // true once the completer began to finish it
 	retries map[int64]struct{}
 }
 
@@ -134,7 +138,7 @@ func (h *held) add(batchID int64, retryIDs []int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if batchID != 0 {
-		h.batches[batchID] = struct{}{}
+		h.batches[batchID] = false
 	}
 	for _, id := range retryIDs {
 		h.retries[id] = struct{}{}
@@ -146,6 +150,24 @@ func (h *held) remove(batchID, retryID int64) {
 	defer h.mu.Unlock()
 	delete(h.batches, batchID)
 	delete(h.retries, retryID)
+}
+
+// finishing records that the completer is about to delete batchID's row:
+// from then on its absence is no sign of a takeover.
+func (h *held) finishing(batchID int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.batches[batchID]; ok {
+		h.batches[batchID] = true
+	}
+}
+
+// workingOn reports whether batchID is held and not being finished.
+func (h *held) workingOn(batchID int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	finishing, ok := h.batches[batchID]
+	return ok && !finishing
 }
 
 func (h *held) snapshot() (batches, retries []int64) {
@@ -161,8 +183,8 @@ func (h *held) snapshot() (batches, retries []int64) {
 }
 
 func (g *Group) newRunner() (*runner, error) {
-	r := &runner{g: g, slots: map[*slot]struct{}{}, stopped: make(chan struct{})}
-	r.held.batches, r.held.retries = map[int64]struct{}{}, map[int64]struct{}{}
+	r := &runner{g: g, slots: map[*slot]struct{}{}, stopped: make(chan struct{}), testBatchFinished: g.testBatchFinished}
+	r.held.batches, r.held.retries = map[int64]bool{}, map[int64]struct{}{}
 	members := g.members
 	r.members.Store(&members)
 	r.hbPool = g.cfg.HeartbeatPool
