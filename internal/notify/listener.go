@@ -35,7 +35,8 @@ type Listener struct {
 
 	probes chan string // payloads of probes that came back
 
-	cancel context.CancelFunc
+	lifeMu sync.Mutex         // guards cancel and done
+	cancel context.CancelFunc // set by the first Start
 	done   chan struct{}
 	ready  chan struct{} // closed after the first successful LISTEN
 }
@@ -87,8 +88,14 @@ func (l *Listener) Subscribe(topic string) (<-chan struct{}, func()) {
 // Ready is closed once the listener has LISTENed successfully for the first time.
 func (l *Listener) Ready() <-chan struct{} { return l.ready }
 
-// Start runs the listener (and its probe) until Stop.
+// Start runs the listener (and its probe) until Stop. Only the first call
+// starts anything.
 func (l *Listener) Start() {
+	l.lifeMu.Lock()
+	defer l.lifeMu.Unlock()
+	if l.cancel != nil {
+		return
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	l.done = make(chan struct{})
@@ -169,11 +176,14 @@ func (l *Listener) probeLoop(ctx context.Context) {
 
 // Stop ends the listener and waits for it. Safe to call when not started.
 func (l *Listener) Stop() {
-	if l.cancel == nil {
+	l.lifeMu.Lock()
+	cancel, done := l.cancel, l.done
+	l.lifeMu.Unlock()
+	if cancel == nil {
 		return
 	}
-	l.cancel()
-	<-l.done
+	cancel()
+	<-done
 }
 
 func (l *Listener) run(ctx context.Context) {

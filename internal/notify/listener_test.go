@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/pgoutbox/pgoutbox/internal/notify"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -112,4 +113,26 @@ func TestProbeDetectsADeadListenConnection(t *testing.T) {
 		return pooled.has("ERROR pgoutbox: the LISTEN connection receives no notifications")
 	})
 	require.False(t, direct.has("ERROR"), "a direct LISTEN connection is healthy")
+}
+
+// A second Start starts nothing: one LISTEN connection, and Stop leaves no
+// goroutine behind (the first Start's goroutines leaked).
+func TestStartTwiceStartsOnce(t *testing.T) {
+	db := pgtest.NewEmptyDB(t)
+	leaks := goleak.IgnoreCurrent()
+	cfg, err := pgx.ParseConfig(db.DSN)
+	require.NoError(t, err)
+	cfg.RuntimeParams["application_name"] = "start-twice"
+	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler), notify.Probe{})
+	l.Start()
+	l.Start()
+	<-l.Ready()
+	time.Sleep(100 * time.Millisecond) // a second listener would connect meanwhile
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'start-twice'`).Scan(&n))
+	require.Equal(t, 1, n)
+	l.Stop()
+	l.Stop()
+	goleak.VerifyNone(t, leaks)
 }
