@@ -41,33 +41,67 @@ var (
 	ErrUnknownSource = errors.New("router: unknown source")
 )
 
-// Pool and routing defaults.
+// Pool and routing defaults: the values Config's zero fields take.
 const (
-	DefaultPoolCode           = "DEFAULT-POOL"
-	DefaultPoolConcurrency    = 20
-	DefaultGroup              = "__DEFAULT__"
-	QueueCapacityMultiplier   = 20
-	MinQueueCapacity          = 50
-	DefaultIdleTimeout        = 5 * time.Minute
-	DefaultRetryDelay         = 30 * time.Second
-	DefaultFastFailDelay      = 10 * time.Second
-	MinDelay                  = time.Second
-	MaxDelay                  = 12 * time.Hour
-	DefaultMaxAttempts        = 3
-	DefaultConnectTimeout     = 30 * time.Second
-	DefaultRequestTimeout     = 15 * time.Minute
-	DefaultSyncInterval       = 5 * time.Minute
-	DefaultStartupAttempts    = 12
-	DefaultStartupRetryDelay  = 5 * time.Second
-	DefaultMaxPools           = 10_000
-	DefaultPoolWarnThreshold  = 5_000
-	DefaultHealthInterval     = 60 * time.Second
-	DefaultStallTimeout       = 60 * time.Second
-	DefaultLeakCheckInterval  = 30 * time.Second
+	// DefaultPoolCode names the pool of messages whose pool is unknown.
+	DefaultPoolCode = "DEFAULT-POOL"
+	// DefaultPoolConcurrency is DEFAULT-POOL's concurrency when it is not
+	// configured.
+	DefaultPoolConcurrency = 20
+	// DefaultGroup is sent as X-Message-Group for messages without a group.
+	DefaultGroup = "__DEFAULT__"
+	// QueueCapacityMultiplier and MinQueueCapacity size a pool's buffer:
+	// max(concurrency×QueueCapacityMultiplier, MinQueueCapacity).
+	QueueCapacityMultiplier = 20
+	MinQueueCapacity        = 50
+	// DefaultIdleTimeout ends an idle message group's goroutine.
+	DefaultIdleTimeout = 5 * time.Minute
+	// DefaultRetryDelay is the nack delay of a message refused before
+	// delivery (its pool was full, it duplicates a delivery in flight),
+	// and of a failed delivery only when neither the receiver nor the
+	// message names one: failed deliveries from QueueSource and
+	// GroupSource wait their topic's backoff.
+	DefaultRetryDelay = 30 * time.Second
+	// DefaultFastFailDelay is the nack delay of the messages behind a
+	// failed one of their batch and group.
+	DefaultFastFailDelay = 10 * time.Second
+	// MinDelay and MaxDelay bound every nack delay.
+	MinDelay = time.Second
+	MaxDelay = 12 * time.Hour
+	// DefaultMaxAttempts is how often one delivery calls the receiver for
+	// retryable errors (1 s, then 2 s apart) before the message is nacked.
+	DefaultMaxAttempts = 3
+	// DefaultConnectTimeout and DefaultRequestTimeout bound each HTTP
+	// attempt's connection and whole call.
+	DefaultConnectTimeout = 30 * time.Second
+	DefaultRequestTimeout = 15 * time.Minute
+	// DefaultSyncInterval is how often a ConfigSource is polled.
+	DefaultSyncInterval = 5 * time.Minute
+	// DefaultStartupAttempts and DefaultStartupRetryDelay: how often, and
+	// how far apart, Start tries a ConfigSource before it fails.
+	DefaultStartupAttempts   = 12
+	DefaultStartupRetryDelay = 5 * time.Second
+	// DefaultMaxPools refuses pools beyond it; DefaultPoolWarnThreshold
+	// warns from that many pools on.
+	DefaultMaxPools          = 10_000
+	DefaultPoolWarnThreshold = 5_000
+	// DefaultHealthInterval is how often sources are checked;
+	// DefaultStallTimeout how long one may go without polling before it
+	// is restarted.
+	DefaultHealthInterval = 60 * time.Second
+	DefaultStallTimeout   = 60 * time.Second
+	// DefaultLeakCheckInterval is how often the in-flight map is checked.
+	DefaultLeakCheckInterval = 30 * time.Second
+	// DefaultRateLimitPollEvery is how often a rate-limited worker tries again.
 	DefaultRateLimitPollEvery = 100 * time.Millisecond
-	DefaultCleanupInterval    = 10 * time.Second
-	DefaultGroupShare         = 0.5
-	DefaultLogInterval        = time.Minute
+	// DefaultCleanupInterval is how often expired holds and drained pools
+	// are dropped.
+	DefaultCleanupInterval = 10 * time.Second
+	// DefaultGroupShare is the part of a pool one message group may hold.
+	DefaultGroupShare = 0.5
+	// DefaultLogInterval is the least time between two log records of one
+	// kind and subject.
+	DefaultLogInterval = time.Minute
 )
 
 // PoolConfig describes one processing pool.

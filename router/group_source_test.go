@@ -3,6 +3,8 @@ package router_test
 import (
 	"context"
 	"net/http"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,4 +145,36 @@ func TestStartFailsWhenAGroupSourceCannotSubscribe(t *testing.T) {
 	require.Contains(t, err.Error(), "group:hooks/webhooks")
 	require.ErrorIs(t, rt.Start(context.Background()), router.ErrStarted)
 	require.NoError(t, rt.Stop(context.Background()))
+}
+
+// A receiver gets the message's plain id in X-Outbox-Message-Id from
+// either source (a group's X-Message-Id names the group's copy, which a
+// receiver parsing it as a number read as 0).
+func TestReceiversGetThePlainMessageID(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	b.pubsubTopic(t, outbox.TopicConfig{})
+	var mu sync.Mutex
+	got := map[string]http.Header{}
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got[r.Header.Get("X-Outbox-Message-Id")] = r.Header.Clone()
+		mu.Unlock()
+	})
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
+	b.groupSource(t, rt, "webhooks")
+	b.waitSubscribed(t, 1)
+	id, err := b.producer.Send(context.Background(), b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`), Group: "g",
+		Headers: map[string]string{router.HeaderPool: "P", router.HeaderTarget: "http://" + host + "/hook"}})
+	require.NoError(t, err)
+	plain := strconv.FormatInt(id, 10)
+	pgtest.Eventually(t, 10*time.Second, "delivered", func() bool { mu.Lock(); defer mu.Unlock(); return got[plain] != nil })
+	mu.Lock()
+	defer mu.Unlock()
+	h := got[plain]
+	require.Equal(t, "group:hooks/webhooks/"+plain, h.Get("X-Message-Id"))
+	require.Equal(t, "group:hooks/webhooks/"+plain, h.Get("Idempotency-Key"))
+	require.Equal(t, "hooks", h.Get("X-Message-Topic"))
+	require.Equal(t, "g", h.Get("X-Message-Group"))
+	require.Equal(t, "application/json", h.Get("Content-Type"))
 }

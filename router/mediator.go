@@ -199,6 +199,9 @@ func (m *mediator) attempt(ctx context.Context, msg *Message, u *url.URL) Outcom
 	req.Header.Set("X-Message-Id", msg.ID)
 	req.Header.Set("X-Message-Topic", msg.Topic)
 	req.Header.Set("X-Message-Group", msg.group())
+	if msg.OutboxID != 0 {
+		req.Header.Set("X-Outbox-Message-Id", strconv.FormatInt(msg.OutboxID, 10))
+	}
 	key := msg.IdempotencyKey
 	if key == "" {
 		key = msg.ID

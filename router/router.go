@@ -105,6 +105,10 @@ type Message struct {
 	Payload             []byte
 	// IdempotencyKey is sent as Idempotency-Key (defaults to ID).
 	IdempotencyKey string
+	// OutboxID is the message's id in pgoutbox's tables, the same for
+	// every group's copy, sent as X-Outbox-Message-Id when not zero
+	// (QueueSource and GroupSource set it).
+	OutboxID int64
 	// RetryDelay is how long a failed delivery waits for its retry when
 	// the receiver names no delay: the source's backoff for this attempt
 	// (QueueSource sets the topic's exponential backoff with jitter).

@@ -207,7 +207,7 @@ func (s *QueueSource) messages(ctx context.Context, t outbox.TopicConfig, ds []*
 			// One message of the table is one delivery, however often it
 			// is claimed: a claim of a message the router still holds is
 			// the same delivery again, which the router adopts.
-			ID: strconv.FormatInt(d.ID, 10), DeliveryID: "queue:" + s.cfg.Topic + "/" + strconv.FormatInt(d.ID, 10), scope: s.scope,
+			ID: strconv.FormatInt(d.ID, 10), DeliveryID: "queue:" + s.cfg.Topic + "/" + strconv.FormatInt(d.ID, 10), OutboxID: d.ID, scope: s.scope,
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st, RetryDelay: backoff.Exponential(d.Attempt, t.BackoffInitial, t.BackoffMax),
 			panicked: panicked, // the router retries it and reports the panic

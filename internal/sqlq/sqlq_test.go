@@ -1,0 +1,51 @@
+package sqlq_test
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// Every statement pgoutbox runs is prepared against a schema migrated to
+// the latest version: a statement a migration broke (a renamed column, a
+// dropped table) or a typo fails here, in one place, naming the statement,
+// instead of in whichever test happens to run it.
+func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	n := 0
+	for _, set := range []any{sqlq.For(db.Schema), sqlq.ForPubSub(db.Schema)} {
+		v := reflect.ValueOf(set).Elem()
+		for i := range v.NumField() {
+			f := v.Type().Field(i)
+			if f.Type.Kind() != reflect.String {
+				continue
+			}
+			name := v.Type().Name() + "." + f.Name
+			sql := v.Field(i).String()
+			if sql == "" {
+				t.Errorf("%s is empty", name)
+				continue
+			}
+			if _, err := conn.Conn().Prepare(ctx, name, sql); err != nil {
+				t.Errorf("%s does not prepare: %v\n%s", name, err, sql)
+			}
+			n++
+		}
+	}
+	if n < 50 {
+		t.Fatalf("only %d statements found: the test no longer sees them all", n)
+	}
+	t.Logf("%d statements prepared", n)
+}
