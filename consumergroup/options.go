@@ -107,15 +107,18 @@ const (
 // SubscriptionOptions say where a new subscription starts. They apply when
 // the subscription is created; a group that restarts continues where it was.
 type SubscriptionOptions struct {
-	Position  Position
-	Timestamp time.Time // StartTimestamp
-	MessageID int64     // StartMessageID
+	// Position is where a new subscription starts. Defaults to StartNow.
+	Position Position
+	// Timestamp is StartTimestamp's time (required there).
+	Timestamp time.Time
+	// MessageID is StartMessageID's first id (required there).
+	MessageID int64
 	// Backfill makes the group required on the messages still stored that
 	// its start position selects from before it subscribed (up to
 	// MaxBackfill, oldest first), finished by other groups or not, so
 	// cleanup keeps them until the group read them. Without it such
 	// messages are delivered only if they are still there when the group
-	// reads them.
+	// reads them. Defaults to false.
 	Backfill bool
 	// MaxBackfill caps how many messages Backfill raises (oldest first).
 	// Defaults to DefaultMaxBackfill.
@@ -203,7 +206,8 @@ type Config struct {
 	Client *outbox.Client
 	// ListenDSN and PollOnly configure the LISTEN connection of the
 	// group's own client when Client is nil (see outbox.Config): behind a
-	// transaction pooler, give it a direct connection.
+	// transaction pooler, give it a direct connection. Default: the
+	// pool's connection settings, and LISTEN on.
 	ListenDSN string
 	PollOnly  bool
 	// BatchSize is the most messages one fetch hands to this instance.
@@ -238,10 +242,11 @@ type Config struct {
 	// Logger receives the instance's logs. Defaults to Client's logger, or
 	// slog.Default().
 	Logger *slog.Logger
-	// MeterProvider defaults to a no-op provider.
+	// MeterProvider defaults to Client's, or a no-op provider.
 	MeterProvider metric.MeterProvider
 	// Clock replaces database time for batch leases and retries (tests).
-	// Heartbeats always use database time. Defaults to nil.
+	// Heartbeats always use database time. Defaults to Client's clock,
+	// or nil: database time.
 	Clock outbox.Clock
 }
 
