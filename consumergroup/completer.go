@@ -19,7 +19,6 @@ import (
 // outcome is one statement (or a transaction with its completion).
 
 func (r *runner) complete() {
-	defer r.doneWG.Done()
 	for s := range r.finished {
 		if s.batch != nil {
 			r.held.finishing(s.batch.id)

@@ -184,7 +184,6 @@ func (r *runner) timedOut(j *job) (outcome, failure) {
 
 // watch is the watchdog.
 func (r *runner) watch() {
-	defer r.keepWG.Done()
 	timeout := r.g.handlerTimeout()
 	grace := abandonGrace(timeout)
 	t := time.NewTicker(min(max(grace/2, 5*time.Millisecond), 100*time.Millisecond))

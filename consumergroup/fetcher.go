@@ -39,7 +39,6 @@ const (
 )
 
 func (r *runner) fetch() {
-	defer r.fetchWG.Done()
 	g := r.g
 	capacity := int64(g.cfg.Concurrency + g.cfg.BatchSize)
 	threshold := int64(max(1, g.cfg.BatchSize/2))

@@ -46,6 +46,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/pubsub"
@@ -68,9 +69,9 @@ type Group struct {
 	events  *ratelog.Log // handler failures, rate-limited
 	metrics *metrics
 
-	mu      sync.Mutex // guards members, started, opts and run
-	members []member   // sorted by id: member selection hashes into it
-	started bool
+	life    startstop.Base // runs and stops the instance
+	mu      sync.Mutex     // guards members, opts, run and the fields Start sets
+	members []member       // sorted by id: member selection hashes into it
 
 	batchHandler BatchHandler // set before Start
 
@@ -167,7 +168,7 @@ func (g *Group) RemoveConsumer(id string) error {
 	if i < 0 {
 		return fmt.Errorf("%w: %q", ErrUnknownMember, id)
 	}
-	if len(g.members) == 1 && g.started && !g.run.isStopping() && g.batchHandler == nil {
+	if len(g.members) == 1 && g.run != nil && g.life.Running() && !g.run.isStopping() && g.batchHandler == nil {
 		return fmt.Errorf("%w: %q", ErrLastMember, id)
 	}
 	members := slices.Delete(slices.Clone(g.members), i, i+1)
@@ -191,7 +192,7 @@ type BatchHandler func(ctx context.Context, batch []*outbox.Delivery) []error
 func (g *Group) SetBatchHandler(h BatchHandler) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.started {
+	if g.run != nil {
 		return fmt.Errorf("%w: SetBatchHandler after Start", outbox.ErrAlreadyStarted)
 	}
 	g.batchHandler = h
@@ -226,18 +227,29 @@ func pick(members []member, d *outbox.Delivery) *member {
 // (ErrInvalidTransition), and for a 65th Bitmap group (ErrTooManyGroups).
 // opts apply when the subscription is created (their MaxBackfill and
 // BackfillBatchSize also when it comes back from DEAD). Every message
-// committed after Start returns reaches the group. An instance runs once:
-// a second Start returns outbox.ErrAlreadyStarted.
+// committed after Start returns reaches the group. Start on a running
+// instance fails with outbox.ErrAlreadyStarted; a stopped instance can be
+// started again (it continues the subscription; a Start during a Stop
+// waits for it).
 func (g *Group) Start(ctx context.Context, opts SubscriptionOptions) error {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return err
 	}
+	run, done, err := g.life.StartInit(ctx, fmt.Sprintf("group %q instance %s", g.cfg.Group, g.cfg.InstanceID))
+	if err != nil {
+		return err
+	}
+	if err := g.startRun(ctx, opts, run, done); err != nil {
+		done()
+		return err
+	}
+	return nil
+}
+
+func (g *Group) startRun(ctx context.Context, opts SubscriptionOptions, run context.Context, done func()) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.started {
-		return fmt.Errorf("%w: group %q instance %s", outbox.ErrAlreadyStarted, g.cfg.Group, g.cfg.InstanceID)
-	}
 	if len(g.members) == 0 && g.batchHandler == nil {
 		return fmt.Errorf("%w: group %q", ErrNoMembers, g.cfg.Group)
 	}
@@ -257,8 +269,7 @@ func (g *Group) Start(ctx context.Context, opts SubscriptionOptions) error {
 		return err
 	}
 	g.run = r
-	g.started = true
-	r.start()
+	r.start(run, done)
 	g.logger.Info("pgoutbox: consumer group started", slog.Int64("subscription", g.sub.ID), slog.Bool("created", reg.created))
 	return nil
 }
@@ -268,7 +279,7 @@ func (g *Group) Start(ctx context.Context, opts SubscriptionOptions) error {
 func (g *Group) subscriptionOptions() SubscriptionOptions {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.started {
+	if g.run != nil {
 		return g.opts
 	}
 	return SubscriptionOptions{}.withDefaults()
@@ -297,17 +308,11 @@ func (g *Group) stop(ctx context.Context, cancelHandlers bool) error {
 	return r.stop(ctx, cancelHandlers, nil)
 }
 
-// Stopped returns a channel that is closed once this instance has stopped:
-// after Stop, or on its own when its subscription was cancelled or deleted
-// (see Err). It is nil before Start.
-func (g *Group) Stopped() <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.run == nil {
-		return nil
-	}
-	return g.run.stopped
-}
+// Stopped returns a channel that is closed once this instance's current
+// run has stopped: after Stop, or on its own when its subscription was
+// cancelled or deleted (see Err). Between runs it is the last run's;
+// before Start, the first run's.
+func (g *Group) Stopped() <-chan struct{} { return g.life.Stopped() }
 
 // Err returns why the instance stopped on its own (ErrCancelled,
 // ErrSubscriptionGone), or nil while it runs or after a plain Stop.

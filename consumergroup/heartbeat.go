@@ -20,7 +20,6 @@ import (
 // instance.
 
 func (r *runner) heartbeat() {
-	defer r.fetchWG.Done()
 	g := r.g
 	for {
 		if err := r.beat(); errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {

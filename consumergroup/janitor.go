@@ -13,7 +13,6 @@ import (
 // job), and deletes expired idempotency keys.
 
 func (r *runner) janitor() {
-	defer r.fetchWG.Done()
 	g := r.g
 	for {
 		g.detectDead(r.fetchCtx, r.hbPool)

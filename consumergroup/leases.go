@@ -17,7 +17,6 @@ import (
 // the messages are retried.
 
 func (r *runner) keepLeases() {
-	defer r.keepWG.Done()
 	g := r.g
 	t := time.NewTicker(max(g.topic.Lease/3, 10*time.Millisecond))
 	defer t.Stop()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/startstop/startstoptest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -206,3 +207,27 @@ func TestLeasesKeptWhileHandling(t *testing.T) {
 		})
 	}
 }
+
+// A group instance started and stopped from ten goroutines at once, over
+// and over, never runs twice at once and never hangs a Stop; stopped, it
+// starts again, continues its subscription and receives what was sent
+// meanwhile.
+func TestGroupStartStopStress(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Counter)
+	r := newRecorder()
+	g := b.newGroup(t, "g")
+	require.NoError(t, g.AddConsumer("m", r.handler, nil))
+	startstoptest.Stress(t, groupService{g}, 10)
+
+	b.send(t, 1, 2, 3)
+	require.NoError(t, g.Start(context.Background(), consumergroup.FromNow()))
+	pgtest.Eventually(t, 10*time.Second, "messages sent while stopped delivered after a restart", func() bool { return r.distinct() == 3 })
+	require.NoError(t, g.Stop(context.Background()))
+	require.Zero(t, r.dups(), r.duplicates())
+}
+
+// groupService is a Group as a service that starts FromNow.
+type groupService struct{ *consumergroup.Group }
+
+func (g groupService) Start(ctx context.Context) error { return g.Group.Start(ctx, consumergroup.FromNow()) }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -59,25 +60,21 @@ type runner struct {
 	slotsMu sync.Mutex
 	slots   map[*slot]struct{} // executors running a handler loop
 
-	fetchCtx    context.Context // fetcher, heartbeat, janitor
-	fetchCancel context.CancelFunc
+	fetchCtx    context.Context // the run's (Group.life): fetcher, heartbeat, janitor; its cause says why it ended
 	workCtx     context.Context // handler calls
 	workCancel  context.CancelFunc
 	cancelledAt atomic.Int64    // unix nanos when workCtx was cancelled
 	keepCtx     context.Context // lease keeper and watchdog
 	keepCancel  context.CancelFunc
 
-	fetchWG   sync.WaitGroup // fetcher, heartbeat, janitor
-	workWG    sync.WaitGroup // executors (not abandoned ones), batch goroutines
-	doneWG    sync.WaitGroup // completer
-	keepWG    sync.WaitGroup // lease keeper, watchdog
-	abandoned sync.WaitGroup // handler calls given up on, still running
+	fetchers  startstop.Tasks // fetcher, heartbeat, janitor
+	workWG    sync.WaitGroup  // executors (not abandoned ones), batch goroutines: the watchdog moves executors to abandoned
+	writer    startstop.Tasks // completer
+	keepers   startstop.Tasks // lease keeper, watchdog
+	abandoned sync.WaitGroup  // handler calls given up on, still running
 
 	stopping atomic.Bool
-	stopOnce sync.Once
-	stopped  chan struct{} // closed when shutdown finished
-	whyMu    sync.Mutex
-	why      error // the cause of a stop the instance decided itself
+	stopped  <-chan struct{} // closed when the run ended
 }
 
 // job is one delivery to handle.
@@ -183,7 +180,7 @@ func (h *held) snapshot() (batches, retries []int64) {
 }
 
 func (g *Group) newRunner() (*runner, error) {
-	r := &runner{g: g, slots: map[*slot]struct{}{}, stopped: make(chan struct{}), testBatchFinished: g.testBatchFinished}
+	r := &runner{g: g, slots: map[*slot]struct{}{}, testBatchFinished: g.testBatchFinished}
 	r.held.batches, r.held.retries = map[int64]bool{}, map[int64]struct{}{}
 	members := g.members
 	r.members.Store(&members)
@@ -201,39 +198,46 @@ func (g *Group) newRunner() (*runner, error) {
 	r.jobs = make(chan *job, capacity)
 	r.finished = make(chan settled, capacity)
 	r.room = make(chan struct{}, 1)
-	r.fetchCtx, r.fetchCancel = context.WithCancel(context.Background())
 	r.workCtx, r.workCancel = context.WithCancel(context.Background())
 	r.keepCtx, r.keepCancel = context.WithCancel(context.Background())
 	return r, nil
 }
 
-func (r *runner) start() {
+// start starts the run's roles; run is the run's context (Group.life),
+// done ends the run once shutdown finished.
+func (r *runner) start(run context.Context, done func()) {
+	r.fetchCtx, r.stopped = run, r.g.life.Stopped()
 	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)
-	r.doneWG.Add(1)
-	go r.complete()
-	r.keepWG.Add(2)
-	go r.keepLeases()
-	go r.watch()
+	r.writer.Go(r.complete)
+	r.keepers.Go(r.keepLeases)
+	r.keepers.Go(r.watch)
 	for range r.g.cfg.Concurrency {
 		r.startExecutor()
 	}
-	r.fetchWG.Add(3)
-	go r.fetch()
-	go r.heartbeat()
-	go r.janitor()
+	r.fetchers.Go(r.fetch)
+	r.fetchers.Go(r.heartbeat)
+	r.fetchers.Go(r.janitor)
+	go func() {
+		<-run.Done()
+		r.shutdown()
+		done()
+	}()
 }
 
-// stop stops the instance once (cause, when not nil, records why the
-// instance stops itself) and waits for it until ctx ends: then it cancels
-// the handlers still running and returns ctx's error once the instance
+// stop stops the instance (cause, when not nil, records why the instance
+// stops itself) and waits for it until ctx ends: then it cancels the
+// handlers still running and returns ctx's error once the instance
 // stopped (handlers that ignore their context are left running). It then
 // waits for such abandoned handlers until ctx ends.
 func (r *runner) stop(ctx context.Context, cancelHandlers bool, cause error) error {
-	r.setCause(cause)
+	if cause != nil {
+		r.g.life.EndRun(cause)
+	} else {
+		r.g.life.StopInit()
+	}
 	if cancelHandlers {
 		r.cancelWork()
 	}
-	r.stopOnce.Do(func() { go r.shutdown() })
 	select {
 	case <-r.stopped:
 	case <-ctx.Done():
@@ -243,12 +247,7 @@ func (r *runner) stop(ctx context.Context, cancelHandlers bool, cause error) err
 	}
 	abandoned := make(chan struct{})
 	go func() { r.abandoned.Wait(); close(abandoned) }()
-	select {
-	case <-abandoned:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return startstop.Wait(ctx, abandoned)
 }
 
 // end stops the instance from one of its own goroutines, which must
@@ -259,25 +258,18 @@ func (r *runner) end(cause error) {
 	} else {
 		r.g.logger.Error("pgoutbox: the group's subscription is gone; this instance stops", slog.Any("error", cause))
 	}
-	r.setCause(cause)
-	r.stopOnce.Do(func() { go r.shutdown() })
+	r.g.life.EndRun(cause)
 }
 
-func (r *runner) setCause(err error) {
-	if err == nil {
-		return
-	}
-	r.whyMu.Lock()
-	defer r.whyMu.Unlock()
-	if r.why == nil {
-		r.why = err
-	}
-}
-
+// cause is why the run ended on its own, or nil (it runs, or was stopped).
 func (r *runner) cause() error {
-	r.whyMu.Lock()
-	defer r.whyMu.Unlock()
-	return r.why
+	if r.fetchCtx.Err() == nil {
+		return nil
+	}
+	if c := context.Cause(r.fetchCtx); !errors.Is(c, startstop.ErrStop) {
+		return c
+	}
+	return nil
 }
 
 func (r *runner) isStopping() bool { return r.stopping.Load() }
@@ -291,16 +283,14 @@ func (r *runner) cancelWork() {
 // then the executors (queued jobs are handed back unhandled), then the
 // completer once every outcome is in, then the lease keeper and watchdog.
 func (r *runner) shutdown() {
-	defer close(r.stopped)
 	r.stopping.Store(true)
-	r.fetchCancel()
-	r.fetchWG.Wait()
+	r.fetchers.Wait()
 	close(r.jobs)
 	r.workWG.Wait()
 	close(r.finished)
-	r.doneWG.Wait()
+	r.writer.Wait()
 	r.keepCancel()
-	r.keepWG.Wait()
+	r.keepers.Wait()
 	r.unsub()
 	if r.ownHBPool {
 		r.hbPool.Close()

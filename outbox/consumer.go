@@ -20,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/handlers"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
 
 // Handler handles one delivery. Returning nil acks the message (it is
@@ -149,18 +150,17 @@ type Consumer struct {
 	cfg    ConsumerConfig
 	topic  atomic.Pointer[TopicConfig] // reloaded by maintain
 
-	mu      sync.Mutex // guards started/stopped and the fields set by Start
-	started bool
-	stopped bool
-	done    chan struct{} // closed when shutdown finished
+	// life runs and stops the consumer. The fields below are set by Start
+	// for one run, before its goroutines start, and left alone until the
+	// run ended (a new Start waits for that).
+	life       startstop.Base
+	workCancel atomic.Pointer[context.CancelFunc] // the run's; read by Stop
 
 	wake        <-chan struct{}
 	unsubscribe func()
 
-	fetchCtx    context.Context // ends when Stop begins: no more claims
-	fetchCancel context.CancelFunc
-	workCtx     context.Context // ends when Stop's deadline passes: handlers are cancelled
-	workCancel  context.CancelFunc
+	fetchCtx context.Context // ends when Stop begins: no more claims
+	workCtx  context.Context // ends when Stop's deadline passes: handlers are cancelled
 
 	jobs     chan *job     // fetcher -> workers; closed by Stop after the fetcher ended
 	results  chan result   // workers -> completer; closed by Stop after the workers ended
@@ -169,9 +169,9 @@ type Consumer struct {
 	queuedMu sync.Mutex
 	queued   map[*job]struct{} // claimed, not yet picked by a worker: the lease keeper renews them
 	stopping atomic.Bool       // workers release instead of handling
-	fetchWG  sync.WaitGroup    // fetcher, maintain and the lease keeper
-	workWG   sync.WaitGroup    // workers
-	doneWG   sync.WaitGroup    // completer
+	fetchers startstop.Tasks   // fetcher, maintain and the lease keeper
+	workers  startstop.Tasks   // handlers
+	writer   startstop.Tasks   // the completer
 	attrs    metric.MeasurementOption
 }
 
@@ -227,44 +227,46 @@ func (k *Consumer) ID() string { return k.cfg.ID }
 
 // Start loads the topic's configuration and starts claiming in the
 // background; it returns at once. ctx bounds only the start-up queries.
-// A consumer runs once: Start after Stop returns ErrAlreadyStarted.
+// Start on a running consumer fails with ErrAlreadyStarted; a stopped
+// consumer can be started again (a Start during a Stop waits for it).
 func (k *Consumer) Start(ctx context.Context) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.started {
-		return fmt.Errorf("%w: consumer %s of %q", ErrAlreadyStarted, k.cfg.ID, k.cfg.Topic)
-	}
-	topic, err := k.client.loadTopic(ctx, k.client.pool, k.cfg.Topic)
+	run, done, err := k.life.StartInit(ctx, fmt.Sprintf("consumer %s of %q", k.cfg.ID, k.cfg.Topic))
 	if err != nil {
 		return err
 	}
-	if topic.Semantics != Queue {
-		return wrongSemantics(k.cfg.Topic, topic.Semantics)
+	topic, err := k.client.loadTopic(ctx, k.client.pool, k.cfg.Topic)
+	if err == nil && topic.Semantics != Queue {
+		err = wrongSemantics(k.cfg.Topic, topic.Semantics)
+	}
+	if err != nil {
+		done()
+		return err
 	}
 	k.topic.Store(&topic)
-	k.started = true
-	k.done = make(chan struct{})
-
 	k.wake, k.unsubscribe = k.client.WakeUps(k.cfg.Topic)
-
-	k.fetchCtx, k.fetchCancel = context.WithCancel(context.Background())
-	k.workCtx, k.workCancel = context.WithCancel(context.Background())
+	k.fetchCtx = run
+	var workCancel context.CancelFunc
+	k.workCtx, workCancel = context.WithCancel(context.Background())
+	k.workCancel.Store(&workCancel)
 	capacity := k.cfg.Concurrency + k.cfg.BatchSize
 	k.jobs = make(chan *job, capacity)
 	k.results = make(chan result, capacity)
 	k.room = make(chan struct{}, 1)
 	k.queued = map[*job]struct{}{}
+	k.stopping.Store(false)
 
-	k.doneWG.Add(1)
-	go k.complete()
+	k.writer.Go(k.complete)
 	for range k.cfg.Concurrency {
-		k.workWG.Add(1)
-		go k.work()
+		k.workers.Go(k.work)
 	}
-	k.fetchWG.Add(3)
-	go k.fetch()
-	go k.maintain()
-	go k.keepLeases()
+	k.fetchers.Go(k.fetch)
+	k.fetchers.Go(k.maintain)
+	k.fetchers.Go(k.keepLeases)
+	go func() {
+		<-run.Done()
+		k.shutdown(workCancel)
+		done()
+	}()
 	k.client.logger.Info("pgoutbox: consumer started", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
 	return nil
 }
@@ -281,38 +283,36 @@ func (k *Consumer) Stop(ctx context.Context) error { return k.stop(ctx, false) }
 // StopAndCancel is Stop that cancels the running handlers' contexts at once.
 func (k *Consumer) StopAndCancel(ctx context.Context) error { return k.stop(ctx, true) }
 
-// Stopped returns a channel closed once the consumer stopped (nil before Start).
-func (k *Consumer) Stopped() <-chan struct{} {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.done
-}
+// Stopped returns a channel closed once the consumer's current run
+// stopped (between runs, the last run's; before Start, the first run's).
+func (k *Consumer) Stopped() <-chan struct{} { return k.life.Stopped() }
 
 func (k *Consumer) stop(ctx context.Context, cancelHandlers bool) error {
-	k.mu.Lock()
-	if !k.started {
-		k.mu.Unlock()
+	stopped, ok := k.life.StopInit()
+	if !ok {
 		return nil
 	}
 	if cancelHandlers {
-		k.workCancel()
+		k.cancelWork()
 	}
-	if !k.stopped {
-		k.stopped = true
-		go k.shutdown()
-	}
-	done := k.done
-	k.mu.Unlock()
 	select {
-	case <-done:
+	case <-stopped:
 		return nil
 	case <-ctx.Done():
-		k.workCancel()
+		k.cancelWork()
 		select {
-		case <-done:
+		case <-stopped:
 		case <-time.After(stopGrace):
 		}
 		return ctx.Err()
+	}
+}
+
+// cancelWork cancels the handlers of the current run, if it got as far as
+// starting them.
+func (k *Consumer) cancelWork() {
+	if cancel := k.workCancel.Load(); cancel != nil {
+		(*cancel)()
 	}
 }
 
@@ -320,18 +320,17 @@ func (k *Consumer) stop(ctx context.Context, cancelHandlers bool) error {
 // handlers to return before it gives up on them.
 const stopGrace = 100 * time.Millisecond
 
-// shutdown stops claiming, lets the workers release what is queued and
-// finish what runs, then writes every outcome and leaves LISTEN.
-func (k *Consumer) shutdown() {
-	defer close(k.done)
+// shutdown runs once the run's context ended: the fetcher stopped
+// claiming; the workers release what is queued and finish what runs; then
+// every outcome is written and the consumer leaves LISTEN.
+func (k *Consumer) shutdown(workCancel context.CancelFunc) {
 	k.stopping.Store(true)
-	k.fetchCancel()
-	k.fetchWG.Wait()
+	k.fetchers.Wait()
 	close(k.jobs) // workers release what is still queued, then exit
-	k.workWG.Wait()
-	k.workCancel()
+	k.workers.Wait()
+	workCancel()
 	close(k.results)
-	k.doneWG.Wait()
+	k.writer.Wait()
 	k.unsubscribe()
 	k.client.logger.Info("pgoutbox: consumer stopped", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
 }
@@ -339,7 +338,6 @@ func (k *Consumer) shutdown() {
 // fetch claims batches while there is room and work, then waits for a
 // notification, freed room or the poll interval.
 func (k *Consumer) fetch() {
-	defer k.fetchWG.Done()
 	capacity := int64(k.cfg.Concurrency + k.cfg.BatchSize)
 	threshold := int64(max(1, k.cfg.BatchSize/2))
 	poll := time.NewTimer(k.cfg.PollInterval)
@@ -432,7 +430,6 @@ func (k *Consumer) claim(limit int) (int, error) {
 
 // work runs handlers until the job channel is closed.
 func (k *Consumer) work() {
-	defer k.workWG.Done()
 	for j := range k.jobs {
 		deadline, lost := k.unqueue(j)
 		if k.stopping.Load() || lost || !time.Now().Before(deadline) {
@@ -465,7 +462,6 @@ func handlerWindow(lease time.Duration) time.Duration {
 // waits in the queue as long as it must without being claimed again (a
 // running handler ends with its lease, see ConsumerConfig).
 func (k *Consumer) keepLeases() {
-	defer k.fetchWG.Done()
 	for {
 		lease := k.topic.Load().Lease
 		select {
@@ -554,7 +550,6 @@ func (k *Consumer) handle(j *job, deadline time.Time) result {
 // complete writes outcomes to the database in batches: whatever has
 // arrived while the previous batch was being written.
 func (k *Consumer) complete() {
-	defer k.doneWG.Done()
 	const maxBatch = 1000
 	var batch []result
 	for r := range k.results {
@@ -653,7 +648,6 @@ func (k *Consumer) exec(what, sql string, args ...any) {
 // expired idempotency keys. (Expired leases need no sweeper: the next claim
 // takes them back.)
 func (k *Consumer) maintain() {
-	defer k.fetchWG.Done()
 	tick := time.NewTicker(k.cfg.PollInterval)
 	defer tick.Stop()
 	for {

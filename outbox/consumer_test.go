@@ -423,7 +423,10 @@ func TestStopReleasesUnstartedClaims(t *testing.T) {
 	require.NoError(t, <-stopped)
 	require.EqualValues(t, 2, finished.Load())
 	require.Equal(t, 28, b.count(t, "lease_owner IS NULL AND attempts = 0 AND available_at <= now()"), "released with their attempt given back")
+	require.NoError(t, k.Start(ctx), "a stopped consumer starts again")
 	require.ErrorIs(t, k.Start(ctx), outbox.ErrAlreadyStarted)
+	pgtest.Eventually(t, 10*time.Second, "the rest handled by the new run", func() bool { return b.count(t, "true") == 0 })
+	require.NoError(t, k.Stop(ctx))
 }
 
 // A Stop whose deadline passes cancels running handlers and releases their
