@@ -46,8 +46,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
-	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/pubsub"
 )

@@ -230,4 +230,6 @@ func TestGroupStartStopStress(t *testing.T) {
 // groupService is a Group as a service that starts FromNow.
 type groupService struct{ *consumergroup.Group }
 
-func (g groupService) Start(ctx context.Context) error { return g.Group.Start(ctx, consumergroup.FromNow()) }
+func (g groupService) Start(ctx context.Context) error {
+	return g.Group.Start(ctx, consumergroup.FromNow())
+}
