@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -20,9 +22,6 @@ import (
 // ErrNotMigrated: the client's schema has no pgoutbox tables, or older
 // ones than this code needs. Run migrations.Up first.
 var ErrNotMigrated = migrations.ErrNotMigrated
-
-// ErrStopped: a component was created after the client stopped.
-var ErrStopped = errors.New("pgoutbox: client stopped")
 
 // Config configures a Client. Every component created from the client
 // (consumers, consumer groups, routers) takes these settings.
@@ -60,19 +59,23 @@ type Config struct {
 // consumers, consumer groups and routers created from it together.
 //
 // Create it at boot, after migrations.Up; create components from it; call
-// Start once; call Stop (or StopAndCancel) at shutdown. Each component's
-// own Start and Stop still work.
+// Start; call Stop (or StopAndCancel) at shutdown. A stopped client starts
+// again. Each component's own Start and Stop still work.
 type Client struct {
 	pool     *pgxpool.Pool
 	cfg      Config
 	outbox   *outbox.Client
 	producer *outbox.Producer
 
-	mu         sync.Mutex // guards the fields below
+	life    startstop.Base
+	startMu sync.Mutex // held by Start: a Stop waits for the Start in progress
+	mu      sync.Mutex // guards the fields below
+	// components in the order they were created; live: between a Start
+	// and the beginning of a Stop (a new component starts at once); done
+	// ends the run.
 	components []*component
-	running    bool
-	stopping   bool
-	stopped    chan struct{}
+	live       bool
+	done       func()
 }
 
 // component is something the client starts and stops.
@@ -108,7 +111,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 		return nil, err
 	}
 	cfg.Schema = oc.Schema()
-	return &Client{pool: pool, cfg: cfg, outbox: oc, producer: producer, stopped: make(chan struct{})}, nil
+	return &Client{pool: pool, cfg: cfg, outbox: oc, producer: producer}, nil
 }
 
 // Outbox returns the client for topics, dead letters and claims.
@@ -222,17 +225,16 @@ func (c *Client) NewRouter(cfg router.Config) (*router.Router, error) {
 func (c *Client) add(comp *component) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stopping {
-		return fmt.Errorf("%w: %s not added", ErrStopped, comp.name)
-	}
 	c.components = append(c.components, comp)
-	if c.running {
-		return c.startOne(context.Background(), comp)
+	if c.live {
+		return comp.Start(context.Background())
 	}
 	return nil
 }
 
-func (c *Client) startOne(ctx context.Context, comp *component) error {
+// Start implements startstop.Service: it starts the component, and
+// accepts one that started on its own.
+func (comp *component) Start(ctx context.Context) error {
 	err := comp.start(ctx)
 	if errors.Is(err, outbox.ErrAlreadyStarted) {
 		return nil // started on its own
@@ -243,6 +245,22 @@ func (c *Client) startOne(ctx context.Context, comp *component) error {
 	return nil
 }
 
+// Stop implements startstop.Service.
+func (comp *component) Stop(ctx context.Context) error { return comp.stop(ctx, false) }
+
+// ordered returns comps with the routers last.
+func ordered(comps []*component) []startstop.Service {
+	out := make([]startstop.Service, 0, len(comps))
+	for _, last := range []bool{false, true} {
+		for _, comp := range comps {
+			if comp.last == last {
+				out = append(out, comp)
+			}
+		}
+	}
+	return out
+}
+
 // Start starts every component created from the client (consumers and
 // groups, then routers) and returns once they run; components created
 // later start when they are created. Groups, and routers' group sources,
@@ -250,35 +268,44 @@ func (c *Client) startOne(ctx context.Context, comp *component) error {
 // reaches them (Start waits for the producer transactions of their topics
 // that are open when it is called). ctx bounds only the start-up. If a
 // component fails to start, Start stops the ones it started and returns
-// the error; the client is then stopped.
+// the error. Start on a running client fails with
+// outbox.ErrAlreadyStarted; a stopped client starts again.
 func (c *Client) Start(ctx context.Context) error {
+	run, done, err := c.life.StartInit(ctx, "client")
+	if err != nil {
+		return err
+	}
+	c.startMu.Lock()
+	defer c.startMu.Unlock()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopping {
-		return ErrStopped
+	comps := slices.Clone(c.components)
+	c.mu.Unlock()
+	if err := startstop.StartAll(ctx, ordered(comps)...); err != nil {
+		c.life.StopInit()
+		done()
+		return err
 	}
-	if c.running {
-		return fmt.Errorf("%w: client", outbox.ErrAlreadyStarted)
-	}
-	c.running = true
-	var started []*component
-	for _, last := range []bool{false, true} {
-		for _, comp := range c.components {
-			if comp.last != last {
-				continue
-			}
-			if err := c.startOne(ctx, comp); err != nil {
-				c.stopping = true
-				c.mu.Unlock()
-				stopErr := c.stopAll(context.WithoutCancel(ctx), started, false)
-				c.mu.Lock()
-				close(c.stopped)
-				return errors.Join(err, stopErr)
-			}
-			started = append(started, comp)
+	c.mu.Lock()
+	// Components created while the others started start now.
+	var err2 error
+	for _, comp := range c.components[len(comps):] {
+		if err2 = comp.Start(ctx); err2 != nil {
+			break
 		}
 	}
-	c.cfg.Logger.Info("pgoutbox: client started", slog.Int("components", len(c.components)))
+	c.live, c.done = err2 == nil && run.Err() == nil, done
+	all := slices.Clone(c.components)
+	c.mu.Unlock()
+	if !c.live { // a component failed, or a Stop came in meanwhile: it waits for this
+		_ = c.stopAll(context.WithoutCancel(ctx), all, false)
+		c.life.StopInit()
+		done()
+		if err2 != nil {
+			return err2
+		}
+		return fmt.Errorf("pgoutbox: client stopped while starting: %w", context.Cause(run))
+	}
+	c.cfg.Logger.Info("pgoutbox: client started", slog.Int("components", len(all)))
 	return nil
 }
 
@@ -289,27 +316,34 @@ func (c *Client) Start(ctx context.Context) error {
 // shared LISTEN connection closes. When ctx ends first, running handlers
 // are cancelled and Stop returns ctx's error once the components are
 // stopped or have given up on handlers that ignore their context. Stop is
-// idempotent.
+// idempotent, and a Start in progress finishes first.
 func (c *Client) Stop(ctx context.Context) error { return c.stop(ctx, false) }
 
 // StopAndCancel is Stop that cancels running handlers and HTTP calls at
 // once instead of waiting for them.
 func (c *Client) StopAndCancel(ctx context.Context) error { return c.stop(ctx, true) }
 
-// Stopped returns a channel closed when a Stop finished.
-func (c *Client) Stopped() <-chan struct{} { return c.stopped }
+// Stopped returns a channel closed once the client's current run stopped
+// (between runs, the last run's; before Start, the first run's).
+func (c *Client) Stopped() <-chan struct{} { return c.life.Stopped() }
 
 func (c *Client) stop(ctx context.Context, cancel bool) error {
-	c.mu.Lock()
-	first := !c.stopping
-	c.stopping = true
-	comps := c.components
-	c.mu.Unlock()
-	err := c.stopAll(ctx, comps, cancel)
-	if first {
-		c.cfg.Logger.Info("pgoutbox: client stopped")
-		close(c.stopped)
+	stopped, ok := c.life.StopInit()
+	if !ok {
+		return nil
 	}
+	c.startMu.Lock()
+	c.mu.Lock()
+	first, done, comps := c.live, c.done, slices.Clone(c.components)
+	c.live = false
+	c.mu.Unlock()
+	c.startMu.Unlock()
+	if !first { // another Stop is under way
+		return startstop.Wait(ctx, stopped)
+	}
+	err := c.stopAll(ctx, comps, cancel)
+	c.cfg.Logger.Info("pgoutbox: client stopped")
+	done()
 	return err
 }
 
@@ -318,22 +352,20 @@ func (c *Client) stopAll(ctx context.Context, comps []*component, cancel bool) e
 	var errs []error
 	for _, last := range []bool{true, false} {
 		var mu sync.Mutex
-		var wg sync.WaitGroup
+		var tasks startstop.Tasks
 		for _, comp := range comps {
 			if comp.last != last {
 				continue
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			tasks.Go(func() {
 				if err := comp.stop(ctx, cancel); err != nil {
 					mu.Lock()
 					errs = append(errs, fmt.Errorf("pgoutbox: stop %s: %w", comp.name, err))
 					mu.Unlock()
 				}
-			}()
+			})
 		}
-		wg.Wait()
+		tasks.Wait()
 	}
 	return errors.Join(errs...)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/startstop/startstoptest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -111,8 +112,37 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 	}
 	require.NoError(t, c.Stop(stopCtx), "Stop is idempotent")
 	goleak.VerifyNone(t, leaks)
-	_, err = c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
-	require.ErrorIs(t, err, pgoutbox.ErrStopped)
+
+	// Stopped, the client starts again, with what was created meanwhile.
+	var late atomic.Int64
+	_, err = c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
+		Handler: func(context.Context, *outbox.Delivery) error { late.Add(1); return nil }})
+	require.NoError(t, err)
+	send(t, c, "jobs", 10, nil)
+	require.NoError(t, c.Start(ctx))
+	pgtest.Eventually(t, 20*time.Second, "handled after a restart", func() bool { return jobs.Load()+late.Load() == 20 })
+	require.NoError(t, c.Stop(stopCtx))
+	goleak.VerifyNone(t, leaks)
+}
+
+// A client started and stopped from ten goroutines at once, over and over,
+// never hangs a Stop and leaves nothing running.
+func TestClientStartStopStress(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	leaks := goleak.IgnoreCurrent()
+	c := newClient(t, db)
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub}))
+	_, err := c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	require.NoError(t, err)
+	g, err := c.NewGroup(consumergroup.Config{Topic: "events", Group: "g"}, consumergroup.FromNow())
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	_, err = c.NewRouter(router.Config{AllowedHosts: []string{"x"}})
+	require.NoError(t, err)
+	startstoptest.Stress(t, c, 5)
+	goleak.VerifyNone(t, leaks)
 }
 
 // StopAndCancel returns by its deadline even when handlers ignore their
@@ -267,7 +297,8 @@ func TestStartStopsWhatItStartedWhenAComponentFails(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // five poll intervals of a consumer that would still run
 	require.Zero(t, handled.Load())
 	goleak.VerifyNone(t, leaks)
-	require.ErrorIs(t, c.Start(ctx), pgoutbox.ErrStopped)
+	require.ErrorIs(t, c.Start(ctx), outbox.ErrUnknownTopic, "it fails the same way again")
+	goleak.VerifyNone(t, leaks)
 }
 
 // A failing handler is logged once per kind and topic (or group) per

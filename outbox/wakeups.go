@@ -34,7 +34,7 @@ func (c *Client) WakeUps(topic string) (<-chan struct{}, func()) {
 			return err
 		}}
 		w.listener = notify.New(c.listen, NotifyChannel(c.schema), c.logger, probe)
-		w.listener.Start()
+		_ = w.listener.Start(context.Background()) // a new listener: it cannot run already
 	}
 	w.subs++
 	ch, unsubscribe := w.listener.Subscribe(topic)
@@ -45,7 +45,7 @@ func (c *Client) WakeUps(topic string) (<-chan struct{}, func()) {
 			w.mu.Lock()
 			defer w.mu.Unlock()
 			if w.subs--; w.subs == 0 {
-				w.listener.Stop()
+				_ = w.listener.Stop(context.Background())
 				w.listener = nil
 			}
 		})

@@ -133,7 +133,7 @@ func TestTwoGroupSourcesOnOneTopic(t *testing.T) {
 
 // Start returns once a group source is subscribed, or with the error that
 // kept it from subscribing (here: its topic was never configured); the
-// router is then stopped.
+// router is then stopped, and starts once the cause is gone.
 func TestStartFailsWhenAGroupSourceCannotSubscribe(t *testing.T) {
 	t.Parallel()
 	b := setupPG(t)
@@ -143,6 +143,8 @@ func TestStartFailsWhenAGroupSourceCannotSubscribe(t *testing.T) {
 	err = rt.Start(context.Background())
 	require.ErrorIs(t, err, outbox.ErrUnknownTopic)
 	require.Contains(t, err.Error(), "group:hooks/webhooks")
+	b.pubsubTopic(t, outbox.TopicConfig{})
+	require.NoError(t, rt.Start(context.Background()))
 	require.ErrorIs(t, rt.Start(context.Background()), router.ErrStarted)
 	require.NoError(t, rt.Stop(context.Background()))
 }

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
 
 // Settler ends a message's life in its source.
@@ -195,19 +196,23 @@ type Router struct {
 	batches  atomic.Uint64 // batch ids
 	holds    *holds        // groups held back behind a message awaiting its retry
 
-	mu       sync.Mutex // guards pools, draining, sources and the lifecycle fields
-	pools    map[string]*pool
-	drained  []*pool
-	sources  []*runningSource
-	started  bool
-	stopped  bool
-	bg       context.Context
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup // background loops (sync, health, leaks)
-	syncMu   sync.Mutex     // one configuration sync at a time
-	runs     sync.WaitGroup // sources' Runs
-	keepStop chan struct{}  // closed when Stop settled everything: lease keepers end
-	keepers  sync.WaitGroup // lease keepers
+	life    startstop.Base // runs and stops the router
+	startMu sync.Mutex     // held by Start: a Stop waits for the Start in progress
+	syncMu  sync.Mutex     // one configuration sync at a time
+	mu      sync.Mutex     // guards pools, draining, sources and the fields of the run below
+	pools   map[string]*pool
+	drained []*pool
+	sources []*runningSource
+
+	// The current run, set by Start. live: between Start and the
+	// beginning of Stop (sources may start); done ends the run.
+	live     bool
+	done     func()
+	bg       context.Context // the run's context: loops, sources
+	loops    startstop.Tasks // sync, health, leaks, cleanup, restarts
+	runs     startstop.Tasks // sources' Runs
+	keepStop chan struct{}   // closed when Stop settled everything: lease keepers end
+	keepers  startstop.Tasks // lease keepers
 }
 
 // New validates cfg and returns a router.
@@ -222,7 +227,6 @@ func New(cfg Config) (*Router, error) {
 		inflight: newTracker(),
 		holds:    newHolds(),
 		pools:    map[string]*pool{},
-		keepStop: make(chan struct{}),
 		metrics:  newMetrics(cfg.MeterProvider),
 	}
 	r.events = ratelog.New(cfg.Logger, cfg.LogInterval, cfg.Clock.Now)
@@ -243,20 +247,35 @@ func (r *Router) Warnings() []Warning { return r.warn.list() }
 // committed after Start returns reaches it. If a source fails before it
 // subscribed, or ctx ends first, Start stops the router and returns the
 // error. Sources added after Start start at once, without such a wait.
+// A stopped router can be started again.
 func (r *Router) Start(ctx context.Context) error {
-	r.mu.Lock()
-	if r.started {
-		r.mu.Unlock()
-		return ErrStarted
+	run, done, err := r.life.StartInit(ctx, "router")
+	if err != nil {
+		return err
 	}
-	r.started = true
-	r.bg, r.cancel = context.WithCancel(context.Background())
+	r.startMu.Lock() // a Stop meanwhile cancels run, then waits for this Start
+	defer r.startMu.Unlock()
+	r.mu.Lock()
+	r.live, r.done, r.bg, r.keepStop = true, done, run, make(chan struct{})
+	for _, rs := range r.sources {
+		rs.restarting = false
+	}
 	r.mu.Unlock()
+	if err := r.startRun(ctx, run); err != nil {
+		r.mu.Lock()
+		r.live = false
+		r.mu.Unlock()
+		r.life.StopInit()
+		r.shutdown(context.WithoutCancel(ctx), done)
+		return err
+	}
+	return nil
+}
 
+func (r *Router) startRun(ctx context.Context, run context.Context) error {
 	r.applyPools(r.cfg.Pools)
 	if r.cfg.ConfigSource != nil {
 		if err := r.initialSync(ctx); err != nil {
-			r.cancel()
 			return err
 		}
 		r.loop(r.cfg.SyncInterval, func() { _ = r.Sync(r.bg) })
@@ -271,17 +290,11 @@ func (r *Router) Start(ctx context.Context) error {
 		runs = append(runs, rs.current)
 	}
 	r.mu.Unlock()
-	if err := waitReady(ctx, runs); err != nil {
-		_ = r.Stop(context.WithoutCancel(ctx))
-		return err
-	}
-	return nil
+	return waitReady(ctx, run, runs)
 }
 
 func (r *Router) loop(every time.Duration, f func()) {
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
+	r.loops.Go(func() {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
@@ -292,7 +305,7 @@ func (r *Router) loop(every time.Duration, f func()) {
 				f()
 			}
 		}
-	}()
+	})
 }
 
 func (r *Router) initialSync(ctx context.Context) error {
@@ -642,24 +655,32 @@ func (r *Router) checkLeaks() {
 // Stop shuts down gracefully: sources stop claiming, pools stop accepting
 // and nack what they queued, in-progress HTTP calls finish (until ctx
 // ends), then everything still tracked is nacked. Nothing is acked that was
-// not delivered. Safe to call more than once.
+// not delivered. Safe to call more than once, and on a router never
+// started; a stopped router can be started again.
 func (r *Router) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	if !r.started || r.stopped {
-		r.mu.Unlock()
+	stopped, ok := r.life.StopInit() // ends the run's context: a Start in progress gives up
+	if !ok {
 		return nil
 	}
-	r.stopped = true
-	for _, rs := range r.sources {
-		if rs.cancel != nil {
-			rs.cancel()
-		}
-	}
+	r.startMu.Lock()
+	r.mu.Lock()
+	first, done := r.live, r.done
+	r.live = false
 	r.mu.Unlock()
+	r.startMu.Unlock()
+	if !first { // another Stop (or the Start that failed) does it
+		return startstop.Wait(ctx, stopped)
+	}
+	return r.shutdown(ctx, done)
+}
 
-	err := waitCtx(ctx, &r.runs) // every source's Run, removed ones too
-	r.cancel()
-	r.wg.Wait()
+// shutdown ends the run whose context was cancelled: it waits for the
+// sources, drains the pools, nacks what is left and calls done once the
+// last Run returned.
+func (r *Router) shutdown(ctx context.Context, done func()) error {
+	runsDone := r.runs.Done()
+	err := startstop.Wait(ctx, runsDone) // every source's Run, removed ones too
+	r.loops.Wait()
 
 	r.mu.Lock()
 	pools := make([]*pool, 0, len(r.pools)+len(r.drained))
@@ -667,6 +688,10 @@ func (r *Router) Stop(ctx context.Context) error {
 		pools = append(pools, p)
 	}
 	pools = append(pools, r.drained...)
+	r.pools, r.drained = map[string]*pool{}, nil // a new run makes new ones
+	for _, rs := range r.sources {
+		rs.keeping = false // the lease keepers end below
+	}
 	r.mu.Unlock()
 	for _, p := range pools {
 		p.drain()
@@ -689,6 +714,9 @@ func (r *Router) Stop(ctx context.Context) error {
 	close(r.keepStop)
 	r.keepers.Wait()
 	r.mediator.close()
+	// The run ends when the last Run returned (one that ignores its
+	// context past ctx's end keeps a new Start waiting).
+	go func() { <-runsDone; done() }()
 	return err
 }
 

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
 
 // runningSource is a source and its current Run. The router's mu guards
@@ -38,7 +40,7 @@ func (r *Router) AddSource(s Source) {
 	defer r.mu.Unlock()
 	rs := &runningSource{src: s}
 	r.sources = append(r.sources, rs)
-	if r.started && !r.stopped {
+	if r.live {
 		r.runSource(rs, false)
 	}
 }
@@ -83,12 +85,10 @@ func (r *Router) runSource(rs *runningSource, restart bool) {
 	rs.cancel, rs.done, rs.current = cancel, run.done, run
 	if k, ok := rs.src.(LeaseKeeper); ok && !rs.keeping {
 		rs.keeping = true
-		r.keepers.Add(1)
-		go r.keepLeases(rs, k)
+		keepStop := r.keepStop
+		r.keepers.Go(func() { r.keepLeases(rs, k, keepStop) })
 	}
-	r.runs.Add(1)
-	go func() {
-		defer r.runs.Done()
+	r.runs.Go(func() {
 		var err error
 		defer func() { run.err = err; close(run.done) }()
 		err = r.run(ctx, rs.src, sync.OnceFunc(func() { close(run.ready) }))
@@ -100,7 +100,7 @@ func (r *Router) runSource(rs *runningSource, restart bool) {
 		if restart {
 			r.warn.add(WarnConsumerRestartFailed, SeverityCritical, name, fmt.Sprintf("source %s failed after its restart: %v", name, err))
 		}
-	}()
+	})
 }
 
 // run is src.Run (or RunReady) with a panic turned into an error. ready
@@ -122,8 +122,9 @@ func (r *Router) run(ctx context.Context, src Source, ready func()) (err error) 
 }
 
 // waitReady waits until each of runs is subscribed. It fails with the
-// error of a Run that returned first, or ctx's.
-func waitReady(ctx context.Context, runs []*sourceRun) error {
+// error of a Run that returned first, ctx's, or that of the router's run
+// (stopped meanwhile).
+func waitReady(ctx, routerRun context.Context, runs []*sourceRun) error {
 	for _, run := range runs {
 		select {
 		case <-run.ready:
@@ -131,6 +132,8 @@ func waitReady(ctx context.Context, runs []*sourceRun) error {
 		case <-run.done:
 		case <-ctx.Done():
 			return fmt.Errorf("router: waiting for source %s to subscribe: %w", run.name, ctx.Err())
+		case <-routerRun.Done():
+			return fmt.Errorf("router: stopped while source %s subscribed: %w", run.name, context.Cause(routerRun))
 		}
 		if isClosed(run.ready) {
 			continue // subscribed, then returned: the health check restarts it
@@ -149,7 +152,7 @@ func waitReady(ctx context.Context, runs []*sourceRun) error {
 func (r *Router) checkSources() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stopped {
+	if !r.live {
 		return
 	}
 	for _, rs := range r.sources {
@@ -172,19 +175,21 @@ func (r *Router) checkSources() {
 		}
 		rs.cancel()
 		rs.restarting = true
-		r.wg.Add(1)
-		go r.restartAfter(rs, rs.done)
+		done := rs.done
+		r.loops.Go(func() { r.restartAfter(rs, done) })
 	}
 }
 
 // restartAfter starts rs again once its cancelled Run (done) returned.
 func (r *Router) restartAfter(rs *runningSource, done <-chan struct{}) {
-	defer r.wg.Done()
 	late := time.NewTimer(r.cfg.StallTimeout)
 	defer late.Stop()
 	for waiting := true; waiting; {
 		select {
 		case <-r.bg.Done():
+			r.mu.Lock()
+			rs.restarting = false // the router stops: a new run starts it afresh
+			r.mu.Unlock()
 			return
 		case <-late.C:
 			name := rs.src.Name()
@@ -197,7 +202,7 @@ func (r *Router) restartAfter(rs *runningSource, done <-chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rs.restarting = false
-	if !r.stopped && !rs.removed.Load() {
+	if r.live && !rs.removed.Load() {
 		r.runSource(rs, true)
 	}
 }
@@ -214,14 +219,13 @@ func isClosed(ch chan struct{}) bool {
 // keepLeases renews the leases of rs's source every RenewEvery until Stop
 // has settled everything, or until the source was removed and holds
 // nothing any more.
-func (r *Router) keepLeases(rs *runningSource, k LeaseKeeper) {
-	defer r.keepers.Done()
+func (r *Router) keepLeases(rs *runningSource, k LeaseKeeper, keepStop <-chan struct{}) {
 	name := rs.src.Name()
 	t := time.NewTimer(k.RenewEvery())
 	defer t.Stop()
 	for {
 		select {
-		case <-r.keepStop:
+		case <-keepStop:
 			return
 		case <-t.C:
 		}
@@ -248,10 +252,5 @@ func (r *Router) keepLeases(rs *runningSource, k LeaseKeeper) {
 func waitCtx(ctx context.Context, wg *sync.WaitGroup) error {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return startstop.Wait(ctx, done)
 }

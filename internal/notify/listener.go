@@ -21,9 +21,11 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
 
-// Listener LISTENs on one channel. Start it once; Stop waits for its goroutines.
+// Listener LISTENs on one channel between Start and Stop; Stop waits for
+// its goroutines.
 type Listener struct {
 	connConfig *pgx.ConnConfig
 	channel    string
@@ -35,10 +37,9 @@ type Listener struct {
 
 	probes chan string // payloads of probes that came back
 
-	lifeMu sync.Mutex         // guards cancel and done
-	cancel context.CancelFunc // set by the first Start
-	done   chan struct{}
-	ready  chan struct{} // closed after the first successful LISTEN
+	life      startstop.Base
+	ready     chan struct{} // closed after the first successful LISTEN
+	readyOnce sync.Once
 }
 
 // Probe checks that the LISTEN connection receives what producers send:
@@ -88,31 +89,20 @@ func (l *Listener) Subscribe(topic string) (<-chan struct{}, func()) {
 // Ready is closed once the listener has LISTENed successfully for the first time.
 func (l *Listener) Ready() <-chan struct{} { return l.ready }
 
-// Start runs the listener (and its probe) until Stop. Only the first call
-// starts anything.
-func (l *Listener) Start() {
-	l.lifeMu.Lock()
-	defer l.lifeMu.Unlock()
-	if l.cancel != nil {
-		return
+// Start runs the listener (and its probe) until Stop; a running listener
+// refuses a second Start (ErrAlreadyStarted), a stopped one starts again.
+func (l *Listener) Start(ctx context.Context) error {
+	run, done, err := l.life.StartInit(ctx, "LISTEN connection")
+	if err != nil {
+		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	l.cancel = cancel
-	l.done = make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		l.run(ctx)
-	}()
+	var tasks startstop.Tasks
+	tasks.Go(func() { l.run(run) })
 	if l.probe.Interval > 0 && l.probe.Send != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l.probeLoop(ctx)
-		}()
+		tasks.Go(func() { l.probeLoop(run) })
 	}
-	go func() { wg.Wait(); close(l.done) }()
+	go func() { tasks.Wait(); done() }()
+	return nil
 }
 
 // probeLoop notifies the channel through the producers' path every
@@ -174,25 +164,22 @@ func (l *Listener) probeLoop(ctx context.Context) {
 	}
 }
 
-// Stop ends the listener and waits for it. Safe to call when not started.
-func (l *Listener) Stop() {
-	l.lifeMu.Lock()
-	cancel, done := l.cancel, l.done
-	l.lifeMu.Unlock()
-	if cancel == nil {
-		return
+// Stop ends the listener and waits for it until ctx ends. Safe to call
+// when not started.
+func (l *Listener) Stop(ctx context.Context) error {
+	stopped, ok := l.life.StopInit()
+	if !ok {
+		return nil
 	}
-	cancel()
-	<-done
+	return startstop.Wait(ctx, stopped)
 }
 
 func (l *Listener) run(ctx context.Context) {
-	var readyOnce sync.Once
 	for failures := 0; ctx.Err() == nil; {
 		listened := false
 		err := l.session(ctx, func() {
 			listened = true
-			readyOnce.Do(func() { close(l.ready) })
+			l.readyOnce.Do(func() { close(l.ready) })
 		})
 		if ctx.Err() != nil {
 			return

@@ -12,8 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/internal/notify"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/startstop/startstoptest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -28,8 +30,8 @@ func TestReconnectBackoffStartsAfreshAfterEachConnection(t *testing.T) {
 	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler), notify.Probe{})
 	wake, unsub := l.Subscribe("topic")
 	defer unsub()
-	l.Start()
-	defer l.Stop()
+	require.NoError(t, l.Start(context.Background()))
+	defer l.Stop(context.Background())
 	<-l.Ready()
 	ctx := context.Background()
 	drain := func() {
@@ -103,8 +105,8 @@ func TestProbeDetectsADeadListenConnection(t *testing.T) {
 		require.NoError(t, err)
 		logs := &logLines{}
 		l := notify.New(cfg, "pgoutbox_probe", slog.New(logs), notify.Probe{Interval: 200 * time.Millisecond, Send: send})
-		l.Start()
-		t.Cleanup(l.Stop)
+		require.NoError(t, l.Start(context.Background()))
+		t.Cleanup(func() { _ = l.Stop(context.Background()) })
 		return logs
 	}
 	pooled := listen(pgtest.PgBouncer(t, db) + "&default_query_exec_mode=simple_protocol")
@@ -124,15 +126,40 @@ func TestStartTwiceStartsOnce(t *testing.T) {
 	require.NoError(t, err)
 	cfg.RuntimeParams["application_name"] = "start-twice"
 	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler), notify.Probe{})
-	l.Start()
-	l.Start()
+	require.NoError(t, l.Start(context.Background()))
+	require.ErrorIs(t, l.Start(context.Background()), cfgcheck.ErrAlreadyStarted)
 	<-l.Ready()
 	time.Sleep(100 * time.Millisecond) // a second listener would connect meanwhile
 	var n int
 	require.NoError(t, db.Pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'start-twice'`).Scan(&n))
 	require.Equal(t, 1, n)
-	l.Stop()
-	l.Stop()
+	require.NoError(t, l.Stop(context.Background()))
+	require.NoError(t, l.Stop(context.Background()))
 	goleak.VerifyNone(t, leaks)
+}
+
+// The LISTEN connection started and stopped from ten goroutines at once
+// never runs two connections and never hangs a Stop; it listens again
+// after a restart.
+func TestListenerStartStopStress(t *testing.T) {
+	db := pgtest.NewEmptyDB(t)
+	cfg, err := pgx.ParseConfig(db.DSN)
+	require.NoError(t, err)
+	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler), notify.Probe{})
+	startstoptest.Stress(t, l, 10)
+	wake, unsub := l.Subscribe("topic")
+	defer unsub()
+	require.NoError(t, l.Start(context.Background()))
+	defer l.Stop(context.Background())
+	pgtest.Eventually(t, 10*time.Second, "a notification after a restart", func() bool {
+		_, err := db.Pool.Exec(context.Background(), `SELECT pg_notify('pgoutbox_test', 'topic')`)
+		require.NoError(t, err)
+		select {
+		case <-wake:
+			return true
+		case <-time.After(10 * time.Millisecond):
+			return false
+		}
+	})
 }

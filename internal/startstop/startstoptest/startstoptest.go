@@ -15,8 +15,9 @@ import (
 
 // Stress starts and stops svc from 10 goroutines at once, rounds times
 // each, then stops it for good. A Start may fail only with
-// ErrAlreadyStarted (another goroutine's run is on); every Stop must
-// return within 10 seconds, without error.
+// ErrAlreadyStarted (another goroutine's run is on) or startstop.ErrStop
+// (another goroutine's Stop cut it short); every Stop must return within
+// 10 seconds, without error.
 func Stress(tb testing.TB, svc startstop.Service, rounds int) {
 	tb.Helper()
 	ctx := context.Background()
@@ -24,7 +25,7 @@ func Stress(tb testing.TB, svc startstop.Service, rounds int) {
 	for range 10 {
 		wg.Go(func() {
 			for range rounds {
-				if err := svc.Start(ctx); err != nil && !errors.Is(err, cfgcheck.ErrAlreadyStarted) {
+				if err := svc.Start(ctx); err != nil && !errors.Is(err, cfgcheck.ErrAlreadyStarted) && !errors.Is(err, startstop.ErrStop) {
 					tb.Errorf("Start: %v", err)
 					return
 				}
