@@ -188,7 +188,7 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
 			cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds(),
 			cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions,
-			cfg.IdempotencyWindow.Microseconds())
+			cfg.IdempotencyWindow.Microseconds(), cfg.MaxRetention.Microseconds(), cfg.ZombieTTL.Microseconds())
 		return err
 	})
 	if errors.Is(err, errQueuedMessages) {
@@ -254,11 +254,12 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 		semantics, tracking                            string
 		retention, backoffInitial, backoffMax, leaseUS int64
 		zeroRetention, idempotencyWindow               int64
+		maxRetention, zombieTTL                        int64
 		maxAttempts                                    int
 		block                                          bool
 	)
 	err := db.QueryRow(ctx, c.sql.SelectTopic, name).Scan(&semantics, &tracking, &retention, &maxAttempts,
-		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block, &idempotencyWindow)
+		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block, &idempotencyWindow, &maxRetention, &zombieTTL)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return TopicConfig{Name: name}.WithDefaults(), nil
 	}
@@ -278,6 +279,8 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 		ZeroSubscriptionRetention:      time.Duration(zeroRetention) * time.Microsecond,
 		BlockWritesOnZeroSubscriptions: block,
 		IdempotencyWindow:              time.Duration(idempotencyWindow) * time.Microsecond,
+		MaxRetention:                   time.Duration(maxRetention) * time.Microsecond,
+		ZombieTTL:                      time.Duration(zombieTTL) * time.Microsecond,
 		Configured:                     true,
 	}, nil
 }

@@ -308,6 +308,8 @@ func TestConfigureTopicBadInput(t *testing.T) {
 		{Name: "t", Lease: time.Millisecond},
 		{Name: "t", BackoffInitial: time.Minute, BackoffMax: time.Second},
 		{Name: "t", Retention: -time.Hour},
+		{Name: "t", Semantics: outbox.PubSub, Retention: 48 * time.Hour, MaxRetention: 24 * time.Hour},
+		{Name: "t", ZombieTTL: -time.Hour},
 	}
 	for _, c := range cases {
 		require.ErrorIs(t, b.client.ConfigureTopic(ctx, c), outbox.ErrInvalidConfig, "%+v", c)
@@ -340,7 +342,8 @@ func TestTopicDefaultsAndConfiguration(t *testing.T) {
 	require.Equal(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
 		Retention: outbox.DefaultPubSubRetention, MaxAttempts: 3, BackoffInitial: outbox.DefaultBackoffInitial,
 		BackoffMax: outbox.DefaultBackoffMax, Lease: 5 * time.Second,
-		ZeroSubscriptionRetention: outbox.DefaultZeroSubscriptionRetention, IdempotencyWindow: outbox.DefaultIdempotencyWindow, Configured: true}, got)
+		ZeroSubscriptionRetention: outbox.DefaultZeroSubscriptionRetention, IdempotencyWindow: outbox.DefaultIdempotencyWindow,
+		MaxRetention: outbox.DefaultMaxRetention, ZombieTTL: outbox.DefaultZombieTTL, Configured: true}, got)
 
 	// A QUEUE consumer of a PUB_SUB topic is refused when it is created
 	// (it used to fail only at Start).

@@ -54,6 +54,12 @@ const (
 	DefaultZeroSubscriptionRetention = 24 * time.Hour
 	// DefaultIdempotencyWindow is how long an idempotency key is remembered.
 	DefaultIdempotencyWindow = 24 * time.Hour
+	// DefaultMaxRetention caps how long a PUB_SUB message is kept, whatever
+	// holds it (the design's forced retention cap).
+	DefaultMaxRetention = 30 * 24 * time.Hour
+	// DefaultZombieTTL is how long a DEAD group keeps its claim on the
+	// messages it had not finished.
+	DefaultZombieTTL = 7 * 24 * time.Hour
 )
 
 // TopicConfig is a topic's configuration. Zero fields take the defaults above.
@@ -96,6 +102,19 @@ type TopicConfig struct {
 	// window writes a new message and records the key anew.
 	// Defaults to DefaultIdempotencyWindow.
 	IdempotencyWindow time.Duration
+	// MaxRetention caps how long a PUB_SUB message is kept: the maintenance
+	// service deletes a message this old even if a group has not finished
+	// it (a PAUSED group, one that is stuck or keeps failing), counting
+	// and logging it per group, which then never sees it. At least
+	// Retention and ZeroSubscriptionRetention. Defaults to
+	// DefaultMaxRetention.
+	MaxRetention time.Duration
+	// ZombieTTL is how long a DEAD group keeps its claim on the PUB_SUB
+	// messages it had not finished (they are kept for it, and it receives
+	// them if it comes back meanwhile); after that it is forgotten, and
+	// what cleanup deletes meanwhile is lost to it. Defaults to
+	// DefaultZombieTTL.
+	ZombieTTL time.Duration
 	// Configured reports whether the topic has a stored configuration (it
 	// is set by Client.Topic; ConfigureTopic ignores it).
 	Configured bool
@@ -114,6 +133,8 @@ func (c TopicConfig) WithDefaults() TopicConfig {
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.ZeroSubscriptionRetention = cmp.Or(c.ZeroSubscriptionRetention, DefaultZeroSubscriptionRetention)
 	c.IdempotencyWindow = cmp.Or(c.IdempotencyWindow, DefaultIdempotencyWindow)
+	c.MaxRetention = cmp.Or(c.MaxRetention, DefaultMaxRetention)
+	c.ZombieTTL = cmp.Or(c.ZombieTTL, DefaultZombieTTL)
 	return c
 }
 
@@ -150,6 +171,11 @@ func (c TopicConfig) validate() error {
 		return fmt.Errorf("%w: topic %q: negative IdempotencyWindow", ErrInvalidConfig, c.Name)
 	case c.Lease < time.Second:
 		return fmt.Errorf("%w: topic %q: Lease must be at least 1s", ErrInvalidConfig, c.Name)
+	case c.ZombieTTL < 0:
+		return fmt.Errorf("%w: topic %q: negative ZombieTTL", ErrInvalidConfig, c.Name)
+	case c.MaxRetention < max(c.Retention, c.ZeroSubscriptionRetention):
+		return fmt.Errorf("%w: topic %q: MaxRetention (%v) is shorter than Retention or ZeroSubscriptionRetention",
+			ErrInvalidConfig, c.Name, c.MaxRetention)
 	}
 	return nil
 }

@@ -269,10 +269,10 @@ SELECT NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topics WHERE topic = $1)
 const upsertTopic = `
 INSERT INTO {{schema}}.outbox_topics
     (topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration,
-     zero_subscription_retention, block_writes_on_zero_subscriptions, idempotency_window)
+     zero_subscription_retention, block_writes_on_zero_subscriptions, idempotency_window, max_retention, zombie_ttl)
 VALUES ($1, $2, $3, $4 * interval '1 microsecond', $5, $6 * interval '1 microsecond',
         $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10,
-        $11 * interval '1 microsecond')
+        $11 * interval '1 microsecond', $12 * interval '1 microsecond', $13 * interval '1 microsecond')
 ON CONFLICT (topic) DO UPDATE SET
     semantics = excluded.semantics,
     tracking_mode = excluded.tracking_mode,
@@ -284,6 +284,8 @@ ON CONFLICT (topic) DO UPDATE SET
     zero_subscription_retention = excluded.zero_subscription_retention,
     block_writes_on_zero_subscriptions = excluded.block_writes_on_zero_subscriptions,
     idempotency_window = excluded.idempotency_window,
+    max_retention = excluded.max_retention,
+    zombie_ttl = excluded.zombie_ttl,
     updated_at = now()
 -- Semantics never change (producers rely on them, see insertQueued); the
 -- tracking mode is fixed while any group is subscribed or any message of
@@ -303,7 +305,9 @@ SELECT semantics, coalesce(tracking_mode, ''),
        (extract(epoch FROM lease_duration) * 1e6)::bigint,
        (extract(epoch FROM zero_subscription_retention) * 1e6)::bigint,
        block_writes_on_zero_subscriptions,
-       (extract(epoch FROM idempotency_window) * 1e6)::bigint
+       (extract(epoch FROM idempotency_window) * 1e6)::bigint,
+       (extract(epoch FROM max_retention) * 1e6)::bigint,
+       (extract(epoch FROM zombie_ttl) * 1e6)::bigint
 FROM {{schema}}.outbox_topics WHERE topic = $1`
 
 // A QUEUE message is pending while lease_owner is NULL and leased while it
