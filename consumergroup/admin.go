@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -11,7 +12,6 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
-	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 // shortTx begins the transactions of groups, all of which are short: if
@@ -38,36 +38,20 @@ func retryDelay(err error, attempt int, topic outbox.TopicConfig) time.Duration 
 
 // DetectDeadGroups runs dead-group detection for the group's topic once,
 // and forgets groups that left (running instances do both every heartbeat
-// interval). It works on a Group value that was never started.
-func (g *Group) DetectDeadGroups(ctx context.Context) { g.detectDead(ctx, g.pool) }
+// interval, the maintenance service for every topic). It works on a Group
+// value that was never started.
+func (g *Group) DetectDeadGroups(ctx context.Context) {
+	if _, err := g.maint.detectDeadAndForget(ctx, g.pool, g.cfg.Topic); err != nil && ctx.Err() == nil {
+		g.logger.Warn("pgoutbox: dead group detection failed; the next look tries again", slog.Any("error", err))
+	}
+}
 
 // Cleanup deletes up to limit messages of the topic that every group that
 // needs them has finished and that the topic's retention lets go; it
-// returns how many it deleted. Safe to run from many instances at once.
+// returns how many it deleted. The maintenance service runs it for every
+// topic; safe to run from many instances at once.
 func (g *Group) Cleanup(ctx context.Context, limit int) (int64, error) {
-	topic, err := g.client.Topic(ctx, g.cfg.Topic)
-	if err != nil {
-		return 0, err
-	}
-	if topic.Semantics != outbox.PubSub {
-		return 0, fmt.Errorf("%w: %q", outbox.ErrWrongSemantics, g.cfg.Topic)
-	}
-	tracker, err := pubsub.New(topic.Tracking, g.schema)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-		// Like a producer: a subscription change (which may start a
-		// backfill) waits for this cleanup, and a later one sees it.
-		if _, err := tx.Exec(ctx, g.q.LockTopicShared, g.cfg.Topic); err != nil {
-			return fmt.Errorf("consumergroup: cleanup: %w", err)
-		}
-		n, err = tracker.Cleanup(ctx, tx, g.cfg.Topic, pubsub.Retention{Now: g.now(), Completed: topic.Retention,
-			ZeroSubscription: topic.ZeroSubscriptionRetention}, limit)
-		return err
-	})
-	return n, err
+	return g.maint.Cleanup(ctx, g.cfg.Topic, limit)
 }
 
 // DeadLetters lists the group's dead-lettered messages with id > afterID,

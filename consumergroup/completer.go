@@ -91,8 +91,14 @@ func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, fs []failure) err
 	for i, f := range fs {
 		ids[i], attempts[i], delays[i], dead[i], errs[i] = f.id, int32(f.attempts), f.delay.Microseconds(), f.dead, f.err
 	}
-	_, err := tx.Exec(ctx, r.g.q.InsertRetries, r.g.sub.ID, ids, attempts, delays, dead, r.g.now(), errs)
-	return err
+	if _, err := tx.Exec(ctx, r.g.q.InsertRetries, r.g.sub.ID, ids, attempts, delays, dead, r.g.now(), errs); err != nil {
+		return err
+	}
+	if slices.Contains(dead, true) {
+		_, err := tx.Exec(ctx, r.g.q.CopyDeadLetters, r.g.sub.ID)
+		return err
+	}
+	return nil
 }
 
 func (r *runner) completeRetry(o *retryOut) {
@@ -119,6 +125,11 @@ func (r *runner) completeRetry(o *retryOut) {
 			}
 			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, o.f.delay.Microseconds(),
 				o.f.dead, o.f.err, g.now(), uncount)
+			if err == nil && o.f.dead {
+				// Until it has its copy, the dead letter keeps its
+				// message from cleanup; maintenance copies what this misses.
+				_, err = g.pool.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID)
+			}
 			if err == nil {
 				g.metrics.retried.Add(ctx, 1)
 			}

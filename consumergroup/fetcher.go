@@ -163,6 +163,9 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		if _, err := tx.Exec(ctx, g.q.ReapRetries, g.sub.ID, g.now(), g.topic.MaxAttempts); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
 		}
+		if _, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID); err != nil {
+			return 0, fmt.Errorf("reap retries: %w", err)
+		}
 		if _, err := tx.Exec(ctx, g.q.DeleteOrphanRetries, g.sub.ID); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
 		}

@@ -67,6 +67,7 @@ type Group struct {
 	q       *sqlq.PubSub
 	logger  *slog.Logger
 	events  *ratelog.Log // handler failures, rate-limited
+	maint   *Maintainer  // topic-wide work: dead groups, forgetting, cleanup
 	metrics *metrics
 
 	life    startstop.Base // runs and stops the instance
@@ -131,6 +132,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("%w: Client works in schema %q, the group in %q", outbox.ErrInvalidConfig, client.Schema(), schema)
 	}
 	return &Group{cfg: cfg, pool: pool, client: client, schema: schema, q: sqlq.ForPubSub(schema),
+		maint: newMaintainer(pool, client, schema),
 		logger: logger, events: ratelog.New(logger, client.LogInterval(), time.Now),
 		metrics: newMetrics(cfg.MeterProvider, cfg.Topic, cfg.Group)}, nil
 }
@@ -377,7 +379,7 @@ func (g *Group) Cancel(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return g.forget(ctx, g.pool, topic.Tracking, sub.id)
+	return g.maint.forget(ctx, g.pool, topic, sub.id)
 }
 
 // now is the injected clock's time, or nil for database time.

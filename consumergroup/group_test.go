@@ -255,16 +255,19 @@ func TestStateMachine(t *testing.T) {
 	start(t, g3, consumergroup.FromNow())
 	require.Equal(t, consumergroup.Active, state())
 
-	// → CANCELLED is terminal.
+	// → CANCELLED is terminal for the subscription.
 	require.NoError(t, g3.Cancel(ctx))
 	require.Equal(t, consumergroup.Cancelled, state())
 	for _, f := range []func(context.Context) error{g.Pause, g.Resume} {
 		require.ErrorIs(t, f(ctx), consumergroup.ErrInvalidTransition)
 	}
 	require.NoError(t, g.Cancel(ctx), "Cancel again finishes what is left, or does nothing")
+	// The name is free again: a new group, with a subscription of its own.
 	g4 := b.newGroup(t, "g")
 	require.NoError(t, g4.AddConsumer("m", r.handler, nil))
-	require.ErrorIs(t, g4.Start(ctx, consumergroup.FromNow()), consumergroup.ErrInvalidTransition)
+	start(t, g4, consumergroup.FromNow())
+	require.Equal(t, consumergroup.Active, state())
+	require.NotEqual(t, g3.Subscription().ID, g4.Subscription().ID)
 }
 
 func TestBadInput(t *testing.T) {

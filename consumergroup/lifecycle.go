@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/pubsub"
 )
@@ -83,14 +84,16 @@ const topicLockTimeout = "200ms"
 
 // lockTopic takes the topic's lock and row (waiting for the producers that
 // read the subscribed set) and checks it is a PUB_SUB topic.
-func (g *Group) lockTopic(ctx context.Context, tx pgx.Tx) error {
+func (g *Group) lockTopic(ctx context.Context, tx pgx.Tx) error { return lockTopic(ctx, tx, g.q, g.cfg.Topic) }
+
+func lockTopic(ctx context.Context, tx pgx.Tx, q *sqlq.PubSub, topic string) error {
 	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+topicLockTimeout+"'"); err != nil {
 		return fmt.Errorf("consumergroup: lock topic: %w", err)
 	}
 	var semantics, tracking string
-	err := tx.QueryRow(ctx, g.q.LockTopic, g.cfg.Topic).Scan(&semantics, &tracking)
+	err := tx.QueryRow(ctx, q.LockTopic, topic).Scan(&semantics, &tracking)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: %q (configure it as a PUB_SUB topic first)", outbox.ErrUnknownTopic, g.cfg.Topic)
+		return fmt.Errorf("%w: %q (configure it as a PUB_SUB topic first)", outbox.ErrUnknownTopic, topic)
 	}
 	if err != nil {
 		return fmt.Errorf("consumergroup: lock topic: %w", err)
@@ -99,7 +102,7 @@ func (g *Group) lockTopic(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("consumergroup: lock topic: %w", err)
 	}
 	if outbox.Semantics(semantics) != outbox.PubSub {
-		return fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, g.cfg.Topic, semantics)
+		return fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, topic, semantics)
 	}
 	return nil
 }
@@ -157,16 +160,20 @@ func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOpti
 		return nil, err
 	}
 	created := false
-	if sub == nil {
-		// Creating: the topic lock serialises creators; look again under
-		// it, another instance may have just created it.
+	if sub == nil || sub.status == Cancelled {
+		// Creating (a cancelled group's name makes a new group): the topic
+		// lock serialises creators; look again under it, another instance
+		// may have just created it.
 		if err := g.lockTopic(ctx, tx); err != nil {
 			return nil, err
 		}
 		if sub, err = g.selectSubscription(ctx, tx); err != nil {
 			return nil, err
 		}
-		if sub == nil {
+		if sub == nil || sub.status == Cancelled {
+			if err := g.warnIfDeletedBefore(ctx, tx, sub); err != nil {
+				return nil, err
+			}
 			created = true
 			if sub, err = g.createSubscription(ctx, tx, opts); err != nil {
 				return nil, err
@@ -174,9 +181,6 @@ func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOpti
 		}
 	}
 	switch sub.status {
-	case Cancelled:
-		return nil, fmt.Errorf("%w: group %q on %q is CANCELLED (terminal); delete it or use another group name",
-			ErrInvalidTransition, g.cfg.Group, g.cfg.Topic)
 	case Dead:
 		if err := g.resurrectTx(ctx, tx, sub, opts); err != nil {
 			return nil, err
@@ -191,6 +195,26 @@ func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOpti
 		return nil, fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
 	}
 	return &registration{topic: topic, sub: *sub, created: created}, nil
+}
+
+// warnIfDeletedBefore says loudly that a group starts as a new one because
+// its previous subscription was cancelled (before, which is the latest
+// cancelled one of its name) or deleted by subscription cleanup.
+func (g *Group) warnIfDeletedBefore(ctx context.Context, tx pgx.Tx, before *subscription) error {
+	var last string
+	var deletedAt time.Time
+	err := tx.QueryRow(ctx, g.q.DeletedTombstone, g.cfg.Topic, g.cfg.Group).Scan(&last, &deletedAt)
+	switch {
+	case err == nil:
+		g.logger.Warn("pgoutbox: this group's subscription was deleted (it had been "+last+" for too long); it starts as a NEW group, from its start position",
+			slog.Time("deleted_at", deletedAt))
+	case !errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("consumergroup: subscribe: %w", err)
+	case before != nil:
+		g.logger.Warn("pgoutbox: this group's name was cancelled before; it starts as a NEW group, from its start position",
+			slog.Int64("cancelled_subscription", before.id))
+	}
+	return nil
 }
 
 // createSubscription inserts a new subscription under the topic lock: its
@@ -398,159 +422,4 @@ func (g *Group) cancel(ctx context.Context) (*subscription, error) {
 		return nil
 	})
 	return sub, err
-}
-
-type deadGroup struct {
-	id   int64
-	name string
-	bit  int
-}
-
-// detectDead marks ACTIVE groups of the topic whose heartbeats stopped as
-// DEAD and takes them out of the subscribed set, then forgets them. A group
-// whose offsets row a fetch holds is fetching, so not dead. Safe when many
-// instances run it at once (SKIP LOCKED, idempotent updates).
-func (g *Group) detectDead(ctx context.Context, db beginQuerier) {
-	// Most beats find nobody dead: check without taking any lock.
-	var found bool
-	if err := db.QueryRow(ctx, g.q.AnyDeadCandidate, g.cfg.Topic).Scan(&found); err != nil || !found {
-		if err != nil && ctx.Err() == nil {
-			g.logger.Error("pgoutbox: dead group detection failed", slog.Any("error", err))
-		}
-		return
-	}
-	var dead []deadGroup
-	err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
-		dead = nil
-		rows, err := tx.Query(ctx, g.q.DeadCandidates, g.cfg.Topic)
-		if err != nil {
-			return err
-		}
-		var cands []deadGroup
-		var d deadGroup
-		if _, err := pgx.ForEachRow(rows, []any{&d.id, &d.name, &d.bit}, func() error { cands = append(cands, d); return nil }); err != nil {
-			return err
-		}
-		ids := make([]int64, len(cands))
-		for i, c := range cands {
-			ids[i] = c.id
-		}
-		rows, err = tx.Query(ctx, g.q.LockOffsetsSkipLocked, ids)
-		if err != nil {
-			return err
-		}
-		locked, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return err
-		}
-		for _, c := range cands {
-			for _, id := range locked {
-				if id == c.id {
-					dead = append(dead, c)
-				}
-			}
-		}
-		if len(dead) == 0 {
-			return nil
-		}
-		if err := g.lockTopic(ctx, tx); err != nil {
-			return err
-		}
-		for _, d := range dead {
-			if _, err := tx.Exec(ctx, g.q.SetStatus, d.id, string(Dead)); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, g.q.RemoveSubscribed, g.cfg.Topic, mask(d.bit), d.id); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		if ctx.Err() == nil {
-			g.logger.Warn("pgoutbox: dead group detection failed; the next heartbeat tries again", slog.Any("error", err))
-		}
-		return
-	}
-	for _, d := range dead {
-		g.logger.Warn("pgoutbox: consumer group is DEAD (no heartbeat within its timeout); it no longer holds messages back",
-			slog.String("dead_group", d.name), slog.Int64("subscription", d.id))
-	}
-	g.forgetPending(ctx, db)
-}
-
-// forgetBatch is how many rows one forgetting statement changes.
-const forgetBatch = 10_000
-
-// forgetPending forgets every group of the topic that left (DEAD or
-// CANCELLED) and may still be referred to. Running instances call it every
-// heartbeat, so a pass cut off by a crash is finished by the next one.
-func (g *Group) forgetPending(ctx context.Context, db beginQuerier) {
-	rows, err := db.Query(ctx, g.q.PendingForgets, g.cfg.Topic)
-	if err != nil {
-		if ctx.Err() == nil {
-			g.logger.Error("pgoutbox: looking for groups to forget failed", slog.Any("error", err))
-		}
-		return
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil || len(ids) == 0 {
-		return
-	}
-	topic, err := g.client.Topic(ctx, g.cfg.Topic)
-	if err != nil {
-		return
-	}
-	for _, id := range ids {
-		if err := g.forget(ctx, db, topic.Tracking, id); err != nil && ctx.Err() == nil {
-			g.logger.Error("pgoutbox: forgetting a group that left failed; the next heartbeat tries again",
-				slog.Int64("subscription", id), slog.Any("error", err))
-		}
-	}
-}
-
-// forget removes subscription id from the required sets of the rows that
-// still refer to it, in batches, each under the subscription row's lock:
-// a group that comes back meanwhile (its resurrection waits for the batch
-// in progress) is never stripped. When a pass finds nothing, forgetting
-// is done (and a CANCELLED group's bit is free).
-func (g *Group) forget(ctx context.Context, db beginQuerier, mode outbox.TrackingMode, id int64) error {
-	tracker, err := pubsub.New(mode, g.schema)
-	if err != nil {
-		return err
-	}
-	for {
-		var n int64
-		done := false
-		err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
-			var status string
-			var bit int
-			var pending bool
-			err := tx.QueryRow(ctx, g.q.LockForget, id).Scan(&status, &bit, &pending)
-			if errors.Is(err, pgx.ErrNoRows) {
-				done = true
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			st := State(status)
-			if !pending || (st != Dead && st != Cancelled) {
-				done = true
-				return nil
-			}
-			sub := pubsub.Subscription{ID: id, Topic: g.cfg.Topic, Bit: bit}
-			if n, err = tracker.Forget(ctx, tx, sub, st == Cancelled, forgetBatch); err != nil {
-				return err
-			}
-			if n == 0 {
-				done = true
-				_, err = tx.Exec(ctx, g.q.ForgetDone, id)
-			}
-			return err
-		})
-		if err != nil || done {
-			return err
-		}
-	}
 }

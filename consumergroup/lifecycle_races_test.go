@@ -177,7 +177,8 @@ func TestCompletionWhileForgottenIsRemembered(t *testing.T) {
 	b := setup(t, outbox.Bitmap)
 	ctx := context.Background()
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub,
-		Tracking: outbox.Bitmap, Retention: time.Microsecond, ZeroSubscriptionRetention: time.Microsecond}))
+		Tracking: outbox.Bitmap, Retention: time.Microsecond, ZeroSubscriptionRetention: time.Microsecond,
+		ZombieTTL: time.Microsecond})) // forgotten as soon as it is DEAD
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var once sync.Once

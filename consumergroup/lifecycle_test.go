@@ -34,9 +34,9 @@ func TestCancelledGroupsFreeTheirBits(t *testing.T) {
 	}
 }
 
-// A DEAD group that was not forgotten (its instance crashed between the
-// two steps, or forgetting failed) is forgotten by the next heartbeat of
-// any running instance on the topic.
+// A DEAD group past its ZombieTTL that was not forgotten (its instance
+// crashed between the two steps, or forgetting failed) is forgotten by the
+// next heartbeat of any running instance on the topic.
 func TestForgettingIsFinishedByAnyInstance(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Counter)
@@ -48,9 +48,9 @@ func TestForgettingIsFinishedByAnyInstance(t *testing.T) {
 	b.sendRange(t, 0, 50)
 	id := gone.Subscription().ID
 	// What dead-group detection commits before it forgets: DEAD, out of the
-	// subscribed set, forgetting pending.
+	// subscribed set, forgetting pending; and its ZombieTTL has run out.
 	_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_topic_subscriptions")+`
-SET subscription_status = 'DEAD', forget_pending = true WHERE id = $1`, id)
+SET subscription_status = 'DEAD', forget_pending = true, released_at = now() - interval '8 days' WHERE id = $1`, id)
 	require.NoError(t, err)
 	_, err = b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_topics")+` SET subscribed_ids = array_remove(subscribed_ids, $1)`, id)
 	require.NoError(t, err)

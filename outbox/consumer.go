@@ -101,7 +101,7 @@ type ConsumerConfig struct {
 	// PollInterval is the longest an idle consumer waits before looking for
 	// work when no notification woke it (a message whose lease expired is
 	// claimed again by the next look), and how often the consumer reloads
-	// the topic's configuration and deletes expired idempotency keys.
+	// the topic's configuration.
 	// Defaults to DefaultPollInterval.
 	PollInterval time.Duration
 	// ID names this consumer in lease_owner and logs. Defaults to
@@ -644,9 +644,9 @@ func (k *Consumer) exec(what, sql string, args ...any) {
 		slog.String("topic", k.cfg.Topic), slog.String("op", what), slog.Any("error", err))
 }
 
-// maintain periodically reloads the topic's configuration and deletes
-// expired idempotency keys. (Expired leases need no sweeper: the next claim
-// takes them back.)
+// maintain periodically reloads the topic's configuration. (Expired leases
+// need no sweeper: the next claim takes them back; expired idempotency keys
+// are the maintenance service's.)
 func (k *Consumer) maintain() {
 	tick := time.NewTicker(k.cfg.PollInterval)
 	defer tick.Stop()
@@ -665,9 +665,6 @@ func (k *Consumer) maintainOnce() {
 	defer cancel()
 	if topic, err := k.client.loadTopic(ctx, k.client.pool, k.cfg.Topic); err == nil && topic.Semantics == Queue {
 		k.topic.Store(&topic)
-	}
-	if _, err := k.client.ExpireIdempotencyKeys(ctx); err != nil && k.fetchCtx.Err() == nil {
-		k.client.logger.Error("pgoutbox: deleting expired idempotency keys failed", slog.Any("error", err))
 	}
 }
 

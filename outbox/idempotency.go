@@ -7,8 +7,8 @@ import (
 
 // ExpireIdempotencyKeys deletes the idempotency keys, of every topic, whose
 // window has passed, in batches, until none is left or ctx ends, and returns
-// how many it deleted. Running QUEUE consumers call it every PollInterval
-// and running consumer groups every HeartbeatInterval. Sends ignore an
+// how many it deleted. The maintenance service (package maintenance, which
+// pgoutbox.Client runs) calls it every cleanup interval. Sends ignore an
 // expired key that is still stored, so this only reclaims space. Safe to
 // run from many instances at once.
 func (c *Client) ExpireIdempotencyKeys(ctx context.Context) (int64, error) {

@@ -15,6 +15,7 @@
 package pubsub
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -65,7 +66,15 @@ type Retention struct {
 	Completed time.Duration
 	// Rows no group was subscribed to go only after this floor.
 	ZeroSubscription time.Duration
+	// Bounds of the pass (see CleanupBounds); the zero value scans every
+	// row of the topic.
+	Bounds
 }
+
+// maxXid8 sorts after every transaction id.
+const maxXid8 = "18446744073709551615"
+
+func (r Retention) below() string { return cmp.Or(r.Below, maxXid8) }
 
 // Tracker is one completion tracking mode.
 type Tracker interface {
@@ -179,7 +188,8 @@ func (b *Bitmap) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancel
 
 // Cleanup implements Tracker.
 func (b *Bitmap) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
-	return exec(ctx, db, "bitmap cleanup", b.q.BitmapCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit, keep.ZeroSubscription.Microseconds())
+	return exec(ctx, db, "bitmap cleanup", b.q.BitmapCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
+		keep.ZeroSubscription.Microseconds(), keep.below())
 }
 
 // Counter tracks completion with dedupe rows and a counter per message.
@@ -241,7 +251,8 @@ func (c *Counter) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, _ boo
 // Cleanup implements Tracker.
 func (c *Counter) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, c.q.CounterCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit, keep.ZeroSubscription.Microseconds()).Scan(&n)
+	err := db.QueryRow(ctx, c.q.CounterCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
+		keep.ZeroSubscription.Microseconds(), keep.below()).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("pubsub: counter cleanup: %w", err)
 	}
@@ -272,20 +283,14 @@ func (*Offset) Backfill(context.Context, DB, Subscription, Range, int) (int64, i
 // watermark back.
 func (*Offset) Forget(context.Context, pgx.Tx, Subscription, bool, int) (int64, error) { return 0, nil }
 
-// Cleanup implements Tracker: it computes the watermark (the least
-// committed position of the subscribed groups), records it, and deletes
-// rows visible in it.
+// Cleanup implements Tracker: it deletes rows visible in keep.Watermark
+// (the least committed position of the groups holding claims, from
+// CleanupBounds), or, with no such group, past the zero-subscription floor.
 func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
-	w, err := watermark(ctx, db, o.q, topic)
-	if err != nil {
-		return 0, err
-	}
 	var wm *string
-	if w != "" {
-		wm = &w
-		if _, err := exec(ctx, db, "record watermark", o.q.UpsertWatermark, topic, w); err != nil {
-			return 0, err
-		}
+	if keep.Watermark != "" {
+		wm = &keep.Watermark
 	}
-	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit, keep.ZeroSubscription.Microseconds(), wm)
+	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
+		keep.ZeroSubscription.Microseconds(), wm, keep.below())
 }

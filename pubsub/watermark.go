@@ -2,17 +2,22 @@ package pubsub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
-// Watermark returns the least committed position of topic's subscribed
-// (ACTIVE or PAUSED) groups, in the tables of schema, as pg_snapshot text,
-// or "" when none is subscribed. Every position is a snapshot taken at some moment (or the
+// Watermark returns the least committed position of the groups of topic
+// that hold claims (ACTIVE, PAUSED, and DEAD within the topic's
+// ZombieTTL), in the tables of schema, as pg_snapshot text, or "" when
+// there is none. Every position is a snapshot taken at some moment (or the
 // empty one), so they are ordered by inclusion: a snapshot taken earlier
 // sees a subset of what a later one sees. The least is found by comparing
 // xmax, then xmin, then the in-progress list (longer is earlier).
@@ -83,4 +88,81 @@ func parseSnapshot(s string) (snapKey, error) {
 		n = strings.Count(parts[2], ",") + 1
 	}
 	return snapKey{xmin: xmin, xmax: xmax, inProgress: n}, nil
+}
+
+// Bounds bound a cleanup pass of one topic.
+type Bounds struct {
+	// Watermark is the least committed position of the groups holding
+	// claims ("" when none): every such group has passed the rows
+	// visible in it.
+	Watermark string
+	// Below is an xid8 (text): the pass scans rows with smaller xids
+	// only, in (topic, xid) index order. Above it rows are unfinished (not
+	// visible in the watermark) or too young (after the retention
+	// frontier), so no pass reads them again and again.
+	Below string
+}
+
+// CleanupBounds computes the bounds of a cleanup pass of topic that deletes
+// rows older than keep's retentions, and records the Offset watermark.
+func CleanupBounds(ctx context.Context, db DB, schema, topic string, keep Retention) (Bounds, error) {
+	schema, err := ident.Schema(schema)
+	if err != nil {
+		return Bounds{}, err
+	}
+	q := sqlq.ForPubSub(schema)
+	var b Bounds
+	var now time.Time
+	if err := db.QueryRow(ctx, q.SnapshotXmin).Scan(&b.Below, &now); err != nil {
+		return Bounds{}, fmt.Errorf("pubsub: cleanup bounds: %w", err)
+	}
+	if keep.Now != nil {
+		now = *keep.Now
+	}
+	if b.Watermark, err = watermark(ctx, db, q, topic); err != nil {
+		return Bounds{}, err
+	}
+	if b.Watermark != "" {
+		if _, err := exec(ctx, db, "record watermark", q.UpsertWatermark, topic, b.Watermark); err != nil {
+			return Bounds{}, err
+		}
+		b.Below = strings.SplitN(b.Watermark, ":", 2)[0] // its xmin: rows below it are visible in it
+	}
+	if b.Below, err = frontier(ctx, db, q, topic, b.Below, now.Add(-min(keep.Completed, keep.ZeroSubscription))); err != nil {
+		return Bounds{}, err
+	}
+	return b, nil
+}
+
+// RetentionFrontier returns an xid8 (text) below which topic's rows were
+// written before keep's retentions (the shorter of them): cleanup scans no
+// further.
+func RetentionFrontier(ctx context.Context, db DB, schema, topic string, keep Retention) (string, error) {
+	schema, err := ident.Schema(schema)
+	if err != nil {
+		return "", err
+	}
+	q := sqlq.ForPubSub(schema)
+	var xmin string
+	var now time.Time
+	if err := db.QueryRow(ctx, q.SnapshotXmin).Scan(&xmin, &now); err != nil {
+		return "", fmt.Errorf("pubsub: retention frontier: %w", err)
+	}
+	if keep.Now != nil {
+		now = *keep.Now
+	}
+	return frontier(ctx, db, q, topic, xmin, now.Add(-min(keep.Completed, keep.ZeroSubscription)))
+}
+
+// frontier is the xid of topic's first row below below written at or
+// after cutoff, or below when there is none.
+func frontier(ctx context.Context, db DB, q *sqlq.PubSub, topic, below string, cutoff time.Time) (string, error) {
+	var xid *string
+	if err := db.QueryRow(ctx, q.RetentionFrontier, topic, below, cutoff).Scan(&xid); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("pubsub: retention frontier: %w", err)
+	}
+	if xid != nil {
+		return *xid, nil
+	}
+	return below, nil
 }

@@ -24,12 +24,13 @@ type PubSub struct {
 	LockOffsetWait, ResurrectOffset, SubscriptionStatus, Heartbeat string
 	DeadCandidates, AnyDeadCandidate, LockOffsetsSkipLocked        string
 	PendingForgets, LockForget, ForgetDone, DeleteGroupState       string
-	CommittedPosition                                              string
+	CommittedPosition, DeletedTombstone                            string
 
 	// Fetching.
 	LockOffset, OffsetExists, FetchState, BackfillProgress string
 	TakeOverBatch, FetchRows, AdvanceOffset, InsertBatch   string
 	ReapRetries, DeleteOrphanRetries, ClaimRetries         string
+	CopyDeadLetters                                        string
 
 	// Completing.
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetry, ExtendLeases string
@@ -41,6 +42,7 @@ type PubSub struct {
 	CounterComplete, CounterCompleted, CounterBackfillCandidates, CounterBackfill             string
 	CounterForgetCandidates                                                                   string
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark                             string
+	RetentionFrontier, SnapshotXmin                                                           string
 }
 
 // ForPubSub returns the statements for schema (already validated).
@@ -50,6 +52,8 @@ func ForPubSub(schema string) *PubSub {
 	return &PubSub{
 		LockTopic:             q(lockTopic),
 		LockTopicShared:       q(lockTopicShared),
+		DeletedTombstone:      q(deletedTombstone),
+		CopyDeadLetters:       q(copyDeadLetters),
 		SelectSubscription:    q(selectSubscription),
 		InsertSubscription:    q(insertSubscription),
 		InsertOffset:          q(insertOffset),
@@ -106,6 +110,8 @@ func ForPubSub(schema string) *PubSub {
 		CounterCleanup:            q(counterCleanup),
 		OffsetCleanup:             q(offsetCleanup),
 		UpsertWatermark:           q(upsertWatermark),
+		RetentionFrontier:         q(retentionFrontier),
+		SnapshotXmin:              q(snapshotXmin),
 	}
 }
 
@@ -125,12 +131,30 @@ FOR UPDATE`
 // changes wait for it.
 const lockTopicShared = `SELECT pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1))`
 
+// holdsClaims is true for a subscription s whose claims on messages
+// count: an ACTIVE or PAUSED group, and a DEAD one for its topic's
+// ZombieTTL after it died (it may come back for them).
+const holdsClaims = `(s.subscription_status IN ('ACTIVE', 'PAUSED')
+       OR (s.subscription_status = 'DEAD'
+           AND s.released_at > now() - (SELECT t.zombie_ttl FROM {{schema}}.outbox_topics AS t WHERE t.topic = s.topic)))`
+
+// bySubscriptionName picks the subscription of a name: the live one (at
+// most one is not CANCELLED), else the latest cancelled one.
+const bySubscriptionName = `WHERE topic = $1 AND group_name = $2
+ORDER BY subscription_status = 'CANCELLED', id DESC LIMIT 1`
+
 const selectSubscription = `
 SELECT id, subscription_status, coalesce(bit, -1), start_position,
        start_from_timestamp, start_from_message_id
 FROM {{schema}}.outbox_topic_subscriptions
-WHERE topic = $1 AND group_name = $2
+` + bySubscriptionName + `
 FOR UPDATE`
+
+// deletedTombstone tells (and forgets) that a group of this name was
+// deleted by subscription cleanup.
+const deletedTombstone = `
+DELETE FROM {{schema}}.outbox_deleted_subscriptions WHERE topic = $1 AND group_name = $2
+RETURNING last_status, deleted_at`
 
 const insertSubscription = `
 INSERT INTO {{schema}}.outbox_topic_subscriptions
@@ -201,7 +225,8 @@ SET backfill_from = coalesce((SELECT b.prev FROM {{schema}}.outbox_group_batches
 WHERE o.subscription_id = $1`
 
 const subscriptionStatus = `
-SELECT id, subscription_status FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND group_name = $2`
+SELECT id, subscription_status FROM {{schema}}.outbox_topic_subscriptions
+` + bySubscriptionName
 
 // heartbeat records database time only. It reports the status, so a DEAD
 // group's instance can resurrect it; no row: the subscription is gone.
@@ -231,19 +256,30 @@ SELECT subscription_id FROM {{schema}}.outbox_subscription_offsets
 WHERE subscription_id = ANY($1::bigint[])
 FOR UPDATE SKIP LOCKED`
 
-// pendingForgets: groups of topic $1 that left and may still be referred to.
+// pendingForgets: groups of topic $1 that left and may still be referred
+// to: CANCELLED ones, and DEAD ones whose ZombieTTL ran out.
 const pendingForgets = `
-SELECT id FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND forget_pending`
+SELECT id FROM {{schema}}.outbox_topic_subscriptions AS s
+WHERE topic = $1 AND forget_pending AND NOT ` + holdsClaims
 
 // lockForget: a forget pass holds the subscription row, so a resurrection
-// waits for the pass in progress and later passes see it came back.
+// waits for the pass in progress and later passes see it came back. The
+// last column says whether the group still holds its claims (a DEAD group
+// within its ZombieTTL).
 const lockForget = `
-SELECT subscription_status, coalesce(bit, -1), forget_pending
-FROM {{schema}}.outbox_topic_subscriptions WHERE id = $1 FOR UPDATE`
+SELECT subscription_status, coalesce(bit, -1), forget_pending, ` + holdsClaims + `
+FROM {{schema}}.outbox_topic_subscriptions AS s WHERE id = $1 FOR UPDATE`
 
 // forgetDone: nothing refers to the group any more. A CANCELLED group's
-// bit is free again.
+// bit is free again; a backfill the group had pending ends (its rows are
+// no longer kept for it).
 const forgetDone = `
+WITH catchup AS (
+    UPDATE {{schema}}.outbox_subscription_offsets
+    SET backfill_from = NULL, backfill_upto = NULL, backfill_left = 0,
+        backfill_ended_at = now(), backfill_outcome = 'FORGOTTEN'
+    WHERE subscription_id = $1 AND backfill_from IS NOT NULL
+)
 UPDATE {{schema}}.outbox_topic_subscriptions
 SET forget_pending = false,
     bit = CASE WHEN subscription_status = 'CANCELLED' THEN NULL ELSE bit END
@@ -258,11 +294,13 @@ DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
 // open batch, else its position. Rows visible in it are done by the group
 // (except its pending retries).
 const committedPosition = `
-SELECT s.id, coalesce((SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
-                       WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1), o.position)::text
+SELECT s.id, coalesce(o.backfill_from,
+                      (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
+                       WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1),
+                      o.position)::text
 FROM {{schema}}.outbox_topic_subscriptions AS s
 JOIN {{schema}}.outbox_subscription_offsets AS o ON o.subscription_id = s.id
-WHERE s.topic = $1 AND s.subscription_status IN ('ACTIVE', 'PAUSED')`
+WHERE s.topic = $1 AND ` + holdsClaims
 
 // ---------------------------------------------------------------- fetching
 
@@ -385,11 +423,23 @@ SET status = CASE WHEN attempts >= $3 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
 WHERE subscription_id = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())`
 
 // deleteOrphanRetries drops retries of messages that no longer exist
-// (deleted while the group was DEAD).
+// (deleted while the group was DEAD, or by the retention cap) of which the
+// retry kept no copy.
 const deleteOrphanRetries = `
 DELETE FROM {{schema}}.outbox_group_retries AS r
-WHERE r.subscription_id = $1
+WHERE r.subscription_id = $1 AND r.payload IS NULL
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o WHERE o.id = r.message_id)`
+
+// copyDeadLetters gives the dead letters of subscription $1 (of every
+// subscription when $1 is NULL) a copy of their message, so they survive
+// its row and no longer keep it from cleanup.
+const copyDeadLetters = `
+UPDATE {{schema}}.outbox_group_retries AS r
+SET payload = o.payload, headers = o.headers, correlation_id = o.correlation_id,
+    message_group = o.message_group, priority = o.priority, created_at = o.created_at, xid = o.xid
+FROM {{schema}}.outbox_published AS o
+WHERE o.id = r.message_id AND r.status = 'DEAD_LETTER' AND r.payload IS NULL
+      AND ($1::bigint IS NULL OR r.subscription_id = $1)`
 
 // claimRetries leases due retries of subscription $1 to member $2: up to
 // $5 ordinary ones, and at most one whose lease ran out before while no
@@ -418,10 +468,14 @@ WITH ordinary AS (
     WHERE r.subscription_id = $1 AND r.message_id = due.message_id
     RETURNING r.message_id, r.attempts, r.lease_until
 )
-SELECT o.id, o.xid::text, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''), o.priority,
-       o.created_at, c.attempts, c.lease_until
-FROM claimed AS c JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
-ORDER BY o.xid, o.id`
+SELECT c.message_id, coalesce(o.xid, r.xid)::text, coalesce(o.payload, r.payload), coalesce(o.headers, r.headers),
+       coalesce(o.correlation_id, r.correlation_id), coalesce(o.message_group, r.message_group, ''),
+       coalesce(o.priority, r.priority), coalesce(o.created_at, r.created_at), c.attempts, c.lease_until
+FROM claimed AS c
+JOIN {{schema}}.outbox_group_retries AS r ON r.subscription_id = $1 AND r.message_id = c.message_id
+LEFT JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
+WHERE coalesce(o.payload, r.payload) IS NOT NULL -- neither: an orphan, deleted at the next reap
+ORDER BY coalesce(o.xid, r.xid), c.message_id`
 
 // ---------------------------------------------------------------- completing
 
@@ -478,13 +532,16 @@ SELECT 'batch', id FROM b UNION ALL SELECT 'retry', message_id FROM r`
 
 // ---------------------------------------------------------------- administration
 
-const groupSubscription = `(SELECT id FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND group_name = $2)`
+const groupSubscription = `(SELECT id FROM {{schema}}.outbox_topic_subscriptions ` + bySubscriptionName + `)`
 
 const listGroupDeadLetters = `
-SELECT o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''), o.priority,
-       r.attempts, o.created_at, r.dead_lettered_at, coalesce(r.last_error, '')
-FROM {{schema}}.outbox_group_retries AS r JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
+SELECT r.message_id, coalesce(r.payload, o.payload), coalesce(r.headers, o.headers),
+       coalesce(r.correlation_id, o.correlation_id), coalesce(r.message_group, o.message_group, ''),
+       coalesce(r.priority, o.priority), r.attempts, coalesce(r.created_at, o.created_at), r.dead_lettered_at,
+       coalesce(r.last_error, '')
+FROM {{schema}}.outbox_group_retries AS r LEFT JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
 WHERE r.subscription_id = ` + groupSubscription + ` AND r.status = 'DEAD_LETTER' AND r.message_id > $3
+      AND coalesce(r.payload, o.payload) IS NOT NULL
 ORDER BY r.message_id
 LIMIT $4`
 
@@ -563,19 +620,23 @@ const retention = `
       AND o.created_at < coalesce($2::timestamptz, now()) - $3 * interval '1 microsecond'
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
                       JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
-                      WHERE r.message_id = o.id AND s.subscription_status IN ('ACTIVE', 'PAUSED'))
+                      WHERE r.message_id = o.id AND r.payload IS NULL AND ` + holdsClaims + `)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets AS b
                       JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = b.subscription_id
-                      WHERE s.topic = o.topic AND s.subscription_status IN ('ACTIVE', 'PAUSED')
+                      WHERE s.topic = o.topic AND ` + holdsClaims + `
                             AND b.backfill_from IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, b.backfill_from))`
 
+// bitmapCleanup deletes up to $4 rows of topic $1 below xid $6 that every
+// required group completed and that retention lets go, in (topic, xid)
+// index order, skipping rows another cleanup holds.
 const bitmapCleanup = `
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
-    WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND coalesce(o.done_bits, 0) & o.required_bits = o.required_bits
+    WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
+          AND coalesce(o.done_bits, 0) & o.required_bits = o.required_bits
           AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
-    ORDER BY o.id LIMIT $4)
+    ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
   AND coalesce(done_bits, 0) & required_bits = required_bits -- re-checked on the row version the delete locks`
 
 // ---------------------------------------------------------------- counter
@@ -656,10 +717,11 @@ const counterCleanup = `
 WITH gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
-        WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)
+        WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
+              AND coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)
               AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention + `
-        ORDER BY o.id LIMIT $4)
+        ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
       AND coalesce(completed_count, 0) >= coalesce(required_count, 0) -- re-checked on the locked row version
     RETURNING id
 ), dedupe AS (
@@ -669,18 +731,29 @@ SELECT count(*) FROM gone`
 
 // ---------------------------------------------------------------- offset
 
-// offsetCleanup deletes rows every subscribed group has passed: visible in
-// the watermark $6 (the least committed position), or, with no subscribed
-// group ($6 NULL), past the zero-subscription floor.
+// offsetCleanup deletes rows below xid $7 every group holding claims has
+// passed: visible in the watermark $6 (the least committed position), or,
+// with no such group ($6 NULL), past the zero-subscription floor.
 const offsetCleanup = `
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
-    WHERE o.topic = $1 AND o.status = 'PUBLISHED'
+    WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
           AND CASE WHEN $6::pg_snapshot IS NULL
                    THEN o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'
                    ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
 	retention + `
-    ORDER BY o.id LIMIT $4)`
+    ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)`
+
+// retentionFrontier is the xid of topic $1's first row (in xid order) below
+// $2 written at or after $3: the rows before it were written earlier, so a
+// cleanup that needs rows older than $3 scans no further. NULL: none.
+const retentionFrontier = `
+SELECT o.xid::text FROM {{schema}}.outbox_published AS o
+WHERE o.topic = $1 AND o.xid < $2::text::xid8 AND o.created_at >= $3::timestamptz
+ORDER BY o.xid, o.id LIMIT 1`
+
+// snapshotXmin is the current snapshot's xmin, and the database's time.
+const snapshotXmin = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, now()`
 
 const upsertWatermark = `
 INSERT INTO {{schema}}.outbox_topic_watermarks (topic, watermark) VALUES ($1, $2::pg_snapshot)

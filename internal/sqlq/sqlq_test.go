@@ -25,7 +25,7 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 	}
 	defer conn.Release()
 	n := 0
-	for _, set := range []any{sqlq.For(db.Schema), sqlq.ForPubSub(db.Schema)} {
+	for _, set := range []any{sqlq.For(db.Schema), sqlq.ForPubSub(db.Schema), sqlq.ForMaintenance(db.Schema)} {
 		v := reflect.ValueOf(set).Elem()
 		for i := range v.NumField() {
 			f := v.Type().Field(i)

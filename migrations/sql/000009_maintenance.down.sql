@@ -11,7 +11,6 @@ ALTER TABLE outbox_subscription_offsets
     DROP COLUMN backfill_ended_at,
     DROP COLUMN backfill_outcome;
 DROP INDEX outbox_dead_letters_age_idx;
-DROP TABLE outbox_ticks;
 DROP TABLE outbox_deleted_subscriptions;
 DROP INDEX outbox_subscriptions_group_idx;
 DROP INDEX outbox_subscriptions_name_idx;

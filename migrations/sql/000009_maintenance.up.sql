@@ -1,7 +1,6 @@
 -- Maintenance: retention caps per topic, group dead letters that outlive
 -- their message row, names of cancelled groups that can be used again,
--- the ticks cleanup bounds its scans with, and backfills that run beside
--- the group's stream (catch-up reading).
+-- and backfills that run beside the group's stream (catch-up reading).
 
 -- MaxRetention: no PUB_SUB row is kept longer, whatever group holds it
 -- (paused, stuck, dead-lettering). ZombieTTL: how long a DEAD group keeps
@@ -43,15 +42,6 @@ CREATE TABLE outbox_deleted_subscriptions (
     last_status text        NOT NULL,
     deleted_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (topic, group_name)
-);
-
--- Ticks: a snapshot taken at a known time (PgQ's ticks). A row visible in
--- the snapshot of a tick taken before now() - retention committed before
--- then, so cleanup scans a topic's (topic, xid) index only below that
--- tick's xmin instead of from its first row each pass.
-CREATE TABLE outbox_ticks (
-    at       timestamptz PRIMARY KEY,
-    snapshot pg_snapshot NOT NULL
 );
 
 -- QUEUE dead letters expire after the maintenance service's retention.

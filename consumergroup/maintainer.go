@@ -1,0 +1,351 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/pubsub"
+)
+
+// Maintainer does the work that concerns every group of a topic rather
+// than one instance: dead-group detection, forgetting groups that left
+// (CANCELLED, or DEAD past the topic's ZombieTTL), deleting the messages
+// every group finished, the retention cap. It needs no Group and no
+// running instance. Every method is safe while other processes run the
+// same on the same topic: rows are taken FOR UPDATE SKIP LOCKED or under a
+// transaction-scoped lock, and every step is idempotent (nothing holds a
+// session-level lock, so it works through transaction pooling).
+//
+// The maintenance service (package maintenance) runs it for every topic;
+// a running group instance runs detection and forgetting for its own.
+type Maintainer struct {
+	pool   *pgxpool.Pool
+	client *outbox.Client
+	schema string
+	q      *sqlq.PubSub
+	mq     *sqlq.Maintenance
+	logger *slog.Logger
+}
+
+// NewMaintainer returns a maintainer for the topics of client's schema,
+// working through pool. It logs through client's logger.
+func NewMaintainer(pool *pgxpool.Pool, client *outbox.Client) (*Maintainer, error) {
+	if pool == nil || client == nil {
+		return nil, fmt.Errorf("%w: a Maintainer needs a pool and a client", outbox.ErrInvalidConfig)
+	}
+	schema, err := ident.Schema(client.Schema())
+	if err != nil {
+		return nil, err
+	}
+	return newMaintainer(pool, client, schema), nil
+}
+
+func newMaintainer(pool *pgxpool.Pool, client *outbox.Client, schema string) *Maintainer {
+	return &Maintainer{pool: pool, client: client, schema: schema, q: sqlq.ForPubSub(schema), mq: sqlq.ForMaintenance(schema),
+		logger: client.Logger()}
+}
+
+type deadGroup struct {
+	id   int64
+	name string
+	bit  int
+}
+
+// DetectDead marks the ACTIVE groups of topic whose heartbeats stopped
+// (none within their HeartbeatTimeout, by database time) DEAD and takes
+// them out of the subscribed set, then forgets the groups whose claims
+// ran out. A group whose offsets row a fetch holds is fetching, so not
+// dead. It returns the names of the groups it declared DEAD.
+func (m *Maintainer) DetectDead(ctx context.Context, topic string) ([]string, error) {
+	dead, err := m.detectDeadAndForget(ctx, m.pool, topic)
+	names := make([]string, len(dead))
+	for i, d := range dead {
+		names[i] = d.name
+	}
+	return names, err
+}
+
+func (m *Maintainer) detectDead(ctx context.Context, db beginQuerier, topic string) ([]deadGroup, error) {
+	// Most looks find nobody dead: check without taking any lock.
+	var found bool
+	if err := db.QueryRow(ctx, m.q.AnyDeadCandidate, topic).Scan(&found); err != nil || !found {
+		if err != nil {
+			return nil, fmt.Errorf("consumergroup: dead group detection: %w", err)
+		}
+		return nil, nil
+	}
+	var dead []deadGroup
+	err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
+		dead = nil
+		rows, err := tx.Query(ctx, m.q.DeadCandidates, topic)
+		if err != nil {
+			return err
+		}
+		var cands []deadGroup
+		var d deadGroup
+		if _, err := pgx.ForEachRow(rows, []any{&d.id, &d.name, &d.bit}, func() error { cands = append(cands, d); return nil }); err != nil {
+			return err
+		}
+		ids := make([]int64, len(cands))
+		for i, c := range cands {
+			ids[i] = c.id
+		}
+		rows, err = tx.Query(ctx, m.q.LockOffsetsSkipLocked, ids)
+		if err != nil {
+			return err
+		}
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		for _, c := range cands {
+			for _, id := range locked {
+				if id == c.id {
+					dead = append(dead, c)
+				}
+			}
+		}
+		if len(dead) == 0 {
+			return nil
+		}
+		if err := lockTopic(ctx, tx, m.q, topic); err != nil {
+			return err
+		}
+		for _, d := range dead {
+			if _, err := tx.Exec(ctx, m.q.SetStatus, d.id, string(Dead)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, m.q.RemoveSubscribed, topic, mask(d.bit), d.id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumergroup: dead group detection: %w", err)
+	}
+	for _, d := range dead {
+		m.logger.Warn("pgoutbox: consumer group is DEAD (no heartbeat within its timeout); new messages no longer need it, and what it had not finished is kept for it for the topic's ZombieTTL",
+			slog.String("topic", topic), slog.String("dead_group", d.name), slog.Int64("subscription", d.id))
+	}
+	return dead, nil
+}
+
+// detectDeadAndForget is detectDead, then forgetting what is due.
+func (m *Maintainer) detectDeadAndForget(ctx context.Context, db beginQuerier, topic string) ([]deadGroup, error) {
+	dead, err := m.detectDead(ctx, db, topic)
+	return dead, errors.Join(err, m.forgetPending(ctx, db, topic))
+}
+
+// forgetBatch is how many rows one forgetting statement changes.
+const forgetBatch = 10_000
+
+// ForgetPending forgets every group of topic that left and whose claims
+// ran out (CANCELLED, or DEAD for longer than the topic's ZombieTTL) and
+// may still be referred to. A pass cut off by a crash is finished by the
+// next one.
+func (m *Maintainer) ForgetPending(ctx context.Context, topic string) error {
+	return m.forgetPending(ctx, m.pool, topic)
+}
+
+func (m *Maintainer) forgetPending(ctx context.Context, db beginQuerier, topic string) error {
+	rows, err := db.Query(ctx, m.q.PendingForgets, topic)
+	if err != nil {
+		return fmt.Errorf("consumergroup: looking for groups to forget: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	t, err := m.client.Topic(ctx, topic)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ids {
+		if err := m.forget(ctx, db, t, id); err != nil {
+			errs = append(errs, fmt.Errorf("consumergroup: forgetting subscription %d: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// forget removes subscription id from the required sets of the rows that
+// still refer to it, in batches, each under the subscription row's lock:
+// a group that comes back meanwhile (its resurrection waits for the batch
+// in progress) is never stripped. When a pass finds nothing, forgetting
+// is done (and a CANCELLED group's bit is free).
+func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.TopicConfig, id int64) error {
+	tracker, err := pubsub.New(topic.Tracking, m.schema)
+	if err != nil {
+		return err
+	}
+	for {
+		var n int64
+		done := false
+		err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
+			var status string
+			var bit int
+			var pending, holds bool
+			err := tx.QueryRow(ctx, m.q.LockForget, id).Scan(&status, &bit, &pending, &holds)
+			if errors.Is(err, pgx.ErrNoRows) {
+				done = true
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			st := State(status)
+			if !pending || (st != Dead && st != Cancelled) || holds {
+				done = true // back, or DEAD within its ZombieTTL: its claims stand
+				return nil
+			}
+			sub := pubsub.Subscription{ID: id, Topic: topic.Name, Bit: bit}
+			if n, err = tracker.Forget(ctx, tx, sub, st == Cancelled, forgetBatch); err != nil {
+				return err
+			}
+			if n == 0 {
+				done = true
+				_, err = tx.Exec(ctx, m.q.ForgetDone, id)
+			}
+			return err
+		})
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// Cleanup deletes up to limit messages of topic that every group holding
+// claims on them has finished and that the topic's retention lets go, and
+// returns how many it deleted; a pass that deletes fewer than limit found
+// no more. It scans the topic's rows in commit order from the oldest, and
+// no further than the slowest group's position or the first message the
+// retention keeps: the rows an unfinished group holds are not read pass
+// after pass. It records the Offset watermark.
+func (m *Maintainer) Cleanup(ctx context.Context, topic string, limit int) (int64, error) {
+	t, err := m.client.Topic(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	if t.Semantics != outbox.PubSub {
+		return 0, fmt.Errorf("%w: %q", outbox.ErrWrongSemantics, topic)
+	}
+	tracker, err := pubsub.New(t.Tracking, m.schema)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	err = pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
+		// Like a producer: a subscription change (which may start a
+		// backfill) waits for this cleanup, and a later one sees it.
+		if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
+			return err
+		}
+		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention, ZeroSubscription: t.ZeroSubscriptionRetention}
+		if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, topic, keep); err != nil {
+			return err
+		}
+		n, err = tracker.Cleanup(ctx, tx, topic, keep, limit)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("consumergroup: cleanup of %q: %w", topic, err)
+	}
+	return n, nil
+}
+
+// CapRetention deletes up to limit messages of topic older than the
+// topic's MaxRetention, whoever still holds them (a PAUSED group, one that
+// is stuck or keeps failing, a DEAD one within its ZombieTTL). It returns
+// how many it deleted and, per group, how many of them the group had not
+// finished: those are lost to it, and it does not look for them again (its
+// stream no longer finds them; a retry of one is dropped). A pass that
+// deletes fewer than limit found no more.
+func (m *Maintainer) CapRetention(ctx context.Context, topic string, limit int) (int64, map[string]int64, error) {
+	t, err := m.client.Topic(ctx, topic)
+	if err != nil {
+		return 0, nil, err
+	}
+	if t.Semantics != outbox.PubSub {
+		return 0, nil, fmt.Errorf("%w: %q", outbox.ErrWrongSemantics, topic)
+	}
+	var total int64
+	var unread map[string]int64
+	err = pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
+			return err
+		}
+		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.MaxRetention, ZeroSubscription: t.MaxRetention}
+		below, err := pubsub.RetentionFrontier(ctx, tx, m.schema, topic, keep)
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, m.mq.RetentionCap, topic, below, keep.Now, t.MaxRetention.Microseconds(), limit, string(t.Tracking))
+		if err != nil {
+			return err
+		}
+		total, unread = 0, map[string]int64{}
+		var group string
+		var n int64
+		_, err = pgx.ForEachRow(rows, []any{&group, &n}, func() error {
+			if group == "" {
+				total = n
+			} else {
+				unread[group] = n
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("consumergroup: retention cap of %q: %w", topic, err)
+	}
+	return total, unread, nil
+}
+
+// RemoveGroup deletes group's subscription to topic for good, the one
+// removal path: the group is cancelled (it leaves the subscribed set; its
+// batches, retries and dead letters are dropped; its running instances
+// stop), forgotten on every message (a Bitmap group's bit is free again),
+// and its subscription deleted, so its name is free. An instance that
+// starts later under the name starts a new group and says so. It fails
+// with outbox.ErrNotFound when the group has no subscription.
+func (m *Maintainer) RemoveGroup(ctx context.Context, topic, group string) error {
+	g, err := New(m.pool, Config{Client: m.client, Topic: topic, Group: group})
+	if err != nil {
+		return err
+	}
+	before, err := g.State(ctx)
+	if err != nil {
+		return err
+	}
+	sub, err := g.cancel(ctx)
+	if err != nil {
+		return err
+	}
+	t, err := m.client.Topic(ctx, topic)
+	if err != nil {
+		return err
+	}
+	if err := m.forget(ctx, m.pool, t, sub.id); err != nil {
+		return err
+	}
+	if before == Cancelled {
+		before = "" // removing a cancelled group leaves no tombstone: its name was free already
+	}
+	if _, err := m.pool.Exec(ctx, m.mq.DeleteSubscription, sub.id, string(before)); err != nil {
+		return fmt.Errorf("consumergroup: remove group %q of %q: %w", group, topic, err)
+	}
+	m.logger.Info("pgoutbox: consumer group removed", slog.String("topic", topic), slog.String("removed_group", group),
+		slog.String("was", string(before)))
+	return nil
+}

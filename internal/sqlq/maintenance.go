@@ -1,0 +1,156 @@
+package sqlq
+
+import (
+	"strings"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+)
+
+// Maintenance is the SQL of the maintenance service's jobs that span
+// topics (the per-topic work of consumer groups is in PubSub). Every
+// delete takes its rows FOR UPDATE SKIP LOCKED, in batches of $n: two
+// instances running a job at once delete different rows.
+type Maintenance struct {
+	StaleTopics, ForgetTopics, PubSubTopics                   string
+	RetentionCap                                              string
+	ExpireDeadLetters, ExpireGroupDeadLetters                 string
+	ExpireIdempotencyKeys, CounterOrphans                     string
+	CancelledSubscriptions, DeleteSubscription, DeadGroupsDue string
+}
+
+// ForMaintenance returns the statements for schema (already validated).
+func ForMaintenance(schema string) *Maintenance {
+	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
+	return &Maintenance{
+		StaleTopics:            r.Replace(staleTopics),
+		ForgetTopics:           r.Replace(forgetTopics),
+		PubSubTopics:           r.Replace(pubSubTopics),
+		RetentionCap:           r.Replace(retentionCap),
+		ExpireDeadLetters:      r.Replace(expireDeadLetters),
+		ExpireGroupDeadLetters: r.Replace(expireGroupDeadLetters),
+		ExpireIdempotencyKeys:  r.Replace(expireIdempotencyKeys),
+		CounterOrphans:         r.Replace(counterOrphans),
+		CancelledSubscriptions: r.Replace(cancelledSubscriptions),
+		DeleteSubscription:     r.Replace(deleteSubscription),
+		DeadGroupsDue:          r.Replace(deadGroupsDue),
+	}
+}
+
+// staleTopics: topics with an ACTIVE group whose heartbeats stopped.
+const staleTopics = `
+SELECT DISTINCT topic FROM {{schema}}.outbox_topic_subscriptions
+WHERE subscription_status = 'ACTIVE' AND last_heartbeat_at < now() - heartbeat_timeout`
+
+// forgetTopics: topics with a group to forget (it left, and its claims ran out).
+const forgetTopics = `
+SELECT DISTINCT topic FROM {{schema}}.outbox_topic_subscriptions AS s
+WHERE forget_pending AND NOT ` + holdsClaims
+
+// pubSubTopics: every PUB_SUB topic, its mode and its retention cap.
+const pubSubTopics = `
+SELECT topic, tracking_mode, (extract(epoch FROM max_retention) * 1e6)::bigint
+FROM {{schema}}.outbox_topics WHERE semantics = 'PUB_SUB' ORDER BY topic`
+
+// retentionCap deletes up to $5 rows of topic $1 (mode $6) below xid $2
+// written before $3 less $4 microseconds, whoever still holds them, and
+// counts for each group that holds claims the rows it had not finished:
+// Bitmap, its required bit without its done bit; Counter, a required id
+// without a dedupe row; Offset, a row its committed position does not
+// see. The first row is the number deleted, under an empty group name.
+const retentionCap = `
+WITH gone AS (
+    DELETE FROM {{schema}}.outbox_published WHERE id IN (
+        SELECT o.id FROM {{schema}}.outbox_published AS o
+        WHERE o.topic = $1 AND o.xid < $2::text::xid8
+              AND o.created_at < coalesce($3::timestamptz, now()) - $4 * interval '1 microsecond'
+        ORDER BY o.xid, o.id LIMIT $5 FOR UPDATE SKIP LOCKED)
+    RETURNING id, xid, required_bits, done_bits, required_ids
+), dedupe AS (
+    DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
+    RETURNING message_id, subscription_id
+), unread AS (
+    SELECT s.group_name
+    FROM gone
+    JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.topic = $1 AND ` + holdsClaims + `
+    JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id
+    WHERE CASE $6::text
+          WHEN 'BITMAP' THEN s.bit IS NOT NULL AND coalesce(gone.required_bits, 0) & (1::bigint << s.bit) <> 0
+                             AND coalesce(gone.done_bits, 0) & (1::bigint << s.bit) = 0
+          WHEN 'COUNTER' THEN s.id = ANY(gone.required_ids)
+                              AND NOT EXISTS (SELECT 1 FROM dedupe AS d WHERE d.message_id = gone.id AND d.subscription_id = s.id)
+          ELSE NOT pg_visible_in_snapshot(gone.xid, coalesce(p.backfill_from,
+                   (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1),
+                   p.position))
+          END
+)
+SELECT '', (SELECT count(*) FROM gone)
+UNION ALL
+SELECT group_name, count(*) FROM unread GROUP BY group_name`
+
+// expireDeadLetters deletes up to $2 QUEUE dead letters parked before
+// now() less $1 microseconds.
+const expireDeadLetters = `
+DELETE FROM {{schema}}.outbox_dead_letters WHERE id IN (
+    SELECT id FROM {{schema}}.outbox_dead_letters
+    WHERE dead_lettered_at < now() - $1 * interval '1 microsecond'
+    ORDER BY dead_lettered_at LIMIT $2 FOR UPDATE SKIP LOCKED)`
+
+// expireGroupDeadLetters does the same for group dead letters.
+const expireGroupDeadLetters = `
+DELETE FROM {{schema}}.outbox_group_retries AS r
+USING (SELECT subscription_id, message_id FROM {{schema}}.outbox_group_retries
+       WHERE status = 'DEAD_LETTER' AND dead_lettered_at < now() - $1 * interval '1 microsecond'
+       ORDER BY dead_lettered_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS e
+WHERE r.subscription_id = e.subscription_id AND r.message_id = e.message_id`
+
+// counterOrphans deletes the dedupe rows of messages that are gone, among
+// up to $2 dedupe rows with a message id above $1 (a sweep's cursor); it
+// returns the last message id it looked at (NULL: the sweep reached the
+// end) and how many it deleted.
+const counterOrphans = `
+WITH span AS (
+    SELECT message_id, subscription_id FROM {{schema}}.outbox_consumer_groups
+    WHERE message_id > $1 ORDER BY message_id, subscription_id LIMIT $2
+), gone AS (
+    DELETE FROM {{schema}}.outbox_consumer_groups AS c USING span
+    WHERE c.message_id = span.message_id AND c.subscription_id = span.subscription_id
+          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o WHERE o.id = span.message_id)
+    RETURNING 1
+)
+SELECT CASE WHEN count(*) = $2 THEN max(message_id) END, (SELECT count(*) FROM gone) FROM span`
+
+// cancelledSubscriptions deletes up to $2 CANCELLED subscriptions
+// released before now() less $1 microseconds that nothing refers to any
+// more (forgetting is done; a cancel dropped their retries), with their
+// offsets.
+const cancelledSubscriptions = `
+DELETE FROM {{schema}}.outbox_topic_subscriptions WHERE id IN (
+    SELECT id FROM {{schema}}.outbox_topic_subscriptions
+    WHERE subscription_status = 'CANCELLED' AND NOT forget_pending
+          AND released_at < now() - $1 * interval '1 microsecond'
+    ORDER BY released_at LIMIT $2 FOR UPDATE SKIP LOCKED)`
+
+// deleteSubscription deletes cancelled subscription $1 once forgetting is
+// done, leaving a tombstone when $2 (what it was before: DEAD) is set, so
+// an instance of the group that comes back says it starts anew.
+const deleteSubscription = `
+WITH gone AS (
+    DELETE FROM {{schema}}.outbox_topic_subscriptions
+    WHERE id = $1 AND subscription_status = 'CANCELLED' AND NOT forget_pending
+    RETURNING topic, group_name
+)
+INSERT INTO {{schema}}.outbox_deleted_subscriptions (topic, group_name, last_status)
+SELECT topic, group_name, $2 FROM gone WHERE $2 <> ''
+ON CONFLICT (topic, group_name) DO UPDATE SET last_status = excluded.last_status, deleted_at = now()`
+
+// deadGroupsDue: DEAD groups released before now() less $1 microseconds
+// with no dead letters left, and when they go (their release plus $2
+// microseconds); the job warns about those due within its warning
+// horizon and removes those due now.
+const deadGroupsDue = `
+SELECT s.topic, s.group_name, s.released_at + $2 * interval '1 microsecond', s.released_at + $2 * interval '1 microsecond' <= now()
+FROM {{schema}}.outbox_topic_subscriptions AS s
+WHERE s.subscription_status = 'DEAD' AND s.released_at < now() - $1 * interval '1 microsecond'
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
+                      WHERE r.subscription_id = s.id AND r.status = 'DEAD_LETTER')
+ORDER BY s.released_at`
