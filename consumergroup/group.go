@@ -132,7 +132,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("%w: Client works in schema %q, the group in %q", outbox.ErrInvalidConfig, client.Schema(), schema)
 	}
 	return &Group{cfg: cfg, pool: pool, client: client, schema: schema, q: sqlq.ForPubSub(schema),
-		maint: newMaintainer(pool, client, schema),
+		maint:  newMaintainer(pool, client, schema),
 		logger: logger, events: ratelog.New(logger, client.LogInterval(), time.Now),
 		metrics: newMetrics(cfg.MeterProvider, cfg.Topic, cfg.Group)}, nil
 }

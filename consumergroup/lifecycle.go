@@ -84,7 +84,9 @@ const topicLockTimeout = "200ms"
 
 // lockTopic takes the topic's lock and row (waiting for the producers that
 // read the subscribed set) and checks it is a PUB_SUB topic.
-func (g *Group) lockTopic(ctx context.Context, tx pgx.Tx) error { return lockTopic(ctx, tx, g.q, g.cfg.Topic) }
+func (g *Group) lockTopic(ctx context.Context, tx pgx.Tx) error {
+	return lockTopic(ctx, tx, g.q, g.cfg.Topic)
+}
 
 func lockTopic(ctx context.Context, tx pgx.Tx, q *sqlq.PubSub, topic string) error {
 	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+topicLockTimeout+"'"); err != nil {
