@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
+	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -52,6 +53,18 @@ type Config struct {
 	// letter, a retry); the next record counts those left out. Defaults
 	// to outbox.DefaultLogInterval (1 minute).
 	LogInterval time.Duration
+	// Maintenance configures the maintenance service the client runs
+	// between Start and Stop (see package maintenance): dead-group
+	// detection, cleanup of what every group finished, the retention cap,
+	// expiry of dead letters and idempotency keys, deletion of old
+	// subscriptions. Its Client is this client's; its zero value is the
+	// defaults.
+	Maintenance maintenance.Config
+	// NoMaintenance runs no maintenance service. Some process of the
+	// schema must run one (pgoutbox.Client does, by default), or groups
+	// are never declared DEAD without a running instance, and nothing is
+	// ever deleted. Defaults to false.
+	NoMaintenance bool
 }
 
 // Client is a service's one handle on pgoutbox: it carries the settings
@@ -66,6 +79,7 @@ type Client struct {
 	cfg      Config
 	outbox   *outbox.Client
 	producer *outbox.Producer
+	maint    *maintenance.Service // nil with NoMaintenance
 
 	life    startstop.Base
 	startMu sync.Mutex // held by Start: a Stop waits for the Start in progress
@@ -111,8 +125,25 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 		return nil, err
 	}
 	cfg.Schema = oc.Schema()
-	return &Client{pool: pool, cfg: cfg, outbox: oc, producer: producer}, nil
+	c := &Client{pool: pool, cfg: cfg, outbox: oc, producer: producer}
+	if !cfg.NoMaintenance {
+		mcfg := cfg.Maintenance
+		mcfg.Client = oc
+		if c.maint, err = maintenance.New(pool, mcfg); err != nil {
+			return nil, err
+		}
+		c.components = append(c.components, &component{
+			name:  "maintenance",
+			start: c.maint.Start,
+			stop:  func(ctx context.Context, _ bool) error { return c.maint.Stop(ctx) },
+		})
+	}
+	return c, nil
 }
+
+// Maintenance returns the client's maintenance service (nil with
+// NoMaintenance): RunOnce runs every job now.
+func (c *Client) Maintenance() *maintenance.Service { return c.maint }
 
 // Outbox returns the client for topics, dead letters and claims.
 func (c *Client) Outbox() *outbox.Client { return c.outbox }

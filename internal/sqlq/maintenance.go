@@ -16,6 +16,7 @@ type Maintenance struct {
 	ExpireDeadLetters, ExpireGroupDeadLetters                 string
 	ExpireIdempotencyKeys, CounterOrphans                     string
 	CancelledSubscriptions, DeleteSubscription, DeadGroupsDue string
+	CopyDeadLetters                                           string
 }
 
 // ForMaintenance returns the statements for schema (already validated).
@@ -33,6 +34,7 @@ func ForMaintenance(schema string) *Maintenance {
 		CancelledSubscriptions: r.Replace(cancelledSubscriptions),
 		DeleteSubscription:     r.Replace(deleteSubscription),
 		DeadGroupsDue:          r.Replace(deadGroupsDue),
+		CopyDeadLetters:        r.Replace(copyDeadLetters),
 	}
 }
 
