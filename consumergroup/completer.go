@@ -123,13 +123,14 @@ func (r *runner) completeRetry(o *retryOut) {
 			if o.f.snoozed {
 				uncount = 1
 			}
-			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, o.f.delay.Microseconds(),
-				o.f.dead, o.f.err, g.now(), uncount)
-			if err == nil && o.f.dead {
-				// Until it has its copy, the dead letter keeps its
-				// message from cleanup; maintenance copies what this misses.
-				_, err = g.pool.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID)
-			}
+			err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, o.f.delay.Microseconds(),
+					o.f.dead, o.f.err, g.now(), uncount); err != nil || !o.f.dead {
+					return err
+				}
+				_, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID) // a dead letter keeps a copy of its message
+				return err
+			})
 			if err == nil {
 				g.metrics.retried.Add(ctx, 1)
 			}

@@ -224,6 +224,44 @@ func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.T
 	}
 }
 
+// CompleteDeadLetters records the messages of topic's group dead letters
+// as completed by their groups, once each dead letter holds a copy of its
+// message: a dead letter then no longer keeps its message from cleanup
+// (it is listed and replayed from its copy). Cleanup calls it first.
+func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) error {
+	t, err := m.client.Topic(ctx, topic)
+	if err != nil || t.Semantics != outbox.PubSub || t.Tracking == outbox.Offset {
+		return err // Offset records nothing per message: its positions pass them
+	}
+	tracker, err := pubsub.New(t.Tracking, m.schema)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, m.q.DeadLettersToComplete, topic, string(t.Tracking))
+		if err != nil {
+			return err
+		}
+		type due struct {
+			sub pubsub.Subscription
+			ids []int64
+		}
+		dues, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (due, error) {
+			d := due{sub: pubsub.Subscription{Topic: topic}}
+			return d, row.Scan(&d.sub.ID, &d.sub.Bit, &d.ids)
+		})
+		if err != nil {
+			return err
+		}
+		for _, d := range dues {
+			if err := tracker.Complete(ctx, tx, d.sub, d.ids); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // Cleanup deletes up to limit messages of topic that every group holding
 // claims on them has finished and that the topic's retention lets go, and
 // returns how many it deleted; a pass that deletes fewer than limit found
@@ -243,6 +281,9 @@ func (m *Maintainer) Cleanup(ctx context.Context, topic string, limit int) (int6
 	if err != nil {
 		return 0, err
 	}
+	if err := m.CompleteDeadLetters(ctx, topic); err != nil {
+		return 0, fmt.Errorf("consumergroup: cleanup of %q: %w", topic, err)
+	}
 	var n int64
 	err = pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
 		// Like a producer: a subscription change (which may start a
@@ -251,7 +292,7 @@ func (m *Maintainer) Cleanup(ctx context.Context, topic string, limit int) (int6
 			return err
 		}
 		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention, ZeroSubscription: t.ZeroSubscriptionRetention}
-		if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, topic, keep); err != nil {
+		if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, topic, t.Tracking, keep); err != nil {
 			return err
 		}
 		n, err = tracker.Cleanup(ctx, tx, topic, keep, limit)

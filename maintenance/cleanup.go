@@ -46,7 +46,7 @@ func (s *Service) cleanup(ctx context.Context, j *job, r *Report) error {
 
 	for _, d := range []struct {
 		table, query string
-		args        []any
+		args         []any
 	}{
 		{"outbox_dead_letters", s.q.ExpireDeadLetters, []any{s.cfg.DeadLetterRetention.Microseconds()}},
 		{"outbox_group_retries", s.q.ExpireGroupDeadLetters, []any{s.cfg.DeadLetterRetention.Microseconds()}},

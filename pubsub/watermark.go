@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
 // Watermark returns the least committed position of the groups of topic
@@ -26,11 +27,13 @@ func Watermark(ctx context.Context, db DB, schema, topic string) (string, error)
 	if err != nil {
 		return "", err
 	}
-	return watermark(ctx, db, sqlq.ForPubSub(schema), topic)
+	return watermark(ctx, db, sqlq.ForPubSub(schema), topic, true)
 }
 
-func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string, error) {
-	rows, err := db.Query(ctx, q.CommittedPosition, topic)
+// watermark is the least committed position of topic's groups holding
+// claims, DEAD ones within their ZombieTTL only when withDead.
+func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string, withDead bool) (string, error) {
+	rows, err := db.Query(ctx, q.CommittedPosition, topic, withDead)
 	if err != nil {
 		return "", fmt.Errorf("pubsub: committed positions: %w", err)
 	}
@@ -97,15 +100,19 @@ type Bounds struct {
 	// visible in it.
 	Watermark string
 	// Below is an xid8 (text): the pass scans rows with smaller xids
-	// only, in (topic, xid) index order. Above it rows are unfinished (not
-	// visible in the watermark) or too young (after the retention
-	// frontier), so no pass reads them again and again.
+	// only, in (topic, xid) index order. From it on, rows are unfinished
+	// (not visible in the watermark) or too young (from the retention
+	// frontier on), so no pass reads them again and again.
 	Below string
 }
 
-// CleanupBounds computes the bounds of a cleanup pass of topic that deletes
-// rows older than keep's retentions, and records the Offset watermark.
-func CleanupBounds(ctx context.Context, db DB, schema, topic string, keep Retention) (Bounds, error) {
+// CleanupBounds computes the bounds of a cleanup pass of topic (tracked in
+// mode) that deletes rows older than keep's retentions, and records the
+// watermark. In Offset mode a DEAD group's position counts while its
+// claims stand; in the other modes the rows a DEAD group owes still
+// require it, one by one, so its position does not bound the scan (the
+// messages written after it died need it no more).
+func CleanupBounds(ctx context.Context, db DB, schema, topic string, mode outbox.TrackingMode, keep Retention) (Bounds, error) {
 	schema, err := ident.Schema(schema)
 	if err != nil {
 		return Bounds{}, err
@@ -113,20 +120,20 @@ func CleanupBounds(ctx context.Context, db DB, schema, topic string, keep Retent
 	q := sqlq.ForPubSub(schema)
 	var b Bounds
 	var now time.Time
-	if err := db.QueryRow(ctx, q.SnapshotXmin).Scan(&b.Below, &now); err != nil {
+	if err := db.QueryRow(ctx, q.SnapshotXmax).Scan(&b.Below, &now); err != nil {
 		return Bounds{}, fmt.Errorf("pubsub: cleanup bounds: %w", err)
 	}
 	if keep.Now != nil {
 		now = *keep.Now
 	}
-	if b.Watermark, err = watermark(ctx, db, q, topic); err != nil {
+	if b.Watermark, err = watermark(ctx, db, q, topic, mode == outbox.Offset); err != nil {
 		return Bounds{}, err
 	}
 	if b.Watermark != "" {
 		if _, err := exec(ctx, db, "record watermark", q.UpsertWatermark, topic, b.Watermark); err != nil {
 			return Bounds{}, err
 		}
-		b.Below = strings.SplitN(b.Watermark, ":", 2)[0] // its xmin: rows below it are visible in it
+		b.Below = strings.SplitN(b.Watermark, ":", 3)[1] // its xmax: rows from it on are not visible in it
 	}
 	if b.Below, err = frontier(ctx, db, q, topic, b.Below, now.Add(-min(keep.Completed, keep.ZeroSubscription))); err != nil {
 		return Bounds{}, err
@@ -143,15 +150,15 @@ func RetentionFrontier(ctx context.Context, db DB, schema, topic string, keep Re
 		return "", err
 	}
 	q := sqlq.ForPubSub(schema)
-	var xmin string
+	var xmax string
 	var now time.Time
-	if err := db.QueryRow(ctx, q.SnapshotXmin).Scan(&xmin, &now); err != nil {
+	if err := db.QueryRow(ctx, q.SnapshotXmax).Scan(&xmax, &now); err != nil {
 		return "", fmt.Errorf("pubsub: retention frontier: %w", err)
 	}
 	if keep.Now != nil {
 		now = *keep.Now
 	}
-	return frontier(ctx, db, q, topic, xmin, now.Add(-min(keep.Completed, keep.ZeroSubscription)))
+	return frontier(ctx, db, q, topic, xmax, now.Add(-min(keep.Completed, keep.ZeroSubscription)))
 }
 
 // frontier is the xid of topic's first row below below written at or

@@ -30,7 +30,7 @@ type PubSub struct {
 	LockOffset, OffsetExists, FetchState, BackfillProgress string
 	TakeOverBatch, FetchRows, AdvanceOffset, InsertBatch   string
 	ReapRetries, DeleteOrphanRetries, ClaimRetries         string
-	CopyDeadLetters                                        string
+	CopyDeadLetters, DeadLettersToComplete                 string
 
 	// Completing.
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetry, ExtendLeases string
@@ -42,7 +42,7 @@ type PubSub struct {
 	CounterComplete, CounterCompleted, CounterBackfillCandidates, CounterBackfill             string
 	CounterForgetCandidates                                                                   string
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark                             string
-	RetentionFrontier, SnapshotXmin                                                           string
+	RetentionFrontier, SnapshotXmax                                                           string
 }
 
 // ForPubSub returns the statements for schema (already validated).
@@ -54,6 +54,7 @@ func ForPubSub(schema string) *PubSub {
 		LockTopicShared:       q(lockTopicShared),
 		DeletedTombstone:      q(deletedTombstone),
 		CopyDeadLetters:       q(copyDeadLetters),
+		DeadLettersToComplete: q(deadLettersToComplete),
 		SelectSubscription:    q(selectSubscription),
 		InsertSubscription:    q(insertSubscription),
 		InsertOffset:          q(insertOffset),
@@ -111,7 +112,7 @@ func ForPubSub(schema string) *PubSub {
 		OffsetCleanup:             q(offsetCleanup),
 		UpsertWatermark:           q(upsertWatermark),
 		RetentionFrontier:         q(retentionFrontier),
-		SnapshotXmin:              q(snapshotXmin),
+		SnapshotXmax:              q(snapshotXmax),
 	}
 }
 
@@ -290,8 +291,10 @@ const deleteGroupState = `
 WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1)
 DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
 
-// committedPosition is what a group has finished: the prev of its oldest
-// open batch, else its position. Rows visible in it are done by the group
+// committedPosition is, for each group of topic $1 holding claims (DEAD
+// ones within their ZombieTTL only when $2), what it has finished: the
+// lower bound of its pending backfill, else the prev of its oldest open
+// batch, else its position. Rows visible in it are done by the group
 // (except its pending retries).
 const committedPosition = `
 SELECT s.id, coalesce(o.backfill_from,
@@ -300,7 +303,7 @@ SELECT s.id, coalesce(o.backfill_from,
                       o.position)::text
 FROM {{schema}}.outbox_topic_subscriptions AS s
 JOIN {{schema}}.outbox_subscription_offsets AS o ON o.subscription_id = s.id
-WHERE s.topic = $1 AND ` + holdsClaims
+WHERE s.topic = $1 AND ` + holdsClaims + ` AND ($2 OR s.subscription_status <> 'DEAD')`
 
 // ---------------------------------------------------------------- fetching
 
@@ -429,6 +432,23 @@ const deleteOrphanRetries = `
 DELETE FROM {{schema}}.outbox_group_retries AS r
 WHERE r.subscription_id = $1 AND r.payload IS NULL
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o WHERE o.id = r.message_id)`
+
+// deadLettersToComplete: per subscription of topic $1 (mode $2), the
+// dead letters with a copy whose message is stored and not completed by
+// the group: completing them lets cleanup delete the message (the dead
+// letter stays, with its copy).
+const deadLettersToComplete = `
+SELECT r.subscription_id, coalesce(s.bit, -1), array_agg(r.message_id ORDER BY r.message_id)
+FROM {{schema}}.outbox_group_retries AS r
+JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
+JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
+WHERE s.topic = $1 AND r.status = 'DEAD_LETTER' AND r.payload IS NOT NULL
+      AND CASE $2::text
+          WHEN 'BITMAP' THEN s.bit IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) = 0
+          WHEN 'COUNTER' THEN NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                                          WHERE c.message_id = o.id AND c.subscription_id = s.id)
+          ELSE false END
+GROUP BY r.subscription_id, s.bit`
 
 // copyDeadLetters gives the dead letters of subscription $1 (of every
 // subscription when $1 is NULL) a copy of their message, so they survive
@@ -752,8 +772,9 @@ SELECT o.xid::text FROM {{schema}}.outbox_published AS o
 WHERE o.topic = $1 AND o.xid < $2::text::xid8 AND o.created_at >= $3::timestamptz
 ORDER BY o.xid, o.id LIMIT 1`
 
-// snapshotXmin is the current snapshot's xmin, and the database's time.
-const snapshotXmin = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, now()`
+// snapshotXmax is the current snapshot's xmax (every committed row sorts
+// below it), and the database's time.
+const snapshotXmax = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text, now()`
 
 const upsertWatermark = `
 INSERT INTO {{schema}}.outbox_topic_watermarks (topic, watermark) VALUES ($1, $2::pg_snapshot)
