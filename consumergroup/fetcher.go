@@ -46,6 +46,7 @@ func (r *runner) fetch() {
 	defer poll.Stop()
 	failures, quiet := 0, 30
 	var lastReap time.Time
+	silent := false // it stopped fetching for want of heartbeats
 	for r.fetchCtx.Err() == nil {
 		free := capacity - r.inflight.Load()
 		if free < threshold {
@@ -55,6 +56,15 @@ func (r *runner) fetch() {
 			}
 			continue
 		}
+		if !r.canFetch() {
+			if !silent {
+				silent = true
+				g.logger.Warn("pgoutbox: this instance sent no heartbeat for its HeartbeatTimeout: it fetches nothing until one goes through (to the others the group may be DEAD)")
+			}
+			r.sleep(poll, g.cfg.PollInterval)
+			continue
+		}
+		silent = false
 		reap := time.Since(lastReap) >= g.cfg.PollInterval
 		if reap {
 			lastReap = time.Now()

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
 )
 
 // The heartbeat: one goroutine per instance, on the heartbeat pool (so a
@@ -18,18 +20,48 @@ import (
 // instance's liveness in database time and follows the subscription's
 // state: a DEAD group comes back; a cancelled or deleted one stops the
 // instance.
+//
+// A beat that fails is tried again soon, with a backoff that starts at a
+// tenth of a second and is capped at a fifth of HeartbeatTimeout (and at
+// the interval), so a short outage never lets a live group be declared
+// DEAD. An instance that has not sent a heartbeat for HeartbeatTimeout
+// stops fetching (see canFetch): to the others it may be DEAD already, and
+// what it fetched could be delivered twice after its resurrection.
 
 func (r *runner) heartbeat() {
 	g := r.g
+	failures := 0
 	for {
-		if err := r.beat(); errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
+		err := r.beat()
+		if errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
 			r.end(err)
 			return
 		}
-		if !r.pause(jittered(g.cfg.HeartbeatInterval)) {
+		next := jittered(g.cfg.HeartbeatInterval)
+		if err != nil {
+			failures++
+			next = backoff.Exponential(failures, 100*time.Millisecond, min(g.cfg.HeartbeatInterval, g.cfg.HeartbeatTimeout/5))
+			if r.fetchCtx.Err() == nil {
+				g.events.Log(slog.LevelError, "heartbeat-failed", "pgoutbox: heartbeat failed; trying again soon",
+					slog.Int("failures", failures), slog.Duration("retry_in", next), slog.Any("error", err))
+			}
+		} else {
+			if failures > 0 && !r.canFetch() {
+				g.logger.Info("pgoutbox: heartbeats succeed again; this instance fetches again")
+			}
+			failures = 0
+			r.lastBeat.Store(time.Now().UnixNano())
+		}
+		if !r.pause(next) {
 			return
 		}
 	}
+}
+
+// canFetch reports whether the instance sent a heartbeat within its
+// HeartbeatTimeout.
+func (r *runner) canFetch() bool {
+	return time.Since(time.Unix(0, r.lastBeat.Load())) < r.g.cfg.HeartbeatTimeout
 }
 
 // jittered is d ±10%.
@@ -60,10 +92,7 @@ func (r *runner) beat() error {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)
 	case err != nil:
-		if r.fetchCtx.Err() == nil {
-			g.logger.Error("pgoutbox: heartbeat failed", slog.Any("error", err))
-		}
-		return nil
+		return err
 	}
 	switch State(status) {
 	case Cancelled:

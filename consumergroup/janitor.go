@@ -15,7 +15,8 @@ func (r *runner) janitor() {
 	g := r.g
 	for {
 		if _, err := g.maint.detectDeadAndForget(r.fetchCtx, r.hbPool, g.cfg.Topic); err != nil && r.fetchCtx.Err() == nil {
-			g.logger.Warn("pgoutbox: dead group detection failed; the next heartbeat tries again", slog.Any("error", err))
+			g.events.Log(slog.LevelWarn, "dead-detection-failed", "pgoutbox: dead group detection failed; the next heartbeat tries again",
+				slog.Any("error", err))
 		}
 		if !r.pause(jittered(g.cfg.HeartbeatInterval)) {
 			return

@@ -75,6 +75,7 @@ type runner struct {
 
 	stopping atomic.Bool
 	stopped  <-chan struct{} // closed when the run ended
+	lastBeat atomic.Int64    // unix nanos of the last heartbeat that went through (the start, at first)
 }
 
 // job is one delivery to handle.
@@ -207,6 +208,7 @@ func (g *Group) newRunner() (*runner, error) {
 // done ends the run once shutdown finished.
 func (r *runner) start(run context.Context, done func()) {
 	r.fetchCtx, r.stopped = run, r.g.life.Stopped()
+	r.lastBeat.Store(time.Now().UnixNano()) // registering was as good as a beat
 	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)
 	r.writer.Go(r.complete)
 	r.keepers.Go(r.keepLeases)

@@ -1,0 +1,107 @@
+package pgtest
+
+import (
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgfind"
+)
+
+// Proxy forwards TCP connections to the test server and can be taken down
+// (every connection cut, new ones refused) and up again: a database that
+// becomes unreachable, for one pool only.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// NewProxy starts a proxy to the test server, closed when the test ends.
+func NewProxy(tb testing.TB) *Proxy {
+	tb.Helper()
+	s := find(tb)
+	host, port, err := pgfind.HostPort(s.AdminDSN)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("pgtest: proxy: %v", err)
+	}
+	p := &Proxy{ln: ln, target: net.JoinHostPort(host, strconv.Itoa(int(port))), conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	tb.Cleanup(func() {
+		ln.Close()
+		p.Down()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// DSN returns dsn (a test database's) pointed at the proxy.
+func (p *Proxy) DSN(tb testing.TB, db *DB) string {
+	tb.Helper()
+	return "postgres://postgres@" + p.ln.Addr().String() + "/" + db.Name + "?sslmode=disable"
+}
+
+// Down cuts every connection and refuses new ones until Up.
+func (p *Proxy) Down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// Up accepts connections again.
+func (p *Proxy) Up() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = false
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.down {
+			p.mu.Unlock()
+			client.Close()
+			continue
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			client.Close()
+			continue
+		}
+		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		p.wg.Add(2)
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			defer p.wg.Done()
+			_, _ = io.Copy(dst, src) // until either side closes
+			dst.Close()
+			src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		go pipe(server, client)
+		go pipe(client, server)
+	}
+}
