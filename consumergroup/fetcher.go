@@ -13,7 +13,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
-// The fetcher: one goroutine per instance. It owns lastReap.
+// The fetcher: one goroutine per instance. It owns lastReap and the
+// backfill throttle.
 //
 // Each look at the database is one short transaction that locks the
 // group's offsets row (FOR UPDATE SKIP LOCKED: if another instance holds
@@ -21,12 +22,22 @@ import (
 // that lock, and then does the first thing that applies:
 //  1. nothing, if the group is PAUSED or DEAD (or stop, if it is CANCELLED
 //     or gone);
-//  2. one step of a pending backfill (nobody fetches until it is done);
-//  3. take over one batch whose lease ran out: its messages go to the
+//  2. take over one batch whose lease ran out: its messages go to the
 //     retry table, each having spent an attempt;
-//  4. claim due retries;
-//  5. read the next rows of the current snapshot pair as a new batch and
-//     move the position.
+//  3. claim due retries;
+//  4. read the next rows of the current snapshot pair as a new batch and
+//     move the position, or, taking turns with it while a backfill is
+//     pending, read the backfill's next rows as a batch (a catch-up
+//     batch) and move its cursor.
+//
+// A backfill (a group that subscribed with Backfill, or came back from
+// DEAD) is a snapshot pair of its own (from, upto) read beside the stream,
+// which starts at upto: new messages flow at once while the old ones are
+// caught up. Its rows need not require the group (they were written
+// before it subscribed, or while it was DEAD); cleanup leaves them alone
+// while the backfill is pending. Catch-up reads are throttled: at most
+// BackfillRate rows a second, and paused while the reads' p95 latency is
+// above BackfillTargetLatency (the database is busy with other work).
 
 // fetchResult says what a look found.
 type fetchResult int
@@ -113,12 +124,22 @@ func (r *runner) sleep(t *time.Timer, d time.Duration) {
 
 // position is the group's offsets row.
 type position struct {
-	position     string
-	pairCur      *string
-	resumeXID    *string
-	resumeID     *int64
-	backfillFrom *string
-	backfillLeft int64
+	position  string
+	pairCur   *string
+	resumeXID *string
+	resumeID  *int64
+	backfill  *backfill // nil: none pending
+}
+
+// backfill is a pending backfill's part of the offsets row.
+type backfill struct {
+	from, upto   string
+	afterXID     string // cursor; "0" at the start
+	afterID      int64
+	left, total  int64
+	done         int64
+	startedAt    time.Time
+	readingEnded bool // cancelled, capped or read to the end: waiting for its batches to finish
 }
 
 // fetchOnce is one look (see the top of this file). Its statements are not
@@ -135,8 +156,11 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	defer tx.Rollback(ctx)
 
 	var p position
+	var from, upto, bxid *string
+	var bid *int64
+	var b backfill
 	err = tx.QueryRow(ctx, g.q.LockOffset, g.sub.ID).Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
-		&p.backfillFrom, &p.backfillLeft)
+		&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var exists bool
 		if err := tx.QueryRow(ctx, g.q.OffsetExists, g.sub.ID).Scan(&exists); err != nil {
@@ -149,6 +173,13 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	}
 	if err != nil {
 		return 0, fmt.Errorf("lock position: %w", err)
+	}
+	if from != nil && upto != nil {
+		b.from, b.upto, b.afterXID = *from, *upto, "0"
+		if bxid != nil && bid != nil {
+			b.afterXID, b.afterID = *bxid, *bid
+		}
+		p.backfill = &b
 	}
 	var status, snapshot string
 	err = tx.QueryRow(ctx, g.q.FetchState, g.sub.ID).Scan(&status, &snapshot)
@@ -166,9 +197,6 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		return fetchInactive, nil
 	}
 
-	if p.backfillFrom != nil {
-		return fetchedWork, r.backfillStep(ctx, tx, p)
-	}
 	if reap {
 		if _, err := tx.Exec(ctx, g.q.ReapRetries, g.sub.ID, g.now(), g.topic.MaxAttempts); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
@@ -179,6 +207,11 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		if _, err := tx.Exec(ctx, g.q.DeleteOrphanRetries, g.sub.ID); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
 		}
+		if p.backfill != nil && p.backfill.readingEnded {
+			if _, err := tx.Exec(ctx, g.q.FinishBackfill, g.sub.ID); err != nil {
+				return 0, fmt.Errorf("finish backfill: %w", err)
+			}
+		}
 	}
 	if took, err := r.takeOver(ctx, tx); err != nil || took {
 		return fetchedWork, err
@@ -186,35 +219,19 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	if n, err := r.claimRetries(ctx, tx, limit); err != nil || n > 0 {
 		return fetchedWork, err
 	}
-	return r.fetchBatch(ctx, tx, p, snapshot, limit)
-}
-
-// backfillStep raises the group on up to BackfillBatchSize rows of a
-// pending backfill; the backfill ends when a step finds fewer rows than it
-// may raise, or its budget (MaxBackfill) is spent.
-func (r *runner) backfillStep(ctx context.Context, tx pgx.Tx, p position) error {
-	g := r.g
-	limit := min(int64(g.opts.BackfillBatchSize), p.backfillLeft)
-	var picked, raised int64
-	if limit > 0 {
-		var err error
-		picked, raised, err = g.tracker.Backfill(ctx, tx, g.sub, backfillRange(g.subRow, *p.backfillFrom), int(limit))
-		if err != nil {
-			return err
+	catchup := p.backfill != nil && !p.backfill.readingEnded
+	if catchup && r.catchupTurn {
+		r.catchupTurn = false
+		if n, err := r.fetchCatchup(ctx, tx, p.backfill, limit); err != nil || n > 0 {
+			return fetchedWork, err
 		}
 	}
-	left := p.backfillLeft - raised
-	done := picked < limit || left <= 0 // a step that picked fewer rows than it could found the end
-	if _, err := tx.Exec(ctx, g.q.BackfillProgress, g.sub.ID, left, done); err != nil {
-		return fmt.Errorf("backfill: %w", err)
+	r.catchupTurn = catchup
+	res, err := r.fetchBatch(ctx, tx, p, snapshot, limit)
+	if res == fetchedNothing && catchup && r.throttle.allowed(time.Now()) > 0 {
+		return fetchedWork, err // the stream is drained: the backfill's turn at once
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return err
-	}
-	if done {
-		g.logger.Info("pgoutbox: backfill done", slog.Int64("budget_left", max(left, 0)))
-	}
-	return nil
+	return res, err
 }
 
 // takeOver moves the messages of one batch whose lease ran out to the
@@ -222,6 +239,7 @@ func (r *runner) backfillStep(ctx context.Context, tx pgx.Tx, p position) error 
 func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
 	g := r.g
 	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, g.stream.binds()...)
+	args = append(args, catchupFor(g.subRow).binds()...)
 	var member string
 	var moved int64
 	err := tx.QueryRow(ctx, g.q.TakeOverBatch, args...).Scan(&member, &moved)
@@ -289,18 +307,7 @@ func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot
 		cur, afterXID, afterID = *p.pairCur, *p.resumeXID, *p.resumeID
 	}
 	args := append([]any{g.cfg.Topic, prev, cur, afterXID, afterID, limit}, g.stream.binds()...)
-	rows, err := tx.Query(ctx, g.q.FetchRows, args...)
-	if err != nil {
-		return 0, fmt.Errorf("fetch rows: %w", err)
-	}
-	got, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
-		d := &outbox.Delivery{Topic: g.cfg.Topic, MaxAttempts: g.topic.MaxAttempts, Attempt: 1}
-		var x row
-		var prio int16
-		err := cr.Scan(&d.ID, &x.xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt)
-		d.Priority, x.d = int(prio), d
-		return x, err
-	})
+	got, err := r.readRows(ctx, tx, g.q.FetchRows, args...)
 	if err != nil {
 		return 0, fmt.Errorf("fetch rows: %w", err)
 	}
@@ -316,15 +323,42 @@ func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot
 	if len(got) == 0 {
 		return fetchedNothing, tx.Commit(ctx)
 	}
+	if err := r.recordBatch(ctx, tx, prev, cur, afterXID, afterID, got, false); err != nil {
+		return 0, err
+	}
+	return fetchedWork, nil
+}
+
+// readRows reads messages (messageColumns) as first deliveries.
+func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]row, error) {
+	g := r.g
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+		d := &outbox.Delivery{Topic: g.cfg.Topic, MaxAttempts: g.topic.MaxAttempts, Attempt: 1}
+		var x row
+		var prio int16
+		err := cr.Scan(&d.ID, &x.xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt)
+		d.Priority, x.d = int(prio), d
+		return x, err
+	})
+}
+
+// recordBatch records rows as a batch of pair (prev, cur) after
+// (afterXID, afterID) with a lease, commits, and hands them out.
+func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
+	g := r.g
 	last := got[len(got)-1]
 	var bid int64
 	var leaseUntil time.Time
 	if err := tx.QueryRow(ctx, g.q.InsertBatch, g.sub.ID, prev, cur, afterXID, afterID, last.xid, last.d.ID,
-		g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds()).Scan(&bid, &leaseUntil); err != nil {
-		return 0, fmt.Errorf("record batch: %w", err)
+		g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), catchup).Scan(&bid, &leaseUntil); err != nil {
+		return fmt.Errorf("record batch: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, err
+		return err
 	}
 	b := &batch{id: bid, size: len(got)}
 	b.remaining.Store(int64(len(got)))
@@ -335,7 +369,7 @@ func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot
 	}
 	r.held.add(bid, nil)
 	r.dispatch(jobs)
-	return fetchedWork, nil
+	return nil
 }
 
 // dispatch hands jobs to the executors, or all of them at once to the

@@ -154,35 +154,15 @@ func TestLateJoiners(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 				require.Equal(t, c.want, r.distinct(), c.name)
 			}
-			if mode == outbox.Offset {
-				return
-			}
-			// Backfill made the group required on every stored old message
-			// (the early group had finished them all: they are kept until
-			// the late group read them); without backfill it was not.
-			requiredOn := func(g string) int {
-				var n int
-				q := `SELECT count(*) FROM ` + b.db.Table("outbox_published") + ` o JOIN ` + b.db.Table("outbox_topic_subscriptions") +
-					` s ON s.group_name = $1 AND s.topic = o.topic WHERE o.id < $2 AND `
-				if mode == outbox.Bitmap {
-					q += `o.required_bits & (1::bigint << s.bit) <> 0`
-				} else {
-					q += `s.id = ANY(o.required_ids)`
-				}
-				require.NoError(t, b.db.Pool.QueryRow(ctx, q, g, ids[4]+1).Scan(&n))
-				return n
-			}
-			require.Zero(t, requiredOn("beginning-no-backfill"))
-			require.Equal(t, 5, requiredOn("beginning-backfill"), "finished by the early group, still owed to the late one")
 		})
 	}
 }
 
-// Backfill raises a late group on the old messages still stored (so
-// cleanup keeps them until it acks), up to MaxBackfill; without backfill it
-// does not.
-func TestBackfillRaisesUnfinishedMessages(t *testing.T) {
-	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter} {
+// A backfill delivers the old messages still stored, oldest first, up to
+// MaxBackfill, beside the new ones; without backfill a group that starts
+// at the beginning reads them all, in one stream with the new ones.
+func TestBackfillStopsAtMaxBackfill(t *testing.T) {
+	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, mode)
@@ -198,34 +178,33 @@ func TestBackfillRaisesUnfinishedMessages(t *testing.T) {
 				}
 			}, nil))
 			start(t, g0, consumergroup.FromNow())
-			ids := b.send(t, 0, 1, 2, 3)
+			for i := range 4 { // one transaction each: in commit order
+				b.send(t, i)
+			}
 			defer close(gate)
 
-			requiredOn := func(g *consumergroup.Group) int {
-				sub := g.Subscription()
-				q := fmt.Sprint(sub.ID) + " = ANY(required_ids)"
-				if mode == outbox.Bitmap {
-					q = "required_bits & " + fmt.Sprint(sub.Mask()) + " <> 0"
-				}
-				return b.count(t, "id = ANY($1) AND "+q, ids)
-			}
 			with := newRecorder()
 			gw := b.newGroup(t, "with-backfill")
 			require.NoError(t, gw.AddConsumer("m", with.handler, nil))
 			start(t, gw, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true, MaxBackfill: 3, BackfillBatchSize: 2})
-			// The backfill runs before the group's first fetch, in steps of
-			// BackfillBatchSize, up to MaxBackfill messages.
-			pgtest.Eventually(t, 10*time.Second, "backfill", func() bool { return requiredOn(gw) == 3 })
 			without := newRecorder()
 			gn := b.newGroup(t, "without-backfill")
 			require.NoError(t, gn.AddConsumer("m", without.handler, nil))
 			start(t, gn, consumergroup.FromBeginning(false))
-			require.Zero(t, requiredOn(gn))
-			pgtest.Eventually(t, 10*time.Second, "both late groups read the old messages", func() bool {
-				return with.distinct() == 4 && without.distinct() == 4
+			b.send(t, 4)
+			pgtest.Eventually(t, 10*time.Second, "both late groups", func() bool {
+				return with.distinct() == 4 && without.distinct() == 5
 			})
-			require.Equal(t, 3, requiredOn(gw), "backfill capped at MaxBackfill")
-			_ = ctx
+			time.Sleep(100 * time.Millisecond)
+			require.Equal(t, 4, with.distinct(), "the three oldest, then the new one")
+			for _, seq := range []int{0, 1, 2, 4} {
+				require.True(t, with.has(seq), "seq %d", seq)
+			}
+			p, err := gw.BackfillProgress(ctx)
+			require.NoError(t, err)
+			require.Equal(t, consumergroup.BackfillCapped, p.Outcome)
+			require.EqualValues(t, 3, p.Done)
+			require.Zero(t, with.dups()+without.dups())
 		})
 	}
 }

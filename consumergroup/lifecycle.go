@@ -284,11 +284,11 @@ func (g *Group) allocateBit(ctx context.Context, tx pgx.Tx) (int, error) {
 	return 0, fmt.Errorf("%w: topic %q", ErrTooManyGroups, g.cfg.Topic)
 }
 
-// resurrectTx makes a DEAD subscription ACTIVE and subscribed again, and
-// leaves a backfill for the next fetch: the group is raised, before it
-// fetches again, on every stored message it had not completed (up to
-// MaxBackfill), and its open batches are expired so that their messages
-// are retried. sub is locked by the caller.
+// resurrectTx makes a DEAD subscription ACTIVE and subscribed again. A
+// Bitmap or Counter group's stream starts now, and a backfill reads
+// beside it every stored message it had not completed (up to
+// MaxBackfill); its open batches are expired so that their messages are
+// retried. sub is locked by the caller.
 func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, opts SubscriptionOptions) error {
 	if err := g.lockOffset(ctx, tx, sub.id); err != nil {
 		return err
@@ -302,10 +302,20 @@ func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, o
 	if _, err := tx.Exec(ctx, g.q.AddSubscribed, g.cfg.Topic, mask(sub.bit), sub.id); err != nil {
 		return fmt.Errorf("consumergroup: resurrect: %w", err)
 	}
+	topic, err := g.client.LoadTopic(ctx, tx, g.cfg.Topic)
+	if err != nil {
+		return err
+	}
+	if topic.Tracking == outbox.Offset {
+		// Its claims kept what it had not read (within ZombieTTL), and its
+		// position reads everything: nothing to catch up.
+		g.logger.Warn("pgoutbox: consumer group came back from DEAD; it continues from its position")
+		return nil
+	}
 	if _, err := tx.Exec(ctx, g.q.ResurrectOffset, sub.id, opts.MaxBackfill); err != nil {
 		return fmt.Errorf("consumergroup: resurrect: %w", err)
 	}
-	g.logger.Warn("pgoutbox: consumer group came back from DEAD; it receives what it had not completed",
+	g.logger.Warn("pgoutbox: consumer group came back from DEAD; new messages flow at once, and a backfill delivers what it had not completed beside them",
 		slog.Int("max_backfill", opts.MaxBackfill))
 	return nil
 }
@@ -348,12 +358,20 @@ func streamFor(mode outbox.TrackingMode, sub subscription) streamArgs {
 	return s
 }
 
-// backfillRange is the part of the topic a backfill of sub may raise it
-// on: rows not visible in from that its start position selects.
-func backfillRange(sub subscription, from string) pubsub.Range {
-	return pubsub.Range{Position: from, All: sub.kind == StartNow || sub.kind == StartBeginning,
-		From: sub.fromTS, FromID: sub.fromID}
+// catchupRange says which rows of a backfill's pair sub reads: for a
+// group that started now (and came back from DEAD), every row; else the
+// rows its start position selects.
+type catchupRange struct {
+	all    bool
+	from   *time.Time
+	fromID *int64
 }
+
+func catchupFor(sub subscription) catchupRange {
+	return catchupRange{all: sub.kind == StartNow || sub.kind == StartBeginning, from: sub.fromTS, fromID: sub.fromID}
+}
+
+func (c catchupRange) binds() []any { return []any{c.all, c.from, c.fromID} }
 
 func mask(bit int) int64 {
 	if bit < 0 {

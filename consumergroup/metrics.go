@@ -12,6 +12,7 @@ import (
 // and group attributes.
 type metrics struct {
 	delivered, acked, retried boundCounter
+	backfilled                boundCounter
 	handlerTime               boundHistogram
 }
 
@@ -44,6 +45,7 @@ func newMetrics(mp metric.MeterProvider, topic, group string) *metrics {
 		delivered:   counter("pgoutbox.group.delivered", "Messages handed to group handlers."),
 		acked:       counter("pgoutbox.group.acked", "Messages completed by the group."),
 		retried:     counter("pgoutbox.group.retried", "Messages parked for retry or dead-lettered."),
+		backfilled:  counter("pgoutbox.group.backfilled", "Messages handed out by a backfill (catch-up reads)."),
 		handlerTime: boundHistogram{h: h, attrs: attrs},
 	}
 }

@@ -100,8 +100,16 @@ const (
 
 // Backfill defaults.
 const (
-	DefaultMaxBackfill       = 1_000_000
+	// DefaultMaxBackfill caps how many old messages a backfill delivers.
+	DefaultMaxBackfill = 1_000_000
+	// DefaultBackfillBatchSize caps the rows of one catch-up read.
 	DefaultBackfillBatchSize = 10_000
+	// DefaultBackfillRate caps catch-up reads at this many rows a second
+	// per group (the design's 50,000).
+	DefaultBackfillRate = 50_000
+	// DefaultBackfillTargetLatency: catch-up reads pause while the p95 of
+	// their latency is above it (the database is busy with other work).
+	DefaultBackfillTargetLatency = 10 * time.Millisecond
 )
 
 // SubscriptionOptions say where a new subscription starts. They apply when
@@ -113,19 +121,29 @@ type SubscriptionOptions struct {
 	Timestamp time.Time
 	// MessageID is StartMessageID's first id (required there).
 	MessageID int64
-	// Backfill makes the group required on the messages still stored that
-	// its start position selects from before it subscribed (up to
-	// MaxBackfill, oldest first), finished by other groups or not, so
-	// cleanup keeps them until the group read them. Without it such
-	// messages are delivered only if they are still there when the group
-	// reads them. Defaults to false.
+	// Backfill delivers the messages still stored that the start position
+	// selects from before the group subscribed (up to MaxBackfill, oldest
+	// first), beside the new ones: the group's stream starts now, and a
+	// backfill reads the older messages alongside it, throttled, in
+	// commit order; cleanup keeps them until it read them. Without it a
+	// group that starts before now reads the old messages first, in one
+	// stream with the new ones, and receives them only if they are still
+	// there when it reads them. Defaults to false.
 	Backfill bool
-	// MaxBackfill caps how many messages Backfill raises (oldest first).
-	// Defaults to DefaultMaxBackfill.
+	// MaxBackfill caps how many messages a backfill delivers (oldest
+	// first); it also caps the backfill of a group that comes back from
+	// DEAD. Defaults to DefaultMaxBackfill.
 	MaxBackfill int
-	// BackfillBatchSize is how many messages one backfill statement
-	// changes. Defaults to DefaultBackfillBatchSize.
+	// BackfillBatchSize caps the rows of one catch-up read. Defaults to
+	// DefaultBackfillBatchSize.
 	BackfillBatchSize int
+	// BackfillRate caps catch-up reads, in rows a second for the group.
+	// Defaults to DefaultBackfillRate.
+	BackfillRate float64
+	// BackfillTargetLatency pauses catch-up reads while the p95 of their
+	// latency is above it, for the excess (at most 5 s): a backfill yields
+	// to a busy database. Defaults to DefaultBackfillTargetLatency.
+	BackfillTargetLatency time.Duration
 }
 
 // FromNow starts with messages written after the subscription.
@@ -150,6 +168,8 @@ func (o SubscriptionOptions) withDefaults() SubscriptionOptions {
 	o.Position = cmp.Or(o.Position, StartNow)
 	o.MaxBackfill = cmp.Or(o.MaxBackfill, DefaultMaxBackfill)
 	o.BackfillBatchSize = cmp.Or(o.BackfillBatchSize, DefaultBackfillBatchSize)
+	o.BackfillRate = cmp.Or(o.BackfillRate, DefaultBackfillRate)
+	o.BackfillTargetLatency = cmp.Or(o.BackfillTargetLatency, DefaultBackfillTargetLatency)
 	return o
 }
 
@@ -173,6 +193,10 @@ func (o SubscriptionOptions) validate() error {
 	check := cfgcheck.New("SubscriptionOptions")
 	check.Count("MaxBackfill", o.MaxBackfill, 0)
 	check.Count("BackfillBatchSize", o.BackfillBatchSize, 1)
+	if o.BackfillRate <= 0 {
+		check.Failf("BackfillRate", "must be positive (got %v)", o.BackfillRate)
+	}
+	check.Positive("BackfillTargetLatency", o.BackfillTargetLatency)
 	return check.Err()
 }
 

@@ -76,6 +76,11 @@ type runner struct {
 	stopping atomic.Bool
 	stopped  <-chan struct{} // closed when the run ended
 	lastBeat atomic.Int64    // unix nanos of the last heartbeat that went through (the start, at first)
+
+	// The fetcher's own: it takes turns between the stream and a pending
+	// backfill, whose reads the throttle paces.
+	catchupTurn bool
+	throttle    *throttle
 }
 
 // job is one delivery to handle.
@@ -181,7 +186,7 @@ func (h *held) snapshot() (batches, retries []int64) {
 }
 
 func (g *Group) newRunner() (*runner, error) {
-	r := &runner{g: g, slots: map[*slot]struct{}{}, testBatchFinished: g.testBatchFinished}
+	r := &runner{g: g, slots: map[*slot]struct{}{}, testBatchFinished: g.testBatchFinished, throttle: newThrottle(g.opts)}
 	r.held.batches, r.held.retries = map[int64]bool{}, map[int64]struct{}{}
 	members := g.members
 	r.members.Store(&members)

@@ -49,15 +49,6 @@ func (s Subscription) Mask() int64 {
 	return int64(1) << uint(s.Bit)
 }
 
-// Range narrows a backfill to a group's stream: rows its start position
-// does not see, and of those all (All), or those from From or FromID on.
-type Range struct {
-	Position string // pg_snapshot text; "1:1:" sees nothing
-	All      bool
-	From     *time.Time
-	FromID   *int64
-}
-
 // Retention says which finished rows cleanup may delete.
 type Retention struct {
 	// Now is the time base (nil: database time).
@@ -86,13 +77,6 @@ type Tracker interface {
 	// Completed returns which of ids sub already finished, for re-read
 	// batches. Offset mode cannot tell per message and returns none.
 	Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error)
-	// Backfill makes sub required on at most limit rows of r that neither
-	// require it nor were completed by it, whether other groups finished
-	// them or none needed them. It returns how many rows it picked (fewer
-	// than limit: none is left) and how many it raised (a picked row
-	// deleted meanwhile is not). db must be a transaction: Counter mode
-	// locks the rows in one statement and raises them in the next.
-	Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (picked, raised int64, err error)
 	// Forget removes sub from the required sets of at most limit rows it
 	// had not finished (the group died or was cancelled), inside tx,
 	// returning how many rows it looked at; fewer than limit means none
@@ -164,19 +148,6 @@ func (b *Bitmap) Completed(ctx context.Context, db DB, sub Subscription, ids []i
 	return idSet(ctx, db, "bitmap completed", b.q.BitmapCompleted, ids, sub.Mask())
 }
 
-// Backfill implements Tracker.
-func (b *Bitmap) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, int64, error) {
-	return backfill(ctx, db, "bitmap backfill", b.q.BitmapBackfill, sub.Topic, sub.Mask(), r, limit)
-}
-
-func backfill(ctx context.Context, db DB, what, sql, topic string, member any, r Range, limit int) (picked, raised int64, err error) {
-	err = db.QueryRow(ctx, sql, topic, member, r.Position, limit, r.All, r.From, r.FromID).Scan(&picked, &raised)
-	if err != nil {
-		return 0, 0, fmt.Errorf("pubsub: %s: %w", what, err)
-	}
-	return picked, raised, nil
-}
-
 // Forget implements Tracker: a cancelled group's bit is stripped from
 // every row, so it can be given to another group.
 func (b *Bitmap) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {
@@ -207,23 +178,6 @@ func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []i
 // Completed implements Tracker.
 func (c *Counter) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
 	return idSet(ctx, db, "counter completed", c.q.CounterCompleted, ids, sub.ID)
-}
-
-// Backfill implements Tracker in two statements, like Forget: lock the
-// candidate rows, then raise each after re-checking it under its lock with
-// a fresh snapshot, so a completion by the group that committed in between
-// is seen. It needs a transaction (db is one in every caller).
-func (c *Counter) Backfill(ctx context.Context, db DB, sub Subscription, r Range, limit int) (int64, int64, error) {
-	var ids []int64
-	err := db.QueryRow(ctx, c.q.CounterBackfillCandidates, sub.Topic, sub.ID, r.Position, limit, r.All, r.From, r.FromID).Scan(&ids)
-	if err != nil {
-		return 0, 0, fmt.Errorf("pubsub: counter backfill: %w", err)
-	}
-	if len(ids) == 0 {
-		return 0, 0, nil
-	}
-	raised, err := exec(ctx, db, "counter backfill", c.q.CounterBackfill, ids, sub.ID)
-	return int64(len(ids)), raised, err
 }
 
 // Forget implements Tracker in two statements: lock the candidate rows,
@@ -271,12 +225,6 @@ func (*Offset) Complete(context.Context, DB, Subscription, []int64) error { retu
 // Completed implements Tracker: offset mode cannot tell per message.
 func (*Offset) Completed(context.Context, DB, Subscription, []int64) (map[int64]bool, error) {
 	return nil, nil
-}
-
-// Backfill implements Tracker: a late group's start position already holds
-// the watermark back, so there is nothing to raise.
-func (*Offset) Backfill(context.Context, DB, Subscription, Range, int) (int64, int64, error) {
-	return 0, 0, nil
 }
 
 // Forget implements Tracker: a group that left simply stops holding the

@@ -27,10 +27,12 @@ type PubSub struct {
 	CommittedPosition, DeletedTombstone                            string
 
 	// Fetching.
-	LockOffset, OffsetExists, FetchState, BackfillProgress string
-	TakeOverBatch, FetchRows, AdvanceOffset, InsertBatch   string
-	ReapRetries, DeleteOrphanRetries, ClaimRetries         string
-	CopyDeadLetters, DeadLettersToComplete                 string
+	LockOffset, OffsetExists, FetchState                 string
+	CatchupRows, CatchupSize, CatchupProgress            string
+	FinishBackfill, CancelBackfill, BackfillState        string
+	TakeOverBatch, FetchRows, AdvanceOffset, InsertBatch string
+	ReapRetries, DeleteOrphanRetries, ClaimRetries       string
+	CopyDeadLetters, DeadLettersToComplete               string
 
 	// Completing.
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetry, ExtendLeases string
@@ -38,11 +40,11 @@ type PubSub struct {
 	// Administration.
 	ListDeadLetters, ReplayDeadLetters string
 
-	BitmapComplete, BitmapCompleted, BitmapBackfill, BitmapForget, BitmapStrip, BitmapCleanup string
-	CounterComplete, CounterCompleted, CounterBackfillCandidates, CounterBackfill             string
-	CounterForgetCandidates                                                                   string
-	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark                             string
-	RetentionFrontier, SnapshotXmax                                                           string
+	BitmapComplete, BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup string
+	CounterComplete, CounterCompleted                                         string
+	CounterForgetCandidates                                                   string
+	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark             string
+	RetentionFrontier, SnapshotXmax                                           string
 }
 
 // ForPubSub returns the statements for schema (already validated).
@@ -78,7 +80,12 @@ func ForPubSub(schema string) *PubSub {
 		LockOffset:          q(lockOffset),
 		OffsetExists:        q(offsetExists),
 		FetchState:          q(fetchState),
-		BackfillProgress:    q(backfillProgress),
+		CatchupRows:         q(catchupRows),
+		CatchupSize:         q(catchupSize),
+		CatchupProgress:     q(catchupProgress),
+		FinishBackfill:      q(finishBackfill),
+		CancelBackfill:      q(cancelBackfill),
+		BackfillState:       q(backfillState),
 		TakeOverBatch:       q(takeOverBatch),
 		FetchRows:           q(fetchRows),
 		AdvanceOffset:       q(advanceOffset),
@@ -96,23 +103,20 @@ func ForPubSub(schema string) *PubSub {
 		ListDeadLetters:   q(listGroupDeadLetters),
 		ReplayDeadLetters: q(replayGroupDeadLetters),
 
-		BitmapComplete:            q(bitmapComplete),
-		BitmapCompleted:           q(bitmapCompleted),
-		BitmapBackfill:            q(bitmapBackfill),
-		BitmapForget:              q(bitmapForget),
-		BitmapStrip:               q(bitmapStrip),
-		BitmapCleanup:             q(bitmapCleanup),
-		CounterComplete:           q(counterComplete),
-		CounterCompleted:          q(counterCompleted),
-		CounterBackfillCandidates: q(counterBackfillCandidates),
-		CounterBackfill:           q(counterBackfill),
-		CounterForgetCandidates:   q(counterForgetCandidates),
-		CounterForget:             q(counterForget),
-		CounterCleanup:            q(counterCleanup),
-		OffsetCleanup:             q(offsetCleanup),
-		UpsertWatermark:           q(upsertWatermark),
-		RetentionFrontier:         q(retentionFrontier),
-		SnapshotXmax:              q(snapshotXmax),
+		BitmapComplete:          q(bitmapComplete),
+		BitmapCompleted:         q(bitmapCompleted),
+		BitmapForget:            q(bitmapForget),
+		BitmapStrip:             q(bitmapStrip),
+		BitmapCleanup:           q(bitmapCleanup),
+		CounterComplete:         q(counterComplete),
+		CounterCompleted:        q(counterCompleted),
+		CounterForgetCandidates: q(counterForgetCandidates),
+		CounterForget:           q(counterForget),
+		CounterCleanup:          q(counterCleanup),
+		OffsetCleanup:           q(offsetCleanup),
+		UpsertWatermark:         q(upsertWatermark),
+		RetentionFrontier:       q(retentionFrontier),
+		SnapshotXmax:            q(snapshotXmax),
 	}
 }
 
@@ -167,12 +171,15 @@ RETURNING id`
 // now" (taken inside the registering transaction after it locked the topic
 // row, so every message written with the old subscribed set is visible in
 // it), or the empty snapshot, which sees nothing, for every other start.
-// $3 > 0 asks for a backfill of up to $3 older unfinished messages before
-// the group fetches.
+// $3 > 0 asks for a backfill of up to $3 older messages: the group's
+// stream then starts now, and a catch-up reads the older ones beside it
+// (the rows visible now and in the empty snapshot's future).
 const insertOffset = `
-INSERT INTO {{schema}}.outbox_subscription_offsets (subscription_id, position, backfill_from, backfill_left)
-VALUES ($1, CASE WHEN $2 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END,
-        CASE WHEN $3 > 0 THEN '1:1:'::pg_snapshot END, $3)`
+INSERT INTO {{schema}}.outbox_subscription_offsets
+    (subscription_id, position, backfill_from, backfill_upto, backfill_left, backfill_started_at)
+VALUES ($1, CASE WHEN $2 OR $3 > 0 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END,
+        CASE WHEN $3 > 0 THEN '1:1:'::pg_snapshot END, CASE WHEN $3 > 0 THEN pg_current_snapshot() END,
+        $3, CASE WHEN $3 > 0 THEN now() END)`
 
 // subscribedBits are the bits taken on topic $1: a bit belongs to its
 // subscription until a CANCELLED group was forgotten everywhere.
@@ -209,20 +216,23 @@ WHERE id = $1`
 const lockOffsetWait = `
 SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1 FOR UPDATE`
 
-// resurrectOffset prepares a group that comes back: before anyone fetches,
-// it is raised again (up to $2 rows) on every stored row of its stream it
-// has not completed that is not visible in its committed position (the
-// prev of its oldest open batch, else its position), finished by the
-// other groups or not. Its open batches are expired, so the next fetch
-// moves their rows to the retry table.
+// resurrectOffset prepares a Bitmap or Counter group that comes back (an
+// Offset group's position needs nothing: its claims kept what it had not
+// read). Its stream starts now; a catch-up reads, beside it, what lies
+// between its position (or the start of a catch-up it left unfinished)
+// and now and it has not completed, up to $2 rows: what it owed, and what
+// was written while it was DEAD and so does not require it. Its open
+// batches are expired: the next fetch moves their rows to the retry
+// table, which the catch-up leaves alone.
 const resurrectOffset = `
 WITH expired AS (
     UPDATE {{schema}}.outbox_group_batches SET lease_until = '-infinity' WHERE subscription_id = $1
 )
 UPDATE {{schema}}.outbox_subscription_offsets AS o
-SET backfill_from = coalesce((SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
-                              WHERE b.subscription_id = $1 ORDER BY b.id LIMIT 1), o.position),
-    backfill_left = $2, updated_at = now()
+SET backfill_from = CASE WHEN o.backfill_upto IS NOT NULL THEN o.backfill_from ELSE o.position END,
+    backfill_upto = pg_current_snapshot(), backfill_xid = NULL, backfill_id = NULL, backfill_left = $2,
+    backfill_total = 0, backfill_done = 0, backfill_started_at = now(), backfill_ended_at = NULL, backfill_outcome = NULL,
+    position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
 WHERE o.subscription_id = $1`
 
 const subscriptionStatus = `
@@ -311,7 +321,8 @@ WHERE s.topic = $1 AND ` + holdsClaims + ` AND ($2 OR s.subscription_status <> '
 // Nobody holds it while handling.
 const lockOffset = `
 SELECT position::text, pair_cur::text, resume_xid::text, resume_id,
-       backfill_from::text, backfill_left
+       backfill_from::text, backfill_upto::text, backfill_xid::text, backfill_id, backfill_left,
+       backfill_total, backfill_done, coalesce(backfill_started_at, now()), backfill_ended_at IS NOT NULL
 FROM {{schema}}.outbox_subscription_offsets
 WHERE subscription_id = $1
 FOR UPDATE SKIP LOCKED`
@@ -327,11 +338,65 @@ const fetchState = `
 SELECT subscription_status, pg_current_snapshot()::text
 FROM {{schema}}.outbox_topic_subscriptions WHERE id = $1`
 
-const backfillProgress = `
+// catchupRows reads the next rows of a pending backfill: the rows of pair
+// ($2 from, $3 upto) after ($4, $5), in commit order, of the group's start
+// range ($7 every row, or from time $8 or message id $9), that the group
+// has not completed (bit $10, subscription $11) and that do not wait in its
+// retry table.
+var catchupRows = `
+SELECT ` + messageColumns + `
+FROM {{schema}}.outbox_published AS o
+WHERE topic = $1 AND status = 'PUBLISHED'
+      AND xid >= pg_snapshot_xmin($2::pg_snapshot) AND xid < pg_snapshot_xmax($3::pg_snapshot)
+      AND (xid, id) > ($4::text::xid8, $5::bigint)
+      AND pg_visible_in_snapshot(xid, $3::pg_snapshot)
+      AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)
+      AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)` + notCompleted("o", 10) + `
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
+                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id)
+ORDER BY o.xid, o.id
+LIMIT $6`
+
+// catchupSize estimates a backfill's size: the rows of its pair, at most $4.
+const catchupSize = `
+SELECT count(*) FROM (
+    SELECT 1 FROM {{schema}}.outbox_published
+    WHERE topic = $1 AND xid >= pg_snapshot_xmin($2::pg_snapshot) AND xid < pg_snapshot_xmax($3::pg_snapshot)
+          AND pg_visible_in_snapshot(xid, $3::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)
+    LIMIT $4) AS r`
+
+// catchupProgress records a catch-up batch: the cursor moves to ($2, $3),
+// $4 more rows are handed out; $5 ends the reading ($6 says why: DONE, or
+// CAPPED at MaxBackfill). $7 records the estimated size when not 0.
+const catchupProgress = `
 UPDATE {{schema}}.outbox_subscription_offsets
-SET backfill_left = $2, backfill_from = CASE WHEN $3 THEN NULL ELSE backfill_from END,
-    updated_at = now()
+SET backfill_xid = coalesce($2::text::xid8, backfill_xid), backfill_id = coalesce($3, backfill_id),
+    backfill_left = backfill_left - $4, backfill_done = backfill_done + $4,
+    backfill_total = CASE WHEN $7 > 0 THEN $7 ELSE backfill_total END,
+    backfill_ended_at = CASE WHEN $5 THEN now() ELSE backfill_ended_at END,
+    backfill_outcome = CASE WHEN $5 THEN $6 ELSE backfill_outcome END, updated_at = now()
 WHERE subscription_id = $1`
+
+// finishBackfill drops a backfill whose reading ended once none of its
+// batches is open: from then on its rows are no longer kept for it.
+const finishBackfill = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET backfill_from = NULL, backfill_upto = NULL, updated_at = now()
+WHERE subscription_id = $1 AND backfill_ended_at IS NOT NULL AND backfill_upto IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1 AND catchup)`
+
+// cancelBackfill ends the reading of the group's pending backfill (by
+// name: $1 topic, $2 group).
+const cancelBackfill = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET backfill_ended_at = now(), backfill_outcome = 'CANCELLED', updated_at = now()
+WHERE subscription_id = ` + groupSubscription + ` AND backfill_upto IS NOT NULL AND backfill_ended_at IS NULL`
+
+// backfillState reads the group's backfill (by name).
+const backfillState = `
+SELECT backfill_upto IS NOT NULL AND backfill_ended_at IS NULL, coalesce(backfill_outcome, ''), backfill_done,
+       backfill_left, backfill_total, backfill_started_at, backfill_ended_at, now()
+FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = ` + groupSubscription
 
 // streamFilter says which rows of a pair belong to the group, with bind
 // parameters from $first: rows requiring it (bit $first / subscription
@@ -366,7 +431,7 @@ WITH b AS (
     WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
                 WHERE subscription_id = $1 AND lease_until < coalesce($2::timestamptz, now())
                 ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING prev, cur, after_xid, after_id, last_xid, last_id, member
+    RETURNING prev, cur, after_xid, after_id, last_xid, last_id, member, catchup
 ), moved AS (
     INSERT INTO {{schema}}.outbox_group_retries
         (subscription_id, message_id, status, attempts, available_at, last_error, lease_expiries)
@@ -375,7 +440,8 @@ WITH b AS (
          ON o.topic = $3 AND o.xid >= pg_snapshot_xmin(b.prev) AND o.xid <= b.last_xid
             AND (o.xid, o.id) > (b.after_xid, b.after_id) AND (o.xid, o.id) <= (b.last_xid, b.last_id)
             AND pg_visible_in_snapshot(o.xid, b.cur) AND NOT pg_visible_in_snapshot(o.xid, b.prev)
-    WHERE true` + streamFilter("o", 4) + notCompleted("o", 4) + `
+    WHERE CASE WHEN b.catchup THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
+               ELSE true` + streamFilter("o", 4) + ` END` + notCompleted("o", 4) + `
     ON CONFLICT (subscription_id, message_id) DO NOTHING
     RETURNING message_id
 )
@@ -402,9 +468,9 @@ LIMIT $6`
 
 const insertBatch = `
 INSERT INTO {{schema}}.outbox_group_batches
-    (subscription_id, prev, cur, after_xid, after_id, last_xid, last_id, member, lease_until)
+    (subscription_id, prev, cur, after_xid, after_id, last_xid, last_id, member, lease_until, catchup)
 VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::text::xid8, $5, $6::text::xid8, $7, $8,
-        coalesce($9::timestamptz, now()) + $10 * interval '1 microsecond')
+        coalesce($9::timestamptz, now()) + $10 * interval '1 microsecond', $11)
 RETURNING id, lease_until`
 
 const advanceOffset = `
@@ -585,27 +651,6 @@ WHERE id = ANY($1::bigint[]) AND done_bits & $2 = 0`
 const bitmapCompleted = `
 SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0`
 
-// bitmapBackfill makes the group (bit $2) required on up to $4 rows of its
-// stream that are not visible in $3 and that it has neither required nor
-// completed, whether the other groups finished them or none needed them
-// (the group owes them: cleanup must keep them until it read them). $5 all rows / $6 from time / $7 from id
-// narrow it to the group's start. It returns how many rows it picked (a
-// step that picked fewer than $4 found the end) and how many it raised (a
-// picked row deleted meanwhile is not raised).
-const bitmapBackfill = `
-WITH picked AS (
-    SELECT id FROM {{schema}}.outbox_published
-    WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 = 0 AND done_bits & $2 = 0
-          AND xid >= pg_snapshot_xmin($3::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
-          AND ($5::bool OR created_at >= $6::timestamptz OR id >= $7::bigint)
-    ORDER BY id LIMIT $4
-), raised AS (
-    UPDATE {{schema}}.outbox_published AS o SET required_bits = o.required_bits | $2
-    FROM picked WHERE o.id = picked.id AND o.required_bits & $2 = 0 AND o.done_bits & $2 = 0
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM raised)`
-
 // bitmapForget drops a DEAD group (bit $2) from up to $3 rows it had not
 // completed. The row conditions are repeated outside the subquery so that
 // a completion committed while the update waited for a row is seen.
@@ -664,10 +709,7 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
 // counterComplete inserts dedupe rows and counts only the new ones, so a
 // redelivered message is never counted twice; a row the group was
 // forgotten on meanwhile is not counted (the condition is re-checked on the
-// row version the update locks). Every newly deduped row is updated,
-// counted or not: its lock, held until commit, makes a resurrection
-// backfill wait for this completion and then see its dedupe row (see
-// counterBackfillCandidates).
+// row version the update locks).
 const counterComplete = `
 WITH fresh AS (
     INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
@@ -683,35 +725,6 @@ WHERE o.id = f.message_id`
 const counterCompleted = `
 SELECT message_id FROM {{schema}}.outbox_consumer_groups
 WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
-
-// counterBackfillCandidates and counterBackfill are bitmapBackfill for
-// subscription $2 in Counter mode, in two statements: the first locks up
-// to $4 rows of the group's stream not visible in $3 that neither require
-// it nor were completed by it (whether the other groups finished them or
-// none needed them: the group owes them), $5 all rows / $6 from time / $7
-// from id narrowing them to its start; the second raises them, re-checking
-// each under its lock with a fresh snapshot. A completion by the group that
-// committed in between (its instance finished a batch while the group was
-// DEAD) is so seen, and the row is not raised on a group that will never
-// count it. In one statement the raise decided on its start snapshot and
-// the row was never cleaned up.
-const counterBackfillCandidates = `
-SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM (
-    SELECT id FROM {{schema}}.outbox_published AS o
-    WHERE topic = $1 AND status = 'PUBLISHED' AND NOT ($2::bigint = ANY(required_ids))
-          AND xid >= pg_snapshot_xmin($3::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, $3::pg_snapshot)
-          AND ($5::bool OR created_at >= $6::timestamptz OR id >= $7::bigint)
-          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                          WHERE c.message_id = o.id AND c.subscription_id = $2)
-    ORDER BY id LIMIT $4
-    FOR NO KEY UPDATE) AS picked`
-
-const counterBackfill = `
-UPDATE {{schema}}.outbox_published AS o
-SET required_ids = array_append(o.required_ids, $2::bigint), required_count = o.required_count + 1
-WHERE o.id = ANY($1::bigint[]) AND NOT ($2::bigint = ANY(o.required_ids))
-      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                      WHERE c.message_id = o.id AND c.subscription_id = $2)`
 
 // counterForgetCandidates locks up to $3 rows that still require
 // subscription $2 and that it had not completed when the statement began.

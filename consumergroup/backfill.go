@@ -1,0 +1,226 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/time/rate"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Backfill outcomes (BackfillProgress.Outcome).
+const (
+	// BackfillDone: every message of the backfill was handed out.
+	BackfillDone = "DONE"
+	// BackfillCapped: MaxBackfill messages were handed out; the older
+	// messages beyond them were not.
+	BackfillCapped = "CAPPED"
+	// BackfillCancelled: CancelBackfill ended it.
+	BackfillCancelled = "CANCELLED"
+	// BackfillForgotten: the group stayed DEAD past its topic's ZombieTTL
+	// and was forgotten, backfill included.
+	BackfillForgotten = "FORGOTTEN"
+)
+
+// BackfillProgress says how far a group's latest backfill got.
+type BackfillProgress struct {
+	// Running: it still reads (it may also have batches in flight after
+	// it ended).
+	Running bool
+	// Outcome is how it ended (BackfillDone, BackfillCapped,
+	// BackfillCancelled, BackfillForgotten), or "" while it runs or when
+	// the group never had one.
+	Outcome string
+	// Done is how many messages it handed out; Left how many more
+	// MaxBackfill allows; Total its estimated size (at most MaxBackfill),
+	// 0 until its first read.
+	Done, Left, Total int64
+	// StartedAt and EndedAt bound it (EndedAt is zero while it runs).
+	StartedAt, EndedAt time.Time
+	// Rate is how many messages a second it handed out since it started;
+	// ETA how long the rest of Total takes at that rate (0 when unknown
+	// or done).
+	Rate float64
+	ETA  time.Duration
+}
+
+// BackfillProgress reads the group's latest backfill (zero when it never
+// had one). It works on a Group value that was never started, and fails
+// with outbox.ErrNotFound when the group has no subscription.
+func (g *Group) BackfillProgress(ctx context.Context) (BackfillProgress, error) {
+	var p BackfillProgress
+	var started, ended *time.Time
+	var now time.Time
+	err := g.pool.QueryRow(ctx, g.q.BackfillState, g.cfg.Topic, g.cfg.Group).Scan(&p.Running, &p.Outcome, &p.Done, &p.Left,
+		&p.Total, &started, &ended, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
+	}
+	if err != nil {
+		return p, fmt.Errorf("consumergroup: backfill progress: %w", err)
+	}
+	if started == nil {
+		return BackfillProgress{}, nil
+	}
+	p.StartedAt = *started
+	end := now
+	if ended != nil {
+		p.EndedAt, end = *ended, *ended
+	}
+	if secs := end.Sub(p.StartedAt).Seconds(); secs > 0 {
+		p.Rate = float64(p.Done) / secs
+	}
+	if rest := p.Total - p.Done; p.Running && rest > 0 && p.Rate > 0 {
+		p.ETA = time.Duration(float64(rest) / p.Rate * float64(time.Second))
+	}
+	return p, nil
+}
+
+// CancelBackfill ends the group's running backfill: no more old messages
+// are read (those in flight are still handled), and cleanup no longer
+// keeps the rest for it. It reports whether one was running. It works on
+// a Group value that was never started.
+func (g *Group) CancelBackfill(ctx context.Context) (bool, error) {
+	if _, err := g.State(ctx); err != nil {
+		return false, err
+	}
+	tag, err := g.pool.Exec(ctx, g.q.CancelBackfill, g.cfg.Topic, g.cfg.Group)
+	if err != nil {
+		return false, fmt.Errorf("consumergroup: cancel backfill: %w", err)
+	}
+	if tag.RowsAffected() > 0 {
+		g.logger.Info("pgoutbox: backfill cancelled")
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// throttle paces one instance's catch-up reads: a token bucket of rows a
+// second, and a pause while the p95 of the reads' latency is above the
+// target. Only the fetcher uses it.
+type throttle struct {
+	limiter    *rate.Limiter
+	target     time.Duration
+	samples    []time.Duration // the latest reads' latencies, oldest first
+	pauseUntil time.Time
+	lastLog    time.Time
+}
+
+const throttleSamples = 20
+
+func newThrottle(o SubscriptionOptions) *throttle {
+	return &throttle{limiter: rate.NewLimiter(rate.Limit(o.BackfillRate), o.BackfillBatchSize), target: o.BackfillTargetLatency}
+}
+
+// allowed is how many rows a read may take now (0: none).
+func (t *throttle) allowed(now time.Time) int {
+	if now.Before(t.pauseUntil) {
+		return 0
+	}
+	return int(t.limiter.TokensAt(now))
+}
+
+// observe records a read of n rows that took d: it spends n tokens, and
+// pauses reads for the p95's excess over the target, at most 5 s.
+func (t *throttle) observe(now time.Time, n int, d time.Duration) {
+	t.limiter.ReserveN(now, n)
+	t.samples = append(t.samples, d)
+	if len(t.samples) > throttleSamples {
+		t.samples = t.samples[1:]
+	}
+	sorted := slices.Sorted(slices.Values(t.samples))
+	if p95 := sorted[len(sorted)*95/100]; p95 > t.target && len(t.samples) >= 5 {
+		t.pauseUntil = now.Add(min(p95-t.target, 5*time.Second))
+	}
+}
+
+// fetchCatchup reads the pending backfill's next rows as a catch-up
+// batch, as the throttle allows, moves its cursor (a checkpoint: another
+// instance, or this one after a crash, resumes there) and commits. It
+// returns how many rows it handed out.
+func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit int) (int, error) {
+	g := r.g
+	now := time.Now()
+	n := min(limit, g.opts.BackfillBatchSize, int(min(b.left, int64(g.opts.BackfillBatchSize))), r.throttle.allowed(now))
+	if n <= 0 {
+		if b.left <= 0 { // MaxBackfill 0, or spent by another instance's last read
+			return 0, r.endCatchup(ctx, tx, b, 0, nil, BackfillCapped)
+		}
+		return 0, nil // throttled: the stream goes on meanwhile
+	}
+	total := int64(0)
+	if b.total == 0 {
+		if err := tx.QueryRow(ctx, g.q.CatchupSize, g.cfg.Topic, b.from, b.upto, b.left).Scan(&total); err != nil {
+			return 0, fmt.Errorf("backfill size: %w", err)
+		}
+		b.total = total
+	}
+	args := append([]any{g.cfg.Topic, b.from, b.upto, b.afterXID, b.afterID, n}, catchupFor(g.subRow).binds()...)
+	args = append(args, g.stream.bit, g.sub.ID)
+	start := time.Now()
+	got, err := r.readRows(ctx, tx, g.q.CatchupRows, args...)
+	if err != nil {
+		return 0, fmt.Errorf("backfill rows: %w", err)
+	}
+	r.throttle.observe(time.Now(), len(got), time.Since(start))
+	switch {
+	case len(got) < n:
+		return len(got), r.endCatchup(ctx, tx, b, total, got, BackfillDone)
+	case b.left-int64(len(got)) <= 0:
+		return len(got), r.endCatchup(ctx, tx, b, total, got, BackfillCapped)
+	}
+	last := got[len(got)-1]
+	if _, err := tx.Exec(ctx, g.q.CatchupProgress, g.sub.ID, last.xid, last.d.ID, len(got), false, "", total); err != nil {
+		return 0, fmt.Errorf("backfill progress: %w", err)
+	}
+	if err := r.recordBatch(ctx, tx, b.from, b.upto, b.afterXID, b.afterID, got, true); err != nil {
+		return 0, err
+	}
+	g.metrics.backfilled.Add(ctx, int64(len(got)))
+	if time.Since(r.throttle.lastLog) >= 30*time.Second {
+		r.throttle.lastLog = time.Now()
+		r.logProgress(b, int64(len(got)), "pgoutbox: backfill progress")
+	}
+	return len(got), nil
+}
+
+// endCatchup ends the reading with outcome and hands out the last rows,
+// committing, if there are any (else the caller goes on in tx).
+func (r *runner) endCatchup(ctx context.Context, tx pgx.Tx, b *backfill, total int64, got []row, outcome string) error {
+	g := r.g
+	var lastXID *string
+	var lastID *int64
+	if len(got) > 0 {
+		last := got[len(got)-1]
+		lastXID, lastID = &last.xid, &last.d.ID
+	}
+	if _, err := tx.Exec(ctx, g.q.CatchupProgress, g.sub.ID, lastXID, lastID, len(got), true, outcome, total); err != nil {
+		return fmt.Errorf("backfill progress: %w", err)
+	}
+	if len(got) > 0 { // else the caller's fetch commits it
+		if err := r.recordBatch(ctx, tx, b.from, b.upto, b.afterXID, b.afterID, got, true); err != nil {
+			return err
+		}
+	}
+	g.metrics.backfilled.Add(ctx, int64(len(got)))
+	r.logProgress(b, int64(len(got)), "pgoutbox: backfill read to its end: "+outcome)
+	return nil
+}
+
+func (r *runner) logProgress(b *backfill, n int64, msg string) {
+	done := b.done + n
+	attrs := []any{slog.Int64("done", done), slog.Int64("total", b.total)}
+	if secs := time.Since(b.startedAt).Seconds(); secs > 0 {
+		rate := float64(done) / secs
+		attrs = append(attrs, slog.Float64("per_second", rate))
+		if rest := b.total - done; rest > 0 && rate > 0 {
+			attrs = append(attrs, slog.Duration("eta", time.Duration(float64(rest)/rate*float64(time.Second))))
+		}
+	}
+	r.g.logger.Info(msg, attrs...)
+}
