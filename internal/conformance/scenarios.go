@@ -36,6 +36,7 @@ var scenarios = []scenario{
 	{"ForgetRacesCompletionOfThreeGroups", true, forgetRacesCompletion},
 	{"PauseAndResumeTwoInstances", true, pauseResume},
 	{"XidsCrossAPowerOfTen", true, xidsCrossAPowerOfTen},
+	{"BackfillBesideNewMessagesAndAKill", true, backfillBesideNew},
 }
 
 // Run runs every scenario that applies to s, each in a database of its own.
@@ -50,6 +51,9 @@ func Run(t *testing.T, s *Subject) {
 		}
 		if s.Router && sc.name == "PoisonMessageCrashesProcess" {
 			continue // a message cannot crash a router: its handler is the receiver
+		}
+		if s.Router && sc.name == "BackfillBesideNewMessagesAndAKill" {
+			continue // a group source runs the group's own backfill: the group subjects cover it
 		}
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
@@ -580,4 +584,37 @@ SET position = $1::pg_snapshot, pair_cur = NULL, resume_xid = NULL, resume_id = 
 	e.WaitDelivered(t, "g1", ids, 30*time.Second)
 	e.Check(t, "g1", ids, nil)
 	e.CheckNoDuplicates(t, "g1")
+}
+
+// backfillBesideNew: 600 messages are stored before a group subscribes
+// from the beginning with Backfill; its instance runs in a child process.
+// Messages sent after it started are delivered while the backfill still
+// reads the old ones (they used to wait for the whole backfill). The
+// child is killed (SIGKILL) mid-backfill; a new instance resumes the
+// backfill from its last checkpoint: every message is delivered, none
+// twice but those of the batches in flight at the kill (once their lease
+// expired).
+func backfillBesideNew(t *testing.T, s *Subject) {
+	e := newEnv(t, s, nil)
+	old := e.Send(t, 600) // no group yet: kept for the zero-subscription floor
+	spec := Spec{Group: "late", Instance: "doomed", Concurrency: 2, BatchSize: 20,
+		Start: consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true, BackfillBatchSize: 20}}
+	child := e.StartChild(t, ChildSpec{Spec: spec, Slow: 5 * time.Millisecond})
+	fresh := e.Send(t, 20)
+	pgtest.Eventually(t, 30*time.Second, "new messages delivered during the backfill", func() bool {
+		return len(e.missing(t, "late", fresh)) == 0
+	})
+	require.Less(t, 600-len(e.missing(t, "late", old)), 600, "the backfill had ended: the test proves nothing")
+	pgtest.Eventually(t, 30*time.Second, "the backfill under way", func() bool { return e.handledBy(t, "doomed") >= 150 })
+	child.Kill()
+	<-child.Exited()
+	spec.Instance = "survivor"
+	e.StartInstance(t, e.DB.Pool, spec, nil)
+	all := append(old, fresh...)
+	e.WaitDelivered(t, "late", all, 60*time.Second)
+	e.Check(t, "late", all, nil)
+	var outcome string
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `SELECT coalesce(backfill_outcome, '') FROM `+
+		e.DB.Table("outbox_subscription_offsets")).Scan(&outcome))
+	require.Equal(t, consumergroup.BackfillDone, outcome)
 }
