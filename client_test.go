@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/startstop/startstoptest"
+	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -66,13 +67,17 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 	host := strings.TrimPrefix(srv.URL, "http://")
 	leaks := goleak.IgnoreCurrent() // the test's pool and receiver
 
-	c := newClient(t, db)
+	// Every maintenance job runs, several times, before the client stops.
+	c, err := pgoutbox.NewClient(ctx, db.Pool, pgoutbox.Config{Schema: db.Schema, Maintenance: maintenance.Config{
+		DeadGroupInterval: 50 * time.Millisecond, CleanupInterval: 50 * time.Millisecond, SubscriptionCleanupInterval: 50 * time.Millisecond}})
+	require.NoError(t, err)
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
-	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
+		Retention: time.Millisecond}))
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks"}))
 
 	var jobs, events atomic.Int64
-	_, err := c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
+	_, err = c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
 		Handler: func(context.Context, *outbox.Delivery) error { jobs.Add(1); return nil }})
 	require.NoError(t, err)
 	g, err := c.NewGroup(consumergroup.Config{Topic: "events", Group: "audit", PollInterval: 20 * time.Millisecond}, consumergroup.FromNow())
@@ -100,6 +105,11 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 	send(t, c, "hooks", 10, hook)
 	pgtest.Eventually(t, 20*time.Second, "everything handled", func() bool {
 		return jobs.Load() == 10 && events.Load() == 10 && delivered.Load() == 20
+	})
+	pgtest.Eventually(t, 10*time.Second, "maintenance deleted what both groups finished", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("outbox_published")).Scan(&n))
+		return n == 0
 	})
 
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)

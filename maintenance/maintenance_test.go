@@ -3,7 +3,9 @@ package maintenance_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -361,5 +363,230 @@ func TestConfigIsValidated(t *testing.T) {
 		preset.Client = b.client
 		_, err := maintenance.New(b.db.Pool, preset)
 		require.NoError(t, err, name)
+	}
+}
+
+// A cleanup pass cut short (its context ends between two batches) leaves
+// no half-done work: the next pass deletes the rest, and the two together
+// delete exactly what was due.
+func TestCleanupCutShortIsFinishedByTheNextPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter,
+		Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond})
+	c := newCounter()
+	b.group(t, "events", "g", c.handle, consumergroup.FromNow())
+	b.send(t, "events", 200)
+	pgtest.Eventually(t, 10*time.Second, "handled", func() bool { return c.distinct() == 200 })
+	s := b.service(t, maintenance.Config{BatchSize: 10, BatchPause: time.Second})
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond) // ends in the pause after a batch
+	r1, err := s.RunOnce(short)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, r1.Deleted["outbox_published"], int64(200), "the pass was not cut short: the test proves nothing")
+	r2, err := b.service(t, maintenance.Config{}).RunOnce(ctx) // the next pass: here another instance's
+	require.NoError(t, err)
+	require.EqualValues(t, 200, r1.Deleted["outbox_published"]+r2.Deleted["outbox_published"])
+	require.Zero(t, b.count(t, "outbox_published", "true"))
+	require.Zero(t, b.count(t, "outbox_consumer_groups", "true"), "dedupe rows go with their messages")
+}
+
+// Three services run every job at once, fast, beside producers, two live
+// groups per mode and a group that keeps dying and coming back: no error
+// is logged, no deadlock happens, no Counter message is completed more
+// often than it is required, and the live groups receive every message
+// once.
+func TestThreeServicesAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var recs []*counter
+	for _, mode := range modes {
+		topic := "events-" + strings.ToLower(string(mode))
+		b.topic(t, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode,
+			Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, ZombieTTL: 300 * time.Millisecond})
+		for _, g := range []string{"a", "b"} {
+			c := newCounter()
+			recs = append(recs, c)
+			b.group(t, topic, g, c.handle, consumergroup.FromNow())
+		}
+	}
+	var services []*maintenance.Service
+	var all []*logs
+	for range 3 {
+		l := &logs{}
+		all = append(all, l)
+		s, err := maintenance.New(b.db.Pool, maintenance.Config{Client: b.client, Logger: l.logger(),
+			DeadGroupInterval: 30 * time.Millisecond, CleanupInterval: 30 * time.Millisecond,
+			SubscriptionCleanupInterval: 50 * time.Millisecond, BatchSize: 25, BatchPause: time.Millisecond})
+		require.NoError(t, err)
+		require.NoError(t, s.Start(ctx))
+		t.Cleanup(func() { _ = s.Stop(context.Background()) })
+		services = append(services, s)
+	}
+	// A group that dies and comes back, over and over, on each topic.
+	stopChurn := make(chan struct{})
+	churned := make(chan struct{})
+	go func() {
+		defer close(churned)
+		for i := 0; ; i++ {
+			for _, mode := range modes {
+				topic := "events-" + strings.ToLower(string(mode))
+				g, err := consumergroup.New(b.db.Pool, consumergroup.Config{Client: b.client, Topic: topic, Group: "flaky",
+					PollInterval: 10 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: 200 * time.Millisecond})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_ = g.AddConsumer("m", newCounter().handle, nil)
+				if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+				_ = g.StopAndCancel(ctx)
+			}
+			select {
+			case <-stopChurn:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	}()
+	var sent []int64
+	for range 40 {
+		for _, mode := range modes {
+			sent = append(sent, b.send(t, "events-"+strings.ToLower(string(mode)), 25)...)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stopChurn)
+	<-churned
+	pgtest.Eventually(t, 30*time.Second, "every live group received its topic's messages", func() bool {
+		for _, c := range recs {
+			if c.distinct() != len(sent)/3 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, c := range recs {
+		require.Zero(t, c.dups())
+	}
+	require.Zero(t, b.count(t, "outbox_published", "coalesce(completed_count, 0) > coalesce(required_count, 0)"),
+		"a Counter message completed more often than required")
+	var deadlocks int64
+	time.Sleep(1100 * time.Millisecond) // statistics are flushed about once a second
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT deadlocks FROM pg_catalog.pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks))
+	require.Zero(t, deadlocks)
+	for i, l := range all {
+		require.Empty(t, l.errors(), "service %d logged errors", i)
+	}
+	require.Empty(t, b.logs.errors())
+	pgtest.Eventually(t, 30*time.Second, "cleanup caught up", func() bool {
+		return b.count(t, "outbox_published", "true") == 0
+	})
+}
+
+// Kill and resurrect (the design's pre-GA checkpoint, scaled to seconds):
+// three groups while producers run; one group's only instance is killed
+// (it stops heartbeating) and no instance of any group on the topic looks
+// for dead groups (theirs beat every 30 s): the service alone declares it
+// DEAD. The other two keep going and cleanup keeps the table small; the
+// dead group's claims run out (ZombieTTL); it comes back with a bounded
+// backfill while new messages reach it at once; the live groups lose
+// nothing.
+func TestKillAndResurrect(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
+				Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, ZombieTTL: 2 * time.Second})
+			a, bb, c := newCounter(), newCounter(), newCounter()
+			b.group(t, "events", "a", a.handle, consumergroup.FromNow())
+			b.group(t, "events", "b", bb.handle, consumergroup.FromNow())
+			fast := func(cfg *consumergroup.Config) {
+				cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, time.Second
+			}
+			gc := b.group(t, "events", "c", c.handle, consumergroup.FromNow(), fast)
+			s := b.service(t, maintenance.Config{DeadGroupInterval: 200 * time.Millisecond, CleanupInterval: 200 * time.Millisecond})
+			require.NoError(t, s.Start(ctx))
+
+			var sent []int64
+			var mu sync.Mutex
+			stop := make(chan struct{})
+			produced := make(chan struct{})
+			go func() { // ~400 messages a second
+				defer close(produced)
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(50 * time.Millisecond):
+					}
+					ids := b.send(t, "events", 20)
+					mu.Lock()
+					sent = append(sent, ids...)
+					mu.Unlock()
+				}
+			}()
+			time.Sleep(time.Second)
+			kill, cancel := context.WithCancel(ctx)
+			cancel()
+			_ = gc.StopAndCancel(kill) // killed: no more heartbeats, handlers cut short
+			pgtest.Eventually(t, 10*time.Second, "c declared DEAD by the service", func() bool {
+				st, err := gc.State(ctx)
+				require.NoError(t, err)
+				return st == consumergroup.Dead
+			})
+			// The live groups go on, and the table stays small once c's
+			// claims ran out.
+			time.Sleep(2500 * time.Millisecond)
+			peak := 0
+			for range 10 {
+				peak = max(peak, b.count(t, "outbox_published", "true"))
+				time.Sleep(100 * time.Millisecond)
+			}
+			require.Less(t, peak, 800, "the table grows while c is DEAD past its ZombieTTL")
+
+			// c comes back: new messages reach it at once, beside a backfill
+			// of at most 300 older ones.
+			c2 := newCounter()
+			back := b.group(t, "events", "c", c2.handle, consumergroup.SubscriptionOptions{Position: consumergroup.StartNow, MaxBackfill: 300}, fast)
+			mu.Lock()
+			before := len(sent)
+			mu.Unlock()
+			time.Sleep(time.Second)
+			close(stop)
+			<-produced
+			mu.Lock()
+			after := sent[before:]
+			all := slices.Clone(sent)
+			mu.Unlock()
+			pgtest.Eventually(t, 20*time.Second, "c receives what was sent after it came back", func() bool {
+				for _, id := range after {
+					if !c2.has(id) {
+						return false
+					}
+				}
+				return true
+			})
+			if mode != outbox.Offset {
+				p, err := back.BackfillProgress(ctx)
+				require.NoError(t, err)
+				require.LessOrEqual(t, p.Done, int64(300), "the backfill is bounded")
+			}
+			pgtest.Eventually(t, 20*time.Second, "the live groups lose nothing", func() bool {
+				return a.distinct() == len(all) && bb.distinct() == len(all)
+			})
+			require.Zero(t, a.dups()+bb.dups()+c2.dups())
+			pgtest.Eventually(t, 20*time.Second, "steady state: everything finished is deleted", func() bool {
+				return b.count(t, "outbox_published", "true") == 0
+			})
+			require.Empty(t, b.logs.errors())
+		})
 	}
 }

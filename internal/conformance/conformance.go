@@ -31,6 +31,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
 )
@@ -89,6 +90,13 @@ CREATE TABLE `+db.Table("conformance_ledger")+` (
     handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
 )`)
 	require.NoError(t, err)
+	// Every scenario runs beside a maintenance service, as production does
+	// (pgoutbox.Client runs one), working at a quick pace.
+	maint, err := maintenance.New(db.Pool, maintenance.Config{Client: client, DeadGroupInterval: 300 * time.Millisecond,
+		CleanupInterval: 500 * time.Millisecond, SubscriptionCleanupInterval: time.Second, BatchSize: 200})
+	require.NoError(t, err)
+	require.NoError(t, maint.Start(context.Background()))
+	t.Cleanup(func() { _ = maint.Stop(context.Background()) })
 	e := &Env{DB: db, Client: client, Producer: producer, Topic: tc.WithDefaults(), Subject: s, sent: map[int64]int{}}
 	if s.Router {
 		e.startReceiver(t)
