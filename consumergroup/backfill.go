@@ -108,7 +108,8 @@ type throttle struct {
 	target     time.Duration
 	samples    []time.Duration // the latest reads' latencies, oldest first
 	pauseUntil time.Time
-	lastLog    time.Time
+	lastLog    time.Time // of progress
+	lastPause  time.Time // of a pause's log record
 }
 
 const throttleSamples = 20
@@ -126,8 +127,9 @@ func (t *throttle) allowed(now time.Time) int {
 }
 
 // observe records a read of n rows that took d: it spends n tokens, and
-// pauses reads for the p95's excess over the target, at most 5 s.
-func (t *throttle) observe(now time.Time, n int, d time.Duration) {
+// pauses reads for the p95's excess over the target, at most 5 s. It
+// returns the p95 when it paused, else 0.
+func (t *throttle) observe(now time.Time, n int, d time.Duration) time.Duration {
 	t.limiter.ReserveN(now, n)
 	t.samples = append(t.samples, d)
 	if len(t.samples) > throttleSamples {
@@ -136,7 +138,9 @@ func (t *throttle) observe(now time.Time, n int, d time.Duration) {
 	sorted := slices.Sorted(slices.Values(t.samples))
 	if p95 := sorted[len(sorted)*95/100]; p95 > t.target && len(t.samples) >= 5 {
 		t.pauseUntil = now.Add(min(p95-t.target, 5*time.Second))
+		return p95
 	}
+	return 0
 }
 
 // fetchCatchup reads the pending backfill's next rows as a catch-up
@@ -167,7 +171,14 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 	if err != nil {
 		return 0, fmt.Errorf("backfill rows: %w", err)
 	}
-	r.throttle.observe(time.Now(), len(got), time.Since(start))
+	if p95 := r.throttle.observe(time.Now(), len(got), time.Since(start)); p95 > 0 {
+		g.metrics.backfillPauses.Add(ctx, 1)
+		if time.Since(r.throttle.lastPause) >= 30*time.Second {
+			r.throttle.lastPause = time.Now()
+			g.logger.Info("pgoutbox: backfill yields: its reads are slower than BackfillTargetLatency (the database is busy); it pauses",
+				slog.Duration("p95", p95), slog.Duration("target", r.throttle.target))
+		}
+	}
 	switch {
 	case len(got) < n:
 		return len(got), r.endCatchup(ctx, tx, b, total, got, BackfillDone)

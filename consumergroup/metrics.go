@@ -11,9 +11,9 @@ import (
 // metrics are the group's OpenTelemetry instruments, bound to its topic
 // and group attributes.
 type metrics struct {
-	delivered, acked, retried boundCounter
-	backfilled                boundCounter
-	handlerTime               boundHistogram
+	delivered, acked, retried  boundCounter
+	backfilled, backfillPauses boundCounter
+	handlerTime                boundHistogram
 }
 
 type boundCounter struct {
@@ -42,10 +42,12 @@ func newMetrics(mp metric.MeterProvider, topic, group string) *metrics {
 	}
 	h, _ := m.Float64Histogram("pgoutbox.group.handler.duration", metric.WithUnit("s"), metric.WithDescription("Group handler run time."))
 	return &metrics{
-		delivered:   counter("pgoutbox.group.delivered", "Messages handed to group handlers."),
-		acked:       counter("pgoutbox.group.acked", "Messages completed by the group."),
-		retried:     counter("pgoutbox.group.retried", "Messages parked for retry or dead-lettered."),
-		backfilled:  counter("pgoutbox.group.backfilled", "Messages handed out by a backfill (catch-up reads)."),
+		delivered:  counter("pgoutbox.group.delivered", "Messages handed to group handlers."),
+		acked:      counter("pgoutbox.group.acked", "Messages completed by the group."),
+		retried:    counter("pgoutbox.group.retried", "Messages parked for retry or dead-lettered."),
+		backfilled: counter("pgoutbox.group.backfilled", "Messages handed out by a backfill (catch-up reads)."),
+		backfillPauses: counter("pgoutbox.group.backfill.pauses",
+			"Times a backfill paused because its reads were slower than BackfillTargetLatency."),
 		handlerTime: boundHistogram{h: h, attrs: attrs},
 	}
 }

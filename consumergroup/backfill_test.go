@@ -1,0 +1,117 @@
+package consumergroup_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A backfill of 50,000 messages is throttled: never faster than
+// BackfillRate (it takes at least the time the rate allows), and it
+// pauses when its reads are slower than BackfillTargetLatency (here a
+// target no read can meet), saying so.
+func TestBackfillThrottleEngages(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Counter)
+	ctx := context.Background()
+	const n = 50_000
+	b.sendRange(t, 0, n) // no group yet: kept for the zero-subscription floor
+	logs := &lockedBuffer{}
+	r := newRecorder()
+	g := b.newGroup(t, "late", func(c *consumergroup.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		c.BatchSize, c.Concurrency = 500, 4
+	})
+	require.NoError(t, g.AddConsumer("m", r.handler, nil))
+	began := time.Now()
+	start(t, g, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true,
+		BackfillBatchSize: 500, BackfillRate: 25_000, BackfillTargetLatency: time.Microsecond})
+	pgtest.Eventually(t, 60*time.Second, "the backfill done", func() bool { return r.distinct() == n })
+	took := time.Since(began)
+	// The bucket starts with BackfillBatchSize tokens: the rest takes
+	// (n - 500) / 25,000 s at least.
+	require.GreaterOrEqual(t, took, (n-500)*time.Second/25_000, "faster than BackfillRate")
+	require.Contains(t, logs.String(), "backfill yields", "the latency throttle never engaged")
+	var p consumergroup.BackfillProgress
+	pgtest.Eventually(t, 10*time.Second, "the backfill's end recorded", func() bool {
+		var err error
+		p, err = g.BackfillProgress(ctx)
+		require.NoError(t, err)
+		return p.Outcome == consumergroup.BackfillDone
+	})
+	require.EqualValues(t, n, p.Done)
+	require.EqualValues(t, n, p.Total)
+	require.Zero(t, r.dups())
+	t.Logf("backfill of %d messages throttled at 25,000/s: %v", n, took)
+}
+
+// CancelBackfill ends a backfill half-way: the old messages not read yet
+// are not delivered, new ones still are, and cleanup no longer keeps the
+// rest for the group.
+func TestCancelBackfill(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Bitmap)
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
+		Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond}))
+	b.sendRange(t, 0, 2000) // nobody subscribed: cleanup may delete them at once, but for the backfill
+	r := newRecorder()
+	g := b.newGroup(t, "late")
+	require.NoError(t, g.AddConsumer("m", r.handler, nil))
+	start(t, g, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true,
+		BackfillBatchSize: 50, BackfillRate: 500})
+	admin := b.newGroup(t, "late")
+	n, err := admin.Cleanup(ctx, 10_000)
+	require.NoError(t, err)
+	require.Zero(t, n, "a running backfill keeps its messages")
+	pgtest.Eventually(t, 10*time.Second, "the backfill under way", func() bool { return r.distinct() >= 200 })
+	cancelled, err := admin.CancelBackfill(ctx)
+	require.NoError(t, err)
+	require.True(t, cancelled)
+	got := r.distinct()
+	require.Less(t, got, 2000)
+	b.send(t, 5000)
+	pgtest.Eventually(t, 10*time.Second, "new messages still delivered", func() bool { return r.has(5000) })
+	time.Sleep(300 * time.Millisecond)
+	require.LessOrEqual(t, r.distinct(), got+50+1, "old messages kept coming after the cancel (beyond those in flight)")
+	p, err := admin.BackfillProgress(ctx)
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.BackfillCancelled, p.Outcome)
+	require.False(t, p.Running)
+	pgtest.Eventually(t, 10*time.Second, "cleanup no longer keeps them", func() bool {
+		_, err := admin.Cleanup(ctx, 10_000)
+		require.NoError(t, err)
+		return b.count(t, "true") == 0
+	})
+	again, err := admin.CancelBackfill(ctx)
+	require.NoError(t, err)
+	require.False(t, again, "nothing left to cancel")
+	_, err = b.newGroup(t, "ghost").CancelBackfill(ctx)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+}
