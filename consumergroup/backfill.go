@@ -164,12 +164,23 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 		}
 		b.total = total
 	}
-	args := append([]any{g.cfg.Topic, b.from, b.upto, b.afterXID, b.afterID, n}, catchupFor(g.subRow).binds()...)
+	// When this read may spend the last of MaxBackfill, one row more says
+	// whether rows are left behind (CAPPED) or none was (DONE).
+	capped := int64(n) >= b.left
+	take := n
+	if capped {
+		take++
+	}
+	args := append([]any{g.cfg.Topic, b.from, b.upto, b.afterXID, b.afterID, take}, catchupFor(g.subRow).binds()...)
 	args = append(args, g.stream.bit, g.sub.ID)
 	start := time.Now()
 	got, err := r.readRows(ctx, tx, g.q.CatchupRows, args...)
 	if err != nil {
 		return 0, fmt.Errorf("backfill rows: %w", err)
+	}
+	if capped && len(got) > n {
+		got = got[:n]
+		return len(got), r.endCatchup(ctx, tx, b, total, got, BackfillCapped)
 	}
 	if p95 := r.throttle.observe(time.Now(), len(got), time.Since(start)); p95 > 0 {
 		g.metrics.backfillPauses.Add(ctx, 1)
@@ -179,11 +190,8 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 				slog.Duration("p95", p95), slog.Duration("target", r.throttle.target))
 		}
 	}
-	switch {
-	case len(got) < n:
+	if len(got) < n || capped {
 		return len(got), r.endCatchup(ctx, tx, b, total, got, BackfillDone)
-	case b.left-int64(len(got)) <= 0:
-		return len(got), r.endCatchup(ctx, tx, b, total, got, BackfillCapped)
 	}
 	last := got[len(got)-1]
 	if _, err := tx.Exec(ctx, g.q.CatchupProgress, g.sub.ID, last.xid, last.d.ID, len(got), false, "", total); err != nil {

@@ -36,7 +36,7 @@ import (
 
 const schema = "bench_pgoutbox"
 
-var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000}
+var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "BACKFILL": 100_000}
 
 type config struct {
 	system, dsn, workload, mode string
@@ -44,6 +44,8 @@ type config struct {
 	n, workers, groups, rate    int
 	timeout, notifyInterval     time.Duration
 	busyNotifyInterval          time.Duration
+	backfillRate                float64
+	targetLatency               time.Duration
 }
 
 func main() {
@@ -68,7 +70,7 @@ func main() {
 func parseFlags() *config {
 	c := &config{system: "pgoutbox"}
 	flag.StringVar(&c.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/bench?sslmode=disable", "PostgreSQL connection string")
-	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency")
+	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | CLEANUP | BACKFILL (see maintenance.go)")
 	flag.IntVar(&c.n, "n", 0, "messages (0 = workload default)")
 	flag.IntVar(&c.workers, "workers", 8, "producer goroutines (W1) / consumer concurrency (W2, W4)")
 	flag.IntVar(&c.groups, "groups", 4, "consumer groups (W3)")
@@ -78,13 +80,15 @@ func parseFlags() *config {
 	flag.StringVar(&c.mode, "mode", "", "PUB_SUB tracking mode for W3: bitmap, counter or offset")
 	flag.DurationVar(&c.notifyInterval, "notify-interval", 0, "producer NotifyInterval (0 = library default, negative = no NOTIFY)")
 	flag.DurationVar(&c.busyNotifyInterval, "busy-notify-interval", 0, "producer BusyNotifyInterval (0 = library default)")
+	flag.Float64Var(&c.backfillRate, "backfill-rate", 1e9, "BACKFILL: BackfillRate, rows a second (default: no cap)")
+	flag.DurationVar(&c.targetLatency, "target-latency", time.Hour, "BACKFILL: BackfillTargetLatency (default: never pauses)")
 	flag.Parse()
 	c.workload = strings.ToUpper(c.workload)
 	if c.mode != "" {
 		c.system = "pgoutbox-" + c.mode
 	}
 	if _, ok := defaultN[c.workload]; !ok {
-		fail(c, fmt.Errorf("unknown workload %q (want W1..W4)", c.workload))
+		fail(c, fmt.Errorf("unknown workload %q (want W1..W4, CLEANUP, BACKFILL)", c.workload))
 	}
 	if c.n <= 0 {
 		c.n = defaultN[c.workload]
@@ -96,8 +100,8 @@ func parseFlags() *config {
 }
 
 func run(ctx context.Context, c *config) error {
-	if c.workload == "W3" && c.mode == "" {
-		unsupported(c, "W3 needs -mode bitmap, counter or offset")
+	if (c.workload == "W3" || c.workload == "CLEANUP" || c.workload == "BACKFILL") && c.mode == "" {
+		unsupported(c, c.workload+" needs -mode bitmap, counter or offset")
 	}
 	pool, err := openPool(ctx, c)
 	if err != nil {
@@ -129,6 +133,10 @@ func run(ctx context.Context, c *config) error {
 		return b.w2(ctx)
 	case "W3":
 		return b.w3(ctx)
+	case "CLEANUP":
+		return b.cleanup(ctx)
+	case "BACKFILL":
+		return b.backfill(ctx)
 	default:
 		return b.w4(ctx)
 	}

@@ -346,9 +346,8 @@ FROM {{schema}}.outbox_topic_subscriptions WHERE id = $1`
 var catchupRows = `
 SELECT ` + messageColumns + `
 FROM {{schema}}.outbox_published AS o
-WHERE topic = $1 AND status = 'PUBLISHED'
-      AND xid >= pg_snapshot_xmin($2::pg_snapshot) AND xid < pg_snapshot_xmax($3::pg_snapshot)
-      AND (xid, id) > ($4::text::xid8, $5::bigint)
+WHERE topic = $1 AND status = 'PUBLISHED' AND xid < pg_snapshot_xmax($3::pg_snapshot)
+      AND ` + pairStart("o", "$2::pg_snapshot", "$4::text::xid8", "$5::bigint") + `
       AND pg_visible_in_snapshot(xid, $3::pg_snapshot)
       AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)
       AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)` + notCompleted("o", 10) + `
@@ -398,6 +397,18 @@ SELECT backfill_upto IS NOT NULL AND backfill_ended_at IS NULL, coalesce(backfil
        backfill_left, backfill_total, backfill_started_at, backfill_ended_at, now()
 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = ` + groupSubscription
 
+// pairStart is where an index scan of a snapshot pair's rows in (xid, id)
+// order starts: after the resume point (rxid, rid), and not before the
+// pair's xmin. It is one row comparison against the later of the two:
+// with two lower bounds, a generic plan may start the scan at the weaker
+// one, the topic's first row (71 ms instead of 0.2 ms beside a million
+// stored messages).
+func pairStart(alias, prev, rxid, rid string) string {
+	a := alias + "."
+	return `(` + a + `xid, ` + a + `id) > (greatest(` + rxid + `, pg_snapshot_xmin(` + prev + `)),
+                 CASE WHEN ` + rxid + ` >= pg_snapshot_xmin(` + prev + `) THEN ` + rid + ` ELSE -1 END)`
+}
+
 // streamFilter says which rows of a pair belong to the group, with bind
 // parameters from $first: rows requiring it (bit $first / subscription
 // $first+1), or every row ($first+2), or rows from a start time
@@ -437,8 +448,8 @@ WITH b AS (
         (subscription_id, message_id, status, attempts, available_at, last_error, lease_expiries)
     SELECT $1, o.id, 'RETRY', 1, coalesce($2::timestamptz, now()), 'lease expired (member ' || b.member || ')', 1
     FROM b JOIN {{schema}}.outbox_published AS o
-         ON o.topic = $3 AND o.xid >= pg_snapshot_xmin(b.prev) AND o.xid <= b.last_xid
-            AND (o.xid, o.id) > (b.after_xid, b.after_id) AND (o.xid, o.id) <= (b.last_xid, b.last_id)
+         ON o.topic = $3 AND ` + pairStart("o", "b.prev", "b.after_xid", "b.after_id") + `
+            AND (o.xid, o.id) <= (b.last_xid, b.last_id)
             AND pg_visible_in_snapshot(o.xid, b.cur) AND NOT pg_visible_in_snapshot(o.xid, b.prev)
     WHERE CASE WHEN b.catchup THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
                ELSE true` + streamFilter("o", 4) + ` END` + notCompleted("o", 4) + `
@@ -458,9 +469,8 @@ const messageColumns = `id, xid::text, payload, headers, correlation_id, coalesc
 var fetchRows = `
 SELECT ` + messageColumns + `
 FROM {{schema}}.outbox_published AS o
-WHERE topic = $1 AND status = 'PUBLISHED'
-      AND xid >= pg_snapshot_xmin($2::pg_snapshot) AND xid < pg_snapshot_xmax($3::pg_snapshot)
-      AND (xid, id) > ($4::text::xid8, $5::bigint)
+WHERE topic = $1 AND status = 'PUBLISHED' AND xid < pg_snapshot_xmax($3::pg_snapshot)
+      AND ` + pairStart("o", "$2::pg_snapshot", "$4::text::xid8", "$5::bigint") + `
       AND pg_visible_in_snapshot(xid, $3::pg_snapshot)
       AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)` + streamFilter("o", 7) + `
 ORDER BY o.xid, o.id

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/maintenance"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// The maintenance workloads (pgoutbox only: the peers have no such jobs).
+//
+//	CLEANUP  -mode M: W1 on a PUB_SUB topic with -groups subscribed groups
+//	         (-n messages, -workers producers, each in its own transaction),
+//	         every message then finished by every group, then one
+//	         maintenance pass deletes them: produce rate beside cleanup rate.
+//	BACKFILL -mode M: -n messages stored with no group subscribed, then a
+//	         group subscribes from the beginning with Backfill and drains
+//	         them (-workers handlers): rows a second, to the backfill's
+//	         recorded end. -backfill-rate and -target-latency set its
+//	         throttle (default: none).
+
+// cleanupResult is CLEANUP's JSON line.
+type cleanupResult struct {
+	System        string  `json:"system"`
+	Workload      string  `json:"workload"`
+	N             int     `json:"n"`
+	Groups        int     `json:"groups"`
+	ProducePerSec float64 `json:"produce_per_sec"`
+	CleanupPerSec float64 `json:"cleanup_per_sec"`
+	Seconds       float64 `json:"seconds"`
+}
+
+func (b *bench) cleanup(ctx context.Context) error {
+	const topic = "cleanup"
+	mode := outbox.TrackingMode(strings.ToUpper(b.c.mode))
+	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode,
+		Retention: time.Microsecond, ZeroSubscriptionRetention: time.Microsecond}); err != nil {
+		return err
+	}
+	for i := range b.c.groups { // subscribed, stopped: nobody consumes during the produce phase
+		g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema, HeartbeatPool: b.pool})
+		if err != nil {
+			return err
+		}
+		if err := g.AddConsumer("c", func(context.Context, *outbox.Delivery) error { return nil }, nil); err != nil {
+			return err
+		}
+		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+			return err
+		}
+		if err := g.Stop(ctx); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	if err := concurrently(ctx, b.c.n, b.c.workers, func(ctx context.Context, seq int) error {
+		return b.sendOne(ctx, topic, seq)
+	}); err != nil {
+		return err
+	}
+	produced := time.Since(start)
+	// Every group finishes every message, as its completions would record it.
+	var finish string
+	switch mode {
+	case outbox.Bitmap:
+		finish = `UPDATE ` + schema + `.outbox_published SET done_bits = required_bits`
+	case outbox.Counter:
+		finish = `WITH d AS (INSERT INTO ` + schema + `.outbox_consumer_groups (message_id, subscription_id)
+    SELECT o.id, s FROM ` + schema + `.outbox_published AS o, unnest(o.required_ids) AS s)
+UPDATE ` + schema + `.outbox_published SET completed_count = required_count`
+	default:
+		finish = `UPDATE ` + schema + `.outbox_subscription_offsets SET position = pg_current_snapshot(),
+    pair_cur = NULL, resume_xid = NULL, resume_id = NULL`
+	}
+	if _, err := b.pool.Exec(ctx, finish); err != nil {
+		return fmt.Errorf("finish: %w", err)
+	}
+	if mode != outbox.Offset { // and, having read them, their positions are past them
+		if _, err := b.pool.Exec(ctx, `UPDATE `+schema+`.outbox_subscription_offsets SET position = pg_current_snapshot(),
+    pair_cur = NULL, resume_xid = NULL, resume_id = NULL`); err != nil {
+			return fmt.Errorf("finish: %w", err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox_published`); err != nil {
+		return err
+	}
+	s, err := maintenance.New(b.pool, maintenance.Config{Client: b.client})
+	if err != nil {
+		return err
+	}
+	start = time.Now()
+	r, err := s.RunOnce(ctx)
+	cleaned := time.Since(start)
+	if err != nil {
+		return err
+	}
+	if got := r.Deleted["outbox_published"]; got != int64(b.c.n) {
+		return fmt.Errorf("cleanup deleted %d of %d messages", got, b.c.n)
+	}
+	out, _ := json.Marshal(cleanupResult{System: b.c.system, Workload: b.c.workload, N: b.c.n, Groups: b.c.groups,
+		ProducePerSec: round(float64(b.c.n)/produced.Seconds(), 1), CleanupPerSec: round(float64(b.c.n)/cleaned.Seconds(), 1),
+		Seconds: round(cleaned.Seconds(), 4)})
+	fmt.Println(string(out))
+	return nil
+}
+
+func (b *bench) backfill(ctx context.Context) error {
+	const topic = "backfill"
+	mode := outbox.TrackingMode(strings.ToUpper(b.c.mode))
+	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode}); err != nil {
+		return err
+	}
+	// Stored in chunks of 10,000 rows, a transaction each (distinct xids, as
+	// producers leave them), without the producer's round trips.
+	for start := 0; start < b.c.n; start += 10_000 {
+		_, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_published
+    (topic, payload, correlation_id, status, required_bits, done_bits, required_ids, required_count, completed_count)
+SELECT $1, jsonb_build_object('seq', i, 'body', $2::text), 'c' || i, 'PUBLISHED', 0, 0, '{}', 0, 0
+FROM generate_series($3::int, $4::int - 1) AS i`, topic, body, start, min(b.c.n, start+10_000))
+		if err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox_published`); err != nil {
+		return err
+	}
+	tr := newTracker(b.c.n)
+	g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: "late", Schema: schema,
+		Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool})
+	if err != nil {
+		return err
+	}
+	if err := g.AddConsumer("c", tr.handler, nil); err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := g.Start(ctx, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true,
+		MaxBackfill: b.c.n, BackfillBatchSize: 1000, BackfillRate: b.c.backfillRate, BackfillTargetLatency: b.c.targetLatency}); err != nil {
+		return err
+	}
+	defer g.Stop(context.Background())
+	for {
+		p, err := g.BackfillProgress(ctx)
+		if err != nil {
+			return err
+		}
+		if p.Outcome == consumergroup.BackfillDone && tr.distinct() == b.c.n {
+			break
+		}
+		if p.Outcome != "" && p.Outcome != consumergroup.BackfillDone {
+			return fmt.Errorf("backfill ended %s", p.Outcome)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d delivered: %w", tr.distinct(), b.c.n, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+	if err := tr.check("BACKFILL"); err != nil {
+		return err
+	}
+	emit(b.c, elapsed, b.c.n, 0, 0)
+	return nil
+}
