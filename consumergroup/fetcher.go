@@ -238,15 +238,22 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 // retry table (and commits), reporting whether there was one.
 func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
 	g := r.g
-	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, g.stream.binds()...)
-	args = append(args, catchupFor(g.subRow).binds()...)
-	var member string
-	var moved int64
-	err := tx.QueryRow(ctx, g.q.TakeOverBatch, args...).Scan(&member, &moved)
+	var prev, cur, afterXID, lastXID, member string
+	var afterID, lastID int64
+	var catchup bool
+	err := tx.QueryRow(ctx, g.q.TakeExpiredBatch, g.sub.ID, g.now()).
+		Scan(&prev, &cur, &afterXID, &afterID, &lastXID, &lastID, &member, &catchup)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
+		return false, fmt.Errorf("take over batch: %w", err)
+	}
+	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, g.stream.binds()...)
+	args = append(args, catchupFor(g.subRow).binds()...)
+	args = append(args, prev, cur, afterXID, afterID, lastXID, lastID, member, catchup)
+	var moved int64
+	if err := tx.QueryRow(ctx, g.q.MoveBatchToRetries, args...).Scan(&moved); err != nil {
 		return false, fmt.Errorf("take over batch: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -27,12 +27,13 @@ type PubSub struct {
 	CommittedPosition, DeletedTombstone                            string
 
 	// Fetching.
-	LockOffset, OffsetExists, FetchState                 string
-	CatchupRows, CatchupSize, CatchupProgress            string
-	FinishBackfill, CancelBackfill, BackfillState        string
-	TakeOverBatch, FetchRows, AdvanceOffset, InsertBatch string
-	ReapRetries, DeleteOrphanRetries, ClaimRetries       string
-	CopyDeadLetters, DeadLettersToComplete               string
+	LockOffset, OffsetExists, FetchState           string
+	CatchupRows, CatchupSize, CatchupProgress      string
+	FinishBackfill, CancelBackfill, BackfillState  string
+	TakeExpiredBatch, MoveBatchToRetries           string
+	FetchRows, AdvanceOffset, InsertBatch          string
+	ReapRetries, DeleteOrphanRetries, ClaimRetries string
+	CopyDeadLetters, DeadLettersToComplete         string
 
 	// Completing.
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetry, ExtendLeases string
@@ -86,7 +87,8 @@ func ForPubSub(schema string) *PubSub {
 		FinishBackfill:      q(finishBackfill),
 		CancelBackfill:      q(cancelBackfill),
 		BackfillState:       q(backfillState),
-		TakeOverBatch:       q(takeOverBatch),
+		TakeExpiredBatch:    q(takeExpiredBatch),
+		MoveBatchToRetries:  q(moveBatchToRetries),
 		FetchRows:           q(fetchRows),
 		AdvanceOffset:       q(advanceOffset),
 		InsertBatch:         q(insertBatch),
@@ -352,7 +354,7 @@ WHERE topic = $1 AND status = 'PUBLISHED' AND xid < pg_snapshot_xmax($3::pg_snap
       AND NOT pg_visible_in_snapshot(xid, $2::pg_snapshot)
       AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)` + notCompleted("o", 10) + `
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
-                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id)
+                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id` + perRow + `)
 ORDER BY o.xid, o.id
 LIMIT $6`
 
@@ -422,41 +424,62 @@ func streamFilter(alias string, first int) string {
 }
 
 // notCompleted excludes rows the group completed (bit $first in Bitmap
-// mode, a dedupe row of subscription $first+1 in Counter mode).
+// mode, 0 in the others; a dedupe row of subscription $first+1 in Counter
+// mode). The bit test is written as "<> bit" on purpose: the planner
+// guesses 0.5% of rows for an "= 0" on an expression, which made it sort a
+// whole topic instead of reading the (topic, xid, id) index in order (a
+// catch-up read of a 300,000-row Counter topic took seconds, not ms).
 func notCompleted(alias string, first int) string {
 	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	bit := p(0) + `::bigint`
 	return `
-      AND coalesce(` + alias + `.done_bits & ` + p(0) + `::bigint, 0) = 0
+      AND (` + bit + ` = 0 OR coalesce(` + alias + `.done_bits & ` + bit + `, 0) <> ` + bit + `)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                      WHERE c.message_id = ` + alias + `.id AND c.subscription_id = ` + p(1) + `::bigint)`
+                      WHERE c.message_id = ` + alias + `.id AND c.subscription_id = ` + p(1) + `::bigint` + perRow + `)`
 }
 
-// takeOverBatch moves the rows of one batch of subscription $1 whose lease
-// ran out before $2 (its instance crashed or hung) to the retry table: each
-// has spent an attempt, and is retried on its own, apart from the others
-// (see claimRetries), so a message that crashes its process cannot hold its
-// batch, or the group's position, for ever. $3 topic, $4.. the stream.
-var takeOverBatch = `
-WITH b AS (
-    DELETE FROM {{schema}}.outbox_group_batches
-    WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
-                WHERE subscription_id = $1 AND lease_until < coalesce($2::timestamptz, now())
-                ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING prev, cur, after_xid, after_id, last_xid, last_id, member, catchup
-), moved AS (
+// perRow ends a NOT EXISTS that must stay a per-row index probe. Without
+// it the planner may turn the test into an anti join against everything the
+// group completed or retries, materialized once and compared with every row
+// read: a dedupe or retry table analyzed while it was small and grown since
+// (a backfill fills it fast) made a 1,000-row catch-up read cost 5,000,000
+// comparisons. "OFFSET 0" keeps a subquery from being pulled up into a join.
+const perRow = ` OFFSET 0`
+
+// takeExpiredBatch removes one batch of subscription $1 whose lease ran out
+// before $2 (its instance crashed or hung) and returns what it covered;
+// moveBatchToRetries, in the same transaction, then moves its rows to the
+// retry table: each has spent an attempt, and is retried on its own, apart
+// from the others (see claimRetries), so a message that crashes its process
+// cannot hold its batch, or the group's position, for ever. Two statements,
+// not one: the common case (no batch expired) stays a single cheap lookup,
+// and the move is planned knowing the batch's bounds (as one statement its
+// estimate crossed jit_above_cost, and JIT compiled it on every poll).
+const takeExpiredBatch = `
+DELETE FROM {{schema}}.outbox_group_batches
+WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
+            WHERE subscription_id = $1 AND lease_until < coalesce($2::timestamptz, now())
+            ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING prev::text, cur::text, after_xid::text, after_id, last_xid::text, last_id, member, catchup`
+
+// moveBatchToRetries: see takeExpiredBatch. $1 subscription, $2 now, $3
+// topic, $4.. the stream, $9.. the catch-up filter, $12.. the batch (prev,
+// cur, after, last, member, catchup); it returns how many rows it moved.
+var moveBatchToRetries = `
+WITH moved AS (
     INSERT INTO {{schema}}.outbox_group_retries
         (subscription_id, message_id, status, attempts, available_at, last_error, lease_expiries)
-    SELECT $1, o.id, 'RETRY', 1, coalesce($2::timestamptz, now()), 'lease expired (member ' || b.member || ')', 1
-    FROM b JOIN {{schema}}.outbox_published AS o
-         ON o.topic = $3 AND ` + pairStart("o", "b.prev", "b.after_xid", "b.after_id") + `
-            AND (o.xid, o.id) <= (b.last_xid, b.last_id)
-            AND pg_visible_in_snapshot(o.xid, b.cur) AND NOT pg_visible_in_snapshot(o.xid, b.prev)
-    WHERE CASE WHEN b.catchup THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
-               ELSE true` + streamFilter("o", 4) + ` END` + notCompleted("o", 4) + `
+    SELECT $1, o.id, 'RETRY', 1, coalesce($2::timestamptz, now()), 'lease expired (member ' || $18::text || ')', 1
+    FROM {{schema}}.outbox_published AS o
+    WHERE o.topic = $3 AND ` + pairStart("o", "$12::pg_snapshot", "$14::text::xid8", "$15::bigint") + `
+          AND (o.xid, o.id) <= ($16::text::xid8, $17::bigint)
+          AND pg_visible_in_snapshot(o.xid, $13::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $12::pg_snapshot)
+          AND CASE WHEN $19::bool THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
+                   ELSE true` + streamFilter("o", 4) + ` END` + notCompleted("o", 4) + `
     ON CONFLICT (subscription_id, message_id) DO NOTHING
-    RETURNING message_id
+    RETURNING 1
 )
-SELECT b.member, (SELECT count(*) FROM moved) FROM b`
+SELECT count(*) FROM moved`
 
 const messageColumns = `id, xid::text, payload, headers, correlation_id, coalesce(message_group, ''), priority, created_at`
 
@@ -741,11 +764,11 @@ WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
 // counterForget, a later statement, re-checks them under those locks: a
 // completion that committed meanwhile is visible to it, and one that has
 // not yet locked a row waits and then finds the group gone from it.
-const counterForgetCandidates = `
+var counterForgetCandidates = `
 SELECT o.id FROM {{schema}}.outbox_published AS o
 WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND $2::bigint = ANY(o.required_ids)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                      WHERE c.message_id = o.id AND c.subscription_id = $2)
+                      WHERE c.message_id = o.id AND c.subscription_id = $2` + perRow + `)
 ORDER BY o.id LIMIT $3
 FOR UPDATE`
 
