@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"golang.org/x/time/rate"
 
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -100,49 +98,6 @@ func (g *Group) CancelBackfill(ctx context.Context) (bool, error) {
 	return tag.RowsAffected() > 0, nil
 }
 
-// throttle paces one instance's catch-up reads: a token bucket of rows a
-// second, and a pause while the p95 of the reads' latency is above the
-// target. Only the fetcher uses it.
-type throttle struct {
-	limiter    *rate.Limiter
-	target     time.Duration
-	samples    []time.Duration // the latest reads' latencies, oldest first
-	pauseUntil time.Time
-	lastLog    time.Time // of progress
-	lastPause  time.Time // of a pause's log record
-}
-
-const throttleSamples = 20
-
-func newThrottle(o SubscriptionOptions) *throttle {
-	return &throttle{limiter: rate.NewLimiter(rate.Limit(o.BackfillRate), o.BackfillBatchSize), target: o.BackfillTargetLatency}
-}
-
-// allowed is how many rows a read may take now (0: none).
-func (t *throttle) allowed(now time.Time) int {
-	if now.Before(t.pauseUntil) {
-		return 0
-	}
-	return int(t.limiter.TokensAt(now))
-}
-
-// observe records a read of n rows that took d: it spends n tokens, and
-// pauses reads for the p95's excess over the target, at most 5 s. It
-// returns the p95 when it paused, else 0.
-func (t *throttle) observe(now time.Time, n int, d time.Duration) time.Duration {
-	t.limiter.ReserveN(now, n)
-	t.samples = append(t.samples, d)
-	if len(t.samples) > throttleSamples {
-		t.samples = t.samples[1:]
-	}
-	sorted := slices.Sorted(slices.Values(t.samples))
-	if p95 := sorted[len(sorted)*95/100]; p95 > t.target && len(t.samples) >= 5 {
-		t.pauseUntil = now.Add(min(p95-t.target, 5*time.Second))
-		return p95
-	}
-	return 0
-}
-
 // fetchCatchup reads the pending backfill's next rows as a catch-up
 // batch, as the throttle allows, moves its cursor (a checkpoint: another
 // instance, or this one after a crash, resumes there) and commits. It
@@ -150,11 +105,11 @@ func (t *throttle) observe(now time.Time, n int, d time.Duration) time.Duration 
 func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit int) (int, error) {
 	g := r.g
 	now := time.Now()
-	n := min(limit, g.opts.BackfillBatchSize, int(min(b.left, int64(g.opts.BackfillBatchSize))), r.throttle.allowed(now))
-	if n <= 0 {
-		if b.left <= 0 { // MaxBackfill 0, or spent by another instance's last read
-			return 0, r.endCatchup(ctx, tx, b, 0, nil, BackfillCapped)
-		}
+	n := r.catchupSize(b, limit)
+	if n <= 0 { // MaxBackfill 0, or spent by another instance's last read
+		return 0, r.endCatchup(ctx, tx, b, 0, nil, BackfillCapped)
+	}
+	if !r.throttle.ready(now, n) {
 		return 0, nil // throttled: the stream goes on meanwhile
 	}
 	total := int64(0)
@@ -206,6 +161,12 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 		r.logProgress(b, int64(len(got)), "pgoutbox: backfill progress")
 	}
 	return len(got), nil
+}
+
+// catchupSize is how many rows the backfill's next read takes: a batch,
+// within what the instance has room for and MaxBackfill has left.
+func (r *runner) catchupSize(b *backfill, limit int) int {
+	return int(min(int64(min(limit, r.g.opts.BackfillBatchSize)), b.left))
 }
 
 // endCatchup ends the reading with outcome and hands out the last rows,

@@ -51,7 +51,8 @@ func TestBackfillThrottleEngages(t *testing.T) {
 	require.NoError(t, g.AddConsumer("m", r.handler, nil))
 	began := time.Now()
 	start(t, g, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true,
-		BackfillBatchSize: 500, BackfillRate: 25_000, BackfillTargetLatency: time.Microsecond})
+		BackfillBatchSize: 500, BackfillRate: 25_000, BackfillTargetLatency: time.Microsecond,
+		BackfillMaxSlowdown: -1}) // the load rule is throttle_internal_test.go's
 	pgtest.Eventually(t, 60*time.Second, "the backfill done", func() bool { return r.distinct() == n })
 	took := time.Since(began)
 	// The bucket starts with BackfillBatchSize tokens: the rest takes
@@ -85,7 +86,7 @@ func TestCancelBackfill(t *testing.T) {
 	g := b.newGroup(t, "late")
 	require.NoError(t, g.AddConsumer("m", r.handler, nil))
 	start(t, g, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true,
-		BackfillBatchSize: 50, BackfillRate: 500})
+		BackfillBatchSize: 50, BackfillRate: 500, BackfillMaxSlowdown: -1})
 	admin := b.newGroup(t, "late")
 	n, err := admin.Cleanup(ctx, 10_000)
 	require.NoError(t, err)

@@ -106,7 +106,11 @@ func (r *runner) fetch() {
 			if quiet < 30 {
 				quiet++
 			}
-			r.sleep(poll, min(g.cfg.PollInterval, time.Millisecond<<quiet))
+			d := min(g.cfg.PollInterval, time.Millisecond<<quiet)
+			if r.catchupWait > 0 { // a throttled backfill reads again then
+				d = min(d, r.catchupWait)
+			}
+			r.sleep(poll, d)
 		}
 	}
 }
@@ -147,6 +151,7 @@ type backfill struct {
 // messages leased until the lease expires.
 func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	g := r.g
+	r.catchupWait = 0
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.fetchCtx), 30*time.Second)
 	defer cancel()
 	tx, err := g.pool.BeginTx(ctx, shortTx)
@@ -220,6 +225,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		return fetchedWork, err
 	}
 	catchup := p.backfill != nil && !p.backfill.readingEnded
+	r.backfilling.Store(catchup)
 	if catchup && r.catchupTurn {
 		r.catchupTurn = false
 		if n, err := r.fetchCatchup(ctx, tx, p.backfill, limit); err != nil || n > 0 {
@@ -228,8 +234,12 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	}
 	r.catchupTurn = catchup
 	res, err := r.fetchBatch(ctx, tx, p, snapshot, limit)
-	if res == fetchedNothing && catchup && r.throttle.allowed(time.Now()) > 0 {
-		return fetchedWork, err // the stream is drained: the backfill's turn at once
+	if res == fetchedNothing && catchup {
+		want := max(1, r.catchupSize(p.backfill, limit))
+		if r.throttle.ready(time.Now(), want) {
+			return fetchedWork, err // the stream is drained: the backfill's turn at once
+		}
+		r.catchupWait = r.throttle.wait(time.Now(), want)
 	}
 	return res, err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -292,6 +293,20 @@ func TestBadInput(t *testing.T) {
 	require.ErrorIs(t, g.AddConsumer("m", noop, nil), consumergroup.ErrDuplicateMember)
 	require.ErrorIs(t, g.RemoveConsumer("nobody"), consumergroup.ErrUnknownMember)
 	require.ErrorIs(t, g.Start(ctx, consumergroup.SubscriptionOptions{Position: "SIDEWAYS"}), outbox.ErrInvalidConfig)
+	for field, o := range map[string]consumergroup.SubscriptionOptions{
+		"MaxBackfill":           {MaxBackfill: -1},
+		"BackfillBatchSize":     {BackfillBatchSize: -1},
+		"BackfillRate":          {BackfillRate: -1},
+		"BackfillTargetLatency": {BackfillTargetLatency: -time.Second},
+		"BackfillMaxSlowdown":   {BackfillMaxSlowdown: 1},
+	} {
+		o.Position, o.Backfill = consumergroup.StartBeginning, true
+		err := g.Start(ctx, o)
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig, field)
+		require.ErrorContains(t, err, field)
+	}
+	nan := consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, BackfillMaxSlowdown: math.NaN()}
+	require.ErrorIs(t, g.Start(ctx, nan), outbox.ErrInvalidConfig)
 	start(t, g, consumergroup.FromNow())
 	require.ErrorIs(t, g.Start(ctx, consumergroup.FromNow()), outbox.ErrAlreadyStarted)
 	require.ErrorIs(t, g.RemoveConsumer("m"), consumergroup.ErrLastMember)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -110,6 +111,10 @@ const (
 	// DefaultBackfillTargetLatency: catch-up reads pause while the p95 of
 	// their latency is above it (the database is busy with other work).
 	DefaultBackfillTargetLatency = 10 * time.Millisecond
+	// DefaultBackfillMaxSlowdown: a backfill slows down while the database
+	// answers a trivial statement more than twice as slowly as when it was
+	// quiet.
+	DefaultBackfillMaxSlowdown = 2.0
 )
 
 // SubscriptionOptions say where a new subscription starts. They apply when
@@ -144,6 +149,16 @@ type SubscriptionOptions struct {
 	// latency is above it, for the excess (at most 5 s): a backfill yields
 	// to a busy database. Defaults to DefaultBackfillTargetLatency.
 	BackfillTargetLatency time.Duration
+	// BackfillMaxSlowdown protects the database's other clients: before
+	// each catch-up read the backfill times a trivial statement, and while
+	// its recent median is more than BackfillMaxSlowdown times its quiet
+	// level (the lowest seen over the last few hundred reads) the backfill
+	// reads ever slower, down to a hundredth of BackfillRate, and speeds up
+	// again once it is not. It also makes the backfill start at a tenth of
+	// BackfillRate and ramp up. Must be above 1; negative turns the rule
+	// off (the backfill starts at BackfillRate). Defaults to
+	// DefaultBackfillMaxSlowdown.
+	BackfillMaxSlowdown float64
 }
 
 // FromNow starts with messages written after the subscription.
@@ -170,6 +185,7 @@ func (o SubscriptionOptions) withDefaults() SubscriptionOptions {
 	o.BackfillBatchSize = cmp.Or(o.BackfillBatchSize, DefaultBackfillBatchSize)
 	o.BackfillRate = cmp.Or(o.BackfillRate, DefaultBackfillRate)
 	o.BackfillTargetLatency = cmp.Or(o.BackfillTargetLatency, DefaultBackfillTargetLatency)
+	o.BackfillMaxSlowdown = cmp.Or(o.BackfillMaxSlowdown, DefaultBackfillMaxSlowdown)
 	return o
 }
 
@@ -193,10 +209,13 @@ func (o SubscriptionOptions) validate() error {
 	check := cfgcheck.New("SubscriptionOptions")
 	check.Count("MaxBackfill", o.MaxBackfill, 0)
 	check.Count("BackfillBatchSize", o.BackfillBatchSize, 1)
-	if o.BackfillRate <= 0 {
+	if o.BackfillRate <= 0 || math.IsNaN(o.BackfillRate) {
 		check.Failf("BackfillRate", "must be positive (got %v)", o.BackfillRate)
 	}
 	check.Positive("BackfillTargetLatency", o.BackfillTargetLatency)
+	if o.BackfillMaxSlowdown >= 0 && o.BackfillMaxSlowdown <= 1 || math.IsNaN(o.BackfillMaxSlowdown) {
+		check.Failf("BackfillMaxSlowdown", "must be above 1, or negative for none (got %v)", o.BackfillMaxSlowdown)
+	}
 	return check.Err()
 }
 

@@ -81,6 +81,8 @@ type runner struct {
 	// backfill, whose reads the throttle paces.
 	catchupTurn bool
 	throttle    *throttle
+	catchupWait time.Duration // until the throttle allows the next catch-up read (0: none waits)
+	backfilling atomic.Bool   // a backfill is pending: the load sampler probes
 }
 
 // job is one delivery to handle.
@@ -224,6 +226,9 @@ func (r *runner) start(run context.Context, done func()) {
 	r.fetchers.Go(r.fetch)
 	r.fetchers.Go(r.heartbeat)
 	r.fetchers.Go(r.janitor)
+	if r.throttle.slowdown > 0 {
+		r.fetchers.Go(r.sampleLoad)
+	}
 	go func() {
 		<-run.Done()
 		r.shutdown()

@@ -36,7 +36,7 @@ import (
 
 const schema = "bench_pgoutbox"
 
-var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "BACKFILL": 100_000}
+var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000}
 
 type config struct {
 	system, dsn, workload, mode string
@@ -46,6 +46,10 @@ type config struct {
 	busyNotifyInterval          time.Duration
 	backfillRate                float64
 	targetLatency               time.Duration
+	maxSlowdown                 float64
+	oltpScale, oltpClients      int
+	oltpTPS                     int
+	oltpDuration                time.Duration
 }
 
 func main() {
@@ -70,7 +74,7 @@ func main() {
 func parseFlags() *config {
 	c := &config{system: "pgoutbox"}
 	flag.StringVar(&c.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/bench?sslmode=disable", "PostgreSQL connection string")
-	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | CLEANUP | BACKFILL (see maintenance.go)")
+	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | CLEANUP | BACKFILL (see maintenance.go) | BACKFILL_OLTP (see oltp.go)")
 	flag.IntVar(&c.n, "n", 0, "messages (0 = workload default)")
 	flag.IntVar(&c.workers, "workers", 8, "producer goroutines (W1) / consumer concurrency (W2, W4)")
 	flag.IntVar(&c.groups, "groups", 4, "consumer groups (W3)")
@@ -82,13 +86,18 @@ func parseFlags() *config {
 	flag.DurationVar(&c.busyNotifyInterval, "busy-notify-interval", 0, "producer BusyNotifyInterval (0 = library default)")
 	flag.Float64Var(&c.backfillRate, "backfill-rate", 1e9, "BACKFILL: BackfillRate, rows a second (default: no cap)")
 	flag.DurationVar(&c.targetLatency, "target-latency", time.Hour, "BACKFILL: BackfillTargetLatency (default: never pauses)")
+	flag.Float64Var(&c.maxSlowdown, "max-slowdown", -1, "BACKFILL: BackfillMaxSlowdown (default: none)")
+	flag.IntVar(&c.oltpScale, "oltp-scale", 10, "BACKFILL_OLTP: pgbench scale factor")
+	flag.IntVar(&c.oltpClients, "oltp-clients", 4, "BACKFILL_OLTP: pgbench clients")
+	flag.IntVar(&c.oltpTPS, "oltp-tps", 200, "BACKFILL_OLTP: pgbench transactions a second (-R)")
+	flag.DurationVar(&c.oltpDuration, "oltp-seconds", 20*time.Second, "BACKFILL_OLTP: length of the baseline measurement")
 	flag.Parse()
 	c.workload = strings.ToUpper(c.workload)
 	if c.mode != "" {
 		c.system = "pgoutbox-" + c.mode
 	}
 	if _, ok := defaultN[c.workload]; !ok {
-		fail(c, fmt.Errorf("unknown workload %q (want W1..W4, CLEANUP, BACKFILL)", c.workload))
+		fail(c, fmt.Errorf("unknown workload %q (want W1..W4, CLEANUP, BACKFILL, BACKFILL_OLTP)", c.workload))
 	}
 	if c.n <= 0 {
 		c.n = defaultN[c.workload]
@@ -100,7 +109,7 @@ func parseFlags() *config {
 }
 
 func run(ctx context.Context, c *config) error {
-	if (c.workload == "W3" || c.workload == "CLEANUP" || c.workload == "BACKFILL") && c.mode == "" {
+	if (c.workload == "W3" || c.workload == "CLEANUP" || c.workload == "BACKFILL" || c.workload == "BACKFILL_OLTP") && c.mode == "" {
 		unsupported(c, c.workload+" needs -mode bitmap, counter or offset")
 	}
 	pool, err := openPool(ctx, c)
@@ -137,6 +146,8 @@ func run(ctx context.Context, c *config) error {
 		return b.cleanup(ctx)
 	case "BACKFILL":
 		return b.backfill(ctx)
+	case "BACKFILL_OLTP":
+		return b.backfillOLTP(ctx)
 	default:
 		return b.w4(ctx)
 	}

@@ -111,12 +111,26 @@ UPDATE ` + schema + `.outbox_published SET completed_count = required_count`
 
 func (b *bench) backfill(ctx context.Context) error {
 	const topic = "backfill"
+	if err := b.storeOld(ctx, topic); err != nil {
+		return err
+	}
+	elapsed, err := b.runBackfill(ctx, topic, consumergroup.SubscriptionOptions{BackfillBatchSize: 1000,
+		BackfillRate: b.c.backfillRate, BackfillTargetLatency: b.c.targetLatency, BackfillMaxSlowdown: b.c.maxSlowdown})
+	if err != nil {
+		return err
+	}
+	emit(b.c, elapsed, b.c.n, 0, 0)
+	return nil
+}
+
+// storeOld stores -n messages on a PUB_SUB topic nobody subscribes to, in
+// chunks of 10,000 rows, a transaction each (distinct xids, as producers
+// leave them), without the producer's round trips.
+func (b *bench) storeOld(ctx context.Context, topic string) error {
 	mode := outbox.TrackingMode(strings.ToUpper(b.c.mode))
 	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode}); err != nil {
 		return err
 	}
-	// Stored in chunks of 10,000 rows, a transaction each (distinct xids, as
-	// producers leave them), without the producer's round trips.
 	for start := 0; start < b.c.n; start += 10_000 {
 		_, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_published
     (topic, payload, correlation_id, status, required_bits, done_bits, required_ids, required_count, completed_count)
@@ -126,45 +140,46 @@ FROM generate_series($3::int, $4::int - 1) AS i`, topic, body, start, min(b.c.n,
 			return fmt.Errorf("store: %w", err)
 		}
 	}
-	if _, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox_published`); err != nil {
-		return err
-	}
+	_, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox_published`)
+	return err
+}
+
+// runBackfill subscribes a group from the beginning with a backfill of
+// every stored message (opts sets its throttle), and waits until each was
+// handled once and the backfill says DONE.
+func (b *bench) runBackfill(ctx context.Context, topic string, opts consumergroup.SubscriptionOptions) (time.Duration, error) {
 	tr := newTracker(b.c.n)
 	g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: "late", Schema: schema,
 		Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := g.AddConsumer("c", tr.handler, nil); err != nil {
-		return err
+		return 0, err
 	}
+	opts.Position, opts.Backfill, opts.MaxBackfill = consumergroup.StartBeginning, true, b.c.n
 	start := time.Now()
-	if err := g.Start(ctx, consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, Backfill: true,
-		MaxBackfill: b.c.n, BackfillBatchSize: 1000, BackfillRate: b.c.backfillRate, BackfillTargetLatency: b.c.targetLatency}); err != nil {
-		return err
+	if err := g.Start(ctx, opts); err != nil {
+		return 0, err
 	}
 	defer g.Stop(context.Background())
 	for {
 		p, err := g.BackfillProgress(ctx)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if p.Outcome == consumergroup.BackfillDone && tr.distinct() == b.c.n {
 			break
 		}
 		if p.Outcome != "" && p.Outcome != consumergroup.BackfillDone {
-			return fmt.Errorf("backfill ended %s", p.Outcome)
+			return 0, fmt.Errorf("backfill ended %s", p.Outcome)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%d of %d delivered: %w", tr.distinct(), b.c.n, ctx.Err())
+			return 0, fmt.Errorf("%d of %d delivered: %w", tr.distinct(), b.c.n, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	elapsed := time.Since(start)
-	if err := tr.check("BACKFILL"); err != nil {
-		return err
-	}
-	emit(b.c, elapsed, b.c.n, 0, 0)
-	return nil
+	return elapsed, tr.check("BACKFILL")
 }

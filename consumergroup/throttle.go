@@ -1,0 +1,199 @@
+package consumergroup
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// throttle paces one instance's catch-up reads. Three rules, each on what
+// it observes itself:
+//
+//   - a rate cap: a token bucket of BackfillRate rows a second;
+//   - read latency: reads pause while the p95 of their latency is above
+//     BackfillTargetLatency, for the excess (at most maxPause);
+//   - database load: while a backfill runs, the instance times, every
+//     probeEvery, the commit of a transaction that writes nothing but its
+//     own id, at times that have nothing to do with the backfill's reads.
+//     A commit waits for the server's CPU and for the WAL to reach the
+//     disk, which is what every other writing client of the database waits
+//     on: it grows when the backfill (or anything else) keeps the server
+//     or its disk busy. Every probeWindow probes, when the window's p95 is
+//     more than BackfillMaxSlowdown times the quiet level (the 10th
+//     percentile of the window p95s of the last quietWindows windows) the
+//     rate shrinks by a quarter, down to a hundredth of the cap; otherwise
+//     it grows back by a tenth. The rate starts at that hundredth, so the
+//     quiet level is seen before the backfill runs at full speed.
+//
+// The fetcher calls ready, wait and observe; the load sampler calls
+// probed. The limiter is safe for both; mu guards the probe windows.
+type throttle struct {
+	limiter  *rate.Limiter
+	max      rate.Limit
+	target   time.Duration
+	slowdown float64 // <= 0: no load rule
+
+	reads      []time.Duration // the latest reads' latencies, oldest first (fetcher only)
+	pauseUntil time.Time       // fetcher only
+	lastLog    time.Time       // of progress (fetcher only)
+	lastPause  time.Time       // of a pause's log record (fetcher only)
+
+	mu       sync.Mutex
+	window   []time.Duration // probes of the window being filled
+	quiet    []time.Duration // p95s of the latest windows, oldest first
+	lastSlow time.Time       // of a slowdown's log record
+}
+
+// loadProbe is the load sampler's probe.
+const loadProbe = "BEGIN; SELECT pg_current_xact_id(); COMMIT"
+
+const (
+	throttleSamples = 20 // reads in the latency p95
+	probeEvery      = 50 * time.Millisecond
+	probeWindow     = 20  // probes in a window: a second
+	quietWindows    = 300 // windows the quiet level looks back on: five minutes
+	maxPause        = 5 * time.Second
+)
+
+func newThrottle(o SubscriptionOptions) *throttle {
+	limit := rate.Limit(o.BackfillRate)
+	start := limit
+	if o.BackfillMaxSlowdown > 0 {
+		start = limit / 100
+	}
+	return &throttle{limiter: rate.NewLimiter(start, o.BackfillBatchSize), max: limit,
+		target: o.BackfillTargetLatency, slowdown: o.BackfillMaxSlowdown}
+}
+
+// ready reports whether a read of want rows may run now.
+func (t *throttle) ready(now time.Time, want int) bool {
+	return !now.Before(t.pauseUntil) && t.limiter.TokensAt(now) >= float64(want)
+}
+
+// wait is how long until a read of want rows may run.
+func (t *throttle) wait(now time.Time, want int) time.Duration {
+	if now.Before(t.pauseUntil) {
+		return t.pauseUntil.Sub(now)
+	}
+	missing := float64(want) - t.limiter.TokensAt(now)
+	if missing <= 0 {
+		return 0
+	}
+	return time.Duration(missing / float64(t.limiter.Limit()) * float64(time.Second))
+}
+
+// observe records a read of n rows that took d: it spends n tokens and
+// pauses reads for the p95's excess over the target. It returns the p95
+// when it paused, else 0.
+func (t *throttle) observe(now time.Time, n int, d time.Duration) time.Duration {
+	t.limiter.ReserveN(now, n)
+	t.reads = append(t.reads, d)
+	if len(t.reads) > throttleSamples {
+		t.reads = t.reads[1:]
+	}
+	if p95 := percentile(t.reads, 95); p95 > t.target && len(t.reads) >= 5 {
+		t.pauseUntil = now.Add(min(p95-t.target, maxPause))
+		return p95
+	}
+	return 0
+}
+
+// load is what a closed probe window said.
+type load struct {
+	p95, quiet time.Duration
+	busy       bool
+	rate       rate.Limit // the rate after the window
+}
+
+// probed records a probe's round trip at now. When it closes a window it
+// adapts the rate and returns what the window said.
+func (t *throttle) probed(now time.Time, d time.Duration) (load, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.window = append(t.window, d); len(t.window) < probeWindow {
+		return load{}, false
+	}
+	l := load{p95: percentile(t.window, 95)}
+	t.window = t.window[:0]
+	if t.quiet = append(t.quiet, l.p95); len(t.quiet) > quietWindows {
+		t.quiet = t.quiet[1:]
+	}
+	l.quiet = percentile(t.quiet, 10)
+	l.busy = float64(l.p95) > t.slowdown*float64(l.quiet)
+	if l.busy {
+		t.limiter.SetLimitAt(now, max(t.limiter.Limit()*3/4, t.max/100))
+	} else if t.limiter.Limit() < t.max {
+		t.limiter.SetLimitAt(now, min(t.limiter.Limit()*11/10, t.max))
+	}
+	l.rate = t.limiter.Limit()
+	return l, true
+}
+
+// percentile is the p-th percentile of d (not empty), by nearest rank:
+// the smallest value at least p percent of d are at or below.
+func percentile(d []time.Duration, p int) time.Duration {
+	s := slices.Sorted(slices.Values(d))
+	return s[max(0, (len(s)*p+99)/100-1)]
+}
+
+// sampleLoad is the load sampler: while the group has a backfill to read
+// it probes the database every probeEvery on the heartbeat pool (so it
+// never waits for one of the pool's connections the fetcher or the
+// handlers use) and feeds the throttle. It runs only when the load rule is
+// on. A probe takes a transaction id: 20 a second while a backfill runs.
+func (r *runner) sampleLoad() {
+	g := r.g
+	tick := time.NewTicker(probeEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.fetchCtx.Done():
+			return
+		case <-tick.C:
+		}
+		if !r.backfilling.Load() {
+			continue
+		}
+		d, err := r.probe()
+		if err != nil {
+			continue // the heartbeat says what is wrong with the database
+		}
+		l, closed := r.throttle.probed(time.Now(), d)
+		if !closed || !l.busy {
+			continue
+		}
+		g.metrics.backfillPauses.Add(context.WithoutCancel(r.fetchCtx), 1)
+		r.throttle.mu.Lock()
+		logIt := time.Since(r.throttle.lastSlow) >= 30*time.Second
+		if logIt {
+			r.throttle.lastSlow = time.Now()
+		}
+		r.throttle.mu.Unlock()
+		if logIt {
+			g.logger.Info("pgoutbox: backfill yields: the database answers slower than when it was quiet; it slows down",
+				slog.Duration("p95", l.p95), slog.Duration("quiet_p95", l.quiet),
+				slog.Float64("rows_per_second", float64(l.rate)))
+		}
+	}
+}
+
+// probe times one write transaction's round trip, its commit included (it
+// writes nothing but its id), not counting the wait for a connection. The
+// three statements go as one simple-protocol message, so through
+// PgBouncer in transaction mode they run on one server connection.
+func (r *runner) probe() (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(r.fetchCtx, time.Second)
+	defer cancel()
+	c, err := r.hbPool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Release()
+	start := time.Now()
+	_, err = c.Exec(ctx, loadProbe)
+	return time.Since(start), err
+}
