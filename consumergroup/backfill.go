@@ -164,9 +164,12 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 }
 
 // catchupSize is how many rows the backfill's next read takes: a batch,
-// within what the instance has room for and MaxBackfill has left.
+// within what the instance has room for, a second's worth at the
+// throttle's current rate (a slowed backfill reads small batches often,
+// not a large one now and then), and what MaxBackfill has left.
 func (r *runner) catchupSize(b *backfill, limit int) int {
-	return int(min(int64(min(limit, r.g.opts.BackfillBatchSize)), b.left))
+	n := min(limit, r.g.opts.BackfillBatchSize, max(1, int(r.throttle.limiter.Limit())))
+	return int(min(int64(n), b.left))
 }
 
 // endCatchup ends the reading with outcome and hands out the last rows,

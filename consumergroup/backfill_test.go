@@ -1,10 +1,8 @@
 package consumergroup_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,25 +10,9 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testlog"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // A backfill of 50,000 messages is throttled: never faster than
 // BackfillRate (it takes at least the time the rate allows), and it
@@ -42,7 +24,7 @@ func TestBackfillThrottleEngages(t *testing.T) {
 	ctx := context.Background()
 	const n = 50_000
 	b.sendRange(t, 0, n) // no group yet: kept for the zero-subscription floor
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	r := newRecorder()
 	g := b.newGroup(t, "late", func(c *consumergroup.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))

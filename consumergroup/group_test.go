@@ -305,8 +305,12 @@ func TestBadInput(t *testing.T) {
 		require.ErrorIs(t, err, outbox.ErrInvalidConfig, field)
 		require.ErrorContains(t, err, field)
 	}
-	nan := consumergroup.SubscriptionOptions{Position: consumergroup.StartBeginning, BackfillMaxSlowdown: math.NaN()}
-	require.ErrorIs(t, g.Start(ctx, nan), outbox.ErrInvalidConfig)
+	for _, o := range []consumergroup.SubscriptionOptions{
+		{BackfillMaxSlowdown: math.NaN()}, {BackfillRate: math.NaN()}, {BackfillRate: math.Inf(1)},
+	} {
+		o.Position = consumergroup.StartBeginning
+		require.ErrorIs(t, g.Start(ctx, o), outbox.ErrInvalidConfig)
+	}
 	start(t, g, consumergroup.FromNow())
 	require.ErrorIs(t, g.Start(ctx, consumergroup.FromNow()), outbox.ErrAlreadyStarted)
 	require.ErrorIs(t, g.RemoveConsumer("m"), consumergroup.ErrLastMember)

@@ -1,7 +1,6 @@
 package consumergroup
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -13,26 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testlog"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
-
-// syncBuffer is a log destination safe for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // The lease keeper warns about a batch taken over only when it really
 // was: a batch the completer has just finished (its row deleted, not yet
@@ -47,7 +29,7 @@ func TestLeaseKeeperWarnsOnlyForRealTakeovers(t *testing.T) {
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset}))
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
 	require.NoError(t, err)
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 20 * time.Millisecond, BatchSize: 5,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)

@@ -106,15 +106,15 @@ const (
 	// DefaultBackfillBatchSize caps the rows of one catch-up read.
 	DefaultBackfillBatchSize = 10_000
 	// DefaultBackfillRate caps catch-up reads at this many rows a second
-	// per group (the design's 50,000).
+	// per instance (the design's 50,000).
 	DefaultBackfillRate = 50_000
 	// DefaultBackfillTargetLatency: catch-up reads pause while the p95 of
 	// their latency is above it (the database is busy with other work).
 	DefaultBackfillTargetLatency = 10 * time.Millisecond
-	// DefaultBackfillMaxSlowdown: a backfill slows down while the database
-	// answers a trivial statement more than twice as slowly as when it was
-	// quiet.
-	DefaultBackfillMaxSlowdown = 2.0
+	// DefaultBackfillMaxSlowdown: a backfill slows down while commits take
+	// more than 1.5 times as long as when the database was quiet (so the
+	// database's other clients stay well within twice their latency).
+	DefaultBackfillMaxSlowdown = 1.5
 )
 
 // SubscriptionOptions say where a new subscription starts. They apply when
@@ -142,22 +142,24 @@ type SubscriptionOptions struct {
 	// BackfillBatchSize caps the rows of one catch-up read. Defaults to
 	// DefaultBackfillBatchSize.
 	BackfillBatchSize int
-	// BackfillRate caps catch-up reads, in rows a second for the group.
-	// Defaults to DefaultBackfillRate.
+	// BackfillRate caps catch-up reads, in rows a second for each instance
+	// of the group (each paces its own reads). Defaults to
+	// DefaultBackfillRate.
 	BackfillRate float64
 	// BackfillTargetLatency pauses catch-up reads while the p95 of their
 	// latency is above it, for the excess (at most 5 s): a backfill yields
 	// to a busy database. Defaults to DefaultBackfillTargetLatency.
 	BackfillTargetLatency time.Duration
-	// BackfillMaxSlowdown protects the database's other clients: before
-	// each catch-up read the backfill times a trivial statement, and while
-	// its recent median is more than BackfillMaxSlowdown times its quiet
-	// level (the lowest seen over the last few hundred reads) the backfill
-	// reads ever slower, down to a hundredth of BackfillRate, and speeds up
-	// again once it is not. It also makes the backfill start at a tenth of
-	// BackfillRate and ramp up. Must be above 1; negative turns the rule
-	// off (the backfill starts at BackfillRate). Defaults to
-	// DefaultBackfillMaxSlowdown.
+	// BackfillMaxSlowdown protects the database's other clients: while a
+	// backfill runs, the instance commits an empty transaction every 50 ms
+	// (it takes a transaction id, nothing else) on its heartbeat pool and
+	// times it; while the p95 of a second's commits is more than
+	// BackfillMaxSlowdown times their quiet level (a low percentile of the
+	// last five minutes), the backfill reads a quarter slower each second,
+	// down to a thousandth of BackfillRate, and speeds up by a tenth a
+	// second once it is not. The backfill starts at that thousandth and
+	// ramps up (to BackfillRate in about 73 quiet seconds). Must be above 1; negative turns the rule off (the backfill
+	// starts at BackfillRate). Defaults to DefaultBackfillMaxSlowdown.
 	BackfillMaxSlowdown float64
 }
 
@@ -209,8 +211,8 @@ func (o SubscriptionOptions) validate() error {
 	check := cfgcheck.New("SubscriptionOptions")
 	check.Count("MaxBackfill", o.MaxBackfill, 0)
 	check.Count("BackfillBatchSize", o.BackfillBatchSize, 1)
-	if o.BackfillRate <= 0 || math.IsNaN(o.BackfillRate) {
-		check.Failf("BackfillRate", "must be positive (got %v)", o.BackfillRate)
+	if o.BackfillRate <= 0 || math.IsNaN(o.BackfillRate) || math.IsInf(o.BackfillRate, 0) {
+		check.Failf("BackfillRate", "must be positive and finite (got %v)", o.BackfillRate)
 	}
 	check.Positive("BackfillTargetLatency", o.BackfillTargetLatency)
 	if o.BackfillMaxSlowdown >= 0 && o.BackfillMaxSlowdown <= 1 || math.IsNaN(o.BackfillMaxSlowdown) {

@@ -257,9 +257,7 @@ func (r *runner) stop(ctx context.Context, cancelHandlers bool, cause error) err
 		<-r.stopped
 		return ctx.Err()
 	}
-	abandoned := make(chan struct{})
-	go func() { r.abandoned.Wait(); close(abandoned) }()
-	return startstop.Wait(ctx, abandoned)
+	return startstop.WaitGroup(ctx, &r.abandoned)
 }
 
 // end stops the instance from one of its own goroutines, which must

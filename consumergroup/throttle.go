@@ -25,9 +25,10 @@ import (
 //     or its disk busy. Every probeWindow probes, when the window's p95 is
 //     more than BackfillMaxSlowdown times the quiet level (the 10th
 //     percentile of the window p95s of the last quietWindows windows) the
-//     rate shrinks by a quarter, down to a hundredth of the cap; otherwise
-//     it grows back by a tenth. The rate starts at that hundredth, so the
-//     quiet level is seen before the backfill runs at full speed.
+//     rate shrinks by a quarter, down to a thousandth of the cap; otherwise
+//     it grows back by a tenth. The rate starts at that thousandth, so the
+//     quiet level is seen before the backfill runs at full speed (it
+//     reaches the cap after about 73 quiet seconds).
 //
 // The fetcher calls ready, wait and observe; the load sampler calls
 // probed. The limiter is safe for both; mu guards the probe windows.
@@ -57,13 +58,14 @@ const (
 	probeWindow     = 20  // probes in a window: a second
 	quietWindows    = 300 // windows the quiet level looks back on: five minutes
 	maxPause        = 5 * time.Second
+	minRateShare    = 0.001 // the load rule's floor, and its start: a thousandth of the cap
 )
 
 func newThrottle(o SubscriptionOptions) *throttle {
 	limit := rate.Limit(o.BackfillRate)
 	start := limit
 	if o.BackfillMaxSlowdown > 0 {
-		start = limit / 100
+		start = limit * minRateShare
 	}
 	return &throttle{limiter: rate.NewLimiter(start, o.BackfillBatchSize), max: limit,
 		target: o.BackfillTargetLatency, slowdown: o.BackfillMaxSlowdown}
@@ -125,7 +127,7 @@ func (t *throttle) probed(now time.Time, d time.Duration) (load, bool) {
 	l.quiet = percentile(t.quiet, 10)
 	l.busy = float64(l.p95) > t.slowdown*float64(l.quiet)
 	if l.busy {
-		t.limiter.SetLimitAt(now, max(t.limiter.Limit()*3/4, t.max/100))
+		t.limiter.SetLimitAt(now, max(t.limiter.Limit()*3/4, t.max*minRateShare))
 	} else if t.limiter.Limit() < t.max {
 		t.limiter.SetLimitAt(now, min(t.limiter.Limit()*11/10, t.max))
 	}
@@ -149,6 +151,7 @@ func (r *runner) sampleLoad() {
 	g := r.g
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
+	var lastFailure time.Time
 	for {
 		select {
 		case <-r.fetchCtx.Done():
@@ -160,7 +163,12 @@ func (r *runner) sampleLoad() {
 		}
 		d, err := r.probe()
 		if err != nil {
-			continue // the heartbeat says what is wrong with the database
+			if r.fetchCtx.Err() == nil && time.Since(lastFailure) >= 30*time.Second {
+				lastFailure = time.Now()
+				g.logger.Warn("pgoutbox: backfill load probe failed; the backfill keeps its current pace until one succeeds",
+					slog.Any("error", err))
+			}
+			continue
 		}
 		l, closed := r.throttle.probed(time.Now(), d)
 		if !closed || !l.busy {
@@ -174,7 +182,7 @@ func (r *runner) sampleLoad() {
 		}
 		r.throttle.mu.Unlock()
 		if logIt {
-			g.logger.Info("pgoutbox: backfill yields: the database answers slower than when it was quiet; it slows down",
+			g.logger.Info("pgoutbox: backfill yields: commits take longer than when the database was quiet; it slows down",
 				slog.Duration("p95", l.p95), slog.Duration("quiet_p95", l.quiet),
 				slog.Float64("rows_per_second", float64(l.rate)))
 		}

@@ -21,18 +21,18 @@ func feedWindow(t *testing.T, th *throttle, now time.Time, d time.Duration) load
 	return l
 }
 
-// The load rule: the rate starts at a hundredth of the cap, grows by a
+// The load rule: the rate starts at a thousandth of the cap, grows by a
 // tenth a quiet window up to the cap, shrinks by a quarter a busy window
 // (commits more than BackfillMaxSlowdown times slower than the quiet
-// level) down to a hundredth of the cap, and grows back once the database
+// level) down to a thousandth of the cap, and grows back once the database
 // is quiet again.
 func TestThrottleLoadRule(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	th := newThrottle(SubscriptionOptions{BackfillRate: 10_000, BackfillBatchSize: 100,
 		BackfillTargetLatency: time.Hour, BackfillMaxSlowdown: 2})
-	require.Equal(t, rate.Limit(100), th.limiter.Limit(), "starts at a hundredth of the cap")
+	require.Equal(t, rate.Limit(10), th.limiter.Limit(), "starts at a thousandth of the cap")
 
-	for range 60 {
+	for range 80 {
 		l := feedWindow(t, th, now, time.Millisecond)
 		require.False(t, l.busy)
 	}
@@ -48,14 +48,14 @@ func TestThrottleLoadRule(t *testing.T) {
 	for range 40 {
 		feedWindow(t, th, now, 3*time.Millisecond)
 	}
-	require.Equal(t, rate.Limit(100), th.limiter.Limit(), "never below a hundredth of the cap")
+	require.Equal(t, rate.Limit(10), th.limiter.Limit(), "never below a thousandth of the cap")
 
 	// Busy windows are not the quiet level while most of the look-back is
 	// quiet (it is the 10th percentile of the windows' p95s).
 	l = feedWindow(t, th, now, time.Millisecond)
 	require.False(t, l.busy)
 	require.Equal(t, time.Millisecond, l.quiet)
-	require.InDelta(t, 110, float64(th.limiter.Limit()), 0.001, "quiet again: grows back")
+	require.InDelta(t, 11, float64(th.limiter.Limit()), 0.001, "quiet again: grows back")
 }
 
 // A window's p95 is what it is judged by: one slow probe in twenty does

@@ -1,12 +1,10 @@
 package maintenance_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testlog"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -23,35 +22,12 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // logs collects log records as text.
-type logs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+type logs struct{ testlog.Buffer }
 
-func (l *logs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logs) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
-
-func (l *logs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+func (l *logs) logger() *slog.Logger { return l.Logger() }
 
 // errors lists the ERROR records.
-func (l *logs) errors() []string {
-	var out []string
-	for _, line := range strings.Split(l.String(), "\n") {
-		if strings.Contains(line, "level=ERROR") {
-			out = append(out, line)
-		}
-	}
-	return out
-}
+func (l *logs) errors() []string { return l.Lines("level=ERROR") }
 
 type bundle struct {
 	db       *pgtest.DB

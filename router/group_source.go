@@ -155,13 +155,7 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 	if len(batch) > 0 {
 		route(ctx, batch)
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done(): // stopping: the router settles everything before it stops
-		<-done
-	}
+	wg.Wait() // stopping too: the router settles everything before it stops
 	return results
 }
 

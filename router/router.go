@@ -697,7 +697,7 @@ func (r *Router) shutdown(ctx context.Context, done func()) error {
 		p.drain()
 	}
 	for _, p := range pools {
-		if werr := waitCtx(ctx, &p.workers); werr != nil && err == nil {
+		if werr := startstop.WaitGroup(ctx, &p.workers); werr != nil && err == nil {
 			err = werr
 		}
 	}

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
 
 // runningSource is a source and its current Run. The router's mu guards
@@ -246,11 +244,4 @@ func (r *Router) keepLeases(rs *runningSource, k LeaseKeeper, keepStop <-chan st
 		}
 		t.Reset(every)
 	}
-}
-
-// waitCtx waits for wg, or until ctx ends.
-func waitCtx(ctx context.Context, wg *sync.WaitGroup) error {
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	return startstop.Wait(ctx, done)
 }

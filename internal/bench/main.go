@@ -50,6 +50,7 @@ type config struct {
 	oltpScale, oltpClients      int
 	oltpTPS                     int
 	oltpDuration                time.Duration
+	oltpAfter                   time.Duration
 }
 
 func main() {
@@ -91,6 +92,7 @@ func parseFlags() *config {
 	flag.IntVar(&c.oltpClients, "oltp-clients", 4, "BACKFILL_OLTP: pgbench clients")
 	flag.IntVar(&c.oltpTPS, "oltp-tps", 200, "BACKFILL_OLTP: pgbench transactions a second (-R)")
 	flag.DurationVar(&c.oltpDuration, "oltp-seconds", 20*time.Second, "BACKFILL_OLTP: length of the baseline measurement")
+	flag.DurationVar(&c.oltpAfter, "oltp-after", 60*time.Second, "BACKFILL_OLTP: how long after the backfill pgbench is still measured (the write-back of what it wrote)")
 	flag.Parse()
 	c.workload = strings.ToUpper(c.workload)
 	if c.mode != "" {

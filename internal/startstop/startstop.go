@@ -186,8 +186,15 @@ func (t *Tasks) Wait() { t.wg.Wait() }
 // (call it after the last Go).
 func (t *Tasks) Done() <-chan struct{} {
 	ch := make(chan struct{})
-	go func() { t.wg.Wait(); close(ch) }()
+	go func() { t.Wait(); close(ch) }()
 	return ch
+}
+
+// WaitGroup waits for wg until ctx ends, then returns ctx's error.
+func WaitGroup(ctx context.Context, wg *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	return Wait(ctx, done)
 }
 
 // StartAll starts services in order. If one fails, the ones it started are
