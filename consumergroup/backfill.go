@@ -164,11 +164,13 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 }
 
 // catchupSize is how many rows the backfill's next read takes: a batch,
-// within what the instance has room for, a second's worth at the
-// throttle's current rate (a slowed backfill reads small batches often,
-// not a large one now and then), and what MaxBackfill has left.
+// within what the instance has room for, what the bucket holds or else a
+// second's worth at the throttle's current rate (a slowed backfill reads
+// small batches often, not a large one now and then), and what
+// MaxBackfill has left.
 func (r *runner) catchupSize(b *backfill, limit int) int {
-	n := min(limit, r.g.opts.BackfillBatchSize, max(1, int(r.throttle.limiter.Limit())))
+	l := r.throttle.limiter
+	n := min(limit, r.g.opts.BackfillBatchSize, max(1, int(max(float64(l.Limit()), l.Tokens()))))
 	return int(min(int64(n), b.left))
 }
 

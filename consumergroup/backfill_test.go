@@ -37,9 +37,10 @@ func TestBackfillThrottleEngages(t *testing.T) {
 		BackfillMaxSlowdown: -1}) // the load rule is throttle_internal_test.go's
 	pgtest.Eventually(t, 60*time.Second, "the backfill done", func() bool { return r.distinct() == n })
 	took := time.Since(began)
-	// The bucket starts with BackfillBatchSize tokens: the rest takes
-	// (n - 500) / 25,000 s at least.
-	require.GreaterOrEqual(t, took, (n-500)*time.Second/25_000, "faster than BackfillRate")
+	// The bucket starts with DefaultBackfillBatchSize tokens (more than
+	// this BackfillBatchSize): the rest takes (n - 10,000) / 25,000 s at
+	// least.
+	require.GreaterOrEqual(t, took, (n-consumergroup.DefaultBackfillBatchSize)*time.Second/25_000, "faster than BackfillRate")
 	require.Contains(t, logs.String(), "backfill yields", "the latency throttle never engaged")
 	var p consumergroup.BackfillProgress
 	pgtest.Eventually(t, 10*time.Second, "the backfill's end recorded", func() bool {

@@ -13,7 +13,8 @@ import (
 // throttle paces one instance's catch-up reads. Three rules, each on what
 // it observes itself:
 //
-//   - a rate cap: a token bucket of BackfillRate rows a second;
+//   - a rate cap: a token bucket of BackfillRate rows a second (it
+//     starts full, with a batch's worth, at least DefaultBackfillBatchSize);
 //   - read latency: reads pause while the p95 of their latency is above
 //     BackfillTargetLatency, for the excess (at most maxPause);
 //   - database load: while a backfill runs, the instance times, every
@@ -67,7 +68,10 @@ func newThrottle(o SubscriptionOptions) *throttle {
 	if o.BackfillMaxSlowdown > 0 {
 		start = limit * minRateShare
 	}
-	return &throttle{limiter: rate.NewLimiter(start, o.BackfillBatchSize), max: limit,
+	// The bucket starts full, and holds at least DefaultBackfillBatchSize
+	// rows: a small backfill is over before any rule matters.
+	burst := max(o.BackfillBatchSize, DefaultBackfillBatchSize)
+	return &throttle{limiter: rate.NewLimiter(start, burst), max: limit,
 		target: o.BackfillTargetLatency, slowdown: o.BackfillMaxSlowdown}
 }
 
@@ -158,8 +162,8 @@ func (r *runner) sampleLoad() {
 			return
 		case <-tick.C:
 		}
-		if !r.backfilling.Load() {
-			continue
+		if !r.backfilling.Load() || r.throttle.limiter.Tokens() >= float64(r.throttle.limiter.Burst())/2 {
+			continue // no backfill, or one still on the bucket's first rows: the rate does not bind yet
 		}
 		d, err := r.probe()
 		if err != nil {

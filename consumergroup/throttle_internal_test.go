@@ -93,18 +93,18 @@ func TestThrottleWithoutLoadRule(t *testing.T) {
 // maxPause.
 func TestThrottleReadyAndWait(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	th := newThrottle(SubscriptionOptions{BackfillRate: 1_000, BackfillBatchSize: 100,
+	th := newThrottle(SubscriptionOptions{BackfillRate: 1_000, BackfillBatchSize: DefaultBackfillBatchSize,
 		BackfillTargetLatency: 10 * time.Millisecond, BackfillMaxSlowdown: -1})
-	require.True(t, th.ready(now, 100), "the bucket starts full")
+	require.True(t, th.ready(now, DefaultBackfillBatchSize), "the bucket starts full")
 	require.Zero(t, th.wait(now, 100))
-	require.Zero(t, th.observe(now, 100, time.Millisecond), "a fast read does not pause")
+	require.Zero(t, th.observe(now, DefaultBackfillBatchSize, time.Millisecond), "a fast read does not pause")
 	require.False(t, th.ready(now, 100))
 	require.Equal(t, 100*time.Millisecond, th.wait(now, 100), "100 rows at 1,000 a second")
 	later := now.Add(100 * time.Millisecond)
 	require.True(t, th.ready(later, 100))
 
 	for range 4 {
-		th.observe(later, 0, time.Second) // slow reads (no rows: the bucket stays full)
+		th.observe(later, 0, time.Second) // slow reads of no rows: nothing drawn from the bucket
 	}
 	p95 := th.observe(later, 0, time.Minute)
 	require.Equal(t, time.Minute, p95)

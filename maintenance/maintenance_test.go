@@ -378,7 +378,9 @@ func TestCleanupCutShortIsFinishedByTheNextPass(t *testing.T) {
 	c := newCounter()
 	b.group(t, "events", "g", c.handle, consumergroup.FromNow())
 	b.send(t, "events", 200)
-	pgtest.Eventually(t, 10*time.Second, "handled", func() bool { return c.distinct() == 200 })
+	pgtest.Eventually(t, 10*time.Second, "handled and recorded", func() bool {
+		return c.distinct() == 200 && b.count(t, "outbox_published", "completed_count >= required_count") == 200
+	})
 	s := b.service(t, maintenance.Config{BatchSize: 10, BatchPause: time.Second})
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond) // ends in the pause after a batch
 	r1, err := s.RunOnce(short)
