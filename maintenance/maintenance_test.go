@@ -385,7 +385,9 @@ func TestCleanupCutShortIsFinishedByTheNextPass(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond) // ends in the pause after a batch
 	r1, err := s.RunOnce(short)
 	cancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	if err != nil { // else a batch came back short (the slowest position had not passed every row yet): the pass ended early, as good a cut
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
 	require.Less(t, r1.Deleted["outbox_published"], int64(200), "the pass was not cut short: the test proves nothing")
 	r2, err := b.service(t, maintenance.Config{}).RunOnce(ctx) // the next pass: here another instance's
 	require.NoError(t, err)
