@@ -162,6 +162,27 @@ type bench struct {
 	producer *outbox.Producer
 }
 
+// subscribeIdle subscribes -groups groups g0, g1, … to topic from now and
+// stops them: the topic's messages need them, and nobody consumes.
+func (b *bench) subscribeIdle(ctx context.Context, topic string) error {
+	for i := range b.c.groups {
+		g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema, HeartbeatPool: b.pool})
+		if err != nil {
+			return err
+		}
+		if err := g.AddConsumer("c", func(context.Context, *outbox.Delivery) error { return nil }, nil); err != nil {
+			return err
+		}
+		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+			return err
+		}
+		if err := g.Stop(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // w1: n messages, each in its own transaction, from `workers` goroutines.
 func (b *bench) w1(ctx context.Context) error {
 	if b.c.mode != "" { // W1 on a PUB_SUB topic with `groups` subscribed groups
@@ -169,20 +190,8 @@ func (b *bench) w1(ctx context.Context) error {
 			Tracking: outbox.TrackingMode(strings.ToUpper(b.c.mode))}); err != nil {
 			return err
 		}
-		for i := range b.c.groups {
-			g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: "w1", Group: fmt.Sprintf("g%d", i), Schema: schema, HeartbeatPool: b.pool})
-			if err != nil {
-				return err
-			}
-			if err := g.AddConsumer("c", func(context.Context, *outbox.Delivery) error { return nil }, nil); err != nil {
-				return err
-			}
-			if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
-				return err
-			}
-			if err := g.Stop(ctx); err != nil { // subscribed; nobody consumes during W1
-				return err
-			}
+		if err := b.subscribeIdle(ctx, "w1"); err != nil { // nobody consumes during W1
+			return err
 		}
 	}
 	start := time.Now()

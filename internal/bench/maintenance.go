@@ -42,20 +42,8 @@ func (b *bench) cleanup(ctx context.Context) error {
 		Retention: time.Microsecond, ZeroSubscriptionRetention: time.Microsecond}); err != nil {
 		return err
 	}
-	for i := range b.c.groups { // subscribed, stopped: nobody consumes during the produce phase
-		g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema, HeartbeatPool: b.pool})
-		if err != nil {
-			return err
-		}
-		if err := g.AddConsumer("c", func(context.Context, *outbox.Delivery) error { return nil }, nil); err != nil {
-			return err
-		}
-		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
-			return err
-		}
-		if err := g.Stop(ctx); err != nil {
-			return err
-		}
+	if err := b.subscribeIdle(ctx, topic); err != nil { // nobody consumes during the produce phase
+		return err
 	}
 	start := time.Now()
 	if err := concurrently(ctx, b.c.n, b.c.workers, func(ctx context.Context, seq int) error {
