@@ -113,6 +113,7 @@ type load struct {
 	p95, quiet time.Duration
 	busy       bool
 	rate       rate.Limit // the rate after the window
+	log        bool       // busy, and no slowdown was logged in the last 30 s
 }
 
 // probed records a probe's round trip at now. When it closes a window it
@@ -132,6 +133,9 @@ func (t *throttle) probed(now time.Time, d time.Duration) (load, bool) {
 	l.busy = float64(l.p95) > t.slowdown*float64(l.quiet)
 	if l.busy {
 		t.limiter.SetLimitAt(now, max(t.limiter.Limit()*3/4, t.max*minRateShare))
+		if l.log = now.Sub(t.lastSlow) >= 30*time.Second; l.log {
+			t.lastSlow = now
+		}
 	} else if t.limiter.Limit() < t.max {
 		t.limiter.SetLimitAt(now, min(t.limiter.Limit()*11/10, t.max))
 	}
@@ -179,13 +183,7 @@ func (r *runner) sampleLoad() {
 			continue
 		}
 		g.metrics.backfillPauses.Add(context.WithoutCancel(r.fetchCtx), 1)
-		r.throttle.mu.Lock()
-		logIt := time.Since(r.throttle.lastSlow) >= 30*time.Second
-		if logIt {
-			r.throttle.lastSlow = time.Now()
-		}
-		r.throttle.mu.Unlock()
-		if logIt {
+		if l.log {
 			g.logger.Info("pgoutbox: backfill yields: commits take longer than when the database was quiet; it slows down",
 				slog.Duration("p95", l.p95), slog.Duration("quiet_p95", l.quiet),
 				slog.Float64("rows_per_second", float64(l.rate)))
