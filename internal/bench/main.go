@@ -18,7 +18,6 @@ import (
 	"math"
 	"os"
 	"runtime/pprof"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,7 +35,7 @@ import (
 
 const schema = "bench_pgoutbox"
 
-var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000}
+var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000, "W5": 0}
 
 type config struct {
 	system, dsn, workload, mode string
@@ -51,6 +50,7 @@ type config struct {
 	oltpTPS                     int
 	oltpDuration                time.Duration
 	oltpAfter                   time.Duration
+	duration                    time.Duration
 }
 
 func main() {
@@ -75,11 +75,12 @@ func main() {
 func parseFlags() *config {
 	c := &config{system: "pgoutbox"}
 	flag.StringVar(&c.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/bench?sslmode=disable", "PostgreSQL connection string")
-	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | CLEANUP | BACKFILL (see maintenance.go) | BACKFILL_OLTP (see oltp.go)")
+	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | W5 held xmin (see w5.go) | CLEANUP | BACKFILL (see maintenance.go) | BACKFILL_OLTP (see oltp.go)")
 	flag.IntVar(&c.n, "n", 0, "messages (0 = workload default)")
 	flag.IntVar(&c.workers, "workers", 8, "producer goroutines (W1) / consumer concurrency (W2, W4)")
 	flag.IntVar(&c.groups, "groups", 4, "consumer groups (W3)")
-	flag.IntVar(&c.rate, "rate", 500, "produce rate in msg/s (W4)")
+	flag.IntVar(&c.rate, "rate", 500, "produce rate in msg/s (W4, W5)")
+	flag.DurationVar(&c.duration, "duration", 60*time.Second, "W5: how long the producer runs (n = rate × duration)")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "abort after this long")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.StringVar(&c.mode, "mode", "", "PUB_SUB tracking mode for W3: bitmap, counter or offset")
@@ -99,7 +100,13 @@ func parseFlags() *config {
 		c.system = "pgoutbox-" + c.mode
 	}
 	if _, ok := defaultN[c.workload]; !ok {
-		fail(c, fmt.Errorf("unknown workload %q (want W1..W4, CLEANUP, BACKFILL, BACKFILL_OLTP)", c.workload))
+		fail(c, fmt.Errorf("unknown workload %q (want W1..W5, CLEANUP, BACKFILL, BACKFILL_OLTP)", c.workload))
+	}
+	if c.workload == "W5" {
+		if c.n > 0 {
+			fail(c, errW5N)
+		}
+		c.n = int(float64(c.rate) * c.duration.Seconds())
 	}
 	if c.n <= 0 {
 		c.n = defaultN[c.workload]
@@ -132,7 +139,7 @@ func run(ctx context.Context, c *config) error {
 		return err
 	}
 	b := &bench{c: c, pool: pool, client: client, producer: producer}
-	if c.mode == "" { // QUEUE workloads: configure the topic, as a service would at boot
+	if c.mode == "" && c.workload != "W5" { // QUEUE workloads: configure the topic, as a service would at boot
 		if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: strings.ToLower(c.workload)}); err != nil {
 			return err
 		}
@@ -150,6 +157,8 @@ func run(ctx context.Context, c *config) error {
 		return b.backfill(ctx)
 	case "BACKFILL_OLTP":
 		return b.backfillOLTP(ctx)
+	case "W5":
+		return b.w5(ctx)
 	default:
 		return b.w4(ctx)
 	}
@@ -624,16 +633,8 @@ func (t *tracker) check(workload string) error {
 }
 
 func (t *tracker) latencies() (p50, p99 float64) {
-	var v []float64
-	for i := range t.counts {
-		s, c := t.started[i].Load(), t.commits[i].Load()
-		if s == 0 || c == 0 {
-			continue
-		}
-		v = append(v, max(0, float64(s-c)/1e6))
-	}
-	sort.Float64s(v)
-	return percentile(v, 50), percentile(v, 99)
+	p50, p99, _ = t.latenciesBetween(time.Time{}, time.Time{})
+	return p50, p99
 }
 
 func percentile(sorted []float64, p float64) float64 {
