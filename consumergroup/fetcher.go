@@ -314,6 +314,16 @@ type row struct {
 	xid string
 }
 
+// idlePositionEvery is how often a look that found nothing new moves the
+// position to its snapshot anyway. Every move is a new version of the
+// offsets row, which nothing can reclaim while a transaction elsewhere
+// holds the database's xmin back, and every fetch walks the versions it
+// cannot reclaim; an idle group polling every few milliseconds wrote
+// hundreds a second. A position left behind costs little: the next look
+// reads only what its snapshot had not seen (see sqlq's unseenRows), and
+// cleanup waits at most this long more for an Offset group.
+const idlePositionEvery = time.Second
+
 // fetchBatch reads the next rows of the snapshot pair, records them as a
 // batch with a lease and moves the position, and commits.
 func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot string, limit int) (fetchResult, error) {
@@ -328,9 +338,15 @@ func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot
 	if err != nil {
 		return 0, fmt.Errorf("fetch rows: %w", err)
 	}
-	if len(got) < limit { // pair exhausted: the position moves to cur
+	switch {
+	case len(got) == 0 && p.pairCur == nil && time.Since(r.idleSince) < idlePositionEvery:
+		return fetchedNothing, tx.Commit(ctx) // nothing new: the position stays (no row version written)
+	case len(got) < limit: // pair exhausted: the position moves to cur
+		if len(got) == 0 && p.pairCur == nil {
+			r.idleSince = time.Now()
+		}
 		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, cur, nil, nil, nil)
-	} else {
+	default:
 		last := got[len(got)-1]
 		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, prev, cur, last.xid, last.d.ID)
 	}

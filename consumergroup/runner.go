@@ -83,6 +83,7 @@ type runner struct {
 	throttle    *throttle
 	catchupWait time.Duration // until the throttle allows the next catch-up read (0: none waits)
 	backfilling atomic.Bool   // a backfill is pending: the load sampler probes
+	idleSince   time.Time     // when an empty look last moved the position (see idlePositionEvery)
 }
 
 // job is one delivery to handle.

@@ -1,0 +1,153 @@
+package consumergroup
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// A transaction held open elsewhere in the database (here: a REPEATABLE
+// READ transaction with an xid) keeps every later snapshot's xmin at its
+// xid. A fetch must still read only what its previous snapshot had not
+// seen, not every row written since that transaction began: after 3,000
+// messages were delivered during the hold, the group's next fetch reads a
+// handful of rows. Scanning from the previous snapshot's xmin, it read
+// (and threw away) all 3,000.
+func TestFetchUnderHeldXminReadsOnlyUnseenRows(t *testing.T) {
+	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter, outbox.Offset} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewDB(t)
+			ctx := context.Background()
+			client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+			require.NoError(t, err)
+			require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode}))
+			producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+			require.NoError(t, err)
+			g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 20 * time.Millisecond})
+			require.NoError(t, err)
+			var handled atomic.Int64
+			require.NoError(t, g.AddConsumer("c", func(context.Context, *outbox.Delivery) error {
+				handled.Add(1)
+				return nil
+			}, nil))
+			require.NoError(t, g.Start(ctx, FromNow()))
+			defer g.Stop(context.Background())
+
+			held, err := pgx.ConnectConfig(ctx, db.Pool.Config().ConnConfig)
+			require.NoError(t, err)
+			defer held.Close(context.Background())
+			tx, err := held.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			require.NoError(t, err)
+			defer tx.Rollback(context.Background())
+			var heldXID string
+			require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&heldXID))
+
+			const n = 3000
+			for start := 0; start < n; start += 100 { // many transactions, fetched as they come
+				msgs := make([]outbox.Message, 100)
+				for i := range msgs {
+					p, _ := json.Marshal(map[string]int{"seq": start + i})
+					msgs[i] = outbox.Message{Topic: "events", Payload: p}
+				}
+				_, err := producer.SendBatch(ctx, db.Pool, msgs)
+				require.NoError(t, err)
+			}
+			require.Eventually(t, func() bool { return handled.Load() == n }, 30*time.Second, 10*time.Millisecond)
+			// The group fetches at least once more and so stands on a
+			// snapshot taken after every message, with the held xid its xmin.
+			var prev string
+			require.Eventually(t, func() bool {
+				err := db.Pool.QueryRow(ctx, `SELECT position::text FROM `+db.Table("outbox_subscription_offsets")+
+					` WHERE subscription_id = $1 AND pair_cur IS NULL
+					  AND pg_snapshot_xmax(position) > (SELECT max(xid) FROM `+db.Table("outbox_published")+`)`,
+					g.sub.ID).Scan(&prev)
+				return err == nil
+			}, 10*time.Second, 10*time.Millisecond)
+			var xmin string
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmin($1::pg_snapshot)::text`, prev).Scan(&xmin))
+			var heldBack bool
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT $1::xid8 <= $2::xid8`, xmin, heldXID).Scan(&heldBack))
+			require.True(t, heldBack, "the held transaction (xid %s) holds the group's snapshots back (xmin %s)", heldXID, xmin)
+
+			// The group's next fetch, one more message later, explained.
+			_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{{Topic: "events", Payload: []byte(`{"seq":-1}`)}})
+			require.NoError(t, err)
+			var cur string
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&cur))
+			args := append([]any{"events", prev, cur, "0", int64(0), 1000}, g.stream.binds()...)
+			var plan []map[string]any
+			require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+g.q.FetchRows, args...).Scan(&plan))
+			read := rowsRead(plan[0]["Plan"].(map[string]any))
+			t.Logf("the fetch read %d rows of outbox_published", read)
+			if read > 20 {
+				out, _ := json.MarshalIndent(plan, "", " ")
+				t.Logf("%s", out)
+			}
+			require.LessOrEqual(t, read, 20, "rows read by one fetch after %d messages during the hold", n)
+		})
+	}
+}
+
+// rowsRead sums, over a JSON plan, the rows scans of outbox_published
+// returned and those their filters removed.
+func rowsRead(node map[string]any) int {
+	n := 0
+	if node["Relation Name"] == "outbox_published" {
+		loops := num(node["Actual Loops"])
+		n += int(loops * (num(node["Actual Rows"]) + num(node["Rows Removed by Filter"]) + num(node["Rows Removed by Index Recheck"])))
+	}
+	if kids, ok := node["Plans"].([]any); ok {
+		for _, k := range kids {
+			n += rowsRead(k.(map[string]any))
+		}
+	}
+	return n
+}
+
+func num(v any) float64 {
+	switch x := v.(type) {
+	case float64:
+		return x
+	case nil:
+		return 0
+	default:
+		panic(fmt.Sprintf("plan value %v (%T)", v, v))
+	}
+}
+
+// An idle group looks for messages often, and each look that moved its
+// position wrote a version of its offsets row: hundreds a second, none
+// reclaimable while a transaction elsewhere holds the xmin back. Looks
+// that find nothing move it at most once every idlePositionEvery.
+func TestIdleLooksWriteNoPositions(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset}))
+	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 2 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("c", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	require.NoError(t, g.Start(ctx, FromNow()))
+	defer g.Stop(context.Background())
+
+	versions := map[string]bool{}
+	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		var xmin string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT xmin::text FROM `+db.Table("outbox_subscription_offsets")+
+			` WHERE subscription_id = $1`, g.sub.ID).Scan(&xmin))
+		versions[xmin] = true
+	}
+	require.LessOrEqual(t, len(versions), 3, "versions of the offsets row written in 1.5 s of idle looks")
+}
