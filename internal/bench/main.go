@@ -35,7 +35,7 @@ import (
 
 const schema = "bench_pgoutbox"
 
-var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000, "W5": 0}
+var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000, "W5": 0, "SKEW": 0}
 
 type config struct {
 	system, dsn, workload, mode string
@@ -75,12 +75,12 @@ func main() {
 func parseFlags() *config {
 	c := &config{system: "pgoutbox"}
 	flag.StringVar(&c.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/bench?sslmode=disable", "PostgreSQL connection string")
-	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | W5 held xmin (see w5.go) | CLEANUP | BACKFILL (see maintenance.go) | BACKFILL_OLTP (see oltp.go)")
+	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | W5 held xmin (see w5.go) | SKEW hot and cold topic (see skew.go) | CLEANUP | BACKFILL (see maintenance.go) | BACKFILL_OLTP (see oltp.go)")
 	flag.IntVar(&c.n, "n", 0, "messages (0 = workload default)")
 	flag.IntVar(&c.workers, "workers", 8, "producer goroutines (W1) / consumer concurrency (W2, W4)")
 	flag.IntVar(&c.groups, "groups", 4, "consumer groups (W3)")
 	flag.IntVar(&c.rate, "rate", 500, "produce rate in msg/s (W4, W5)")
-	flag.DurationVar(&c.duration, "duration", 60*time.Second, "W5: how long the producer runs (n = rate × duration)")
+	flag.DurationVar(&c.duration, "duration", 60*time.Second, "W5: how long the producer runs (n = rate × duration); SKEW: each phase's length")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "abort after this long")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.StringVar(&c.mode, "mode", "", "PUB_SUB tracking mode for W3: bitmap, counter or offset")
@@ -102,7 +102,7 @@ func parseFlags() *config {
 	if _, ok := defaultN[c.workload]; !ok {
 		fail(c, fmt.Errorf("unknown workload %q (want W1..W5, CLEANUP, BACKFILL, BACKFILL_OLTP)", c.workload))
 	}
-	if c.workload == "W5" {
+	if c.workload == "W5" || c.workload == "SKEW" {
 		if c.n > 0 {
 			fail(c, errW5N)
 		}
@@ -139,7 +139,7 @@ func run(ctx context.Context, c *config) error {
 		return err
 	}
 	b := &bench{c: c, pool: pool, client: client, producer: producer}
-	if c.mode == "" && c.workload != "W5" { // QUEUE workloads: configure the topic, as a service would at boot
+	if c.mode == "" && c.workload != "W5" && c.workload != "SKEW" { // QUEUE workloads: configure the topic, as a service would at boot
 		if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: strings.ToLower(c.workload)}); err != nil {
 			return err
 		}
@@ -159,6 +159,8 @@ func run(ctx context.Context, c *config) error {
 		return b.backfillOLTP(ctx)
 	case "W5":
 		return b.w5(ctx)
+	case "SKEW":
+		return b.skew(ctx)
 	default:
 		return b.w4(ctx)
 	}

@@ -295,4 +295,4 @@ func (t *tracker) latenciesBetween(from, to time.Time) (p50, p99 float64, n int)
 	return percentile(v, 50), percentile(v, 99), len(v)
 }
 
-var errW5N = errors.New("-n is set by -rate and -duration for W5")
+var errW5N = errors.New("-n is set by -rate and -duration for W5 and SKEW")

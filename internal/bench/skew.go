@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// SKEW: does a hot topic slow a cold one? Two topics of the same kind
+// (QUEUE, or PUB_SUB with one group of -mode each), each with its own
+// consumer. The cold topic gets -rate/10 msg/s for -duration on its own,
+// then again while the hot topic gets -rate msg/s: the cold topic's pickup
+// latency (first handler start − producer commit) in both phases.
+
+// skewResult is SKEW's line.
+type skewResult struct {
+	System       string  `json:"system"`
+	Workload     string  `json:"workload"`
+	ColdRate     int     `json:"cold_rate"`
+	HotRate      int     `json:"hot_rate"`
+	AloneP50Ms   float64 `json:"alone_p50_ms"`
+	AloneP99Ms   float64 `json:"alone_p99_ms"`
+	BesideP50Ms  float64 `json:"beside_p50_ms"`
+	BesideP99Ms  float64 `json:"beside_p99_ms"`
+	BesideOverAloneP99 float64 `json:"beside_over_alone_p99"`
+	HotP99Ms     float64 `json:"hot_p99_ms"`
+}
+
+func (b *bench) skew(ctx context.Context) error {
+	c := b.c
+	coldRate := max(1, c.rate/10)
+	perPhase := int(float64(coldRate) * c.duration.Seconds())
+	hotN := int(float64(c.rate) * c.duration.Seconds())
+	cold, hot := newTracker(2*perPhase), newTracker(hotN)
+	stopCold, err := b.startW5Consumer(ctx, "cold", cold)
+	if err != nil {
+		return err
+	}
+	defer stopCold()
+	stopHot, err := b.startW5Consumer(ctx, "hot", hot)
+	if err != nil {
+		return err
+	}
+	defer stopHot()
+	time.Sleep(500 * time.Millisecond)
+
+	paced := func(topic string, tr *tracker, from, n, rate int) error {
+		interval := time.Second / time.Duration(rate)
+		start := time.Now()
+		for i := range n {
+			if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+				time.Sleep(d)
+			}
+			if err := b.sendOne(ctx, topic, from+i); err != nil {
+				return fmt.Errorf("send %s %d: %w", topic, from+i, err)
+			}
+			tr.committed(from + i)
+		}
+		return nil
+	}
+	if err := paced("cold", cold, 0, perPhase, coldRate); err != nil {
+		return err
+	}
+	besideFrom := time.Now()
+	var wg sync.WaitGroup
+	var hotErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		hotErr = paced("hot", hot, 0, hotN, c.rate)
+	}()
+	coldErr := paced("cold", cold, perPhase, perPhase, coldRate)
+	wg.Wait()
+	if coldErr != nil {
+		return coldErr
+	}
+	if hotErr != nil {
+		return hotErr
+	}
+	for _, w := range []struct {
+		tr    *tracker
+		n     int
+		topic string
+	}{{cold, 2 * perPhase, "cold"}, {hot, hotN, "hot"}} {
+		for w.tr.distinct() < w.n {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s: %d of %d handled: %w", w.topic, w.tr.distinct(), w.n, ctx.Err())
+			case <-time.After(time.Millisecond):
+			}
+		}
+		if err := w.tr.check("SKEW " + w.topic); err != nil {
+			return err
+		}
+	}
+	a50, a99, _ := cold.latenciesBetween(time.Time{}, besideFrom)
+	b50, b99, _ := cold.latenciesBetween(besideFrom, time.Time{})
+	_, h99 := hot.latencies()
+	r := skewResult{System: c.system, Workload: c.workload, ColdRate: coldRate, HotRate: c.rate,
+		AloneP50Ms: round(a50, 3), AloneP99Ms: round(a99, 3), BesideP50Ms: round(b50, 3), BesideP99Ms: round(b99, 3),
+		HotP99Ms: round(h99, 3)}
+	if a99 > 0 {
+		r.BesideOverAloneP99 = round(b99/a99, 2)
+	}
+	out, _ := json.Marshal(r)
+	fmt.Println(string(out))
+	return nil
+}
