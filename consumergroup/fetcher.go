@@ -76,11 +76,7 @@ func (r *runner) fetch() {
 			continue
 		}
 		silent = false
-		reap := time.Since(lastReap) >= g.cfg.PollInterval
-		if reap {
-			lastReap = time.Now()
-		}
-		res, err := r.fetchOnce(int(min(free, int64(g.cfg.BatchSize))), reap)
+		res, err := r.look(int(min(free, int64(g.cfg.BatchSize))), &lastReap)
 		if errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
 			r.end(err)
 			return
@@ -115,12 +111,59 @@ func (r *runner) fetch() {
 	}
 }
 
+// look looks for work: in full (fetchOnce), or, when the last full look
+// found nothing and was less than idleFullLookEvery ago and no
+// notification of the topic came since, first with one statement that
+// tells whether a full look could find anything (sqlq's anyWork). A full look reaps retries when PollInterval has passed since
+// the last that did (lastReap).
+func (r *runner) look(limit int, lastReap *time.Time) (fetchResult, error) {
+	g := r.g
+	notified := r.notified
+	r.notified = false
+	if r.idle && !notified && time.Since(r.lastFullLook) < idleFullLookEvery {
+		if work, err := r.anyWork(); err == nil && !work {
+			return fetchedNothing, nil
+		} // on an error, the full look reports it
+	}
+	reap := time.Since(*lastReap) >= g.cfg.PollInterval
+	if reap {
+		*lastReap = time.Now()
+	}
+	r.lastFullLook = time.Now()
+	return r.fetchOnce(limit, reap)
+}
+
+// idleFullLookEvery is how often an idle instance looks in full anyway:
+// that look moves its position (see idlePositionEvery) and drops retries
+// of messages that no longer exist.
+const idleFullLookEvery = 30 * time.Second
+
+// anyWork runs sqlq's anyWork: false when the group is ACTIVE and a full
+// look would find nothing to do.
+func (r *runner) anyWork() (bool, error) {
+	g := r.g
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.fetchCtx), 30*time.Second)
+	defer cancel()
+	args := append([]any{g.sub.ID, g.cfg.Topic}, g.stream.binds()...)
+	var status string
+	var work bool
+	err := g.pool.QueryRow(ctx, g.q.AnyWork, append(args, g.now())...).Scan(&status, &work)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return true, nil // the subscription is gone: the full look says so
+	}
+	if err != nil {
+		return true, err
+	}
+	return work || State(status) != Active, nil
+}
+
 // sleep waits for d, a notification, freed room or stop.
 func (r *runner) sleep(t *time.Timer, d time.Duration) {
 	t.Reset(d)
 	select {
 	case <-r.fetchCtx.Done():
 	case <-r.wake:
+		r.notified = true
 	case <-r.room:
 	case <-t.C:
 	}
@@ -151,7 +194,7 @@ type backfill struct {
 // messages leased until the lease expires.
 func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	g := r.g
-	r.catchupWait = 0
+	r.catchupWait, r.idle = 0, false
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.fetchCtx), 30*time.Second)
 	defer cancel()
 	tx, err := g.pool.BeginTx(ctx, shortTx)
@@ -234,6 +277,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	}
 	r.catchupTurn = catchup
 	res, err := r.fetchBatch(ctx, tx, p, snapshot, limit)
+	r.idle = res == fetchedNothing && err == nil && !catchup && p.backfill == nil
 	if res == fetchedNothing && catchup {
 		want := max(1, r.catchupSize(p.backfill, limit))
 		if r.throttle.ready(time.Now(), want) {

@@ -3,6 +3,7 @@ package consumergroup
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -150,4 +151,50 @@ func TestIdleLooksWriteNoPositions(t *testing.T) {
 		versions[xmin] = true
 	}
 	require.LessOrEqual(t, len(versions), 3, "versions of the offsets row written in 1.5 s of idle looks")
+}
+
+// An idle instance asks with one statement, outside a transaction,
+// whether there is anything to fetch, and looks in full (a transaction
+// that locks its offsets row, and so takes a transaction id) only when
+// there is: a thousand idle groups polling once a second were most of
+// the database's work. Work that appears is still found: a message, a
+// retry that falls due.
+func TestIdleLooksLockNothing(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema, PollOnly: true})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 2 * time.Millisecond})
+	require.NoError(t, err)
+	var attempts atomic.Int64
+	require.NoError(t, g.AddConsumer("c", func(context.Context, *outbox.Delivery) error {
+		if attempts.Add(1) == 1 {
+			return outbox.RetryAfter(300*time.Millisecond, errors.New("once more"))
+		}
+		return nil
+	}, nil))
+	require.NoError(t, g.Start(ctx, FromNow()))
+	defer g.Stop(context.Background())
+
+	lockers := func(d time.Duration) int {
+		seen := map[string]bool{}
+		for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+			var xmax string
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT xmax::text FROM `+db.Table("outbox_subscription_offsets")+
+				` WHERE subscription_id = $1`, g.sub.ID).Scan(&xmax))
+			seen[xmax] = true
+		}
+		return len(seen)
+	}
+	time.Sleep(100 * time.Millisecond) // the first looks
+	require.LessOrEqual(t, lockers(time.Second), 2, "transactions that locked the offsets row in 1 s of idle looks")
+
+	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{{Topic: "events", Payload: []byte(`{}`)}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return attempts.Load() == 2 }, 10*time.Second, 5*time.Millisecond,
+		"the message, and its retry once due, are found without a notification")
 }

@@ -51,6 +51,7 @@ type config struct {
 	oltpDuration                time.Duration
 	oltpAfter                   time.Duration
 	duration                    time.Duration
+	fillfactor                  int
 }
 
 func main() {
@@ -94,6 +95,7 @@ func parseFlags() *config {
 	flag.IntVar(&c.oltpTPS, "oltp-tps", 200, "BACKFILL_OLTP: pgbench transactions a second (-R)")
 	flag.DurationVar(&c.oltpDuration, "oltp-seconds", 20*time.Second, "BACKFILL_OLTP: length of the baseline measurement")
 	flag.DurationVar(&c.oltpAfter, "oltp-after", 60*time.Second, "BACKFILL_OLTP: how long after the backfill pgbench is still measured (the write-back of what it wrote)")
+	flag.IntVar(&c.fillfactor, "fillfactor", 0, "experiment: set outbox_published's fillfactor after the migrations (0 = as migrated)")
 	flag.Parse()
 	c.workload = strings.ToUpper(c.workload)
 	if c.mode != "" {
@@ -128,6 +130,11 @@ func run(ctx context.Context, c *config) error {
 	defer pool.Close()
 	if err := resetSchema(ctx, pool); err != nil {
 		return err
+	}
+	if c.fillfactor > 0 {
+		if _, err := pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.outbox_published SET (fillfactor = %d)", schema, c.fillfactor)); err != nil {
+			return err
+		}
 	}
 	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
 	if err != nil {
@@ -177,7 +184,7 @@ type bench struct {
 // stops them: the topic's messages need them, and nobody consumes.
 func (b *bench) subscribeIdle(ctx context.Context, topic string) error {
 	for i := range b.c.groups {
-		g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema, HeartbeatPool: b.pool})
+		g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema, HeartbeatPool: b.pool})
 		if err != nil {
 			return err
 		}
@@ -270,7 +277,7 @@ func (b *bench) w3(ctx context.Context) error {
 		return err
 	}
 	newGroup := func(i int, tr *tracker) (*consumergroup.Group, error) {
-		g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema,
+		g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema,
 			Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool})
 		if err != nil {
 			return nil, err
@@ -309,6 +316,7 @@ func (b *bench) w3(ctx context.Context) error {
 			return err
 		}
 	}
+	logf("W3: %d groups started in %v", len(groups), time.Since(start).Round(time.Millisecond))
 	for i, tr := range trs {
 		for tr.distinct() < b.c.n {
 			select {

@@ -137,7 +137,7 @@ FROM generate_series($3::int, $4::int - 1) AS i`, topic, body, start, min(b.c.n,
 // handled once and the backfill says DONE.
 func (b *bench) runBackfill(ctx context.Context, topic string, opts consumergroup.SubscriptionOptions) (time.Duration, error) {
 	tr := newTracker(b.c.n)
-	g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: "late", Schema: schema,
+	g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: "late", Schema: schema,
 		Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool})
 	if err != nil {
 		return 0, err

@@ -16,16 +16,16 @@ import (
 
 // skewResult is SKEW's line.
 type skewResult struct {
-	System       string  `json:"system"`
-	Workload     string  `json:"workload"`
-	ColdRate     int     `json:"cold_rate"`
-	HotRate      int     `json:"hot_rate"`
-	AloneP50Ms   float64 `json:"alone_p50_ms"`
-	AloneP99Ms   float64 `json:"alone_p99_ms"`
-	BesideP50Ms  float64 `json:"beside_p50_ms"`
-	BesideP99Ms  float64 `json:"beside_p99_ms"`
+	System             string  `json:"system"`
+	Workload           string  `json:"workload"`
+	ColdRate           int     `json:"cold_rate"`
+	HotRate            int     `json:"hot_rate"`
+	AloneP50Ms         float64 `json:"alone_p50_ms"`
+	AloneP99Ms         float64 `json:"alone_p99_ms"`
+	BesideP50Ms        float64 `json:"beside_p50_ms"`
+	BesideP99Ms        float64 `json:"beside_p99_ms"`
 	BesideOverAloneP99 float64 `json:"beside_over_alone_p99"`
-	HotP99Ms     float64 `json:"hot_p99_ms"`
+	HotP99Ms           float64 `json:"hot_p99_ms"`
 }
 
 func (b *bench) skew(ctx context.Context) error {

@@ -144,7 +144,7 @@ func (b *bench) startW5Consumer(ctx context.Context, topic string, tr *tracker) 
 	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode}); err != nil {
 		return nil, err
 	}
-	g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: "g0", Schema: schema,
+	g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: "g0", Schema: schema,
 		Concurrency: b.c.workers, HeartbeatPool: b.pool})
 	if err != nil {
 		return nil, err

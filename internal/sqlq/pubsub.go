@@ -31,7 +31,7 @@ type PubSub struct {
 	CatchupRows, CatchupSize, CatchupProgress      string
 	FinishBackfill, CancelBackfill, BackfillState  string
 	TakeExpiredBatch, MoveBatchToRetries           string
-	FetchRows, AdvanceOffset, InsertBatch          string
+	FetchRows, AdvanceOffset, InsertBatch, AnyWork string
 	ReapRetries, DeleteOrphanRetries, ClaimRetries string
 	CopyDeadLetters, DeadLettersToComplete         string
 
@@ -90,6 +90,7 @@ func ForPubSub(schema string) *PubSub {
 		TakeExpiredBatch:    q(takeExpiredBatch),
 		MoveBatchToRetries:  q(moveBatchToRetries),
 		FetchRows:           q(fetchRows),
+		AnyWork:             q(anyWork),
 		AdvanceOffset:       q(advanceOffset),
 		InsertBatch:         q(insertBatch),
 		ReapRetries:         q(reapRetries),
@@ -523,6 +524,34 @@ SELECT ` + pairColumns + ` FROM (` + unseenRows(sortedColumns, `o.topic = $1 AND
 	"$2::pg_snapshot", "$4::text::xid8", "$5::bigint", "$6") + `) AS r
 ORDER BY r.sort_xid, r.id
 LIMIT $6`
+
+// anyWork tells an idle instance of subscription $1 (topic $2, stream
+// $3..$7, now $8) whether a full look could find anything: its state, and
+// whether it is in the middle of a pair or a backfill, has a batch whose
+// lease ran out, a retry that is due, leased past its lease or a dead
+// letter without its copy, or a message its position has not seen. One
+// statement without a transaction instead of the ten of a look: a
+// thousand idle groups polling once a second were most of the database's
+// work.
+var anyWork = `
+WITH p AS (
+    SELECT s.subscription_status, f.position, f.pair_cur IS NOT NULL OR f.backfill_upto IS NOT NULL AS busy
+    FROM {{schema}}.outbox_subscription_offsets AS f
+    JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = f.subscription_id
+    WHERE f.subscription_id = $1
+)
+SELECT p.subscription_status,
+       p.busy
+       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches
+                  WHERE subscription_id = $1 AND lease_until < coalesce($8::timestamptz, now()))
+       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries
+                  WHERE subscription_id = $1
+                        AND CASE status WHEN 'RETRY' THEN available_at <= coalesce($8::timestamptz, now())
+                                        WHEN 'PROCESSING' THEN lease_until < coalesce($8::timestamptz, now())
+                                        ELSE payload IS NULL END)
+       OR EXISTS (SELECT 1 FROM (` + unseenRows("1", `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())`+streamFilter("o", 3),
+	"(SELECT position FROM p)", "'0'::xid8", "-1", "1") + `) AS u)
+FROM p`
 
 const insertBatch = `
 INSERT INTO {{schema}}.outbox_group_batches
