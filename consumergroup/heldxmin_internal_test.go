@@ -27,22 +27,12 @@ func TestFetchUnderHeldXminReadsOnlyUnseenRows(t *testing.T) {
 	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter, outbox.Offset} {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.NewDB(t)
 			ctx := context.Background()
-			client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
-			require.NoError(t, err)
-			require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode}))
-			producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
-			require.NoError(t, err)
-			g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 20 * time.Millisecond})
-			require.NoError(t, err)
 			var handled atomic.Int64
-			require.NoError(t, g.AddConsumer("c", func(context.Context, *outbox.Delivery) error {
+			g, db, producer := runGroup(t, mode, false, 20*time.Millisecond, func(context.Context, *outbox.Delivery) error {
 				handled.Add(1)
 				return nil
-			}, nil))
-			require.NoError(t, g.Start(ctx, FromNow()))
-			defer g.Stop(context.Background())
+			})
 
 			held, err := pgx.ConnectConfig(ctx, db.Pool.Config().ConnConfig)
 			require.NoError(t, err)
@@ -132,16 +122,8 @@ func num(v any) float64 {
 // that find nothing move it at most once every idlePositionEvery.
 func TestIdleLooksWriteNoPositions(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
 	ctx := context.Background()
-	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
-	require.NoError(t, err)
-	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset}))
-	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 2 * time.Millisecond})
-	require.NoError(t, err)
-	require.NoError(t, g.AddConsumer("c", func(context.Context, *outbox.Delivery) error { return nil }, nil))
-	require.NoError(t, g.Start(ctx, FromNow()))
-	defer g.Stop(context.Background())
+	g, db, _ := runGroup(t, outbox.Offset, false, 2*time.Millisecond, func(context.Context, *outbox.Delivery) error { return nil })
 
 	versions := map[string]bool{}
 	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
@@ -161,24 +143,14 @@ func TestIdleLooksWriteNoPositions(t *testing.T) {
 // retry that falls due.
 func TestIdleLooksLockNothing(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
 	ctx := context.Background()
-	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema, PollOnly: true})
-	require.NoError(t, err)
-	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
-	require.NoError(t, err)
-	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 2 * time.Millisecond})
-	require.NoError(t, err)
 	var attempts atomic.Int64
-	require.NoError(t, g.AddConsumer("c", func(context.Context, *outbox.Delivery) error {
+	g, db, producer := runGroup(t, outbox.Bitmap, true, 2*time.Millisecond, func(context.Context, *outbox.Delivery) error {
 		if attempts.Add(1) == 1 {
 			return outbox.RetryAfter(300*time.Millisecond, errors.New("once more"))
 		}
 		return nil
-	}, nil))
-	require.NoError(t, g.Start(ctx, FromNow()))
-	defer g.Stop(context.Background())
+	})
 
 	lockers := func(d time.Duration) int {
 		seen := map[string]bool{}
@@ -193,8 +165,28 @@ func TestIdleLooksLockNothing(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the first looks
 	require.LessOrEqual(t, lockers(time.Second), 2, "transactions that locked the offsets row in 1 s of idle looks")
 
-	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{{Topic: "events", Payload: []byte(`{}`)}})
+	_, err := producer.SendBatch(ctx, db.Pool, []outbox.Message{{Topic: "events", Payload: []byte(`{}`)}})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return attempts.Load() == 2 }, 10*time.Second, 5*time.Millisecond,
 		"the message, and its retry once due, are found without a notification")
+}
+
+// runGroup runs group "g" of a new PUB_SUB topic "events" (tracking mode)
+// in a schema of its own, looking every poll (without notifications when
+// pollOnly), with handler h, until the test ends.
+func runGroup(t *testing.T, mode outbox.TrackingMode, pollOnly bool, poll time.Duration, h outbox.Handler) (*Group, *pgtest.DB, *outbox.Producer) {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema, PollOnly: pollOnly})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode}))
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: poll})
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("c", h, nil))
+	require.NoError(t, g.Start(ctx, FromNow()))
+	t.Cleanup(func() { _ = g.Stop(context.Background()) })
+	return g, db, producer
 }

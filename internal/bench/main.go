@@ -397,7 +397,8 @@ func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (*
 }
 
 // waitDrained waits until every message was handled and its completion
-// committed (the table is empty).
+// committed: on a QUEUE topic, none of its rows is left; with a group
+// (-mode), none of its batches is open.
 func (b *bench) waitDrained(ctx context.Context, topic string, tr *tracker) error {
 	for tr.distinct() < b.c.n {
 		select {
@@ -406,12 +407,17 @@ func (b *bench) waitDrained(ctx context.Context, topic string, tr *tracker) erro
 		case <-time.After(time.Millisecond):
 		}
 	}
+	left := `SELECT EXISTS (SELECT 1 FROM ` + schema + `.outbox WHERE topic = $1)`
+	if b.c.mode != "" {
+		left = `SELECT EXISTS (SELECT 1 FROM ` + schema + `.outbox_group_batches AS b
+		        JOIN ` + schema + `.outbox_topic_subscriptions AS s ON s.id = b.subscription_id WHERE s.topic = $1)`
+	}
 	for {
-		var left bool
-		if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema+`.outbox WHERE topic = $1)`, topic).Scan(&left); err != nil {
+		var more bool
+		if err := b.pool.QueryRow(ctx, left, topic).Scan(&more); err != nil {
 			return fmt.Errorf("waiting for completions: %w", err)
 		}
-		if !left {
+		if !more {
 			return nil
 		}
 		time.Sleep(time.Millisecond)

@@ -95,7 +95,7 @@ func (b *bench) w5(ctx context.Context) error {
 	if h.err != nil {
 		return fmt.Errorf("held transaction: %w", h.err)
 	}
-	if err := b.waitW5Drained(ctx, topic, tr); err != nil {
+	if err := b.waitDrained(ctx, topic, tr); err != nil {
 		return err
 	}
 	if err := tr.check("W5"); err != nil {
@@ -156,31 +156,6 @@ func (b *bench) startW5Consumer(ctx context.Context, topic string, tr *tracker) 
 		return nil, err
 	}
 	return func() { g.Stop(context.Background()) }, nil
-}
-
-// waitW5Drained waits for every message to be handled and its completion
-// committed: QUEUE, the table is empty; a group, no batch is open.
-func (b *bench) waitW5Drained(ctx context.Context, topic string, tr *tracker) error {
-	if b.c.mode == "" {
-		return b.waitDrained(ctx, topic, tr)
-	}
-	for tr.distinct() < b.c.n {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for handlers: %d of %d handled: %w", tr.distinct(), b.c.n, ctx.Err())
-		case <-time.After(time.Millisecond):
-		}
-	}
-	for {
-		var open bool
-		if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema+`.outbox_group_batches)`).Scan(&open); err != nil {
-			return err
-		}
-		if !open {
-			return nil
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // holdXmin holds the horizon for the middle third of d from start, on a
