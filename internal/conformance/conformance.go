@@ -244,20 +244,7 @@ func (e *Env) produceTx(ctx context.Context, rng *rand.Rand, n int, o ProduceOpt
 		return nil, time.Time{}, false, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	msgs := make([]outbox.Message, n)
-	seqs := make([]int, n)
-	e.mu.Lock()
-	for i := range msgs {
-		e.seq++
-		seqs[i] = e.seq
-		p, _ := json.Marshal(Payload{Seq: e.seq})
-		msgs[i] = outbox.Message{Topic: e.Topic.Name, Payload: p}
-		if e.receiver != nil {
-			msgs[i].Headers = map[string]string{router.HeaderPool: "P", router.HeaderTarget: e.receiver.url}
-		}
-	}
-	e.mu.Unlock()
-	ids, err := e.Producer.SendBatch(ctx, tx, msgs)
+	ids, seqs, err := e.sendIn(ctx, tx, n)
 	if err != nil {
 		return nil, time.Time{}, false, err
 	}
@@ -271,12 +258,72 @@ func (e *Env) produceTx(ctx context.Context, rng *rand.Rand, n int, o ProduceOpt
 	if err := tx.Commit(ctx); err != nil {
 		return nil, time.Time{}, false, err
 	}
+	e.committed(ids, seqs)
+	return ids, started, false, nil
+}
+
+// sendIn sends n messages with the next sequence numbers in tx.
+func (e *Env) sendIn(ctx context.Context, tx pgx.Tx, n int) (ids []int64, seqs []int, err error) {
+	msgs := make([]outbox.Message, n)
+	seqs = make([]int, n)
 	e.mu.Lock()
+	for i := range msgs {
+		e.seq++
+		seqs[i] = e.seq
+		p, _ := json.Marshal(Payload{Seq: e.seq})
+		msgs[i] = outbox.Message{Topic: e.Topic.Name, Payload: p}
+		if e.receiver != nil {
+			msgs[i].Headers = map[string]string{router.HeaderPool: "P", router.HeaderTarget: e.receiver.url}
+		}
+	}
+	e.mu.Unlock()
+	ids, err = e.Producer.SendBatch(ctx, tx, msgs)
+	return ids, seqs, err
+}
+
+// committed records messages whose transaction committed.
+func (e *Env) committed(ids []int64, seqs []int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	for i, id := range ids {
 		e.sent[id] = seqs[i]
 	}
-	e.mu.Unlock()
-	return ids, started, false, nil
+}
+
+// OpenTx sends n messages in a transaction on a connection of its own and
+// leaves it open; commit commits it and returns the messages' ids.
+func (e *Env) OpenTx(t testing.TB, n int) (commit func() []int64) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, e.DB.Pool.Config().ConnConfig)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	ids, seqs, err := e.sendIn(ctx, tx, n)
+	require.NoError(t, err)
+	return func() []int64 {
+		require.NoError(t, tx.Commit(ctx))
+		e.committed(ids, seqs)
+		return ids
+	}
+}
+
+// HoldXmin opens a REPEATABLE READ transaction with an xid on a
+// connection of its own, which keeps PostgreSQL from reclaiming any row
+// version written after it began (like a report or a session left idle in
+// transaction elsewhere in the database); release commits it.
+func (e *Env) HoldXmin(t testing.TB) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, e.DB.Pool.Config().ConnConfig)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	var xid string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
+	return func() { require.NoError(t, tx.Commit(ctx)) }
 }
 
 // Send commits n messages in one transaction and returns their ids.

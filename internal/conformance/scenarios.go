@@ -36,6 +36,7 @@ var scenarios = []scenario{
 	{"ForgetRacesCompletionOfThreeGroups", true, forgetRacesCompletion},
 	{"PauseAndResumeTwoInstances", true, pauseResume},
 	{"XidsCrossAPowerOfTen", true, xidsCrossAPowerOfTen},
+	{"LongTransactionsElsewhere", false, longTransactions},
 	{"BackfillBesideNewMessagesAndAKill", true, backfillBesideNew},
 }
 
@@ -165,6 +166,26 @@ func startWhileProducing(t *testing.T, s *Subject) {
 		e.WaitDelivered(t, "g1", sent.Committed, 60*time.Second)
 		e.Check(t, "g1", sent.Committed, sent.RolledBack)
 	}
+}
+
+// longTransactions: a transaction holds the database's xmin back and a
+// producer transaction stays open while hundreds of others commit out of
+// order, cleanup running. Those others are delivered while both are open;
+// the long one's messages once it commits (its xid was in progress in
+// every snapshot the consumer read meanwhile); each message once.
+func longTransactions(t *testing.T, s *Subject) {
+	e := newEnv(t, s, shortRetention)
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1"}, nil)
+	e.cleaner(t)
+	release := e.HoldXmin(t)
+	commitLong := e.OpenTx(t, 5)
+	sent, err := e.Produce(context.Background(), ProduceOptions{Workers: 8, Messages: 600, PerTx: 3, Hold: 4 * time.Millisecond, Rollback: 10})
+	require.NoError(t, err)
+	e.WaitDelivered(t, "g1", sent.Committed, 60*time.Second)
+	long := commitLong()
+	e.WaitDelivered(t, "g1", long, 30*time.Second)
+	release()
+	e.Check(t, "g1", append(sent.Committed, long...), sent.RolledBack)
 }
 
 // twoInstances: every group runs two instances, each on a pool of its own
