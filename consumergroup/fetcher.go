@@ -114,8 +114,9 @@ func (r *runner) fetch() {
 // look looks for work: in full (fetchOnce), or, when the last full look
 // found nothing and was less than idleFullLookEvery ago and no
 // notification of the topic came since, first with one statement that
-// tells whether a full look could find anything (sqlq's anyWork). A full look reaps retries when PollInterval has passed since
-// the last that did (lastReap).
+// tells whether a full look could find anything (sqlq's anyWork). A full
+// look reaps retries when PollInterval has passed since the last that did
+// (lastReap).
 func (r *runner) look(limit int, lastReap *time.Time) (fetchResult, error) {
 	g := r.g
 	notified := r.notified
@@ -365,7 +366,8 @@ type row struct {
 // cannot reclaim; an idle group polling every few milliseconds wrote
 // hundreds a second. A position left behind costs little: the next look
 // reads only what its snapshot had not seen (see sqlq's unseenRows), and
-// cleanup waits at most this long more for an Offset group.
+// it lags only while nothing new is there for the group (an idle
+// instance looks in full once every idleFullLookEvery).
 const idlePositionEvery = time.Second
 
 // fetchBatch reads the next rows of the snapshot pair, records them as a
