@@ -122,8 +122,9 @@ func (r *runner) look(limit int, lastReap *time.Time) (fetchResult, error) {
 	notified := r.notified
 	r.notified = false
 	if r.idle && !notified && time.Since(r.lastFullLook) < idleFullLookEvery {
-		if work, err := r.anyWork(); err == nil && !work {
-			return fetchedNothing, nil
+		work, err := r.anyWork()
+		if (err == nil && !work) || r.fetchCtx.Err() != nil {
+			return fetchedNothing, nil // nothing to do, or stopping
 		} // on an error, the full look reports it
 	}
 	reap := time.Since(*lastReap) >= g.cfg.PollInterval
@@ -140,10 +141,10 @@ func (r *runner) look(limit int, lastReap *time.Time) (fetchResult, error) {
 const idleFullLookEvery = 30 * time.Second
 
 // anyWork runs sqlq's anyWork: false when the group is ACTIVE and a full
-// look would find nothing to do.
+// look would find nothing to do. It only reads, so Stop cuts it off.
 func (r *runner) anyWork() (bool, error) {
 	g := r.g
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.fetchCtx), 30*time.Second)
+	ctx, cancel := context.WithTimeout(r.fetchCtx, 30*time.Second)
 	defer cancel()
 	args := append([]any{g.sub.ID, g.cfg.Topic}, g.stream.binds()...)
 	var status string
