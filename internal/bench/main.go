@@ -18,6 +18,7 @@ import (
 	"math"
 	"os"
 	"runtime/pprof"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -362,16 +363,8 @@ func (b *bench) w4(ctx context.Context) error {
 	}
 	defer k.Stop(context.Background())
 	time.Sleep(500 * time.Millisecond)
-	interval := time.Second / time.Duration(b.c.rate)
-	start := time.Now()
-	for i := 0; i < b.c.n; i++ {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		if err := b.sendOne(ctx, topic, i); err != nil {
-			return fmt.Errorf("send %d: %w", i, err)
-		}
-		tr.committed(i)
+	if err := b.paced(ctx, topic, tr, 0, b.c.n, b.c.rate); err != nil {
+		return err
 	}
 	if err := b.waitDrained(ctx, topic, tr); err != nil {
 		return err
@@ -381,6 +374,24 @@ func (b *bench) w4(ctx context.Context) error {
 	}
 	p50, p99 := tr.latencies()
 	emit(b.c, tr.lastStart().Sub(tr.firstCommit()), b.c.n, p50, p99)
+	return nil
+}
+
+// paced sends messages from, from+1, … (n of them) to topic, one a
+// transaction, on a fixed schedule of rate a second (a late send is
+// followed by the next one at once), and records each commit in tr.
+func (b *bench) paced(ctx context.Context, topic string, tr *tracker, from, n, rate int) error {
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	for i := range n {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		if err := b.sendOne(ctx, topic, from+i); err != nil {
+			return fmt.Errorf("send %s %d: %w", topic, from+i, err)
+		}
+		tr.committed(from + i)
+	}
 	return nil
 }
 
@@ -651,6 +662,28 @@ func (t *tracker) check(workload string) error {
 func (t *tracker) latencies() (p50, p99 float64) {
 	p50, p99, _ = t.latenciesBetween(time.Time{}, time.Time{})
 	return p50, p99
+}
+
+// latenciesBetween is latencies over the messages whose producer commit
+// returned in [from, to) (a zero time is no bound), and how many those are.
+func (t *tracker) latenciesBetween(from, to time.Time) (p50, p99 float64, n int) {
+	lo, hi := int64(math.MinInt64), int64(math.MaxInt64)
+	if !from.IsZero() {
+		lo = int64(from.Sub(t.base)) + 1
+	}
+	if !to.IsZero() {
+		hi = int64(to.Sub(t.base)) + 1
+	}
+	var v []float64
+	for i := range t.counts {
+		s, c := t.started[i].Load(), t.commits[i].Load()
+		if s == 0 || c == 0 || c < lo || c >= hi {
+			continue
+		}
+		v = append(v, max(0, float64(s-c)/1e6))
+	}
+	sort.Float64s(v)
+	return percentile(v, 50), percentile(v, 99), len(v)
 }
 
 func percentile(sorted []float64, p float64) float64 {

@@ -34,33 +34,19 @@ func (b *bench) skew(ctx context.Context) error {
 	perPhase := int(float64(coldRate) * c.duration.Seconds())
 	hotN := int(float64(c.rate) * c.duration.Seconds())
 	cold, hot := newTracker(2*perPhase), newTracker(hotN)
-	stopCold, err := b.startW5Consumer(ctx, "cold", cold)
+	stopCold, err := b.startTopicConsumer(ctx, "cold", cold)
 	if err != nil {
 		return err
 	}
 	defer stopCold()
-	stopHot, err := b.startW5Consumer(ctx, "hot", hot)
+	stopHot, err := b.startTopicConsumer(ctx, "hot", hot)
 	if err != nil {
 		return err
 	}
 	defer stopHot()
 	time.Sleep(500 * time.Millisecond)
 
-	paced := func(topic string, tr *tracker, from, n, rate int) error {
-		interval := time.Second / time.Duration(rate)
-		start := time.Now()
-		for i := range n {
-			if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-				time.Sleep(d)
-			}
-			if err := b.sendOne(ctx, topic, from+i); err != nil {
-				return fmt.Errorf("send %s %d: %w", topic, from+i, err)
-			}
-			tr.committed(from + i)
-		}
-		return nil
-	}
-	if err := paced("cold", cold, 0, perPhase, coldRate); err != nil {
+	if err := b.paced(ctx, "cold", cold, 0, perPhase, coldRate); err != nil {
 		return err
 	}
 	besideFrom := time.Now()
@@ -69,9 +55,9 @@ func (b *bench) skew(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		hotErr = paced("hot", hot, 0, hotN, c.rate)
+		hotErr = b.paced(ctx, "hot", hot, 0, hotN, c.rate)
 	}()
-	coldErr := paced("cold", cold, perPhase, perPhase, coldRate)
+	coldErr := b.paced(ctx, "cold", cold, perPhase, perPhase, coldRate)
 	wg.Wait()
 	if coldErr != nil {
 		return coldErr

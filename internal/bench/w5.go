@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
-	"sort"
 	"strings"
 	"time"
 
@@ -60,7 +58,7 @@ func (b *bench) w5(ctx context.Context) error {
 	const topic = "w5"
 	c := b.c
 	tr := newTracker(c.n)
-	stop, err := b.startW5Consumer(ctx, topic, tr)
+	stop, err := b.startTopicConsumer(ctx, topic, tr)
 	if err != nil {
 		return err
 	}
@@ -81,15 +79,8 @@ func (b *bench) w5(ctx context.Context) error {
 		h.from, h.until, h.a, h.bEnd, h.err = b.holdXmin(hctx, start, c.duration)
 		hc <- h
 	}()
-	interval := time.Second / time.Duration(c.rate)
-	for i := 0; i < c.n; i++ {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		if err := b.sendOne(ctx, topic, i); err != nil {
-			return fmt.Errorf("send %d: %w", i, err)
-		}
-		tr.committed(i)
+	if err := b.paced(ctx, topic, tr, 0, c.n, c.rate); err != nil {
+		return err
 	}
 	h := <-hc
 	if h.err != nil {
@@ -127,9 +118,9 @@ func (b *bench) w5(ctx context.Context) error {
 	return nil
 }
 
-// startW5Consumer starts what consumes topic: a QUEUE consumer, or (with
+// startTopicConsumer starts what consumes topic: a QUEUE consumer, or (with
 // -mode) one instance of group g0, subscribed from now.
-func (b *bench) startW5Consumer(ctx context.Context, topic string, tr *tracker) (stop func(), err error) {
+func (b *bench) startTopicConsumer(ctx context.Context, topic string, tr *tracker) (stop func(), err error) {
 	if b.c.mode == "" {
 		if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic}); err != nil {
 			return nil, err
@@ -246,28 +237,6 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	case <-time.After(time.Until(t)):
 		return nil
 	}
-}
-
-// latenciesBetween is latencies over the messages whose producer commit
-// returned in [from, to) (a zero time is no bound), and how many those are.
-func (t *tracker) latenciesBetween(from, to time.Time) (p50, p99 float64, n int) {
-	lo, hi := int64(math.MinInt64), int64(math.MaxInt64)
-	if !from.IsZero() {
-		lo = int64(from.Sub(t.base)) + 1
-	}
-	if !to.IsZero() {
-		hi = int64(to.Sub(t.base)) + 1
-	}
-	var v []float64
-	for i := range t.counts {
-		s, c := t.started[i].Load(), t.commits[i].Load()
-		if s == 0 || c == 0 || c < lo || c >= hi {
-			continue
-		}
-		v = append(v, max(0, float64(s-c)/1e6))
-	}
-	sort.Float64s(v)
-	return percentile(v, 50), percentile(v, 99), len(v)
 }
 
 var errW5N = errors.New("-n is set by -rate and -duration for W5 and SKEW")
