@@ -409,7 +409,8 @@ func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot
 	return fetchedWork, nil
 }
 
-// readRows reads messages (messageColumns) as first deliveries.
+// readRows reads messages (the columns of sqlq's nextUnseenRows) as first
+// deliveries.
 func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]row, error) {
 	g := r.g
 	rows, err := tx.Query(ctx, query, args...)

@@ -346,16 +346,10 @@ FROM {{schema}}.outbox_topic_subscriptions WHERE id = $1`
 // range ($7 every row, or from time $8 or message id $9), that the group
 // has not completed (bit $10, subscription $11) and that do not wait in its
 // retry table.
-var catchupRows = `
-SELECT ` + pairColumns + ` FROM (` + unseenRows(sortedColumns, `o.topic = $1 AND o.status = 'PUBLISHED' AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
-      AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot)
-      AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)
-      AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)`+notCompleted("o", 10)+`
+var catchupRows = nextUnseenRows(`
+      AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)` + notCompleted("o", 10) + `
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
-                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id`+perRow+`)`,
-	"$2::pg_snapshot", "$4::text::xid8", "$5::bigint", "$6") + `) AS r
-ORDER BY r.sort_xid, r.id
-LIMIT $6`
+                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id` + perRow + `)`)
 
 // catchupSize estimates a backfill's size: the rows of its pair, at most $4.
 var catchupSize = `
@@ -501,29 +495,31 @@ WITH moved AS (
 )
 SELECT count(*) FROM moved`
 
-const messageColumns = `id, xid::text, payload, headers, correlation_id, coalesce(message_group, ''), priority, created_at`
-
-// sortedColumns are messageColumns under names, with the xid8 to sort on;
-// pairColumns read them back (in messageColumns' order) from a union of
-// unseenRows' parts.
-const (
-	sortedColumns = `o.id, o.xid::text AS xid_text, o.payload, o.headers, o.correlation_id,
-           coalesce(o.message_group, '') AS message_group, o.priority, o.created_at, o.xid AS sort_xid`
-	pairColumns = `r.id, r.xid_text, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, r.created_at`
-)
-
 // fetchRows reads the next rows of snapshot pair ($2 prev, $3 cur) after
 // ($4, $5), in commit-safe order: only transactions that committed between
-// the two snapshots, whatever their ids. It orders by the xid8 column
-// (sort_xid): the text of an xid orders differently from the resume
-// point once xids cross a power of ten (rows then came twice, or never).
-var fetchRows = `
-SELECT ` + pairColumns + ` FROM (` + unseenRows(sortedColumns, `o.topic = $1 AND o.status = 'PUBLISHED' AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
+// the two snapshots, whatever their ids.
+var fetchRows = nextUnseenRows(streamFilter("o", 7))
+
+// nextUnseenRows is a statement that reads the next $6 messages of topic
+// $1 committed between snapshots $2 and $3, after ($4, $5) in (xid, id)
+// order, that also match filter (over alias o, from $7 on): an index
+// read per part of unseenRows, at most $6 rows each, merged. It returns
+// id, xid (as text), payload, headers, correlation_id, message_group (”:
+// none), priority, created_at, and orders by the xid8 itself: the text of
+// an xid orders differently from the resume point once xids cross a
+// power of ten (rows then came twice, or never).
+func nextUnseenRows(filter string) string {
+	const cols = `o.id, o.xid::text AS xid_text, o.payload, o.headers, o.correlation_id,
+           coalesce(o.message_group, '') AS message_group, o.priority, o.created_at, o.xid AS sort_xid`
+	return `
+SELECT r.id, r.xid_text, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, r.created_at
+FROM (` + unseenRows(cols, `o.topic = $1 AND o.status = 'PUBLISHED' AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
       AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot)
-      AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)`+streamFilter("o", 7),
-	"$2::pg_snapshot", "$4::text::xid8", "$5::bigint", "$6") + `) AS r
+      AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)`+filter,
+		"$2::pg_snapshot", "$4::text::xid8", "$5::bigint", "$6") + `) AS r
 ORDER BY r.sort_xid, r.id
 LIMIT $6`
+}
 
 // anyWork tells an idle instance of subscription $1 (topic $2, stream
 // $3..$7, now $8) whether a full look could find anything: its state, and
