@@ -158,8 +158,9 @@ type SubscriptionOptions struct {
 	// last five minutes), the backfill reads a quarter slower each second,
 	// down to a thousandth of BackfillRate, and speeds up by a tenth a
 	// second once it is not. The backfill starts at that thousandth and
-	// ramps up (to BackfillRate in about 73 quiet seconds). Must be above 1; negative turns the rule off (the backfill
-	// starts at BackfillRate). Defaults to DefaultBackfillMaxSlowdown.
+	// ramps up (to BackfillRate in about 73 quiet seconds). Must be above
+	// 1; negative turns the rule off (the backfill starts at BackfillRate).
+	// Defaults to DefaultBackfillMaxSlowdown.
 	BackfillMaxSlowdown float64
 }
 

@@ -86,7 +86,7 @@ type runner struct {
 	idleSince    time.Time     // when an empty look last moved the position (see idlePositionEvery)
 	idle         bool          // the last full look found nothing to do (see look)
 	notified     bool          // a notification of the topic woke the fetcher
-	lastFullLook time.Time
+	lastFullLook time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
 }
 
 // job is one delivery to handle.

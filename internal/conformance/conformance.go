@@ -295,10 +295,7 @@ func (e *Env) committed(ids []int64, seqs []int) {
 func (e *Env) OpenTx(t testing.TB, n int) (commit func() []int64) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.ConnectConfig(ctx, e.DB.Pool.Config().ConnConfig)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	tx, err := conn.Begin(ctx)
+	tx, err := e.ownConn(t).Begin(ctx)
 	require.NoError(t, err)
 	ids, seqs, err := e.sendIn(ctx, tx, n)
 	require.NoError(t, err)
@@ -316,14 +313,21 @@ func (e *Env) OpenTx(t testing.TB, n int) (commit func() []int64) {
 func (e *Env) HoldXmin(t testing.TB) (release func()) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.ConnectConfig(ctx, e.DB.Pool.Config().ConnConfig)
+	tx, err := e.ownConn(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+	return func() { require.NoError(t, tx.Commit(ctx)) }
+}
+
+// ownConn opens a connection outside the scenario's pools, closed when
+// the test ends.
+func (e *Env) ownConn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(context.Background(), e.DB.Pool.Config().ConnConfig)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	require.NoError(t, err)
-	var xid string
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
-	return func() { require.NoError(t, tx.Commit(ctx)) }
+	return conn
 }
 
 // Send commits n messages in one transaction and returns their ids.
