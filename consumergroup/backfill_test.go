@@ -2,7 +2,6 @@ package consumergroup_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -27,7 +26,7 @@ func TestBackfillThrottleEngages(t *testing.T) {
 	logs := &testlog.Buffer{}
 	r := newRecorder()
 	g := b.newGroup(t, "late", func(c *consumergroup.Config) {
-		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		c.Logger = logs.Logger()
 		c.BatchSize, c.Concurrency = 500, 4
 	})
 	require.NoError(t, g.AddConsumer("m", r.handler, nil))

@@ -3,7 +3,6 @@ package consumergroup
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +30,7 @@ func TestLeaseKeeperWarnsOnlyForRealTakeovers(t *testing.T) {
 	require.NoError(t, err)
 	logs := &testlog.Buffer{}
 	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 20 * time.Millisecond, BatchSize: 5,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		Logger: logs.Logger()})
 	require.NoError(t, err)
 	var finished sync.WaitGroup
 	// Between a batch's completion and its leaving the held list, the
