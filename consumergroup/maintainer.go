@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -270,6 +271,14 @@ func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) erro
 // retention keeps: the rows an unfinished group holds are not read pass
 // after pass. It records the Offset watermark.
 func (m *Maintainer) Cleanup(ctx context.Context, topic string, limit int) (int64, error) {
+	return m.CleanupOlder(ctx, topic, limit, 0)
+}
+
+// CleanupOlder is Cleanup for messages older than the topic's retention
+// plus delay. The maintenance service, which drops whole partitions of
+// messages, deletes rows one by one only when their partition has been
+// kept past the delay (another topic's messages hold it).
+func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, delay time.Duration) (int64, error) {
 	t, err := m.client.Topic(ctx, topic)
 	if err != nil {
 		return 0, err
@@ -291,7 +300,7 @@ func (m *Maintainer) Cleanup(ctx context.Context, topic string, limit int) (int6
 		if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
 			return err
 		}
-		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention, ZeroSubscription: t.ZeroSubscriptionRetention}
+		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention + delay, ZeroSubscription: t.ZeroSubscriptionRetention + delay}
 		if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, topic, t.Tracking, keep); err != nil {
 			return err
 		}
@@ -302,6 +311,42 @@ func (m *Maintainer) Cleanup(ctx context.Context, topic string, limit int) (int6
 		return 0, fmt.Errorf("consumergroup: cleanup of %q: %w", topic, err)
 	}
 	return n, nil
+}
+
+// PartitionHeld reports, inside tx, whether topic has a message with an
+// xid in [lo, hi) (xid8s as text) that cleanup could not delete yet: one a
+// group holding claims has not finished (its position has not passed it, a
+// retry of it is pending, a backfill may still need it) or that the
+// topic's retention keeps. It takes the topic's lock in shared mode, like
+// Cleanup, so the answer stands until tx ends: a subscription change that
+// would start a backfill waits for tx. Run CompleteDeadLetters first.
+func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi string) (bool, error) {
+	t, err := m.client.Topic(ctx, topic)
+	if errors.Is(err, outbox.ErrUnknownTopic) {
+		return false, nil // a topic no longer configured: no group can hold its rows
+	}
+	if err != nil {
+		return false, err
+	}
+	if t.Semantics != outbox.PubSub {
+		return false, nil
+	}
+	tracker, err := pubsub.New(t.Tracking, m.schema)
+	if err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
+		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
+	}
+	keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention, ZeroSubscription: t.ZeroSubscriptionRetention}
+	if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, topic, t.Tracking, keep); err != nil {
+		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
+	}
+	held, err := tracker.Holds(ctx, tx, topic, keep, lo, hi)
+	if err != nil {
+		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
+	}
+	return held, nil
 }
 
 // CapRetention deletes up to limit messages of topic older than the

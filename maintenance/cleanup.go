@@ -36,7 +36,7 @@ func (s *Service) cleanup(ctx context.Context, j *job, r *Report) error {
 	errs = append(errs, err)
 	for _, t := range topics {
 		n, err := s.drain(ctx, j, func(ctx context.Context, limit int) (int64, error) {
-			return s.groups.Cleanup(ctx, t.name, limit)
+			return s.groups.CleanupOlder(ctx, t.name, limit, s.cfg.RowCleanupDelay)
 		})
 		r.deleted("outbox_published", n)
 		s.metrics.deleted.Add(ctx, n, s.metrics.attrs("cleanup", "outbox_published"))

@@ -42,6 +42,16 @@ const (
 	// DefaultBatchPause is the pause between two batches of one job, so a
 	// long drain leaves room to everything else.
 	DefaultBatchPause = 50 * time.Millisecond
+	// DefaultPartitionInterval is how often partitions of PUB_SUB
+	// messages are added ahead of need and dropped when done.
+	DefaultPartitionInterval = time.Minute
+	// DefaultPartitionSpan is how long the transactions of one partition
+	// take to be written: with the default day of retention, about six
+	// partitions are kept.
+	DefaultPartitionSpan = 6 * time.Hour
+	// DefaultPartitionLockTimeout is the longest a partition is waited on
+	// to be added or dropped, and so the longest inserts queue behind it.
+	DefaultPartitionLockTimeout = 200 * time.Millisecond
 )
 
 // Config configures a Service. Zero durations and counts take the
@@ -89,6 +99,35 @@ type Config struct {
 	// KeepDeadGroups keeps DEAD subscriptions for ever (CANCELLED ones are
 	// still deleted). Defaults to false.
 	KeepDeadGroups bool
+
+	// PartitionInterval: how often partitions of PUB_SUB messages are
+	// added ahead of need and dropped once every message in them is done.
+	// Keep it well below PartitionSpan. Defaults to
+	// DefaultPartitionInterval.
+	PartitionInterval time.Duration
+	// PartitionSpan is how much time of writing one partition holds: each
+	// new partition spans as many transaction ids as the database assigned
+	// in this time, at the rate measured since the previous one. Larger
+	// spans mean fewer partitions, and messages kept up to a span longer
+	// past their retention. Defaults to DefaultPartitionSpan.
+	PartitionSpan time.Duration
+	// PartitionSize, when set, is how many transaction ids every new
+	// partition spans, whatever the rate (PartitionSpan is then unused).
+	PartitionSize int64
+	// PartitionLockTimeout bounds each wait for a lock when a partition
+	// is added or dropped (a long transaction that wrote messages holds
+	// one): the step gives up, so inserts never queue behind it for
+	// longer, and is tried again later. Defaults to
+	// DefaultPartitionLockTimeout.
+	PartitionLockTimeout time.Duration
+	// RowCleanupDelay: finished messages are deleted one by one only once
+	// they are this much older than their topic's retention. Until then
+	// they wait for their partition to be dropped whole. A partition that
+	// another topic's messages keep past this delay (a paused group, one
+	// far behind) has the finished messages of other topics deleted, so a
+	// slow topic keeps only its own messages, until its MaxRetention.
+	// Defaults to twice PartitionSpan.
+	RowCleanupDelay time.Duration
 }
 
 // ForLowThroughput is a configuration for services sending fewer than
@@ -134,6 +173,10 @@ func (c Config) withDefaults() Config {
 	c.BatchPause = cmp.Or(c.BatchPause, DefaultBatchPause)
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
 	c.SubscriptionRetention = cmp.Or(c.SubscriptionRetention, DefaultSubscriptionRetention)
+	c.PartitionInterval = cmp.Or(c.PartitionInterval, DefaultPartitionInterval)
+	c.PartitionSpan = cmp.Or(c.PartitionSpan, DefaultPartitionSpan)
+	c.PartitionLockTimeout = cmp.Or(c.PartitionLockTimeout, DefaultPartitionLockTimeout)
+	c.RowCleanupDelay = cmp.Or(c.RowCleanupDelay, 2*c.PartitionSpan)
 	return c
 }
 
@@ -150,5 +193,12 @@ func (c Config) validate() error {
 	check.Positive("BatchPause", c.BatchPause)
 	check.Positive("DeadLetterRetention", c.DeadLetterRetention)
 	check.AtLeast("SubscriptionRetention", c.SubscriptionRetention, consumergroup.DefaultHeartbeatTimeout)
+	check.Positive("PartitionInterval", c.PartitionInterval)
+	check.Positive("PartitionSpan", c.PartitionSpan)
+	if c.PartitionSize < 0 || c.PartitionSize > maxPartitionXids {
+		check.Failf("PartitionSize", "is %d, want 0 (sized by PartitionSpan) up to %d", c.PartitionSize, maxPartitionXids)
+	}
+	check.AtLeast("PartitionLockTimeout", c.PartitionLockTimeout, time.Millisecond)
+	check.Positive("RowCleanupDelay", c.RowCleanupDelay)
 	return check.Err()
 }

@@ -48,9 +48,14 @@ func setup(t *testing.T) *bundle {
 }
 
 // service returns a maintenance service on b's schema (not started).
+// Unless cfg says otherwise, finished messages are deleted row by row at
+// once (RowCleanupDelay): the tests of partition drops set it.
 func (b *bundle) service(t *testing.T, cfg maintenance.Config) *maintenance.Service {
 	t.Helper()
 	cfg.Client = b.client
+	if cfg.RowCleanupDelay == 0 {
+		cfg.RowCleanupDelay = time.Nanosecond
+	}
 	s, err := maintenance.New(b.db.Pool, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Stop(context.Background()) })
@@ -146,4 +151,10 @@ func (b *bundle) group(t *testing.T, topic, group string, h outbox.Handler, opts
 		_ = g.Stop(ctx)
 	})
 	return g
+}
+
+// burnXids commits n transactions that each take a transaction id.
+func burnXids(t *testing.T, b *bundle, n int) {
+	t.Helper()
+	b.exec(t, fmt.Sprintf(`DO $$ BEGIN FOR i IN 1..%d LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$`, n))
 }

@@ -45,6 +45,7 @@ type Service struct {
 	pool    *pgxpool.Pool
 	groups  *consumergroup.Maintainer
 	q       *sqlq.Maintenance
+	pq      *sqlq.Partitions
 	logger  *slog.Logger
 	events  *ratelog.Log // failures, at most once per LogInterval
 	daily   *ratelog.Log // warnings about DEAD groups due for deletion
@@ -75,13 +76,14 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	logger := cfg.Logger.With(slog.String("component", "pgoutbox.maintenance"))
-	s := &Service{cfg: cfg, pool: pool, groups: groups, q: sqlq.ForMaintenance(schema), logger: logger,
+	s := &Service{cfg: cfg, pool: pool, groups: groups, q: sqlq.ForMaintenance(schema), pq: sqlq.ForPartitions(schema), logger: logger,
 		events: ratelog.New(logger, cfg.Client.LogInterval(), time.Now), daily: ratelog.New(logger, 24*time.Hour, time.Now),
 		metrics: newMetrics(cfg.MeterProvider)}
 	s.jobs = []*job{
 		{name: "dead-groups", every: cfg.DeadGroupInterval, pass: s.deadGroups},
 		{name: "cleanup", every: cfg.CleanupInterval, pass: s.cleanup},
 		{name: "subscriptions", every: cfg.SubscriptionCleanupInterval, pass: s.subscriptions},
+		{name: "partitions", every: cfg.PartitionInterval, pass: s.partitions, startNow: true},
 	}
 	for _, j := range s.jobs {
 		j.batch = cfg.BatchSize
@@ -119,7 +121,7 @@ func (s *Service) Stop(ctx context.Context) error {
 }
 
 // RunOnce runs a pass of every job now, in order (dead groups, cleanup,
-// subscriptions), and returns what they did. It is what the jobs run on
+// subscriptions, partitions), and returns what they did. It is what the jobs run on
 // their own; call it from a script, a test, or an operator's command.
 func (s *Service) RunOnce(ctx context.Context) (Report, error) {
 	var r Report
@@ -141,6 +143,14 @@ type Report struct {
 	DroppedUnread map[string]int64
 	// RemovedGroups are the subscriptions deleted, as "topic/group".
 	RemovedGroups []string
+	// PartitionsCreated counts the partitions of outbox_published added.
+	PartitionsCreated int
+	// PartitionsDropped are the partitions dropped (their tables' names).
+	PartitionsDropped []string
+	// PartitionsKept maps a partition whose transactions have all ended
+	// but that was kept to a topic that still holds one of its messages
+	// (unfinished by a group, or within the topic's retention).
+	PartitionsKept map[string]string
 }
 
 func (r *Report) deleted(table string, n int64) {
@@ -158,6 +168,9 @@ type job struct {
 	name  string
 	every time.Duration
 	pass  func(ctx context.Context, j *job, r *Report) error
+	// startNow runs the first pass at Start (partitions must be ahead
+	// of the writers), not after a random part of the interval.
+	startNow bool
 
 	mu    sync.Mutex
 	batch int // shrinks after a statement timed out, grows back after a good pass
@@ -172,6 +185,9 @@ func (j *job) batchSize() int {
 // loop runs j until ctx ends.
 func (s *Service) loop(ctx context.Context, j *job) {
 	wait := time.Duration(rand.Int64N(int64(j.every))) // staggered start
+	if j.startNow {
+		wait = 0
+	}
 	for {
 		t := time.NewTimer(wait)
 		select {
@@ -237,6 +253,12 @@ func (s *Service) logReport(j *job, r Report) {
 	}
 	if len(r.RemovedGroups) > 0 {
 		attrs = append(attrs, slog.Any("removed_groups", r.RemovedGroups))
+	}
+	if r.PartitionsCreated > 0 {
+		attrs = append(attrs, slog.Int("partitions_created", r.PartitionsCreated))
+	}
+	if len(r.PartitionsDropped) > 0 {
+		attrs = append(attrs, slog.Any("partitions_dropped", r.PartitionsDropped))
 	}
 	if len(attrs) > 1 {
 		s.logger.LogAttrs(context.Background(), slog.LevelInfo, "pgoutbox: maintenance pass", attrs...)

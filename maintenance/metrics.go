@@ -15,11 +15,13 @@ import (
 //	pgoutbox.maintenance.duration         seconds a job's pass took, by job
 //	pgoutbox.maintenance.dead_groups      groups declared DEAD
 //	pgoutbox.maintenance.dropped_unread   messages the retention cap deleted before a group finished them, by topic and group
+//	pgoutbox.maintenance.partitions       partitions of outbox_published created and dropped, by action
 type metrics struct {
 	deleted       metric.Int64Counter
 	passTime      metric.Float64Histogram
 	deadGroups    metric.Int64Counter
 	droppedUnread metric.Int64Counter
+	partitions    metric.Int64Counter
 }
 
 func newMetrics(mp metric.MeterProvider) *metrics {
@@ -33,11 +35,17 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	dead, _ := m.Int64Counter("pgoutbox.maintenance.dead_groups", metric.WithDescription("Consumer groups declared DEAD."))
 	dropped, _ := m.Int64Counter("pgoutbox.maintenance.dropped_unread",
 		metric.WithDescription("Messages deleted by the retention cap before a group finished them, by topic and group."))
-	return &metrics{deleted: deleted, passTime: passTime, deadGroups: dead, droppedUnread: dropped}
+	partitions, _ := m.Int64Counter("pgoutbox.maintenance.partitions",
+		metric.WithDescription("Partitions of outbox_published created and dropped, by action (created, dropped)."))
+	return &metrics{deleted: deleted, passTime: passTime, deadGroups: dead, droppedUnread: dropped, partitions: partitions}
 }
 
 func (m *metrics) attrs(job, table string) metric.AddOption {
 	return metric.WithAttributes(attribute.String("job", job), attribute.String("table", table))
+}
+
+func (m *metrics) actionAttrs(action string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("action", action))
 }
 
 func (m *metrics) groupAttrs(topic, group string) metric.AddOption {

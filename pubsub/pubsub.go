@@ -91,6 +91,10 @@ type Tracker interface {
 	// consumergroup.Group.Cleanup does), so that a subscription change that
 	// starts a backfill is never overtaken by a cleanup that missed it.
 	Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error)
+	// Holds reports whether topic has a row with an xid in [lo, hi) (xid8s
+	// as text) that Cleanup could not delete yet: one a required group has
+	// not finished, or that retention keeps. Run it like Cleanup.
+	Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string) (bool, error)
 }
 
 // New returns the tracker for mode, using the statements for schema.
@@ -163,6 +167,20 @@ func (b *Bitmap) Cleanup(ctx context.Context, db DB, topic string, keep Retentio
 		keep.ZeroSubscription.Microseconds(), keep.below())
 }
 
+// Holds implements Tracker.
+func (b *Bitmap) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string) (bool, error) {
+	return holds(ctx, db, b.q.BitmapHeld, topic, keep.Now, keep.Completed.Microseconds(), lo,
+		keep.ZeroSubscription.Microseconds(), hi)
+}
+
+func holds(ctx context.Context, db DB, sql string, args ...any) (bool, error) {
+	var held bool
+	if err := db.QueryRow(ctx, sql, args...).Scan(&held); err != nil {
+		return false, fmt.Errorf("pubsub: partition held: %w", err)
+	}
+	return held, nil
+}
+
 // Counter tracks completion with dedupe rows and a counter per message.
 type Counter struct{ q *sqlq.PubSub }
 
@@ -213,6 +231,12 @@ func (c *Counter) Cleanup(ctx context.Context, db DB, topic string, keep Retenti
 	return n, nil
 }
 
+// Holds implements Tracker.
+func (c *Counter) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string) (bool, error) {
+	return holds(ctx, db, c.q.CounterHeld, topic, keep.Now, keep.Completed.Microseconds(), lo,
+		keep.ZeroSubscription.Microseconds(), hi)
+}
+
 // Offset tracks nothing per message: groups' committed positions do.
 type Offset struct{ q *sqlq.PubSub }
 
@@ -241,4 +265,15 @@ func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retentio
 	}
 	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
 		keep.ZeroSubscription.Microseconds(), wm, keep.below())
+}
+
+// Holds implements Tracker: a row not visible in keep.Watermark, or
+// younger than retention, holds.
+func (o *Offset) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string) (bool, error) {
+	var wm *string
+	if keep.Watermark != "" {
+		wm = &keep.Watermark
+	}
+	return holds(ctx, db, o.q.OffsetHeld, topic, keep.Now, keep.Completed.Microseconds(), lo,
+		keep.ZeroSubscription.Microseconds(), wm, hi)
 }

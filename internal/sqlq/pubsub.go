@@ -45,6 +45,7 @@ type PubSub struct {
 	CounterComplete, CounterCompleted                                         string
 	CounterForgetCandidates                                                   string
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark             string
+	BitmapHeld, CounterHeld, OffsetHeld                                       string
 	RetentionFrontier, SnapshotXmax                                           string
 }
 
@@ -117,6 +118,9 @@ func ForPubSub(schema string) *PubSub {
 		CounterForget:           q(counterForget),
 		CounterCleanup:          q(counterCleanup),
 		OffsetCleanup:           q(offsetCleanup),
+		BitmapHeld:              q(partitionHeld(bitmapFinished, "$6")),
+		CounterHeld:             q(partitionHeld(counterFinished, "$6")),
+		OffsetHeld:              q(partitionHeld(offsetFinished, "$7")),
 		UpsertWatermark:         q(upsertWatermark),
 		RetentionFrontier:       q(retentionFrontier),
 		SnapshotXmax:            q(snapshotXmax),
@@ -774,6 +778,14 @@ const retention = `
                       WHERE s.topic = o.topic AND ` + holdsClaims + `
                             AND b.backfill_from IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, b.backfill_from))`
 
+// bitmapFinished is true for a row o of a Bitmap topic that every
+// required group completed and that retention lets go: $1 the topic, $2
+// now (NULL: the database's), $3 the retention and $5 the zero-subscription
+// floor (microseconds).
+const bitmapFinished = `coalesce(o.done_bits, 0) & o.required_bits = o.required_bits
+          AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
+	retention
+
 // bitmapCleanup deletes up to $4 rows of topic $1 below xid $6 that every
 // required group completed and that retention lets go, in (topic, xid)
 // index order, skipping rows another cleanup holds.
@@ -781,9 +793,7 @@ const bitmapCleanup = `
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
-          AND coalesce(o.done_bits, 0) & o.required_bits = o.required_bits
-          AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
-	retention + `
+          AND ` + bitmapFinished + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
   AND coalesce(done_bits, 0) & required_bits = required_bits -- re-checked on the row version the delete locks`
 
@@ -829,14 +839,17 @@ WHERE o.id = ANY($1::bigint[]) AND $2::bigint = ANY(o.required_ids)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                       WHERE c.message_id = o.id AND c.subscription_id = $2)`
 
+// counterFinished is bitmapFinished for a Counter topic.
+const counterFinished = `coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)
+              AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
+	retention
+
 const counterCleanup = `
 WITH gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
-              AND coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)
-              AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
-	retention + `
+              AND ` + counterFinished + `
         ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
       AND coalesce(completed_count, 0) >= coalesce(required_count, 0) -- re-checked on the locked row version
     RETURNING id
@@ -847,6 +860,24 @@ SELECT count(*) FROM gone`
 
 // ---------------------------------------------------------------- offset
 
+// offsetFinished is bitmapFinished for an Offset topic, whose watermark
+// is $6.
+const offsetFinished = `CASE WHEN $6::pg_snapshot IS NULL
+                   THEN o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'
+                   ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
+	retention
+
+// partitionHeld is true when topic $1 has a row with an xid in [$4, hi)
+// that is not finished: a partition holding it cannot be dropped. It
+// scans the topic's rows in the range until it finds one.
+func partitionHeld(finished, hi string) string {
+	return `
+SELECT EXISTS (
+    SELECT 1 FROM {{schema}}.outbox_published AS o
+    WHERE o.topic = $1 AND o.xid >= $4::text::xid8 AND o.xid < ` + hi + `::text::xid8
+          AND NOT coalesce(` + finished + `, false))`
+}
+
 // offsetCleanup deletes rows below xid $7 every group holding claims has
 // passed: visible in the watermark $6 (the least committed position), or,
 // with no such group ($6 NULL), past the zero-subscription floor.
@@ -854,10 +885,7 @@ const offsetCleanup = `
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
-          AND CASE WHEN $6::pg_snapshot IS NULL
-                   THEN o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'
-                   ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
-	retention + `
+          AND ` + offsetFinished + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)`
 
 // retentionFrontier is the xid of topic $1's first row (in xid order) below

@@ -75,7 +75,7 @@ CREATE TABLE outbox_partitions (
 DO $$
 DECLARE
     upto  xid8 := pg_snapshot_xmax(pg_current_snapshot());
-    width bigint := 1000000;
+    width bigint := 10000; -- the maintenance service sizes the next ones by the rate it measures
 BEGIN
     INSERT INTO outbox_partitions (id, lo, hi) VALUES (1, '0', upto);
     EXECUTE format('ALTER TABLE outbox_published ATTACH PARTITION outbox_published_p1 FOR VALUES FROM (%L) TO (%L)',
