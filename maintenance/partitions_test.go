@@ -1,0 +1,201 @@
+package maintenance_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/maintenance"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// rangePartition is a row of outbox_partitions.
+type rangePartition struct {
+	id     int64
+	lo, hi uint64
+}
+
+func (p rangePartition) table() string { return "outbox_published_p" + strconv.FormatInt(p.id, 10) }
+
+func partitionsOf(t *testing.T, b *bundle) []rangePartition {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT p.id, p.lo::text, p.hi::text FROM `+b.db.Table("outbox_partitions")+` AS p ORDER BY p.lo`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []rangePartition
+	for rows.Next() {
+		var p rangePartition
+		var lo, hi string
+		require.NoError(t, rows.Scan(&p.id, &lo, &hi))
+		p.lo, _ = strconv.ParseUint(lo, 10, 64)
+		p.hi, _ = strconv.ParseUint(hi, 10, 64)
+		out = append(out, p)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func nextXid(t *testing.T, b *bundle) uint64 {
+	t.Helper()
+	var next string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`).Scan(&next))
+	n, err := strconv.ParseUint(next, 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// enterPartition runs s's partition job and burns transaction ids until the
+// next one is the first of a range partition with room left, which it
+// returns.
+func enterPartition(t *testing.T, b *bundle, s *maintenance.Service) rangePartition {
+	t.Helper()
+	_, err := s.RunOnce(context.Background())
+	require.NoError(t, err)
+	next := nextXid(t, b)
+	for _, p := range partitionsOf(t, b) {
+		if p.lo >= next && p.hi-p.lo >= 500 {
+			if p.lo > next {
+				burnXids(t, b, int(p.lo-next))
+			}
+			return p
+		}
+	}
+	t.Fatal("no partition ahead of the next transaction id")
+	return rangePartition{}
+}
+
+// sealPartition burns transaction ids until none can still write into p.
+func sealPartition(t *testing.T, b *bundle, p rangePartition) {
+	t.Helper()
+	if next := nextXid(t, b); next <= p.hi {
+		burnXids(t, b, int(p.hi-next)+1)
+	}
+}
+
+// holder is a way a group keeps a partition: set up before the messages
+// are sent, it returns what to wait for once they are, and how to let go.
+type holder struct {
+	name  string
+	setup func(t *testing.T, b *bundle, topic string) (sent, release func())
+}
+
+var holders = []holder{
+	{name: "a live group that has not read it", setup: func(t *testing.T, b *bundle, topic string) (func(), func()) {
+		slow := newCounter()
+		g := b.group(t, topic, "slow", slow.handle, consumergroup.FromNow())
+		require.NoError(t, g.Stop(context.Background())) // subscribed, not reading
+		return func() {}, func() {
+			b.group(t, topic, "slow", slow.handle, consumergroup.FromNow())
+			pgtest.Eventually(t, 10*time.Second, "the slow group caught up", func() bool { return slow.distinct() == 20 })
+		}
+	}},
+	{name: "a pending retry", setup: func(t *testing.T, b *bundle, topic string) (func(), func()) {
+		retry := newCounter()
+		var failedOnce atomic.Bool
+		b.group(t, topic, "retry", func(ctx context.Context, d *outbox.Delivery) error {
+			if failedOnce.CompareAndSwap(false, true) {
+				return errors.New("not now") // retried after the topic's backoff, an hour
+			}
+			return retry.handle(ctx, d)
+		}, consumergroup.FromNow())
+		return func() {
+				pgtest.Eventually(t, 10*time.Second, "the retry group handled all but one", func() bool { return retry.distinct() == 19 })
+			}, func() {
+				b.exec(t, `UPDATE `+b.db.Table("outbox_group_retries")+` SET available_at = now() WHERE status = 'RETRY'`)
+				pgtest.Eventually(t, 10*time.Second, "the retry is delivered", func() bool { return retry.distinct() == 20 })
+			}
+	}},
+	{name: "a DEAD group within the topic's ZombieTTL", setup: func(t *testing.T, b *bundle, topic string) (func(), func()) {
+		zombie := b.group(t, topic, "zombie", newCounter().handle, consumergroup.FromNow(), func(c *consumergroup.Config) {
+			c.HeartbeatInterval, c.HeartbeatTimeout = 50*time.Millisecond, 300*time.Millisecond
+		})
+		require.NoError(t, zombie.Stop(context.Background())) // stops beating: the service declares it DEAD
+		return func() { time.Sleep(400 * time.Millisecond) }, func() {
+			cfg, err := b.client.Topic(context.Background(), topic)
+			require.NoError(t, err)
+			cfg.ZombieTTL = time.Millisecond
+			b.topic(t, cfg)
+		}
+	}},
+}
+
+// A partition is dropped only once nothing holds it: a live group that
+// has not read it, a pending retry of one of its messages, a DEAD group
+// within the topic's ZombieTTL. Each holds it alone, then lets go. A dead
+// letter does not hold it (it keeps a copy) and stays replayable after the
+// drop. No message is deleted row by row meanwhile. The topic's name has
+// '.', ':' and '-' in it.
+func TestPartitionDroppedOnlyWhenNothingHoldsIt(t *testing.T) {
+	for _, mode := range modes {
+		for _, h := range holders {
+			t.Run(string(mode)+"/"+h.name, func(t *testing.T) {
+				b := setup(t)
+				ctx := context.Background()
+				topic := "orders.events:v1-" + strings.ToLower(string(mode))
+				b.topic(t, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode,
+					Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, ZombieTTL: time.Hour,
+					BackoffInitial: time.Hour, BackoffMax: time.Hour})
+				s := b.service(t, maintenance.Config{PartitionSize: 2000, RowCleanupDelay: time.Hour})
+
+				fast, dlq := newCounter(), newCounter()
+				b.group(t, topic, "fast", fast.handle, consumergroup.FromNow())
+				var refuse atomic.Bool
+				refuse.Store(true)
+				dlqGroup := b.group(t, topic, "dlq", func(ctx context.Context, d *outbox.Delivery) error {
+					if refuse.Load() {
+						return outbox.Permanent(errors.New("refused"))
+					}
+					return dlq.handle(ctx, d)
+				}, consumergroup.FromNow())
+
+				sent, release := h.setup(t, b, topic)
+				p := enterPartition(t, b, s)
+				var ids []int64
+				for range 4 {
+					ids = append(ids, b.send(t, topic, 5)...)
+				}
+				require.Equal(t, 20, b.count(t, p.table(), "true"), "the messages are in one partition")
+				sent()
+				pgtest.Eventually(t, 10*time.Second, "fast handled everything, dlq dead-lettered it", func() bool {
+					letters, err := dlqGroup.DeadLetters(ctx, 0, 100)
+					require.NoError(t, err)
+					return fast.distinct() == 20 && len(letters) == 20
+				})
+				sealPartition(t, b, p)
+
+				for range 2 {
+					r, err := s.RunOnce(ctx)
+					require.NoError(t, err)
+					require.Equal(t, topic, r.PartitionsKept[p.table()], "held by %s", h.name)
+					require.NotContains(t, r.PartitionsDropped, p.table())
+					require.Equal(t, 20, b.count(t, p.table(), "true"), "no message is deleted row by row meanwhile")
+				}
+				release()
+				r, err := s.RunOnce(ctx)
+				require.NoError(t, err)
+				require.Contains(t, r.PartitionsDropped, p.table(), "nothing holds it any more")
+				require.Zero(t, b.count(t, "outbox_published", "id = ANY($1)", ids))
+				var exists bool
+				require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, b.db.Table(p.table())).Scan(&exists))
+				require.False(t, exists)
+
+				// The dead letters outlived their partition and can be replayed.
+				refuse.Store(false)
+				n, err := dlqGroup.ReplayDeadLetters(ctx, ids...)
+				require.NoError(t, err)
+				require.Equal(t, int64(20), n)
+				pgtest.Eventually(t, 10*time.Second, "the replayed dead letters are delivered", func() bool { return dlq.distinct() == 20 })
+				require.Zero(t, fast.dups()+dlq.dups())
+				require.Empty(t, b.logs.errors())
+			})
+		}
+	}
+}
