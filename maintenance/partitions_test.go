@@ -199,3 +199,56 @@ func TestPartitionDroppedOnlyWhenNothingHoldsIt(t *testing.T) {
 		}
 	}
 }
+
+// Topics named with '.', ':' and '-', and one of the longest name allowed,
+// share partitions (named from the partition's number, never from a
+// topic). A topic whose group does not read holds the partition, but only
+// its own messages in it: the other topics' finished messages are deleted
+// one by one once RowCleanupDelay passed. When the slow group catches up,
+// the partition is dropped.
+func TestSlowTopicHoldsOnlyItsOwnMessages(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	s := b.service(t, maintenance.Config{PartitionSize: 2000, RowCleanupDelay: 50 * time.Millisecond})
+	topics := []string{"orders.created", "billing:invoices", "user-events", strings.Repeat("Long.Name:x-", 21) + "xyz"}
+	require.Len(t, topics[3], outbox.MaxTopicBytes)
+	slowTopic := "slow.topic"
+	recs := map[string]*counter{}
+	for _, topic := range append(topics, slowTopic) {
+		b.topic(t, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: outbox.Offset,
+			Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond})
+		recs[topic] = newCounter()
+		g := b.group(t, topic, "g", recs[topic].handle, consumergroup.FromNow())
+		if topic == slowTopic {
+			require.NoError(t, g.Stop(ctx))
+		}
+	}
+	p := enterPartition(t, b, s)
+	for _, topic := range append(topics, slowTopic) {
+		b.send(t, topic, 10)
+	}
+	require.Equal(t, 50, b.count(t, p.table(), "true"), "every topic's messages are in one partition")
+	pgtest.Eventually(t, 10*time.Second, "the live groups handled their topics", func() bool {
+		for _, topic := range topics {
+			if recs[topic].distinct() != 10 {
+				return false
+			}
+		}
+		return true
+	})
+	sealPartition(t, b, p)
+	time.Sleep(60 * time.Millisecond) // RowCleanupDelay
+	r, err := s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, slowTopic, r.PartitionsKept[p.table()])
+	require.Equal(t, 10, b.count(t, p.table(), "true"), "only the slow topic's messages are left")
+	require.Equal(t, 10, b.count(t, p.table(), "topic = $1", slowTopic))
+
+	b.group(t, slowTopic, "g", recs[slowTopic].handle, consumergroup.FromNow())
+	pgtest.Eventually(t, 10*time.Second, "the slow group caught up", func() bool { return recs[slowTopic].distinct() == 10 })
+	r, err = s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Contains(t, r.PartitionsDropped, p.table())
+	require.Zero(t, b.count(t, "outbox_published", "true"))
+	require.Empty(t, b.logs.errors())
+}

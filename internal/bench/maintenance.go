@@ -77,7 +77,7 @@ UPDATE ` + schema + `.outbox_published SET completed_count = required_count`
 	if _, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox_published`); err != nil {
 		return err
 	}
-	s, err := maintenance.New(b.pool, maintenance.Config{Client: b.client})
+	s, err := maintenance.New(b.pool, maintenance.Config{Client: b.client, RowCleanupDelay: time.Nanosecond}) // row by row: see DROP
 	if err != nil {
 		return err
 	}
@@ -119,6 +119,11 @@ func (b *bench) storeOld(ctx context.Context, topic string) error {
 	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode}); err != nil {
 		return err
 	}
+	return b.storeRows(ctx, topic)
+}
+
+// storeRows is storeOld on a topic already configured.
+func (b *bench) storeRows(ctx context.Context, topic string) error {
 	for start := 0; start < b.c.n; start += 10_000 {
 		_, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_published
     (topic, payload, correlation_id, status, required_bits, done_bits, required_ids, required_count, completed_count)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testlog"
+	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -115,7 +117,9 @@ func shortRetention(tc *outbox.TopicConfig) {
 }
 
 // cleaner runs Cleanup for the topic every few milliseconds until the
-// test ends (consumer-group subjects only).
+// test ends, beside two maintenance services that add and drop small
+// partitions of messages all along (consumer-group subjects only). When
+// the test ends, neither service has logged an error.
 func (e *Env) cleaner(t testing.TB) {
 	if !e.Subject.Groups {
 		return
@@ -132,7 +136,24 @@ func (e *Env) cleaner(t testing.TB) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	var logs testlog.Buffer
+	var services []*maintenance.Service
+	for range 2 {
+		svc, err := maintenance.New(e.DB.Pool, maintenance.Config{Client: e.Client, Logger: logs.Logger(),
+			DeadGroupInterval: time.Hour, CleanupInterval: time.Hour, SubscriptionCleanupInterval: time.Hour,
+			PartitionInterval: 20 * time.Millisecond, PartitionSize: 500, RowCleanupDelay: time.Millisecond})
+		require.NoError(t, err)
+		require.NoError(t, svc.Start(ctx))
+		services = append(services, svc)
+	}
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		for _, svc := range services {
+			require.NoError(t, svc.Stop(context.Background()))
+		}
+		require.Empty(t, logs.Lines("level=ERROR"), "the maintenance services failed")
+	})
 }
 
 // startWhileProducing: 8 producers commit out of order (and roll back
