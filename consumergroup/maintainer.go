@@ -313,14 +313,16 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 	return n, nil
 }
 
-// PartitionHeld reports, inside tx, whether topic has a message with an
-// xid in [lo, hi) (xid8s as text) that cleanup could not delete yet: one a
-// group holding claims has not finished (its position has not passed it, a
-// retry of it is pending, a backfill may still need it) or that the
-// topic's retention keeps. It takes the topic's lock in shared mode, like
-// Cleanup, so the answer stands until tx ends: a subscription change that
-// would start a backfill waits for tx. Run CompleteDeadLetters first.
-func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi string) (bool, error) {
+// PartitionHeld reports, inside tx, whether topic may still need a
+// message with an xid in [lo, hi) (xid8s as text), a range no transaction
+// writes into any more since sealed: a group holding claims has not
+// finished one (its position has not passed it), a retry of one is
+// pending, a backfill may still read it, or the topic's retention has not
+// passed since sealed (see pubsub.Tracker.Holds). It takes the topic's
+// lock in shared mode, like Cleanup, so the answer stands until tx ends: a
+// subscription change that would start a backfill waits for tx. Run
+// CompleteDeadLetters first.
+func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi string, sealed time.Time) (bool, error) {
 	t, err := m.client.Topic(ctx, topic)
 	if errors.Is(err, outbox.ErrUnknownTopic) {
 		return false, nil // a topic no longer configured: no group can hold its rows
@@ -342,7 +344,7 @@ func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi
 	if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, topic, t.Tracking, keep); err != nil {
 		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
 	}
-	held, err := tracker.Holds(ctx, tx, topic, keep, lo, hi)
+	held, err := tracker.Holds(ctx, tx, topic, keep, lo, hi, sealed)
 	if err != nil {
 		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
 	}

@@ -167,9 +167,10 @@ func (s *Service) createOne(ctx context.Context, tx pgx.Tx) (bool, error) {
 }
 
 // dropDone drops, oldest first, every sealed partition (no transaction
-// that could still write into it is running) whose messages every topic
-// is done with: finished by every group holding claims on them and past
-// the topic's retention.
+// that could still write into it is running; the first pass that sees it
+// so records when) whose messages every topic is done with: finished by
+// every group holding claims on them, and the topic's retention passed
+// since it was sealed.
 func (s *Service) dropDone(ctx context.Context, r *Report) error {
 	stmt, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
 	c, err := s.readClock(stmt, s.pool)
@@ -186,7 +187,18 @@ func (s *Service) dropDone(ctx context.Context, r *Report) error {
 		if p.hi > c.xmin {
 			break // not sealed, and neither are the ones after it
 		}
-		dropped, holder, err := s.dropPartition(ctx, p)
+		stmt, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+		var sealed time.Time
+		err := s.pool.QueryRow(stmt, s.pq.Seal, p.id).Scan(&sealed)
+		cancel()
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // another instance dropped it
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("partitions: seal outbox_published_p%d: %w", p.id, err))
+			continue
+		}
+		dropped, holder, err := s.dropPartition(ctx, p, sealed)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -206,7 +218,7 @@ func (s *Service) dropDone(ctx context.Context, r *Report) error {
 // dropPartition drops p unless a topic still holds one of its messages,
 // which it then returns. It reports whether it dropped p: not when another
 // instance did.
-func (s *Service) dropPartition(ctx context.Context, p partition) (dropped bool, holder string, err error) {
+func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Time) (dropped bool, holder string, err error) {
 	topics, err := s.partitionTopics(ctx, s.pool, p)
 	if isUndefinedTable(err) {
 		return false, "", nil // another instance dropped it
@@ -233,7 +245,7 @@ func (s *Service) dropPartition(ctx context.Context, p partition) (dropped bool,
 		}
 		counter := false
 		for _, t := range topics {
-			held, err := s.groups.PartitionHeld(ctx, tx, t.name, lo, hi)
+			held, err := s.groups.PartitionHeld(ctx, tx, t.name, lo, hi, sealed)
 			if err != nil {
 				return err
 			}

@@ -91,10 +91,14 @@ type Tracker interface {
 	// consumergroup.Group.Cleanup does), so that a subscription change that
 	// starts a backfill is never overtaken by a cleanup that missed it.
 	Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error)
-	// Holds reports whether topic has a row with an xid in [lo, hi) (xid8s
-	// as text) that Cleanup could not delete yet: one a required group has
-	// not finished, or that retention keeps. Run it like Cleanup.
-	Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string) (bool, error)
+	// Holds reports whether topic may still need a row with an xid in
+	// [lo, hi) (xid8s as text), a range no transaction writes into any
+	// more since sealed: a group holding claims has not finished one,
+	// has a retry of one pending or a backfill that may read it, or the
+	// topic's retention has not passed since sealed. It errs on the side
+	// of holding (a backfill holds ranges past its start's xmin). Run it
+	// like Cleanup.
+	Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error)
 }
 
 // New returns the tracker for mode, using the statements for schema.
@@ -168,14 +172,15 @@ func (b *Bitmap) Cleanup(ctx context.Context, db DB, topic string, keep Retentio
 }
 
 // Holds implements Tracker.
-func (b *Bitmap) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string) (bool, error) {
-	return holds(ctx, db, b.q.BitmapHeld, topic, keep.Now, keep.Completed.Microseconds(), lo,
-		keep.ZeroSubscription.Microseconds(), hi)
+func (b *Bitmap) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
+	return holds(ctx, db, b.q.BitmapHeld, topic, keep, lo, hi, sealed)
 }
 
-func holds(ctx context.Context, db DB, sql string, args ...any) (bool, error) {
+func holds(ctx context.Context, db DB, sql, topic string, keep Retention, lo, hi string, sealed time.Time, more ...any) (bool, error) {
 	var held bool
-	if err := db.QueryRow(ctx, sql, args...).Scan(&held); err != nil {
+	args := append([]any{topic, keep.Now, keep.Completed.Microseconds(), lo, keep.ZeroSubscription.Microseconds(), sealed, hi}, more...)
+	err := db.QueryRow(ctx, sql, args...).Scan(&held)
+	if err != nil {
 		return false, fmt.Errorf("pubsub: partition held: %w", err)
 	}
 	return held, nil
@@ -232,9 +237,8 @@ func (c *Counter) Cleanup(ctx context.Context, db DB, topic string, keep Retenti
 }
 
 // Holds implements Tracker.
-func (c *Counter) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string) (bool, error) {
-	return holds(ctx, db, c.q.CounterHeld, topic, keep.Now, keep.Completed.Microseconds(), lo,
-		keep.ZeroSubscription.Microseconds(), hi)
+func (c *Counter) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
+	return holds(ctx, db, c.q.CounterHeld, topic, keep, lo, hi, sealed)
 }
 
 // Offset tracks nothing per message: groups' committed positions do.
@@ -267,13 +271,12 @@ func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retentio
 		keep.ZeroSubscription.Microseconds(), wm, keep.below())
 }
 
-// Holds implements Tracker: a row not visible in keep.Watermark, or
-// younger than retention, holds.
-func (o *Offset) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string) (bool, error) {
+// Holds implements Tracker: keep.Watermark must see every message of the
+// range.
+func (o *Offset) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
 	var wm *string
 	if keep.Watermark != "" {
 		wm = &keep.Watermark
 	}
-	return holds(ctx, db, o.q.OffsetHeld, topic, keep.Now, keep.Completed.Microseconds(), lo,
-		keep.ZeroSubscription.Microseconds(), wm, hi)
+	return holds(ctx, db, o.q.OffsetHeld, topic, keep, lo, hi, sealed, wm)
 }

@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -110,15 +113,27 @@ func (b *bench) drop(ctx context.Context) error {
 // transaction) that every group finished, and returns its table and upper
 // bound.
 func (b *bench) fillPartition(ctx context.Context, s *maintenance.Service, topic string, mode outbox.TrackingMode) (string, uint64, error) {
-	if _, err := s.RunOnce(ctx); err != nil {
-		return "", 0, err
-	}
 	var id int64
-	var lo, hi, next uint64
-	err := b.pool.QueryRow(ctx, `SELECT p.id, p.lo::text::numeric, p.hi::text::numeric, pg_snapshot_xmax(pg_current_snapshot())::text::numeric
-FROM `+schema+`.outbox_partitions AS p WHERE p.lo >= pg_snapshot_xmax(pg_current_snapshot()) ORDER BY p.lo LIMIT 1`).Scan(&id, &lo, &hi, &next)
-	if err != nil {
-		return "", 0, fmt.Errorf("drop: no partition ahead: %w", err)
+	var lo, hi, last uint64
+	for attempt := 0; ; attempt++ {
+		if _, err := s.RunOnce(ctx); err != nil {
+			return "", 0, err
+		}
+		err := b.pool.QueryRow(ctx, `SELECT p.id, p.lo::text::numeric, p.hi::text::numeric
+FROM `+schema+`.outbox_partitions AS p WHERE p.lo >= pg_snapshot_xmax(pg_current_snapshot()) ORDER BY p.lo LIMIT 1`).Scan(&id, &lo, &hi)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pgx.ErrNoRows) || attempt == 3 {
+			return "", 0, fmt.Errorf("drop: no partition ahead: %w", err)
+		}
+		// The first partition after the migrations is larger: go past it.
+		if err := b.pool.QueryRow(ctx, `SELECT max(hi)::text::numeric FROM `+schema+`.outbox_partitions`).Scan(&last); err != nil {
+			return "", 0, err
+		}
+		if err := b.burnTo(ctx, last); err != nil {
+			return "", 0, err
+		}
 	}
 	if err := b.burnTo(ctx, lo); err != nil {
 		return "", 0, err
@@ -143,7 +158,7 @@ FROM `+schema+`.outbox_partitions AS p WHERE p.lo >= pg_snapshot_xmax(pg_current
 		return "", 0, err
 	}
 	table := "outbox_published_p" + strconv.FormatInt(id, 10)
-	_, err = b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.`+table)
+	_, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.`+table)
 	return table, hi, err
 }
 

@@ -26,6 +26,8 @@ type Partitions struct {
 	// List is every range partition, oldest first: id, lo, hi,
 	// created_at, created_xid.
 	List string
+	// Seal records that partition $1 is sealed (once) and returns when.
+	Seal string
 	// Insert records a new range partition ($1, $2: lo, hi) and returns
 	// its id.
 	Insert string
@@ -49,6 +51,7 @@ func ForPartitions(schema string) *Partitions {
 		Lock:       q(partitionLock),
 		Clock:      q(partitionClock),
 		List:       q(listPartitions),
+		Seal:       q(`UPDATE {{schema}}.outbox_partitions SET sealed_at = coalesce(sealed_at, now()) WHERE id = $1 RETURNING sealed_at`),
 		Insert:     q(insertPartition),
 		Listed:     q(`SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_partitions WHERE id = $1)`),
 		Forget:     q(forgetPartition),

@@ -118,9 +118,9 @@ func ForPubSub(schema string) *PubSub {
 		CounterForget:           q(counterForget),
 		CounterCleanup:          q(counterCleanup),
 		OffsetCleanup:           q(offsetCleanup),
-		BitmapHeld:              q(partitionHeld(bitmapFinished, "$6")),
-		CounterHeld:             q(partitionHeld(counterFinished, "$6")),
-		OffsetHeld:              q(partitionHeld(offsetFinished, "$7")),
+		BitmapHeld:              q(partitionHeld(unfinishedInRange(bitmapDone))),
+		CounterHeld:             q(partitionHeld(unfinishedInRange(counterDone))),
+		OffsetHeld:              q(partitionHeld(beforeWatermark)),
 		UpsertWatermark:         q(upsertWatermark),
 		RetentionFrontier:       q(retentionFrontier),
 		SnapshotXmax:            q(snapshotXmax),
@@ -778,11 +778,15 @@ const retention = `
                       WHERE s.topic = o.topic AND ` + holdsClaims + `
                             AND b.backfill_from IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, b.backfill_from))`
 
+// bitmapDone is true for a row o of a Bitmap topic every required group
+// completed.
+const bitmapDone = `coalesce(o.done_bits, 0) & o.required_bits = o.required_bits`
+
 // bitmapFinished is true for a row o of a Bitmap topic that every
 // required group completed and that retention lets go: $1 the topic, $2
 // now (NULL: the database's), $3 the retention and $5 the zero-subscription
 // floor (microseconds).
-const bitmapFinished = `coalesce(o.done_bits, 0) & o.required_bits = o.required_bits
+const bitmapFinished = bitmapDone + `
           AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention
 
@@ -839,8 +843,11 @@ WHERE o.id = ANY($1::bigint[]) AND $2::bigint = ANY(o.required_ids)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                       WHERE c.message_id = o.id AND c.subscription_id = $2)`
 
+// counterDone is bitmapDone for a Counter topic.
+const counterDone = `coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)`
+
 // counterFinished is bitmapFinished for a Counter topic.
-const counterFinished = `coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)
+const counterFinished = counterDone + `
               AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
 	retention
 
@@ -867,16 +874,46 @@ const offsetFinished = `CASE WHEN $6::pg_snapshot IS NULL
                    ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
 	retention
 
-// partitionHeld is true when topic $1 has a row with an xid in [$4, hi)
-// that is not finished: a partition holding it cannot be dropped. It
-// scans the topic's rows in the range until it finds one.
-func partitionHeld(finished, hi string) string {
+// partitionHeld is true when topic $1 may still need a message with an
+// xid in [$4, $7), a range no transaction writes into any more, sealed
+// (seen so) at $6: the topic's retention ($3, or the zero-subscription
+// floor $5, the longer, in microseconds) has not passed since, a group
+// holding claims has a pending retry of one of them or a backfill that
+// may read them, or done (by mode) says a group has not finished one. It
+// reads the retries and backfills of the topic and, in Bitmap and Counter
+// mode, the topic's messages in the range until it finds an unfinished
+// one; in Offset mode, nothing more.
+func partitionHeld(done string) string {
 	return `
-SELECT EXISTS (
-    SELECT 1 FROM {{schema}}.outbox_published AS o
-    WHERE o.topic = $1 AND o.xid >= $4::text::xid8 AND o.xid < ` + hi + `::text::xid8
-          AND NOT coalesce(` + finished + `, false))`
+SELECT $6::timestamptz > coalesce($2::timestamptz, now()) - greatest($3::bigint, $5::bigint) * interval '1 microsecond'
+    OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
+               JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
+               JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
+               WHERE s.topic = $1 AND r.payload IS NULL AND ` + holdsClaims + `
+                     AND o.xid >= $4::text::xid8 AND o.xid < $7::text::xid8)
+    OR EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets AS b
+               JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = b.subscription_id
+               WHERE s.topic = $1 AND ` + holdsClaims + `
+                     AND b.backfill_from IS NOT NULL AND pg_snapshot_xmin(b.backfill_from) < $7::text::xid8)
+    OR ` + done
 }
+
+// unfinishedInRange is partitionHeld's done for Bitmap and Counter mode:
+// a message of the range that finished is false for.
+func unfinishedInRange(finished string) string {
+	return `EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o
+               WHERE o.topic = $1 AND o.xid >= $4::text::xid8 AND o.xid < $7::text::xid8
+                     AND NOT coalesce(` + finished + `, false))`
+}
+
+// beforeWatermark is partitionHeld's done for Offset mode: a message of
+// the range that the watermark $8 (the least committed position of the
+// groups holding claims; NULL when none does) does not see. Every xid
+// below the watermark's xmin is visible in it, so only the rows from
+// there on are read: those written after the slowest group's position.
+const beforeWatermark = `EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o
+               WHERE o.topic = $1 AND o.xid >= greatest($4::text::xid8, pg_snapshot_xmin($8::pg_snapshot))
+                     AND o.xid < $7::text::xid8 AND NOT pg_visible_in_snapshot(o.xid, $8::pg_snapshot))`
 
 // offsetCleanup deletes rows below xid $7 every group holding claims has
 // passed: visible in the watermark $6 (the least committed position), or,

@@ -69,7 +69,10 @@ CREATE TABLE outbox_partitions (
     created_at  timestamptz NOT NULL DEFAULT now(),
     -- The next xid to be assigned when the partition was created: with
     -- created_at, the rate the next partition is sized by.
-    created_xid xid8        NOT NULL DEFAULT pg_snapshot_xmax(pg_current_snapshot())
+    created_xid xid8        NOT NULL DEFAULT pg_snapshot_xmax(pg_current_snapshot()),
+    -- When maintenance first saw that no transaction could write into it
+    -- any more: no message in it was written later.
+    sealed_at   timestamptz
 );
 
 DO $$
