@@ -69,7 +69,8 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 
 	// Every maintenance job runs, several times, before the client stops.
 	c, err := pgoutbox.NewClient(ctx, db.Pool, pgoutbox.Config{Schema: db.Schema, Maintenance: maintenance.Config{
-		DeadGroupInterval: 50 * time.Millisecond, CleanupInterval: 50 * time.Millisecond, SubscriptionCleanupInterval: 50 * time.Millisecond}})
+		DeadGroupInterval: 50 * time.Millisecond, CleanupInterval: 50 * time.Millisecond, SubscriptionCleanupInterval: 50 * time.Millisecond,
+		PartitionInterval: 50 * time.Millisecond, RowCleanupDelay: time.Millisecond}})
 	require.NoError(t, err)
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,

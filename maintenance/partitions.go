@@ -146,12 +146,12 @@ func (s *Service) createOne(ctx context.Context, tx pgx.Tx) (bool, error) {
 		return false, nil
 	}
 	lo := last.hi
-	if lo < c.next+w/4 {
-		// The database went past the last partition (maintenance did not
-		// run for a while): those rows are in the default partition,
-		// which the new range must not overlap, and transactions starting
-		// while this one attaches must not either.
-		lo = c.next + w/4
+	if margin := max(w/100, minPartitionXids); lo < c.next+margin {
+		// The database went past the last partition, or nearly (no
+		// maintenance ran for a while): rows past it are in the default
+		// partition, which the new range must not overlap, and neither
+		// may the transactions that start while this one attaches it.
+		lo = c.next + margin
 	}
 	hi := lo + w
 	var id int64

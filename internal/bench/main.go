@@ -30,6 +30,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -145,6 +146,17 @@ func run(ctx context.Context, c *config) error {
 		BusyNotifyInterval: c.busyNotifyInterval})
 	if err != nil {
 		return err
+	}
+	if c.workload != "DROP" { // which sizes its own
+		// Partitions ahead of the writers, as a service's maintenance adds
+		// them at Start (the first one after the migrations is small).
+		m, err := maintenance.New(pool, maintenance.Config{Client: client})
+		if err != nil {
+			return err
+		}
+		if _, err := m.RunOnce(ctx); err != nil {
+			return err
+		}
 	}
 	b := &bench{c: c, pool: pool, client: client, producer: producer}
 	if c.mode == "" && c.workload != "W5" && c.workload != "SKEW" { // QUEUE workloads: configure the topic, as a service would at boot
