@@ -132,7 +132,9 @@ func (r *runner) look(limit int, lastReap *time.Time) (fetchResult, error) {
 		*lastReap = time.Now()
 	}
 	r.lastFullLook = time.Now()
-	return r.fetchOnce(limit, reap)
+	res, err := r.fetchOnce(limit, reap)
+	g.metrics.fetchTime.Record(r.fetchCtx, time.Since(r.lastFullLook).Seconds())
+	return res, err
 }
 
 // idleFullLookEvery is how often an idle instance looks in full anyway:

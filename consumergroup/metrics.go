@@ -13,7 +13,7 @@ import (
 type metrics struct {
 	delivered, acked, retried  boundCounter
 	backfilled, backfillPauses boundCounter
-	handlerTime                boundHistogram
+	handlerTime, fetchTime     boundHistogram
 }
 
 type boundCounter struct {
@@ -41,6 +41,8 @@ func newMetrics(mp metric.MeterProvider, topic, group string) *metrics {
 		return boundCounter{c: c, attrs: attrs}
 	}
 	h, _ := m.Float64Histogram("pgoutbox.group.handler.duration", metric.WithUnit("s"), metric.WithDescription("Group handler run time."))
+	f, _ := m.Float64Histogram("pgoutbox.group.fetch.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long an instance's full look for work took: the transaction that takes the next batch."))
 	return &metrics{
 		delivered:  counter("pgoutbox.group.delivered", "Messages handed to group handlers."),
 		acked:      counter("pgoutbox.group.acked", "Messages completed by the group."),
@@ -49,5 +51,6 @@ func newMetrics(mp metric.MeterProvider, topic, group string) *metrics {
 		backfillPauses: counter("pgoutbox.group.backfill.pauses",
 			"Times a backfill paused because its reads were slower than BackfillTargetLatency."),
 		handlerTime: boundHistogram{h: h, attrs: attrs},
+		fetchTime:   boundHistogram{h: f, attrs: attrs},
 	}
 }

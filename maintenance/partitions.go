@@ -239,6 +239,10 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 		if err := tx.QueryRow(ctx, s.pq.Listed, p.id).Scan(&listed); err != nil || !listed {
 			return err // another instance dropped it
 		}
+		var before string // what was written from here on is checked again under the lock
+		if err := tx.QueryRow(ctx, s.pq.Xmin).Scan(&before); err != nil {
+			return err
+		}
 		topics, err := s.partitionTopics(ctx, tx, p)
 		if err != nil {
 			return err
@@ -260,10 +264,19 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 				return fmt.Errorf("partitions: completions of outbox_published_p%d: %w", p.id, err)
 			}
 		}
-		for _, sql := range []string{s.pq.LockParent, s.pq.Drop(p.id)} {
-			if _, err := tx.Exec(ctx, sql); err != nil {
-				return fmt.Errorf("partitions: drop outbox_published_p%d: %w", p.id, err)
-			}
+		if _, err := tx.Exec(ctx, s.pq.LockParent); err != nil {
+			return fmt.Errorf("partitions: drop outbox_published_p%d: %w", p.id, err)
+		}
+		var written bool
+		if err := tx.QueryRow(ctx, s.pq.WrittenSince(p.id), before).Scan(&written); err != nil {
+			return fmt.Errorf("partitions: drop outbox_published_p%d: %w", p.id, err)
+		}
+		if written {
+			holder = writtenWhileChecked
+			return errKept
+		}
+		if _, err := tx.Exec(ctx, s.pq.Drop(p.id)); err != nil {
+			return fmt.Errorf("partitions: drop outbox_published_p%d: %w", p.id, err)
 		}
 		if _, err = tx.Exec(ctx, s.pq.Forget, p.id); err != nil {
 			return err
@@ -276,6 +289,10 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 	}
 	return dropped && err == nil, "", err
 }
+
+// writtenWhileChecked is the holder reported for a partition written to
+// while it was checked (see sqlq.Partitions.WrittenSince).
+const writtenWhileChecked = "(written to while checked)"
 
 // errKept rolls back a drop that found its partition still held.
 var errKept = errors.New("partition kept")

@@ -291,9 +291,10 @@ func (b *bench) w3(ctx context.Context) error {
 	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode}); err != nil {
 		return err
 	}
+	fetches := &fetchRecorder{}
 	newGroup := func(i int, tr *tracker) (*consumergroup.Group, error) {
 		g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema,
-			Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool})
+			Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool, MeterProvider: fetches})
 		if err != nil {
 			return nil, err
 		}
@@ -362,7 +363,14 @@ func (b *bench) w3(ctx context.Context) error {
 			return err
 		}
 	}
-	emit(b.c, elapsed, b.c.n*b.c.groups, 0, 0)
+	s := elapsed.Seconds()
+	res := result{System: b.c.system, Workload: b.c.workload, N: b.c.n, Seconds: round(s, 4),
+		MsgsPerSec: round(float64(b.c.n*b.c.groups)/s, 1)}
+	var p50, p95, p99 float64
+	res.Fetches, p50, p95, p99 = fetches.percentiles()
+	res.FetchP50Ms, res.FetchP95Ms, res.FetchP99Ms = round(p50, 3), round(p95, 3), round(p99, 3)
+	out, _ := json.Marshal(res)
+	fmt.Println(string(out))
 	return nil
 }
 
@@ -575,6 +583,11 @@ type result struct {
 	MsgsPerSec float64 `json:"msgs_per_sec"`
 	P50Ms      float64 `json:"p50_ms"`
 	P99Ms      float64 `json:"p99_ms"`
+	// W3: the groups' fetch transactions (pgoutbox.group.fetch.duration).
+	Fetches    int     `json:"fetches,omitempty"`
+	FetchP50Ms float64 `json:"fetch_p50_ms,omitempty"`
+	FetchP95Ms float64 `json:"fetch_p95_ms,omitempty"`
+	FetchP99Ms float64 `json:"fetch_p99_ms,omitempty"`
 }
 
 func round(v float64, digits int) float64 {

@@ -19,6 +19,8 @@ type Partitions struct {
 	// if it is free (a boolean): one maintenance instance at a time adds
 	// or drops partitions.
 	Lock string
+	// Xmin is the current snapshot's xmin (an xid8, as text).
+	Xmin string
 	// Clock is the current snapshot's xmin (every xid below it has
 	// finished: a range below it is sealed), its xmax (the next xid to be
 	// assigned) and the database's time.
@@ -50,6 +52,7 @@ func ForPartitions(schema string) *Partitions {
 		schema:     schema,
 		Lock:       q(partitionLock),
 		Clock:      q(partitionClock),
+		Xmin:       `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`,
 		List:       q(listPartitions),
 		Seal:       q(`UPDATE {{schema}}.outbox_partitions SET sealed_at = coalesce(sealed_at, now()) WHERE id = $1 RETURNING sealed_at`),
 		Insert:     q(insertPartition),
@@ -117,6 +120,18 @@ SELECT topic FROM t WHERE topic IS NOT NULL`
 func (p *Partitions) ForgetCompletions(id int64) string {
 	return `DELETE FROM ` + ident.Quote(p.schema) + `.outbox_consumer_groups
 WHERE message_id IN (SELECT id FROM ` + p.Table(id) + `)`
+}
+
+// WrittenSince is true when partition id's table has a row version
+// written by a transaction that $1 (an xid8, as text: the xmin of a
+// snapshot taken before the partition was checked) does not see as
+// finished: the partition was written to while it was checked. That
+// happens only when something sets the xid column by hand (pgoutbox never
+// does: it is the writing transaction's id), and makes the drop wait for
+// the next check. It reads every row version of the table.
+func (p *Partitions) WrittenSince(id int64) string {
+	return `SELECT EXISTS (SELECT 1 FROM ` + p.Table(id) + `
+WHERE age(xmin) <= age(($1::text::numeric % 4294967296)::text::xid))`
 }
 
 // Drop is the DDL that drops partition id's table.
