@@ -54,6 +54,7 @@ type config struct {
 	oltpAfter                   time.Duration
 	duration                    time.Duration
 	fillfactor                  int
+	noHold                      bool
 }
 
 func main() {
@@ -97,6 +98,7 @@ func parseFlags() *config {
 	flag.IntVar(&c.oltpTPS, "oltp-tps", 200, "BACKFILL_OLTP: pgbench transactions a second (-R)")
 	flag.DurationVar(&c.oltpDuration, "oltp-seconds", 20*time.Second, "BACKFILL_OLTP: length of the baseline measurement")
 	flag.DurationVar(&c.oltpAfter, "oltp-after", 60*time.Second, "BACKFILL_OLTP: how long after the backfill pgbench is still measured (the write-back of what it wrote)")
+	flag.BoolVar(&c.noHold, "no-hold", false, "W5: hold no transaction (a steady run; the table stats still come at each third's end)")
 	flag.IntVar(&c.fillfactor, "fillfactor", 0, "experiment: set outbox_published's fillfactor after the migrations (0 = as migrated)")
 	flag.Parse()
 	c.workload = strings.ToUpper(c.workload)

@@ -47,11 +47,14 @@ type w5Result struct {
 }
 
 // tableStat is one table's dead tuples, live tuples and size (with its
-// indexes and TOAST) in kB.
+// indexes and TOAST) in kB, and, where the pgstattuple extension can be
+// created, the share of its heap that is not live tuples (dead tuples and
+// free space, by pgstattuple_approx), in percent.
 type tableStat struct {
-	Dead int64 `json:"dead"`
-	Live int64 `json:"live"`
-	KB   int64 `json:"kb"`
+	Dead     int64    `json:"dead"`
+	Live     int64    `json:"live"`
+	KB       int64    `json:"kb"`
+	BloatPct *float64 `json:"bloat_pct,omitempty"`
 }
 
 func (b *bench) w5(ctx context.Context) error {
@@ -165,6 +168,15 @@ func (b *bench) holdXmin(ctx context.Context, start time.Time, d time.Duration) 
 	if a, err = b.tableStats(ctx); err != nil {
 		return
 	}
+	if b.c.noHold {
+		from = time.Now()
+		if err = sleepUntil(ctx, start.Add(2*d/3)); err != nil {
+			return
+		}
+		bEnd, err = b.tableStats(ctx)
+		until = time.Now()
+		return
+	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		return
@@ -206,8 +218,14 @@ func (b *bench) tableStats(ctx context.Context) (map[string]tableStat, error) {
 	if _, err := conn.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
 		return nil, err
 	}
+	_, extErr := conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pgstattuple`)
+	bloat := `NULL::float8`
+	if extErr == nil {
+		bloat = `(SELECT round((100 - a.approx_tuple_percent)::numeric, 1)::float8 FROM pgstattuple_approx(relid) AS a)`
+	}
 	rows, err := conn.Query(ctx, `
-		SELECT relname, n_dead_tup, n_live_tup, pg_total_relation_size(relid) / 1024
+		SELECT relname, n_dead_tup, n_live_tup, pg_total_relation_size(relid) / 1024,
+		       CASE WHEN pg_relation_size(relid) > 0 THEN `+bloat+` END
 		FROM pg_stat_user_tables WHERE schemaname = $1 AND relname LIKE 'outbox%'`, schema)
 	if err != nil {
 		return nil, err
@@ -215,7 +233,7 @@ func (b *bench) tableStats(ctx context.Context) (map[string]tableStat, error) {
 	stats := map[string]tableStat{}
 	var name string
 	var s tableStat
-	_, err = pgx.ForEachRow(rows, []any{&name, &s.Dead, &s.Live, &s.KB}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&name, &s.Dead, &s.Live, &s.KB, &s.BloatPct}, func() error {
 		stats[name] = s
 		return nil
 	})
