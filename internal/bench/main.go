@@ -367,7 +367,7 @@ func (b *bench) w3(ctx context.Context) error {
 	}
 	s := elapsed.Seconds()
 	res := result{System: b.c.system, Workload: b.c.workload, N: b.c.n, Seconds: round(s, 4),
-		MsgsPerSec: round(float64(b.c.n*b.c.groups)/s, 1)}
+		MsgsPerSec: round(float64(b.c.n*b.c.groups)/s, 1), Groups: b.c.groups}
 	var p50, p95, p99 float64
 	res.Fetches, p50, p95, p99 = fetches.percentiles()
 	res.FetchP50Ms, res.FetchP95Ms, res.FetchP99Ms = round(p50, 3), round(p95, 3), round(p99, 3)
@@ -585,7 +585,9 @@ type result struct {
 	MsgsPerSec float64 `json:"msgs_per_sec"`
 	P50Ms      float64 `json:"p50_ms"`
 	P99Ms      float64 `json:"p99_ms"`
-	// W3: the groups' fetch transactions (pgoutbox.group.fetch.duration).
+	// W3: how many groups, and their fetch transactions
+	// (pgoutbox.group.fetch.duration).
+	Groups     int     `json:"groups,omitempty"`
 	Fetches    int     `json:"fetches,omitempty"`
 	FetchP50Ms float64 `json:"fetch_p50_ms,omitempty"`
 	FetchP95Ms float64 `json:"fetch_p95_ms,omitempty"`

@@ -731,9 +731,20 @@ WHERE subscription_id = ` + groupSubscription + ` AND status = 'DEAD_LETTER'
 // DEAD while it handled the batch): a later resurrection backfill then
 // knows the group handled it. A done bit without its required bit is
 // harmless to cleanup, and a cancelled group's strip clears it.
+//
+// Every group locks the rows in id order first (ORDER BY … FOR UPDATE
+// sorts, then locks), so two groups completing overlapping batches never
+// deadlock: left to the plan, the rows would be locked in the order a scan
+// meets them, which a bitmap heap scan takes from where each row version
+// lies, and that moves as groups update the rows.
 const bitmapComplete = `
-UPDATE {{schema}}.outbox_published SET done_bits = done_bits | $2
-WHERE id = ANY($1::bigint[]) AND done_bits & $2 = 0`
+WITH locked AS (
+    SELECT id, xid FROM {{schema}}.outbox_published
+    WHERE id = ANY($1::bigint[]) AND done_bits & $2 = 0
+    ORDER BY id FOR UPDATE
+)
+UPDATE {{schema}}.outbox_published AS o SET done_bits = o.done_bits | $2
+FROM locked WHERE o.id = locked.id AND o.xid = locked.xid`
 
 const bitmapCompleted = `
 SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0`
@@ -813,11 +824,14 @@ WITH fresh AS (
     SELECT unnest($1::bigint[]), $2
     ON CONFLICT DO NOTHING
     RETURNING message_id
+), locked AS ( -- rows locked in id order by every group, as in bitmapComplete
+    SELECT o.id, o.xid FROM {{schema}}.outbox_published AS o
+    WHERE o.id IN (SELECT message_id FROM fresh)
+    ORDER BY o.id FOR UPDATE
 )
 UPDATE {{schema}}.outbox_published AS o
 SET completed_count = o.completed_count + CASE WHEN $2 = ANY(o.required_ids) THEN 1 ELSE 0 END
-FROM (SELECT message_id FROM fresh ORDER BY message_id) AS f -- lock rows in id order, like every group
-WHERE o.id = f.message_id`
+FROM locked WHERE o.id = locked.id AND o.xid = locked.xid`
 
 const counterCompleted = `
 SELECT message_id FROM {{schema}}.outbox_consumer_groups
