@@ -115,7 +115,7 @@ func (s *Service) width(last partition, c clock) uint64 {
 func (s *Service) createAhead(ctx context.Context, r *Report) error {
 	for range maxCreatesPerPass {
 		var created bool
-		err := s.withDDLRetries(ctx, func(tx pgx.Tx) error {
+		err := s.withDDLRetries(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			var err error
 			created, err = s.createOne(ctx, tx)
 			return err
@@ -233,7 +233,7 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 		}
 	}
 	lo, hi := p.bounds()
-	err = s.withDDLRetries(ctx, func(tx pgx.Tx) error {
+	err = s.withDDLRetries(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		dropped, holder = false, ""
 		var listed bool
 		if err := tx.QueryRow(ctx, s.pq.Listed, p.id).Scan(&listed); err != nil || !listed {
@@ -329,9 +329,10 @@ const ddlAttempts = 5
 // lock (or does nothing when another instance holds it) and waits at most
 // PartitionLockTimeout for each lock: a long transaction elsewhere that
 // holds a lock on outbox_published makes it give up, so inserts never
-// queue behind it for longer. It retries a few times, after a growing
+// queue behind it for longer. The whole transaction is bounded by
+// StatementTimeout (f's ctx). It retries a few times, after a growing
 // pause, then leaves the step to the next pass.
-func (s *Service) withDDLRetries(ctx context.Context, f func(tx pgx.Tx) error) error {
+func (s *Service) withDDLRetries(ctx context.Context, f func(ctx context.Context, tx pgx.Tx) error) error {
 	var err error
 	for attempt := range ddlAttempts {
 		if attempt > 0 && !sleep(ctx, jittered(time.Duration(attempt)*s.cfg.PartitionLockTimeout*4)) {
@@ -346,7 +347,7 @@ func (s *Service) withDDLRetries(ctx context.Context, f func(tx pgx.Tx) error) e
 			if err := tx.QueryRow(stmt, s.pq.Lock).Scan(&mine); err != nil || !mine {
 				return err
 			}
-			return f(tx)
+			return f(stmt, tx)
 		})
 		cancel()
 		if !isLockTimeout(err) {
