@@ -793,14 +793,6 @@ const retention = `
 // completed.
 const bitmapDone = `coalesce(o.done_bits, 0) & o.required_bits = o.required_bits`
 
-// bitmapFinished is true for a row o of a Bitmap topic that every
-// required group completed and that retention lets go: $1 the topic, $2
-// now (NULL: the database's), $3 the retention and $5 the zero-subscription
-// floor (microseconds).
-const bitmapFinished = bitmapDone + `
-          AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
-	retention
-
 // bitmapCleanup deletes up to $4 rows of topic $1 below xid $6 that every
 // required group completed and that retention lets go, in (topic, xid)
 // index order, skipping rows another cleanup holds.
@@ -808,7 +800,9 @@ const bitmapCleanup = `
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
-          AND ` + bitmapFinished + `
+          AND ` + bitmapDone + `
+          AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
+	retention + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
   AND coalesce(done_bits, 0) & required_bits = required_bits -- re-checked on the row version the delete locks`
 
@@ -857,20 +851,18 @@ WHERE o.id = ANY($1::bigint[]) AND $2::bigint = ANY(o.required_ids)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                       WHERE c.message_id = o.id AND c.subscription_id = $2)`
 
-// counterDone is bitmapDone for a Counter topic.
+// counterDone is true for a row o of a Counter topic every required group
+// completed.
 const counterDone = `coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)`
-
-// counterFinished is bitmapFinished for a Counter topic.
-const counterFinished = counterDone + `
-              AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
-	retention
 
 const counterCleanup = `
 WITH gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
-              AND ` + counterFinished + `
+              AND ` + counterDone + `
+              AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
+	retention + `
         ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
       AND coalesce(completed_count, 0) >= coalesce(required_count, 0) -- re-checked on the locked row version
     RETURNING id
@@ -880,13 +872,6 @@ WITH gone AS (
 SELECT count(*) FROM gone`
 
 // ---------------------------------------------------------------- offset
-
-// offsetFinished is bitmapFinished for an Offset topic, whose watermark
-// is $6.
-const offsetFinished = `CASE WHEN $6::pg_snapshot IS NULL
-                   THEN o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'
-                   ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
-	retention
 
 // partitionHeld is true when topic $1 may still need a message with an
 // xid in [$4, $7), a range no transaction writes into any more, sealed
@@ -936,7 +921,10 @@ const offsetCleanup = `
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
-          AND ` + offsetFinished + `
+          AND CASE WHEN $6::pg_snapshot IS NULL
+                   THEN o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'
+                   ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
+	retention + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)`
 
 // retentionFrontier is the xid of topic $1's first row (in xid order) below
