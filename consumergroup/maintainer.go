@@ -341,9 +341,6 @@ func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi
 		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
 	}
 	keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention, ZeroSubscription: t.ZeroSubscriptionRetention}
-	if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, topic, t.Tracking, keep); err != nil {
-		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
-	}
 	held, err := tracker.Holds(ctx, tx, topic, keep, lo, hi, sealed)
 	if err != nil {
 		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)

@@ -95,9 +95,9 @@ type Tracker interface {
 	// [lo, hi) (xid8s as text), a range no transaction writes into any
 	// more since sealed: a group holding claims has not finished one,
 	// has a retry of one pending or a backfill that may read it, or the
-	// topic's retention has not passed since sealed. It errs on the side
-	// of holding (a backfill holds ranges past its start's xmin). Run it
-	// like Cleanup.
+	// topic's retention (keep's, without Bounds) has not passed since
+	// sealed. It errs on the side of holding (a backfill holds ranges past
+	// its start's xmin). Run it like Cleanup.
 	Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error)
 }
 
@@ -263,20 +263,25 @@ func (*Offset) Forget(context.Context, pgx.Tx, Subscription, bool, int) (int64, 
 // (the least committed position of the groups holding claims, from
 // CleanupBounds), or, with no such group, past the zero-subscription floor.
 func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
-	var wm *string
-	if keep.Watermark != "" {
-		wm = &keep.Watermark
-	}
 	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
-		keep.ZeroSubscription.Microseconds(), wm, keep.below())
+		keep.ZeroSubscription.Microseconds(), snapshotOrNull(keep.Watermark), keep.below())
 }
 
-// Holds implements Tracker: keep.Watermark must see every message of the
-// range.
+// Holds implements Tracker: the watermark of the groups holding claims
+// (see Watermark) must see every message of the range.
 func (o *Offset) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
-	var wm *string
-	if keep.Watermark != "" {
-		wm = &keep.Watermark
+	wm, err := watermark(ctx, db, o.q, topic, true)
+	if err != nil {
+		return false, err
 	}
-	return holds(ctx, db, o.q.OffsetHeld, topic, keep, lo, hi, sealed, wm)
+	return holds(ctx, db, o.q.OffsetHeld, topic, keep, lo, hi, sealed, snapshotOrNull(wm))
+}
+
+// snapshotOrNull is a pg_snapshot argument: NULL for "" (no group holds
+// claims).
+func snapshotOrNull(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
