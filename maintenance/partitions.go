@@ -36,6 +36,7 @@ type partition struct {
 	lo, hi     uint64
 	createdAt  time.Time
 	createdXid uint64
+	sealedAt   *time.Time // nil until a pass saw it sealed
 }
 
 func (p partition) bounds() (lo, hi string) {
@@ -69,7 +70,7 @@ func (s *Service) listPartitions(ctx context.Context, db queryer) ([]partition, 
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (partition, error) {
 		var p partition
 		var lo, hi, createdXid string
-		if err := row.Scan(&p.id, &lo, &hi, &p.createdAt, &createdXid); err != nil {
+		if err := row.Scan(&p.id, &lo, &hi, &p.createdAt, &createdXid, &p.sealedAt); err != nil {
 			return p, err
 		}
 		var err1, err2, err3 error
@@ -187,18 +188,19 @@ func (s *Service) dropDone(ctx context.Context, r *Report) error {
 		if p.hi > c.xmin {
 			break // not sealed, and neither are the ones after it
 		}
-		stmt, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
-		var sealed time.Time
-		err := s.pool.QueryRow(stmt, s.pq.Seal, p.id).Scan(&sealed)
-		cancel()
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // another instance dropped it
+		if p.sealedAt == nil {
+			stmt, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+			err := s.pool.QueryRow(stmt, s.pq.Seal, p.id).Scan(&p.sealedAt)
+			cancel()
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue // another instance dropped it
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("partitions: seal outbox_published_p%d: %w", p.id, err))
+				continue
+			}
 		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("partitions: seal outbox_published_p%d: %w", p.id, err))
-			continue
-		}
-		dropped, holder, err := s.dropPartition(ctx, p, sealed)
+		dropped, holder, err := s.dropPartition(ctx, p, *p.sealedAt)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -239,10 +241,11 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 		if err := tx.QueryRow(ctx, s.pq.Listed, p.id).Scan(&listed); err != nil || !listed {
 			return err // another instance dropped it
 		}
-		var before string // what was written from here on is checked again under the lock
-		if err := tx.QueryRow(ctx, s.pq.Xmin).Scan(&before); err != nil {
+		c, err := s.readClock(ctx, tx) // what was written from its xmin on is checked again under the lock
+		if err != nil {
 			return err
 		}
+		before := strconv.FormatUint(c.xmin, 10)
 		topics, err := s.partitionTopics(ctx, tx, p)
 		if err != nil {
 			return err

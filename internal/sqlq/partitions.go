@@ -9,7 +9,7 @@ import (
 
 // Partitions is the SQL that keeps outbox_published's range partitions:
 // one per xid range [lo, hi), listed in outbox_partitions, each a table
-// named outbox_published_p<id> (see PartitionTable). Nothing a caller
+// named outbox_published_p<id> (see Table). Nothing a caller
 // names reaches these statements: table names come from the partition's
 // id, bounds are xid8 numbers.
 type Partitions struct {
@@ -19,16 +19,15 @@ type Partitions struct {
 	// if it is free (a boolean): one maintenance instance at a time adds
 	// or drops partitions.
 	Lock string
-	// Xmin is the current snapshot's xmin (an xid8, as text).
-	Xmin string
 	// Clock is the current snapshot's xmin (every xid below it has
 	// finished: a range below it is sealed), its xmax (the next xid to be
 	// assigned) and the database's time.
 	Clock string
 	// List is every range partition, oldest first: id, lo, hi,
-	// created_at, created_xid.
+	// created_at, created_xid, sealed_at.
 	List string
-	// Seal records that partition $1 is sealed (once) and returns when.
+	// Seal records that partition $1 is sealed, unless that is recorded
+	// already, and returns when it was (no row: the partition is gone).
 	Seal string
 	// Insert records a new range partition ($1, $2: lo, hi) and returns
 	// its id.
@@ -52,9 +51,8 @@ func ForPartitions(schema string) *Partitions {
 		schema:     schema,
 		Lock:       q(partitionLock),
 		Clock:      q(partitionClock),
-		Xmin:       `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`,
 		List:       q(listPartitions),
-		Seal:       q(`UPDATE {{schema}}.outbox_partitions SET sealed_at = coalesce(sealed_at, now()) WHERE id = $1 RETURNING sealed_at`),
+		Seal:       q(sealPartition),
 		Insert:     q(insertPartition),
 		Listed:     q(`SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_partitions WHERE id = $1)`),
 		Forget:     q(forgetPartition),
@@ -73,8 +71,19 @@ const partitionClock = `
 SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, now() FROM pg_current_snapshot() AS s`
 
 const listPartitions = `
-SELECT p.id, p.lo::text, p.hi::text, p.created_at, p.created_xid::text
+SELECT p.id, p.lo::text, p.hi::text, p.created_at, p.created_xid::text, p.sealed_at
 FROM {{schema}}.outbox_partitions AS p ORDER BY p.lo` // by the xid8, not its text
+
+// sealPartition writes sealed_at only the first time (the table is read
+// every pass; a version per pass would bloat it).
+const sealPartition = `
+WITH sealed AS (
+    UPDATE {{schema}}.outbox_partitions SET sealed_at = now() WHERE id = $1 AND sealed_at IS NULL
+    RETURNING sealed_at
+)
+SELECT sealed_at FROM sealed
+UNION ALL
+SELECT sealed_at FROM {{schema}}.outbox_partitions WHERE id = $1 AND sealed_at IS NOT NULL`
 
 const insertPartition = `
 INSERT INTO {{schema}}.outbox_partitions (lo, hi) VALUES ($1::text::xid8, $2::text::xid8) RETURNING id`
