@@ -22,7 +22,9 @@ var ErrLeaseLost = errors.New("outbox: lease lost")
 // expired and was reclaimed since changes nothing and returns ErrLeaseLost.
 
 // Claim leases up to limit available messages of a QUEUE topic to owner,
-// highest priority first, for the topic's Lease. Messages whose lease
+// highest priority first, for the topic's Lease. On an ordered topic
+// (TopicConfig.Ordered) it leases at most one message per message group,
+// the group's oldest, and none of a group that has one leased. Messages whose lease
 // expired are available again and claimed like the others (with the next
 // attempt); one whose expired lease was its last attempt is dead-lettered
 // instead of returned. The batch is returned in id order.
@@ -60,7 +62,11 @@ type claimed struct {
 
 // claim runs the claim statement for topic t (rows in no particular order).
 func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit int) ([]claimed, error) {
-	rows, err := c.pool.Query(ctx, c.sql.Claim, t.Name, limit, c.now(), owner, t.Lease.Microseconds())
+	query, args := c.sql.Claim, []any{t.Name, limit, c.now(), owner, t.Lease.Microseconds()}
+	if t.Ordered {
+		query, args = c.sql.ClaimOrdered, append(args, t.OrderedDeadLetters == BlockGroup)
+	}
+	rows, err := c.pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}

@@ -165,16 +165,22 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		s := string(cfg.Tracking)
 		tracking = &s
 	}
+	var orderedDeadLetters *string
+	if cfg.OrderedDeadLetters != "" {
+		s := string(cfg.OrderedDeadLetters)
+		orderedDeadLetters = &s
+	}
 	var tag pgconn.CommandTag
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
 			return err
 		}
-		if cfg.Semantics == PubSub {
+		if cfg.Semantics == PubSub || cfg.Ordered {
 			// Sends before the topic's first configuration wrote QUEUE
-			// messages, which no consumer group would ever read. (A send
-			// whose statement began before this configuration committed
-			// still can: configure topics before sending to them.)
+			// messages, which no consumer group would ever read, and which
+			// were not written in order. (A send whose statement began
+			// before this configuration committed still can: configure
+			// topics before sending to them.)
 			var queued bool
 			if err := tx.QueryRow(ctx, c.sql.AnyQueued, cfg.Name).Scan(&queued); err != nil {
 				return err
@@ -188,11 +194,12 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
 			cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds(),
 			cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions,
-			cfg.IdempotencyWindow.Microseconds(), cfg.MaxRetention.Microseconds(), cfg.ZombieTTL.Microseconds())
+			cfg.IdempotencyWindow.Microseconds(), cfg.MaxRetention.Microseconds(), cfg.ZombieTTL.Microseconds(),
+			cfg.Ordered, orderedDeadLetters)
 		return err
 	})
 	if errors.Is(err, errQueuedMessages) {
-		return fmt.Errorf("%w: topic %q has QUEUE messages (sent before it was configured); consume or delete them before configuring it PubSub",
+		return fmt.Errorf("%w: topic %q has QUEUE messages (sent before it was configured); consume or delete them before configuring it PubSub or ordered",
 			ErrInvalidConfig, cfg.Name)
 	}
 	if err != nil {
@@ -202,6 +209,10 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		current, err := c.loadTopic(ctx, c.pool, cfg.Name)
 		if err == nil && current.Semantics != cfg.Semantics {
 			return fmt.Errorf("%w: topic %q is a %s topic; a topic's semantics never change once configured", ErrInvalidConfig, cfg.Name, current.Semantics)
+		}
+		if err == nil && current.Ordered != cfg.Ordered {
+			return fmt.Errorf("%w: topic %q: whether a topic is ordered never changes once configured (it is %s)",
+				ErrInvalidConfig, cfg.Name, map[bool]string{true: "ordered", false: "not ordered"}[current.Ordered])
 		}
 		return fmt.Errorf("%w: topic %q has subscribed groups or stored messages; its tracking mode can change only when it has neither", ErrInvalidConfig, cfg.Name)
 	}
@@ -256,10 +267,12 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 		zeroRetention, idempotencyWindow               int64
 		maxRetention, zombieTTL                        int64
 		maxAttempts                                    int
-		block                                          bool
+		block, ordered                                 bool
+		orderedDeadLetters                             string
 	)
 	err := db.QueryRow(ctx, c.sql.SelectTopic, name).Scan(&semantics, &tracking, &retention, &maxAttempts,
-		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block, &idempotencyWindow, &maxRetention, &zombieTTL)
+		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block, &idempotencyWindow, &maxRetention, &zombieTTL,
+		&ordered, &orderedDeadLetters)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return TopicConfig{Name: name}.WithDefaults(), nil
 	}
@@ -281,6 +294,8 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 		IdempotencyWindow:              time.Duration(idempotencyWindow) * time.Microsecond,
 		MaxRetention:                   time.Duration(maxRetention) * time.Microsecond,
 		ZombieTTL:                      time.Duration(zombieTTL) * time.Microsecond,
+		Ordered:                        ordered,
+		OrderedDeadLetters:             DeadLetterPolicy(orderedDeadLetters),
 		Configured:                     true,
 	}, nil
 }

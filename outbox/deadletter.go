@@ -57,7 +57,27 @@ func (c *Client) DeadLetters(ctx context.Context, topic string, afterID int64, l
 // topic's dead letters when no id is given. It returns how many it replayed;
 // when ids are given and some are not dead letters of topic, the error wraps
 // ErrNotFound (the others are still replayed).
+//
+// On an ordered topic a replayed message keeps its place: it is its
+// group's oldest message again, delivered before the group's later ones.
 func (c *Client) ReplayDeadLetters(ctx context.Context, topic string, ids ...int64) (int, error) {
+	return c.changeDeadLetters(ctx, "replay", c.sql.ReplayDeadLetters, topic, ids)
+}
+
+// DiscardDeadLetters deletes dead letters of topic for good: the ones with
+// the given ids, or all of the topic's dead letters when no id is given.
+// On an ordered topic that blocks groups on dead letters (BlockGroup), a
+// group whose dead letters are all replayed or discarded flows again. It
+// returns how many it deleted; when ids are given and some are not dead
+// letters of topic, the error wraps ErrNotFound (the others are still
+// deleted).
+func (c *Client) DiscardDeadLetters(ctx context.Context, topic string, ids ...int64) (int, error) {
+	return c.changeDeadLetters(ctx, "discard", c.sql.DiscardDeadLetters, topic, ids)
+}
+
+// changeDeadLetters runs query (replay or discard: $1 topic, $2 ids or
+// NULL for all) and reports ids it did not find.
+func (c *Client) changeDeadLetters(ctx context.Context, what, query, topic string, ids []int64) (int, error) {
 	if err := ValidateTopic(topic); err != nil {
 		return 0, err
 	}
@@ -72,9 +92,9 @@ func (c *Client) ReplayDeadLetters(ctx context.Context, topic string, ids ...int
 		}
 		ids = filter
 	}
-	tag, err := c.pool.Exec(ctx, c.sql.ReplayDeadLetters, topic, filter)
+	tag, err := c.pool.Exec(ctx, query, topic, filter)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: replay dead letters: %w", err)
+		return 0, fmt.Errorf("outbox: %s dead letters: %w", what, err)
 	}
 	n := int(tag.RowsAffected())
 	if len(ids) > 0 && n < len(ids) {

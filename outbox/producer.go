@@ -84,12 +84,13 @@ type Producer struct {
 	clock      Clock
 }
 
-// learnedSemantics is what a producer last read of a topic's semantics.
-// Semantics never change once configured, so a configured topic is read
-// once; a topic without configuration is read again after
+// learnedSemantics is what a producer last read of a topic's semantics
+// and ordering. Neither changes once configured, so a configured topic is
+// read once; a topic without configuration is read again after
 // recheckUnconfigured, in case it has been configured meanwhile.
 type learnedSemantics struct {
 	semantics Semantics // "" while the topic is not configured
+	ordered   bool
 	readAt    time.Time
 }
 
@@ -159,13 +160,13 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 		nb := m.NotBefore
 		notBefore = &nb
 	}
-	semantics, err := p.topicSemantics(ctx, tx, m.Topic)
+	topic, err := p.topicSemantics(ctx, tx, m.Topic, false)
 	if err != nil {
 		return 0, err
 	}
 	// A QUEUE message available at once is written with the six-argument
 	// statement; every other statement also takes the delivery time.
-	atOnce := semantics == Queue && notBefore == nil && m.Delay == 0 && p.clock == nil
+	atOnce := topic.semantics == Queue && !topic.ordered && notBefore == nil && m.Delay == 0 && p.clock == nil
 	args := make([]any, 6, 10)
 	// JSON travels as json.RawMessage, which pgx sends as json in every
 	// query exec mode ([]byte would be bytea where pgx assumes types).
@@ -177,12 +178,14 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	if notify {
 		args = append(args, p.channel)
 	}
-	id, written, err := p.insertOne(ctx, tx, p.insertStatement(semantics, atOnce, notify), args)
-	if err == nil && !written && semantics == "" {
-		// The topic has been configured as PUB_SUB since the producer last
-		// looked; insertUnconfigured wrote nothing.
-		p.semantics.Store(m.Topic, learnedSemantics{semantics: PubSub, readAt: time.Now()})
-		id, written, err = p.insertOne(ctx, tx, p.insertStatement(PubSub, false, notify), args)
+	id, written, err := p.insertOne(ctx, tx, p.insertStatement(topic, atOnce, notify), args)
+	if err == nil && !written && topic.semantics == "" {
+		// The topic has been configured as PUB_SUB or ordered since the
+		// producer last looked; insertUnconfigured wrote nothing.
+		if topic, err = p.topicSemantics(ctx, tx, m.Topic, true); err != nil {
+			return 0, err
+		}
+		id, written, err = p.insertOne(ctx, tx, p.insertStatement(topic, false, notify), args)
 	}
 	if err != nil {
 		return 0, err
@@ -194,16 +197,18 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	return id, nil
 }
 
-// insertStatement picks sendOne's statement for a topic's semantics (""
-// if not configured); atOnce selects insertQueued.
-func (p *Producer) insertStatement(semantics Semantics, atOnce, notify bool) string {
+// insertStatement picks sendOne's statement for what the producer knows
+// of the topic; atOnce selects insertQueued.
+func (p *Producer) insertStatement(topic learnedSemantics, atOnce, notify bool) string {
 	var query, notifyQuery string
 	switch {
 	case atOnce:
 		query, notifyQuery = p.sql.InsertQueued, p.sql.InsertQueuedNotify
-	case semantics == Queue:
+	case topic.ordered:
+		query, notifyQuery = p.sql.InsertOrdered, p.sql.InsertOrderedNotify
+	case topic.semantics == Queue:
 		query, notifyQuery = p.sql.InsertQueuedAt, p.sql.InsertQueuedAtNotify
-	case semantics == PubSub:
+	case topic.semantics == PubSub:
 		query, notifyQuery = p.sql.InsertPublished, p.sql.InsertPublishedNotify
 	default:
 		query, notifyQuery = p.sql.InsertUnconfigured, p.sql.InsertUnconfiguredNotify
@@ -235,31 +240,30 @@ func (p *Producer) insertOne(ctx context.Context, tx Executor, query string, arg
 	return id, written, nil
 }
 
-// topicSemantics returns topic's semantics, or "" for a topic that is not
-// configured. It reads the configuration with tx the first time, and again
-// every recheckUnconfigured while the topic is not configured; a configured
-// topic's semantics never change, so they are not read again.
-func (p *Producer) topicSemantics(ctx context.Context, tx Executor, topic string) (Semantics, error) {
-	if v, ok := p.semantics.Load(topic); ok {
+// topicSemantics returns what the producer knows of topic: its semantics
+// ("" for a topic that is not configured) and whether it is ordered. It
+// reads the configuration with tx the first time, and again every
+// recheckUnconfigured while the topic is not configured, or at once when
+// fresh is set; a configured topic's semantics and ordering never change,
+// so they are not read again.
+func (p *Producer) topicSemantics(ctx context.Context, tx Executor, topic string, fresh bool) (learnedSemantics, error) {
+	if v, ok := p.semantics.Load(topic); ok && !fresh {
 		l := v.(learnedSemantics)
 		if l.semantics != "" || time.Since(l.readAt) < recheckUnconfigured {
-			return l.semantics, nil
+			return l, nil
 		}
 	}
 	rows, err := tx.Query(ctx, p.sql.SelectSemantics, topic)
 	if err != nil {
-		return "", sendError(err)
-	}
-	semantics, err := pgx.CollectRows(rows, pgx.RowTo[Semantics])
-	if err != nil {
-		return "", sendError(err)
+		return learnedSemantics{}, sendError(err)
 	}
 	l := learnedSemantics{readAt: time.Now()}
-	if len(semantics) == 1 {
-		l.semantics = semantics[0]
+	_, err = pgx.ForEachRow(rows, []any{&l.semantics, &l.ordered}, func() error { return nil })
+	if err != nil {
+		return learnedSemantics{}, sendError(err)
 	}
 	p.semantics.Store(topic, l)
-	return l.semantics, nil
+	return l, nil
 }
 
 func (p *Producer) now() *time.Time {

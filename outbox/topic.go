@@ -34,6 +34,21 @@ const (
 	Offset TrackingMode = "OFFSET"
 )
 
+// DeadLetterPolicy says what an ordered topic does with a message group
+// whose oldest message was dead-lettered.
+type DeadLetterPolicy string
+
+const (
+	// BlockGroup keeps the group's later messages until the dead letter is
+	// replayed (Client.ReplayDeadLetters: it is delivered first) or
+	// discarded (Client.DiscardDeadLetters). Other groups keep flowing.
+	BlockGroup DeadLetterPolicy = "BLOCK"
+	// SkipDeadLetters moves on to the group's next message: the dead
+	// letter is left out of the group's order (a replay delivers it
+	// later, out of order).
+	SkipDeadLetters DeadLetterPolicy = "SKIP"
+)
+
 // Topic defaults, used for topics that were never configured and for zero
 // fields of a TopicConfig.
 const (
@@ -115,6 +130,32 @@ type TopicConfig struct {
 	// what cleanup deletes meanwhile is lost to it. Defaults to
 	// DefaultZombieTTL.
 	ZombieTTL time.Duration
+	// Ordered makes a QUEUE topic deliver the messages of each message
+	// group (Message.Group) one at a time, in the order their transactions
+	// committed: a message is claimed only when it is the oldest message of
+	// its group still in the queue and no other message of the group is
+	// leased, however many consumers and processes claim, across retries,
+	// lease expiries and restarts. A failing message holds its group back
+	// until it succeeds or is dead-lettered (see OrderedDeadLetters); other
+	// groups are not held back. Priority and Delay choose between groups,
+	// never within one: a delayed message holds its group until it is due.
+	// Messages without a group are delivered as on any QUEUE topic, oldest
+	// first.
+	//
+	// Sends to an ordered topic take a lock per (topic, group) until their
+	// transaction ends, so that ids follow commit order: two transactions
+	// sending to the same group run their sends one after the other.
+	//
+	// Set it in the topic's first configuration, before anything is sent;
+	// it never changes afterwards (ConfigureTopic fails with
+	// ErrInvalidConfig). Consumer groups (PUB_SUB topics) cannot be
+	// ordered yet. Defaults to false.
+	Ordered bool
+	// OrderedDeadLetters is what an ordered topic does with a group whose
+	// oldest message was dead-lettered: BlockGroup (the default for
+	// ordered topics) or SkipDeadLetters. It must be empty for topics that
+	// are not ordered, and may change at any time.
+	OrderedDeadLetters DeadLetterPolicy
 	// Configured reports whether the topic has a stored configuration (it
 	// is set by Client.Topic; ConfigureTopic ignores it).
 	Configured bool
@@ -135,6 +176,9 @@ func (c TopicConfig) WithDefaults() TopicConfig {
 	c.IdempotencyWindow = cmp.Or(c.IdempotencyWindow, DefaultIdempotencyWindow)
 	c.MaxRetention = cmp.Or(c.MaxRetention, DefaultMaxRetention)
 	c.ZombieTTL = cmp.Or(c.ZombieTTL, DefaultZombieTTL)
+	if c.Ordered {
+		c.OrderedDeadLetters = cmp.Or(c.OrderedDeadLetters, BlockGroup)
+	}
 	return c
 }
 
@@ -157,6 +201,12 @@ func (c TopicConfig) validate() error {
 		return fmt.Errorf("%w: topic %q: unknown semantics %q", ErrInvalidConfig, c.Name, c.Semantics)
 	}
 	switch {
+	case c.Ordered && c.Semantics != Queue:
+		return fmt.Errorf("%w: topic %q: only QUEUE topics can be ordered", ErrInvalidConfig, c.Name)
+	case !c.Ordered && c.OrderedDeadLetters != "":
+		return fmt.Errorf("%w: topic %q: OrderedDeadLetters needs an ordered topic", ErrInvalidConfig, c.Name)
+	case c.Ordered && c.OrderedDeadLetters != BlockGroup && c.OrderedDeadLetters != SkipDeadLetters:
+		return fmt.Errorf("%w: topic %q: unknown OrderedDeadLetters %q", ErrInvalidConfig, c.Name, c.OrderedDeadLetters)
 	case c.Retention < 0:
 		return fmt.Errorf("%w: topic %q: negative retention", ErrInvalidConfig, c.Name)
 	case c.MaxAttempts < 1 || c.MaxAttempts > math.MaxInt32:

@@ -25,11 +25,14 @@ type Outbox struct {
 	InsertQueued, InsertQueuedNotify               string // configured QUEUE topic, available now: $1..$6
 	InsertQueuedAt, InsertQueuedAtNotify           string // configured QUEUE topic: $1..$9
 	InsertPublished, InsertPublishedNotify         string // configured PUB_SUB topic: $1..$9
+	InsertOrdered, InsertOrderedNotify             string // configured ordered QUEUE topic: $1..$9
 	SelectSemantics                                string
 	Insert, InsertNotify, SelectIdempotent         string
 	LockTopic, AnyQueued, UpsertTopic, SelectTopic string
-	Claim, Ack, Settle, ExtendLease, ExtendLeases  string
+	Claim, ClaimOrdered                            string
+	Ack, Settle, ExtendLease, ExtendLeases         string
 	ListDeadLetters, ReplayDeadLetters             string
+	DiscardDeadLetters                             string
 	ExpireIdempotencyKeys                          string
 }
 
@@ -45,6 +48,8 @@ func For(schema string) *Outbox {
 		InsertQueuedAtNotify:     r.Replace(notifying(insertQueuedAt, 10)),
 		InsertPublished:          r.Replace(insertPublished),
 		InsertPublishedNotify:    r.Replace(notifying(insertPublished, 10)),
+		InsertOrdered:            r.Replace(insertOrdered),
+		InsertOrderedNotify:      r.Replace(notifying(insertOrdered, 10)),
 		SelectSemantics:          r.Replace(selectSemantics),
 		Insert:                   r.Replace(insert),
 		InsertNotify:             r.Replace(insertNotify),
@@ -54,12 +59,14 @@ func For(schema string) *Outbox {
 		UpsertTopic:              r.Replace(upsertTopic),
 		SelectTopic:              r.Replace(selectTopic),
 		Claim:                    r.Replace(claim),
+		ClaimOrdered:             r.Replace(claimOrdered),
 		Ack:                      r.Replace(ack),
 		Settle:                   r.Replace(settle),
 		ExtendLease:              r.Replace(extendLease),
 		ExtendLeases:             r.Replace(extendLeases),
 		ListDeadLetters:          r.Replace(listDeadLetters),
 		ReplayDeadLetters:        r.Replace(replayDeadLetters),
+		DiscardDeadLetters:       r.Replace(discardDeadLetters),
 		ExpireIdempotencyKeys:    r.Replace(expireIdempotencyKeys),
 	}
 }
@@ -89,12 +96,34 @@ const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) 
 
 // insertUnconfigured is insertQueuedAt for a topic the producer has not
 // seen configured, which is a QUEUE topic with the defaults, unless it has
-// been configured as PUB_SUB since: then it writes nothing and returns no
-// row, and the producer sends with insertPublished instead.
+// been configured as PUB_SUB or ordered since: then it writes nothing and
+// returns no row, and the producer reads the configuration and sends with
+// the statement it calls for.
 const insertUnconfigured = `
 INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `
-WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND semantics = 'PUB_SUB')
+WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
+RETURNING id`
+
+// orderedLockClass is the first key of the advisory lock a send to an
+// ordered topic takes per (topic, message group) ("pgoo"); the second is
+// hashtext of topic/group (a topic name has no '/', so no two pairs
+// share the text; two pairs sharing a hash only wait for each other).
+const orderedLockClass = `1885826927`
+
+
+// insertOrdered writes one message of a configured ordered QUEUE topic
+// ($1..$9 as insertQueuedAt). A message with a group first takes its
+// group's lock until the transaction ends, and only then draws its id
+// (the filter runs before the row is formed): a second transaction
+// sending to the group waits for the first to commit or roll back, so
+// the group's ids follow commit order, which is the order the ordered
+// claim delivers them in.
+const insertOrdered = `
+INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority, available_at, ordered)
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, true
+WHERE $5::text IS NULL
+   OR pg_advisory_xact_lock(` + orderedLockClass + `, hashtext($1 || '/' || $5::text)) IS NOT NULL
 RETURNING id`
 
 // insertPublished writes one message of a topic configured as PUB_SUB,
@@ -163,8 +192,9 @@ func notifying(insert string, channelParam int) string {
 		strconv.Itoa(channelParam) + ", $1)) AS n"
 }
 
-// selectSemantics reads a topic's semantics (no row: never configured).
-const selectSemantics = `SELECT semantics FROM {{schema}}.outbox_topics WHERE topic = $1`
+// selectSemantics reads a topic's semantics and whether it is ordered
+// (no row: never configured).
+const selectSemantics = `SELECT semantics, ordered FROM {{schema}}.outbox_topics WHERE topic = $1`
 
 // insertRows writes SendBatch's messages, given as parallel arrays, each
 // into the table of its topic's semantics, and returns (position, id) for
@@ -173,10 +203,16 @@ const selectSemantics = `SELECT semantics FROM {{schema}}.outbox_topics WHERE to
 // records the key first: a key of the topic that has not expired yet (an
 // earlier send, or an earlier message of the batch) skips it. $10 is now,
 // $11 the idempotency window (microseconds) of topics never configured.
+//
+// Messages with a group on ordered topics first take their groups' locks
+// (as insertOrdered does), all of them, in key order (so that two batches
+// never deadlock), before any id is drawn: the filter is an initplan, run
+// before the first row reaches the sort below nextval.
 const insertRows = `
 WITH m AS MATERIALIZED (
     SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
     FROM (SELECT m.*,
+                 CASE WHEN t.ordered THEN true END AS ordered,
                  coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
                      AS available_at,
                  t.semantics IS NOT DISTINCT FROM 'PUB_SUB' AS published,
@@ -191,6 +227,12 @@ WITH m AS MATERIALIZED (
                      WHERE t.topic = ANY($1::text[]) AND ` + topicLockShared + `
                      FOR KEY SHARE) AS t
                  ON t.topic = m.topic -- held until commit, as in insertPublished
+          WHERE (SELECT count(pg_advisory_xact_lock(` + orderedLockClass + `, g.key))
+                 FROM (SELECT DISTINCT hashtext(u.topic || '/' || u.grp) AS key
+                       FROM unnest($1::text[], $5::text[]) AS u(topic, grp)
+                       JOIN {{schema}}.outbox_topics AS ot ON ot.topic = u.topic AND ot.ordered
+                       WHERE u.grp IS NOT NULL
+                       ORDER BY 1) AS g) >= 0
           ORDER BY m.ord) AS r
 ), keyed AS (
     INSERT INTO {{schema}}.outbox_idempotency_keys AS k (topic, idempotency_key, message_id, expires_at)
@@ -206,8 +248,8 @@ WITH m AS MATERIALIZED (
     SELECT * FROM m WHERE idempotency_key IS NULL OR id IN (SELECT message_id FROM keyed)
 ), queued AS (
     INSERT INTO {{schema}}.outbox
-        (id, topic, payload, headers, correlation_id, message_group, priority, available_at)
-    SELECT id, topic, payload, headers, correlation_id, message_group, priority, available_at
+        (id, topic, payload, headers, correlation_id, message_group, priority, available_at, ordered)
+    SELECT id, topic, payload, headers, correlation_id, message_group, priority, available_at, ordered
     FROM fresh WHERE NOT published
     RETURNING id
 ), published AS (
@@ -269,10 +311,12 @@ SELECT NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topics WHERE topic = $1)
 const upsertTopic = `
 INSERT INTO {{schema}}.outbox_topics
     (topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration,
-     zero_subscription_retention, block_writes_on_zero_subscriptions, idempotency_window, max_retention, zombie_ttl)
+     zero_subscription_retention, block_writes_on_zero_subscriptions, idempotency_window, max_retention, zombie_ttl,
+     ordered, ordered_dead_letters)
 VALUES ($1, $2, $3, $4 * interval '1 microsecond', $5, $6 * interval '1 microsecond',
         $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10,
-        $11 * interval '1 microsecond', $12 * interval '1 microsecond', $13 * interval '1 microsecond')
+        $11 * interval '1 microsecond', $12 * interval '1 microsecond', $13 * interval '1 microsecond',
+        $14, $15)
 ON CONFLICT (topic) DO UPDATE SET
     semantics = excluded.semantics,
     tracking_mode = excluded.tracking_mode,
@@ -286,12 +330,14 @@ ON CONFLICT (topic) DO UPDATE SET
     idempotency_window = excluded.idempotency_window,
     max_retention = excluded.max_retention,
     zombie_ttl = excluded.zombie_ttl,
+    ordered_dead_letters = excluded.ordered_dead_letters,
     updated_at = now()
--- Semantics never change (producers rely on them, see insertQueued); the
+-- Semantics and ordering never change (producers rely on them, see
+-- insertQueued and insertOrdered); the
 -- tracking mode is fixed while any group is subscribed or any message of
 -- the topic is stored (its rows carry the old mode's completion columns,
 -- which the new mode's cleanup would never read).
-WHERE outbox_topics.semantics = excluded.semantics
+WHERE outbox_topics.semantics = excluded.semantics AND outbox_topics.ordered = excluded.ordered
   AND (outbox_topics.tracking_mode IS NOT DISTINCT FROM excluded.tracking_mode
        OR (NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions s
                        WHERE s.topic = excluded.topic AND s.subscription_status <> 'CANCELLED')
@@ -307,7 +353,8 @@ SELECT semantics, coalesce(tracking_mode, ''),
        block_writes_on_zero_subscriptions,
        (extract(epoch FROM idempotency_window) * 1e6)::bigint,
        (extract(epoch FROM max_retention) * 1e6)::bigint,
-       (extract(epoch FROM zombie_ttl) * 1e6)::bigint
+       (extract(epoch FROM zombie_ttl) * 1e6)::bigint,
+       ordered, coalesce(ordered_dead_letters, '')
 FROM {{schema}}.outbox_topics WHERE topic = $1`
 
 // A QUEUE message is pending while lease_owner is NULL and leased while it
@@ -320,14 +367,21 @@ FROM {{schema}}.outbox_topics WHERE topic = $1`
 // $3 now, $4 lease owner, $5 lease in microseconds. It returns each
 // message, its lease end, when it had become available and its previous
 // lease owner (NULL unless its lease had expired).
+//
+// It never takes a message of an ordered topic (a consumer that read the
+// topic's configuration before the topic was configured ordered), which
+// only claimOrdered hands out.
 const claim = `
 WITH picked AS (
     SELECT id, available_at, lease_owner FROM {{schema}}.outbox
-    WHERE topic = $1 AND available_at <= coalesce($3::timestamptz, now())
+    WHERE topic = $1 AND available_at <= coalesce($3::timestamptz, now()) AND ordered IS NOT TRUE
     ORDER BY priority DESC, available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
+)` + claimPicked
+
+// claimPicked leases the rows of picked (see claim).
+const claimPicked = `
 UPDATE {{schema}}.outbox AS o
 SET attempts = o.attempts + 1,
     lease_owner = $4,
@@ -338,6 +392,54 @@ FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group, ''),
           o.priority, o.attempts, o.created_at, o.available_at, picked.available_at, picked.lease_owner`
+
+// claimOrdered is claim for an ordered topic ($1..$5 as claim; $6: a
+// group with a dead letter is blocked). Its candidates are the head of
+// each message group, the group's oldest message, which only the head's
+// own lease or retry delay can make unavailable, so a group never has two
+// messages leased at once, and the oldest available ungrouped messages.
+// The heads are found by skipping through outbox_ordered_idx from one
+// group to the next: one index probe per group with messages in the
+// queue, whatever the number of messages behind each head. A claim takes
+// at most one message per group, so a group with a long backlog never
+// crowds out the others.
+//
+// A head taken by a concurrent claim is skipped (SKIP LOCKED) or, if that
+// claim committed meanwhile, no longer passes available_at; a head
+// settled meanwhile is re-read. A message behind a head is never taken,
+// even when this statement's snapshot no longer saw the head: a head
+// leaves the queue only by its ack or its dead-lettering, after which
+// its successor is the group's head.
+const claimOrdered = `
+WITH RECURSIVE heads AS (
+    (SELECT message_group, id FROM {{schema}}.outbox
+     WHERE topic = $1 AND ordered AND message_group IS NOT NULL
+     ORDER BY message_group, id
+     LIMIT 1)
+    UNION ALL
+    SELECT n.message_group, n.id
+    FROM heads AS h
+    CROSS JOIN LATERAL (
+        SELECT message_group, id FROM {{schema}}.outbox
+        WHERE topic = $1 AND ordered AND message_group > h.message_group
+        ORDER BY message_group, id
+        LIMIT 1) AS n
+), candidates AS (
+    SELECT id FROM heads
+    WHERE NOT ($6::bool AND EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters AS d
+                                    WHERE d.topic = $1 AND d.message_group = heads.message_group))
+    UNION ALL
+    (SELECT id FROM {{schema}}.outbox
+     WHERE topic = $1 AND ordered AND message_group IS NULL AND available_at <= coalesce($3::timestamptz, now())
+     ORDER BY id
+     LIMIT $2)
+), picked AS (
+    SELECT id, available_at, lease_owner FROM {{schema}}.outbox
+    WHERE id IN (SELECT id FROM candidates) AND available_at <= coalesce($3::timestamptz, now())
+    ORDER BY priority DESC, available_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)` + claimPicked
 
 // ack deletes handled messages. A delivery is (id, attempts): an ack whose
 // lease expired and was claimed again since matches nothing.
@@ -414,7 +516,14 @@ WITH replayed AS (
 )
 INSERT INTO {{schema}}.outbox
     (id, topic, payload, headers, correlation_id, message_group, priority, attempts, available_at, last_error,
-     created_at, xid)
-SELECT id, topic, payload, headers, correlation_id, message_group, priority, 0, now(), last_error, created_at, xid
+     created_at, xid, ordered)
+SELECT id, topic, payload, headers, correlation_id, message_group, priority, 0, now(), last_error, created_at, xid,
+       (SELECT CASE WHEN t.ordered THEN true END FROM {{schema}}.outbox_topics AS t WHERE t.topic = $1)
 FROM replayed
 RETURNING id`
+
+// discardDeadLetters deletes dead letters of topic $1 (all of them when
+// $2 is NULL).
+const discardDeadLetters = `
+DELETE FROM {{schema}}.outbox_dead_letters
+WHERE topic = $1 AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[]))`

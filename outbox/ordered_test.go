@@ -1,0 +1,325 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/clocktest"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+func orderedTopic(name string, policy outbox.DeadLetterPolicy) outbox.TopicConfig {
+	return outbox.TopicConfig{Name: name, Ordered: true, OrderedDeadLetters: policy, MaxAttempts: 3,
+		BackoffInitial: time.Second, BackoffMax: time.Second, Lease: 10 * time.Second}
+}
+
+func groupMessage(topic, group string, seq int) outbox.Message {
+	m := seqMessage(topic, seq)
+	m.Group = group
+	return m
+}
+
+func TestOrderedTopicConfiguration(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	for name, cfg := range map[string]outbox.TopicConfig{
+		"ordered PUB_SUB":     {Name: "a", Semantics: outbox.PubSub, Ordered: true},
+		"policy, not ordered": {Name: "a", OrderedDeadLetters: outbox.SkipDeadLetters},
+		"unknown policy":      {Name: "a", Ordered: true, OrderedDeadLetters: "DROP"},
+	} {
+		require.ErrorIs(t, b.client.ConfigureTopic(ctx, cfg), outbox.ErrInvalidConfig, name)
+	}
+
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "ordered", Ordered: true}))
+	got, err := b.client.Topic(ctx, "ordered")
+	require.NoError(t, err)
+	require.True(t, got.Ordered)
+	require.Equal(t, outbox.BlockGroup, got.OrderedDeadLetters, "the default policy")
+	// The policy may change; the ordering may not, either way.
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "ordered", Ordered: true, OrderedDeadLetters: outbox.SkipDeadLetters}))
+	got, err = b.client.Topic(ctx, "ordered")
+	require.NoError(t, err)
+	require.Equal(t, outbox.SkipDeadLetters, got.OrderedDeadLetters)
+	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "ordered"}), outbox.ErrInvalidConfig)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "plain"}))
+	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "plain", Ordered: true}), outbox.ErrInvalidConfig)
+
+	// Messages sent before the first configuration were not written in
+	// order: the topic cannot become ordered until they are gone.
+	b.sendN(t, "early", 1)
+	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "early", Ordered: true}), outbox.ErrInvalidConfig)
+}
+
+// A send to an ordered group waits for the transaction that sent to the
+// group before it, and draws its id only then: a group's ids follow
+// commit order. Sends to other groups do not wait.
+func TestOrderedSendsTakeIdsInCommitOrder(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			b := setup(t, outbox.Config{})
+			ctx := context.Background()
+			require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
+			send := func(tx pgx.Tx, group string) (int64, error) {
+				if batch {
+					ids, err := b.producer.SendBatch(ctx, tx, []outbox.Message{seqMessage("o", 0), groupMessage("o", group, 0)})
+					if err != nil {
+						return 0, err
+					}
+					return ids[1], nil
+				}
+				return b.producer.Send(ctx, tx, groupMessage("o", group, 0))
+			}
+			// Learn the topic first, so that no send below reads it.
+			require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { _, err := send(tx, "warm"); return err }))
+
+			first, err := b.db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer first.Rollback(ctx)
+			firstID, err := b.producer.Send(ctx, first, groupMessage("o", "g", 1))
+			require.NoError(t, err)
+
+			type result struct {
+				id  int64
+				err error
+			}
+			second := make(chan result, 1)
+			var firstCommitted atomic.Bool
+			go func() {
+				var id int64
+				err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+					var err error
+					id, err = send(tx, "g")
+					if err == nil && !firstCommitted.Load() {
+						err = errors.New("the second send to the group returned before the first committed")
+					}
+					return err
+				})
+				second <- result{id, err}
+			}()
+			// The second send is waiting for the group; another group is not.
+			require.Eventually(t, func() bool { return waitingForLock(t, b) }, 5*time.Second, 5*time.Millisecond)
+			var otherID int64
+			require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+				otherID, err = send(tx, "h")
+				return err
+			}))
+			firstCommitted.Store(true)
+			require.NoError(t, first.Commit(ctx))
+			r := <-second
+			require.NoError(t, r.err)
+			require.Greater(t, otherID, firstID)
+			require.Greater(t, r.id, otherID, "the waiting send drew its id after the wait, not before")
+		})
+	}
+}
+
+// waitingForLock reports whether a backend of the test's database waits
+// for an advisory lock.
+func waitingForLock(t *testing.T, b *testBundle) bool {
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `
+SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND NOT l.granted AND a.datname = current_database()`).Scan(&n))
+	return n > 0
+}
+
+// claimIDs claims up to 100 messages and returns their ids.
+func claimIDs(t *testing.T, c *outbox.Client, topic string) (map[int64]*outbox.Delivery, []int64) {
+	t.Helper()
+	ds, err := c.Claim(context.Background(), topic, "me", 100)
+	require.NoError(t, err)
+	byID := map[int64]*outbox.Delivery{}
+	var ids []int64
+	for _, d := range ds {
+		byID[d.ID] = d
+		ids = append(ids, d.ID)
+	}
+	return byID, ids
+}
+
+func TestOrderedClaimTakesOnlyGroupHeads(t *testing.T) {
+	clock := clocktest.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
+	var msgs []outbox.Message
+	for i := range 3 {
+		for _, g := range []string{"a", "b", "c"} {
+			msgs = append(msgs, groupMessage("o", g, i))
+		}
+	}
+	msgs = append(msgs, seqMessage("o", 100), seqMessage("o", 101)) // no group
+	var ids []int64
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
+		ids, err = b.producer.SendBatch(ctx, tx, msgs)
+		return err
+	}))
+	a, bb, c := []int64{ids[0], ids[3], ids[6]}, []int64{ids[1], ids[4], ids[7]}, []int64{ids[2], ids[5], ids[8]}
+
+	got, claimed := claimIDs(t, b.client, "o")
+	require.ElementsMatch(t, []int64{a[0], bb[0], c[0], ids[9], ids[10]}, claimed, "one head per group, and the ungrouped messages")
+	_, claimed = claimIDs(t, b.client, "o")
+	require.Empty(t, claimed, "every head is leased")
+
+	require.NoError(t, b.client.Ack(ctx, got[a[0]]))
+	require.NoError(t, b.client.Retry(ctx, got[bb[0]], time.Second, "boom"))
+	require.NoError(t, b.client.Release(ctx, got[c[0]], true))
+	got, claimed = claimIDs(t, b.client, "o")
+	require.ElementsMatch(t, []int64{a[1], c[0]}, claimed, "a moves on; b waits for its retry; c's head comes back")
+
+	clock.Advance(time.Second)
+	got2, claimed := claimIDs(t, b.client, "o")
+	require.Equal(t, []int64{bb[0]}, claimed, "b's head, once due, before anything behind it")
+	require.Equal(t, 2, got2[bb[0]].Attempt)
+
+	// A lease that expires (its consumer died) frees the head again, and
+	// only the head.
+	clock.Advance(11 * time.Second)
+	_, claimed = claimIDs(t, b.client, "o")
+	require.ElementsMatch(t, []int64{a[1], c[0], bb[0], ids[9], ids[10]}, claimed)
+	_ = got
+}
+
+func TestOrderedDeadLetterPolicies(t *testing.T) {
+	for _, policy := range []outbox.DeadLetterPolicy{outbox.BlockGroup, outbox.SkipDeadLetters} {
+		t.Run(string(policy), func(t *testing.T) {
+			b := setup(t, outbox.Config{})
+			ctx := context.Background()
+			require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", policy)))
+			var ids []int64
+			require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
+				ids, err = b.producer.SendBatch(ctx, tx, []outbox.Message{
+					groupMessage("o", "a", 0), groupMessage("o", "b", 0), groupMessage("o", "a", 1), groupMessage("o", "b", 1)})
+				return err
+			}))
+			got, claimed := claimIDs(t, b.client, "o")
+			require.ElementsMatch(t, []int64{ids[0], ids[1]}, claimed)
+			require.NoError(t, b.client.DeadLetter(ctx, got[ids[0]], "poison"))
+			require.NoError(t, b.client.Ack(ctx, got[ids[1]]))
+
+			_, claimed = claimIDs(t, b.client, "o")
+			if policy == outbox.SkipDeadLetters {
+				require.ElementsMatch(t, []int64{ids[2], ids[3]}, claimed, "a moves past its dead letter")
+				return
+			}
+			require.Equal(t, []int64{ids[3]}, claimed, "a is blocked by its dead letter; b is not")
+
+			// A replayed dead letter is the group's head again: delivered
+			// first, then the rest.
+			n, err := b.client.ReplayDeadLetters(ctx, "o", ids[0])
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			got, claimed = claimIDs(t, b.client, "o")
+			require.Equal(t, []int64{ids[0]}, claimed)
+			require.NoError(t, b.client.DeadLetter(ctx, got[ids[0]], "poison again"))
+			_, claimed = claimIDs(t, b.client, "o")
+			require.Empty(t, claimed)
+
+			// A discarded one unblocks the group.
+			_, err = b.client.DiscardDeadLetters(ctx, "o", ids[0], 12345)
+			require.ErrorIs(t, err, outbox.ErrNotFound)
+			require.Zero(t, b.countDead(t, "true"))
+			_, claimed = claimIDs(t, b.client, "o")
+			require.Equal(t, []int64{ids[2]}, claimed)
+		})
+	}
+}
+
+// The ordered guarantee under load: three consumers on pools of their own
+// (as if three processes), four handlers each, 200 groups of 50 messages,
+// handlers that take random time and fail one time in ten. Every group's
+// messages are handled, first successes in the order they were sent (each
+// group's producer commits one message before sending the next), and all
+// groups move at once, not one after another.
+func TestOrderedConsumersKeepEveryGroupInOrder(t *testing.T) {
+	const groups, perGroup = 200, 50
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	tc := orderedTopic("o", "")
+	tc.MaxAttempts, tc.BackoffInitial, tc.BackoffMax = 50, time.Millisecond, 5*time.Millisecond
+	require.NoError(t, b.client.ConfigureTopic(ctx, tc))
+
+	var (
+		mu         sync.Mutex
+		handled    = map[string][]int{} // group -> seqs of first successes
+		done       = map[int64]bool{}
+		total      int
+		atQuarter  int // groups with a success when a quarter of the messages were handled
+		violations []string
+	)
+	handler := func(ctx context.Context, d *outbox.Delivery) error {
+		time.Sleep(time.Duration(rand.IntN(1500)) * time.Microsecond)
+		if rand.IntN(10) == 0 {
+			return errors.New("flaky")
+		}
+		p, err := outbox.Decode[seqPayload](d)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if done[d.ID] {
+			return nil // a redelivery after an expired lease
+		}
+		done[d.ID] = true
+		seqs := handled[d.Group]
+		if len(seqs) > 0 && seqs[len(seqs)-1] > p.Seq {
+			violations = append(violations, fmt.Sprintf("%s: %d after %d", d.Group, p.Seq, seqs[len(seqs)-1]))
+		}
+		handled[d.Group] = append(seqs, p.Seq)
+		total++
+		if total == groups*perGroup/4 {
+			atQuarter = len(handled)
+		}
+		return nil
+	}
+	for i := range 3 {
+		client, err := outbox.NewClient(pgtest.NewPool(t, b.db.DSN), outbox.Config{Schema: b.db.Schema})
+		require.NoError(t, err)
+		startConsumer(t, client, outbox.ConsumerConfig{Topic: "o", Handler: handler, Concurrency: 4, BatchSize: 20,
+			PollInterval: 20 * time.Millisecond, ID: fmt.Sprintf("c%d", i)})
+	}
+
+	// One producer per 20 groups, sending each group's next message in a
+	// transaction of its own, groups interleaved.
+	var wg sync.WaitGroup
+	for p := range 10 {
+		wg.Go(func() {
+			for seq := range perGroup {
+				for g := p * 20; g < (p+1)*20; g++ {
+					require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+						_, err := b.producer.Send(ctx, tx, groupMessage("o", fmt.Sprintf("g%03d", g), seq))
+						return err
+					}))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return total == groups*perGroup
+	}, 2*time.Minute, 50*time.Millisecond)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, violations, "messages handled out of their group's order")
+	for g, seqs := range handled {
+		require.Len(t, seqs, perGroup, g)
+	}
+	require.Len(t, handled, groups)
+	require.Greater(t, atQuarter, groups/2, "groups moved one after another, not together")
+	require.Zero(t, b.count(t, "true"))
+	t.Logf("%d groups had a message handled when a quarter of all were", atQuarter)
+}
