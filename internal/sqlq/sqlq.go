@@ -111,7 +111,6 @@ RETURNING id`
 // share the text; two pairs sharing a hash only wait for each other).
 const orderedLockClass = `1885826927`
 
-
 // insertOrdered writes one message of a configured ordered QUEUE topic
 // ($1..$9 as insertQueuedAt). A message with a group first takes its
 // group's lock until the transaction ends, and only then draws its id
