@@ -53,8 +53,9 @@ type Env struct {
 	receiver *receiver // router subjects
 
 	mu   sync.Mutex
-	seq  int
-	sent map[int64]int // id -> seq of committed messages
+	seq    int
+	sent   map[int64]int  // id -> seq of committed messages
+	groups map[int]string // seq -> message group (ordered subjects)
 }
 
 // newEnv makes a database, configures s's topic with the scenario's
@@ -76,6 +77,11 @@ func newEnv(t *testing.T, s *Subject, topic func(*outbox.TopicConfig)) *Env {
 	require.NoError(t, err)
 	tc := outbox.TopicConfig{Name: "conformance", Semantics: s.Semantics, Tracking: s.Tracking,
 		MaxAttempts: 5, BackoffInitial: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Lease: time.Second}
+	if s.Ordered {
+		// Skipping, not blocking: scenarios dead-letter poison messages and
+		// expect the rest of the topic delivered.
+		tc.Ordered, tc.OrderedDeadLetters = true, outbox.SkipDeadLetters
+	}
 	if topic != nil {
 		topic(&tc)
 	}
@@ -97,7 +103,7 @@ CREATE TABLE `+db.Table("conformance_ledger")+` (
 	require.NoError(t, err)
 	require.NoError(t, maint.Start(context.Background()))
 	t.Cleanup(func() { _ = maint.Stop(context.Background()) })
-	e := &Env{DB: db, Client: client, Producer: producer, Topic: tc.WithDefaults(), Subject: s, sent: map[int64]int{}}
+	e := &Env{DB: db, Client: client, Producer: producer, Topic: tc.WithDefaults(), Subject: s, sent: map[int64]int{}, groups: map[int]string{}}
 	if s.Router {
 		e.startReceiver(t)
 	}
@@ -244,7 +250,7 @@ func (e *Env) produceTx(ctx context.Context, rng *rand.Rand, n int, o ProduceOpt
 		return nil, time.Time{}, false, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	ids, seqs, err := e.sendIn(ctx, tx, n)
+	ids, seqs, err := e.sendIn(ctx, tx, n, false)
 	if err != nil {
 		return nil, time.Time{}, false, err
 	}
@@ -262,8 +268,12 @@ func (e *Env) produceTx(ctx context.Context, rng *rand.Rand, n int, o ProduceOpt
 	return ids, started, false, nil
 }
 
-// sendIn sends n messages with the next sequence numbers in tx.
-func (e *Env) sendIn(ctx context.Context, tx pgx.Tx, n int) (ids []int64, seqs []int, err error) {
+// sendIn sends n messages with the next sequence numbers in tx. On an
+// ordered subject they go to the OrderedGroups groups in turn, or, when
+// held (the transaction will stay open while others send), to a group of
+// their own: a send to an ordered group waits for the group's open
+// transactions.
+func (e *Env) sendIn(ctx context.Context, tx pgx.Tx, n int, held bool) (ids []int64, seqs []int, err error) {
 	msgs := make([]outbox.Message, n)
 	seqs = make([]int, n)
 	e.mu.Lock()
@@ -272,6 +282,13 @@ func (e *Env) sendIn(ctx context.Context, tx pgx.Tx, n int) (ids []int64, seqs [
 		seqs[i] = e.seq
 		p, _ := json.Marshal(Payload{Seq: e.seq})
 		msgs[i] = outbox.Message{Topic: e.Topic.Name, Payload: p}
+		if e.Subject.Ordered {
+			msgs[i].Group = fmt.Sprintf("k%d", e.seq%OrderedGroups)
+			if held {
+				msgs[i].Group = "held"
+			}
+			e.groups[e.seq] = msgs[i].Group
+		}
 		if e.receiver != nil {
 			msgs[i].Headers = map[string]string{router.HeaderPool: "P", router.HeaderTarget: e.receiver.url}
 		}
@@ -297,7 +314,7 @@ func (e *Env) OpenTx(t testing.TB, n int) (commit func() []int64) {
 	ctx := context.Background()
 	tx, err := e.ownConn(t).Begin(ctx)
 	require.NoError(t, err)
-	ids, seqs, err := e.sendIn(ctx, tx, n)
+	ids, seqs, err := e.sendIn(ctx, tx, n, true)
 	require.NoError(t, err)
 	return func() []int64 {
 		require.NoError(t, tx.Commit(ctx))
@@ -405,6 +422,39 @@ func (e *Env) missing(t testing.TB, group string, ids []int64) []int64 {
 	return missing
 }
 
+// OrderedGroups is how many message groups an ordered subject's messages
+// are spread over.
+const OrderedGroups = 8
+
+// checkOrder asserts, for an ordered subject, that group handled each
+// message group's messages in id order (which is their commit order: see
+// TopicConfig.Ordered), counting each message's first successful handling.
+func (e *Env) checkOrder(t testing.TB, group string) {
+	t.Helper()
+	rows, err := e.DB.Pool.Query(context.Background(), `
+SELECT message_id, seq FROM (
+    SELECT DISTINCT ON (message_id) message_id, seq, handled_at FROM `+e.DB.Table("conformance_ledger")+`
+    WHERE grp = $1 ORDER BY message_id, handled_at) AS first
+ORDER BY handled_at`, group)
+	require.NoError(t, err)
+	last := map[string]int64{}
+	var inversions []string
+	var id int64
+	var seq int
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err = pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
+		g := e.groups[seq]
+		if id < last[g] {
+			inversions = append(inversions, fmt.Sprintf("%s: %d after %d", g, id, last[g]))
+		}
+		last[g] = max(last[g], id)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Empty(t, inversions, "group %q: messages of a message group handled out of order", group)
+}
+
 // Report is what Check found for one group.
 type Report struct {
 	Delivered, DeadLettered, Duplicates int
@@ -444,6 +494,9 @@ func (e *Env) Check(t testing.TB, group string, want, rolledBack []int64) Report
 	require.Empty(t, missing, "group %q: committed messages neither delivered nor dead-lettered", group)
 	require.Empty(t, ghosts, "group %q: rolled-back messages delivered", group)
 	require.Empty(t, firstTwice, "group %q: messages handled twice as first attempts (a duplicate without a lease expiry)", group)
+	if e.Subject.Ordered {
+		e.checkOrder(t, group)
+	}
 	t.Logf("group %q: %d delivered, %d dead-lettered, %d duplicates", group, r.Delivered, r.DeadLettered, r.Duplicates)
 	return r
 }

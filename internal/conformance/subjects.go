@@ -27,6 +27,10 @@ type Subject struct {
 	Name      string
 	Semantics outbox.Semantics
 	Tracking  outbox.TrackingMode
+	// Ordered: the topic is ordered (TopicConfig.Ordered, skipping dead
+	// letters), its messages spread over OrderedGroups message groups,
+	// and every check also asserts each group's order.
+	Ordered bool
 	// Groups: consumer groups on a PUB_SUB topic (the group lifecycle
 	// scenarios apply).
 	Groups bool
@@ -98,6 +102,7 @@ type GroupInstance struct{ *consumergroup.Group }
 // Subjects are the delivery paths of packages outbox and consumergroup.
 var Subjects = []*Subject{
 	{Name: "queue", Semantics: outbox.Queue, Start: startQueue},
+	{Name: "queue-ordered", Semantics: outbox.Queue, Ordered: true, Start: startQueue},
 	{Name: "bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Start: startGroup},
 	{Name: "counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Start: startGroup},
 	{Name: "offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Start: startGroup},
