@@ -52,7 +52,7 @@ type Env struct {
 
 	receiver *receiver // router subjects
 
-	mu   sync.Mutex
+	mu     sync.Mutex
 	seq    int
 	sent   map[int64]int  // id -> seq of committed messages
 	groups map[int]string // seq -> message group (ordered subjects)
