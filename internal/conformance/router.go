@@ -24,10 +24,12 @@ import (
 // when the receiver answered 2xx. The receiver does not see attempts, so
 // the "no second first attempt" rule does not apply; duplicates are counted.
 
-// RouterSubjects are the router's delivery paths: a QueueSource, and a
-// GroupSource in each tracking mode.
+// RouterSubjects are the router's delivery paths: a QueueSource (of an
+// unordered and of an ordered topic), and a GroupSource in each tracking
+// mode.
 var RouterSubjects = []*Subject{
 	{Name: "router-queue", Semantics: outbox.Queue, Router: true, Start: startRouter},
+	{Name: "router-queue-ordered", Semantics: outbox.Queue, Ordered: true, Router: true, Start: startRouter},
 	{Name: "router-bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Router: true, Start: startRouter},
@@ -115,7 +117,7 @@ func startRouter(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, _ o
 	rt, err := router.New(router.Config{
 		Pools:             []router.PoolConfig{{Code: "P", Concurrency: spec.Concurrency}},
 		AllowedHosts:      []string{strings.TrimPrefix(strings.TrimSuffix(spec.Target, "/hook"), "http://")},
-		RequestTimeout:    time.Second,
+		RequestTimeout:    spec.RequestTimeout,
 		MaxAttempts:       2,
 		DefaultRetryDelay: 50 * time.Millisecond,
 		FastFailDelay:     50 * time.Millisecond,
@@ -216,7 +218,9 @@ func slowDeliveries(t *testing.T, s *Subject) {
 		}
 		return nil
 	}
-	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Concurrency: 8}, b)
+	// Slower than the lease, well within the request timeout: the
+	// deliveries succeed, and only the kept leases keep them single.
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Concurrency: 8, RequestTimeout: 10 * time.Second}, b)
 	ids := e.Send(t, 40)
 	e.WaitDelivered(t, "g1", ids, 60*time.Second)
 	e.Check(t, "g1", ids, nil)

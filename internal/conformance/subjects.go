@@ -60,7 +60,8 @@ type Spec struct {
 	HandlerTimeout    time.Duration // consumer groups only (QUEUE handlers end with their lease)
 	Start             consumergroup.SubscriptionOptions
 	Logger            *slog.Logger
-	Target            string // router subjects: the receiver's URL (set by the suite)
+	Target            string        // router subjects: the receiver's URL (set by the suite)
+	RequestTimeout    time.Duration // router subjects: each HTTP attempt's bound (1 s)
 }
 
 func (s Spec) withDefaults() Spec {
@@ -84,6 +85,9 @@ func (s Spec) withDefaults() Spec {
 	}
 	if s.HeartbeatTimeout == 0 {
 		s.HeartbeatTimeout = time.Minute
+	}
+	if s.RequestTimeout == 0 {
+		s.RequestTimeout = time.Second
 	}
 	if s.Start.Position == "" {
 		s.Start = consumergroup.FromNow()
