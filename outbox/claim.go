@@ -63,8 +63,12 @@ type claimed struct {
 // claim runs the claim statement for topic t (rows in no particular order).
 func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit int) ([]claimed, error) {
 	query, args := c.sql.Claim, []any{t.Name, limit, c.now(), owner, t.Lease.Microseconds()}
+	var after string
 	if t.Ordered {
-		query, args = c.sql.ClaimOrdered, append(args, t.OrderedDeadLetters == BlockGroup)
+		if v, ok := c.walks.Load(t.Name); ok {
+			after = v.(string)
+		}
+		query, args = c.sql.ClaimOrdered, append(args, t.OrderedDeadLetters == BlockGroup, after)
 	}
 	rows, err := c.pool.Query(ctx, query, args...)
 	if err != nil {
@@ -85,7 +89,30 @@ func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit i
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
+	if t.Ordered && len(out) > 0 {
+		c.walks.Store(t.Name, walkEnd(after, out))
+	}
 	return c.takeBackExpired(ctx, t, out)
+}
+
+// walkEnd is where the next ordered claim's walk through the message
+// groups starts: after the last group this claim took a message of, in
+// the order of a walk that started after the group after (to the last
+// group, then from the first). It is only a starting point: where two
+// consumers of a process share it, each still walks every group in turn.
+func walkEnd(after string, out []claimed) string {
+	var beyond, wrapped string // the last group taken past after, and before or at it
+	for _, cl := range out {
+		g := cl.d.Group
+		switch {
+		case g == "":
+		case g > after:
+			beyond = max(beyond, g)
+		default:
+			wrapped = max(wrapped, g)
+		}
+	}
+	return cmp.Or(wrapped, beyond, after)
 }
 
 // takeBackExpired logs the claimed messages whose lease had expired and

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -80,7 +81,8 @@ type Client struct {
 	logger        *slog.Logger
 	metrics       *metrics
 	clock         Clock
-	wake          wakeups // the shared LISTEN connection
+	wake          wakeups  // the shared LISTEN connection
+	walks         sync.Map // ordered topic -> the message group its last claim's walk ended at
 }
 
 // NewClient returns a client using pool and the tables in cfg.Schema.

@@ -323,3 +323,36 @@ func TestOrderedConsumersKeepEveryGroupInOrder(t *testing.T) {
 	require.Zero(t, b.count(t, "true"))
 	t.Logf("%d groups had a message handled when a quarter of all were", atQuarter)
 }
+
+// A claim walks the groups from where the previous one ended: with room
+// for two messages a claim, four groups take turns, a and b, then c and
+// d, then a and b again.
+func TestOrderedClaimsTakeGroupsInTurn(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
+	var msgs []outbox.Message
+	for i := range 3 {
+		for _, g := range []string{"a", "b", "c", "d"} {
+			msgs = append(msgs, groupMessage("o", g, i))
+		}
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := b.producer.SendBatch(ctx, tx, msgs)
+		return err
+	}))
+	var turns []string
+	for range 4 {
+		ds, err := b.client.Claim(ctx, "o", "me", 2)
+		require.NoError(t, err)
+		turn := ""
+		for _, d := range ds {
+			p, err := outbox.Decode[seqPayload](d)
+			require.NoError(t, err)
+			turn += fmt.Sprintf("%s%d ", d.Group, p.Seq)
+		}
+		turns = append(turns, turn)
+		require.NoError(t, b.client.Ack(ctx, ds...))
+	}
+	require.Equal(t, []string{"a0 b0 ", "c0 d0 ", "a1 b1 ", "c1 d1 "}, turns)
+}

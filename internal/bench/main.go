@@ -19,6 +19,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,7 +55,8 @@ type config struct {
 	oltpAfter                   time.Duration
 	duration                    time.Duration
 	fillfactor                  int
-	noHold                      bool
+	noHold, ordered             bool
+	msgGroups                   int
 }
 
 func main() {
@@ -98,12 +100,17 @@ func parseFlags() *config {
 	flag.IntVar(&c.oltpTPS, "oltp-tps", 200, "BACKFILL_OLTP: pgbench transactions a second (-R)")
 	flag.DurationVar(&c.oltpDuration, "oltp-seconds", 20*time.Second, "BACKFILL_OLTP: length of the baseline measurement")
 	flag.DurationVar(&c.oltpAfter, "oltp-after", 60*time.Second, "BACKFILL_OLTP: how long after the backfill pgbench is still measured (the write-back of what it wrote)")
+	flag.IntVar(&c.msgGroups, "msg-groups", 0, "W2: spread the messages over this many message groups (0 = none)")
+	flag.BoolVar(&c.ordered, "ordered", false, "W2: the topic is ordered (TopicConfig.Ordered): each message group's messages one at a time")
 	flag.BoolVar(&c.noHold, "no-hold", false, "W5: hold no transaction (a steady run; the table stats still come at each third's end)")
 	flag.IntVar(&c.fillfactor, "fillfactor", 0, "experiment: set outbox_published's fillfactor after the migrations (0 = as migrated)")
 	flag.Parse()
 	c.workload = strings.ToUpper(c.workload)
 	if c.mode != "" {
 		c.system = "pgoutbox-" + c.mode
+	}
+	if c.ordered {
+		c.system = "pgoutbox-ordered"
 	}
 	if _, ok := defaultN[c.workload]; !ok {
 		fail(c, fmt.Errorf("unknown workload %q (want W1..W5, CLEANUP, BACKFILL, BACKFILL_OLTP)", c.workload))
@@ -162,7 +169,7 @@ func run(ctx context.Context, c *config) error {
 	}
 	b := &bench{c: c, pool: pool, client: client, producer: producer}
 	if c.mode == "" && c.workload != "W5" && c.workload != "SKEW" { // QUEUE workloads: configure the topic, as a service would at boot
-		if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: strings.ToLower(c.workload)}); err != nil {
+		if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: strings.ToLower(c.workload), Ordered: c.ordered}); err != nil {
 			return err
 		}
 	}
@@ -463,7 +470,11 @@ func (b *bench) preload(ctx context.Context, topic string) error {
 	for start := 0; start < b.c.n; start += 1000 {
 		msgs := make([]outbox.Message, 0, 1000)
 		for i := start; i < min(b.c.n, start+1000); i++ {
-			msgs = append(msgs, outbox.Message{Topic: topic, Payload: payload(i)})
+			m := outbox.Message{Topic: topic, Payload: payload(i)}
+			if b.c.msgGroups > 0 {
+				m.Group = "g" + strconv.Itoa(i%b.c.msgGroups)
+			}
+			msgs = append(msgs, m)
 		}
 		if _, err := b.producer.SendBatch(ctx, b.pool, msgs); err != nil {
 			return fmt.Errorf("preload: %w", err)

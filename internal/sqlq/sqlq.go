@@ -393,15 +393,20 @@ RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group
           o.priority, o.attempts, o.created_at, o.available_at, picked.available_at, picked.lease_owner`
 
 // claimOrdered is claim for an ordered topic ($1..$5 as claim; $6: a
-// group with a dead letter is blocked). Its candidates are the head of
-// each message group, the group's oldest message, which only the head's
-// own lease or retry delay can make unavailable, so a group never has two
-// messages leased at once, and the oldest available ungrouped messages.
-// The heads are found by skipping through outbox_ordered_idx from one
-// group to the next: one index probe per group with messages in the
-// queue, whatever the number of messages behind each head. A claim takes
-// at most one message per group, so a group with a long backlog never
-// crowds out the others.
+// group with a dead letter is blocked; $7: the message group to start
+// after, '' for the first). Its candidates are the head of each message
+// group, the group's oldest message, which only the head's own lease or
+// retry delay can make unavailable, so a group never has two messages
+// leased at once, and the oldest available ungrouped messages.
+//
+// The heads are found by walking outbox_ordered_idx from one group to
+// the next, one index probe per group, whatever the number of messages
+// behind each head: from the group after $7 to the last, then from the
+// first, until the walk is back at $7 or has met $2 available heads
+// (a head a concurrent claim locks is skipped, and this claim returns
+// fewer). Callers start each walk where their previous claim ended, so
+// every group's turn comes, and a claim takes at most one message per
+// group, so a group with a long backlog never crowds out the others.
 //
 // A head taken by a concurrent claim is skipped (SKIP LOCKED) or, if that
 // claim committed meanwhile, no longer passes available_at; a head
@@ -411,22 +416,38 @@ RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group
 // its successor is the group's head.
 const claimOrdered = `
 WITH RECURSIVE heads AS (
-    (SELECT message_group, id FROM {{schema}}.outbox
-     WHERE topic = $1 AND ordered AND message_group IS NOT NULL
-     ORDER BY message_group, id
-     LIMIT 1)
+    SELECT f.*, f.free::int AS found
+    FROM (SELECT * FROM (
+            (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()) AS free, false AS wrapped
+             FROM {{schema}}.outbox
+             WHERE topic = $1 AND ordered AND message_group > $7::text
+             ORDER BY message_group, id LIMIT 1)
+            UNION ALL
+            (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()), true
+             FROM {{schema}}.outbox
+             WHERE topic = $1 AND ordered AND message_group IS NOT NULL
+             ORDER BY message_group, id LIMIT 1)) AS first
+          LIMIT 1) AS f
     UNION ALL
-    SELECT n.message_group, n.id
+    SELECT n.*, h.found + n.free::int
     FROM heads AS h
     CROSS JOIN LATERAL (
-        SELECT message_group, id FROM {{schema}}.outbox
-        WHERE topic = $1 AND ordered AND message_group > h.message_group
-        ORDER BY message_group, id
+        SELECT * FROM (
+            (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()) AS free, h.wrapped AS wrapped
+             FROM {{schema}}.outbox
+             WHERE topic = $1 AND ordered AND message_group > h.message_group
+             ORDER BY message_group, id LIMIT 1)
+            UNION ALL
+            (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()), true
+             FROM {{schema}}.outbox
+             WHERE topic = $1 AND ordered AND message_group IS NOT NULL AND NOT h.wrapped
+             ORDER BY message_group, id LIMIT 1)) AS next
         LIMIT 1) AS n
+    WHERE h.found < $2 AND NOT (n.wrapped AND n.message_group > $7::text)
 ), candidates AS (
     SELECT id FROM heads
-    WHERE NOT ($6::bool AND EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters AS d
-                                    WHERE d.topic = $1 AND d.message_group = heads.message_group))
+    WHERE free AND NOT ($6::bool AND EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters AS d
+                                             WHERE d.topic = $1 AND d.message_group = heads.message_group))
     UNION ALL
     (SELECT id FROM {{schema}}.outbox
      WHERE topic = $1 AND ordered AND message_group IS NULL AND available_at <= coalesce($3::timestamptz, now())
