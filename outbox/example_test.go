@@ -137,3 +137,60 @@ func ExampleClient_ReplayDeadLetters() {
 	// 1 dead letter: smtp: connection refused
 	// replayed 1 <nil>
 }
+
+// An ordered topic hands out each message group's messages one at a
+// time: a claim takes the oldest message of every group, and the next one
+// of a group only once the previous one is acked.
+func ExampleTopicConfig_ordered() {
+	ctx := context.Background()
+	pool, schema, cleanup := exampleDB()
+	defer cleanup()
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
+		log.Fatal(err)
+	}
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "ledger.entries", Ordered: true}); err != nil {
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, account := range []string{"alice", "bob", "alice", "bob"} {
+			msg, err := outbox.NewMessage("ledger.entries", map[string]string{"account": account})
+			if err != nil {
+				return err
+			}
+			msg.Group = account
+			if _, err := producer.Send(ctx, tx, msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for round := 1; round <= 3; round++ {
+		ds, err := client.Claim(ctx, "ledger.entries", "worker-1", 10)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("claim %d:", round)
+		for _, d := range ds {
+			fmt.Printf(" %s#%d", d.Group, d.ID)
+		}
+		fmt.Println()
+		if err := client.Ack(ctx, ds...); err != nil {
+			log.Fatal(err)
+		}
+	}
+	// Output:
+	// claim 1: alice#1 bob#2
+	// claim 2: alice#3 bob#4
+	// claim 3:
+}
