@@ -83,6 +83,15 @@ type Client struct {
 	clock         Clock
 	wake          wakeups  // the shared LISTEN connection
 	walks         sync.Map // ordered topic -> the message group its last claim's walk ended at
+
+	watchedMu sync.Mutex
+	watched   map[string]watchedTopic // ordered topics this client's consumers read (blocked-group gauges)
+}
+
+// watchedTopic is an ordered topic some of this client's consumers read.
+type watchedTopic struct {
+	cfg       TopicConfig
+	consumers int
 }
 
 // NewClient returns a client using pool and the tables in cfg.Schema.
@@ -117,7 +126,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if probe == 0 {
 		probe = DefaultListenProbeInterval
 	}
-	return &Client{
+	c := &Client{
 		pool:          pool,
 		listen:        listen,
 		probeInterval: max(probe, 0),
@@ -128,7 +137,10 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		logger:        logger,
 		metrics:       newMetrics(cfg.MeterProvider),
 		clock:         cfg.Clock,
-	}, nil
+		watched:       map[string]watchedTopic{},
+	}
+	c.observeBlockedGroups(cfg.MeterProvider)
+	return c, nil
 }
 
 // Schema returns the schema the client works in.

@@ -262,9 +262,14 @@ func (k *Consumer) Start(ctx context.Context) error {
 	k.fetchers.Go(k.fetch)
 	k.fetchers.Go(k.maintain)
 	k.fetchers.Go(k.keepLeases)
+	unwatch := func() {}
+	if topic.Ordered {
+		unwatch = k.client.watchOrdered(topic)
+	}
 	go func() {
 		<-run.Done()
 		k.shutdown(workCancel)
+		unwatch()
 		done()
 	}()
 	k.client.logger.Info("pgoutbox: consumer started", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pgoutbox/pgoutbox/internal/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -355,4 +357,67 @@ func TestOrderedClaimsTakeGroupsInTurn(t *testing.T) {
 		require.NoError(t, b.client.Ack(ctx, ds...))
 	}
 	require.Equal(t, []string{"a0 b0 ", "c0 d0 ", "a1 b1 ", "c1 d1 "}, turns)
+}
+
+// A failing head, and a dead letter on a topic that blocks on them, show
+// as blocked groups, through BlockedGroups and the gauges of a consumer's
+// client.
+func TestOrderedBlockedGroupsAreVisible(t *testing.T) {
+	clock := clocktest.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	reader := sdkmetric.NewManualReader()
+	b := setup(t, outbox.Config{Clock: clock, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
+	var ids []int64
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
+		ids, err = b.producer.SendBatch(ctx, tx, []outbox.Message{groupMessage("o", "a", 0), groupMessage("o", "b", 0),
+			groupMessage("o", "c", 0), groupMessage("o", "a", 1), groupMessage("o", "a", 2), groupMessage("o", "b", 1)})
+		return err
+	}))
+	got, _ := claimIDs(t, b.client, "o")
+	require.NoError(t, b.client.Retry(ctx, got[ids[0]], time.Minute, "a is down"))
+	clock.Advance(time.Second)
+	require.NoError(t, b.client.DeadLetter(ctx, got[ids[1]], "b is poison"))
+	require.NoError(t, b.client.Ack(ctx, got[ids[2]]))
+	clock.Advance(time.Second)
+
+	blocked, err := b.client.BlockedGroups(ctx, "o", 0)
+	require.NoError(t, err)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	require.Len(t, blocked, 2)
+	require.Equal(t, outbox.BlockedGroup{Group: "a", HeadID: ids[0], Attempts: 1, LastError: "a is down", Since: start, Behind: 2},
+		withUTC(blocked[0]))
+	require.Equal(t, outbox.BlockedGroup{Group: "b", HeadID: ids[1], Attempts: 1, LastError: "b is poison",
+		Since: start.Add(time.Second), DeadLettered: true, Behind: 1}, withUTC(blocked[1]))
+
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "o", Handler: func(context.Context, *outbox.Delivery) error { return nil },
+		PollInterval: time.Hour})
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	gauges := map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				gauges[m.Name] = float64(d.DataPoints[0].Value)
+			case metricdata.Gauge[float64]:
+				gauges[m.Name] = d.DataPoints[0].Value
+			}
+		}
+	}
+	require.Equal(t, 2.0, gauges["pgoutbox.ordered.blocked_groups"])
+	require.Equal(t, 2.0, gauges["pgoutbox.ordered.oldest_blocked_age"])
+
+	// Replaying the dead letter takes b off the list.
+	_, err = b.client.ReplayDeadLetters(ctx, "o")
+	require.NoError(t, err)
+	blocked, err = b.client.BlockedGroups(ctx, "o", 0)
+	require.NoError(t, err)
+	require.Len(t, blocked, 1)
+	require.Equal(t, "a", blocked[0].Group)
+}
+
+func withUTC(g outbox.BlockedGroup) outbox.BlockedGroup {
+	g.Since = g.Since.UTC()
+	return g
 }

@@ -33,6 +33,7 @@ type Outbox struct {
 	Ack, Settle, ExtendLease, ExtendLeases         string
 	ListDeadLetters, ReplayDeadLetters             string
 	DiscardDeadLetters                             string
+	BlockedGroups, BlockedSummary                  string
 	ExpireIdempotencyKeys                          string
 }
 
@@ -67,6 +68,8 @@ func For(schema string) *Outbox {
 		ListDeadLetters:          r.Replace(listDeadLetters),
 		ReplayDeadLetters:        r.Replace(replayDeadLetters),
 		DiscardDeadLetters:       r.Replace(discardDeadLetters),
+		BlockedGroups:            r.Replace(blockedGroups),
+		BlockedSummary:           r.Replace(blockedSummary),
 		ExpireIdempotencyKeys:    r.Replace(expireIdempotencyKeys),
 	}
 }
@@ -494,7 +497,9 @@ WITH s AS (
     SET attempts = o.attempts - s.uncount,
         available_at = coalesce($7::timestamptz, now()) + s.delay_us * interval '1 microsecond',
         last_error = coalesce(s.err, o.last_error),
-        lease_owner = NULL
+        lease_owner = NULL,
+        failing_since = CASE WHEN s.uncount = 0 THEN coalesce(o.failing_since, $7::timestamptz, now())
+                             ELSE o.failing_since END
     FROM s
     WHERE o.id = s.id AND o.attempts = s.attempts AND o.lease_owner IS NOT NULL AND NOT s.dead
     RETURNING o.id
@@ -541,6 +546,39 @@ SELECT id, topic, payload, headers, correlation_id, message_group, priority, 0, 
        (SELECT CASE WHEN t.ordered THEN true END FROM {{schema}}.outbox_topics AS t WHERE t.topic = $1)
 FROM replayed
 RETURNING id`
+
+// blockedHeads are the messages that hold an ordered topic's ($1) groups
+// back: queued ones that failed (only a group's head is ever delivered,
+// so each is its group's head, one per group), and, when $2 (the topic
+// blocks groups on dead letters), each group's oldest dead letter.
+const blockedHeads = `
+blocked AS (
+    SELECT message_group, id, attempts, coalesce(last_error, '') AS last_error, failing_since AS since, false AS dead
+    FROM {{schema}}.outbox
+    WHERE topic = $1 AND failing_since IS NOT NULL AND ordered AND message_group IS NOT NULL
+    UNION ALL
+    SELECT DISTINCT ON (message_group) message_group, id, attempts, coalesce(last_error, ''), dead_lettered_at, true
+    FROM {{schema}}.outbox_dead_letters
+    WHERE $2 AND topic = $1 AND message_group IS NOT NULL
+    ORDER BY message_group, id
+)`
+
+// blockedGroups lists up to $3 blocked groups of topic $1, longest
+// blocked first: the head, and how many messages wait behind it.
+const blockedGroups = `
+WITH ` + blockedHeads + `
+SELECT message_group, id, attempts, last_error, since, dead,
+       (SELECT count(*) FROM {{schema}}.outbox AS o
+        WHERE o.topic = $1 AND o.ordered AND o.message_group = b.message_group AND o.id <> b.id)
+FROM (SELECT DISTINCT ON (message_group) * FROM blocked ORDER BY message_group, dead DESC, since) AS b
+ORDER BY since, message_group
+LIMIT $3`
+
+// blockedSummary counts topic $1's blocked groups and finds when the
+// longest blocked one was first held back.
+const blockedSummary = `
+WITH ` + blockedHeads + `
+SELECT count(DISTINCT message_group), min(since) FROM blocked`
 
 // discardDeadLetters deletes dead letters of topic $1 (all of them when
 // $2 is NULL).

@@ -24,3 +24,9 @@ CREATE INDEX outbox_ordered_idx ON outbox (topic, message_group, id) INCLUDE (av
 -- dead letter.
 CREATE INDEX outbox_dead_letters_group_idx ON outbox_dead_letters (topic, message_group)
     WHERE message_group IS NOT NULL;
+
+-- When a queued message first failed (a retry or a counted release; NULL
+-- while it never has): an ordered topic's blocked groups are the groups of
+-- such messages, and the index finds them without reading the queue.
+ALTER TABLE outbox ADD COLUMN failing_since timestamptz;
+CREATE INDEX outbox_failing_idx ON outbox (topic, failing_since) WHERE failing_since IS NOT NULL;
