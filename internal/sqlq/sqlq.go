@@ -407,7 +407,8 @@ RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group
 // behind each head: from the group after $7 to the last, then from the
 // first, until the walk is back at $7 or has met $2 available heads
 // (a head a concurrent claim locks is skipped, and this claim returns
-// fewer). Callers start each walk where their previous claim ended, so
+// fewer). Groups compare by their bytes (COLLATE "C", as the index sorts
+// them). Callers start each walk where their previous claim ended, so
 // every group's turn comes, and a claim takes at most one message per
 // group, so a group with a long backlog never crowds out the others.
 //
@@ -423,13 +424,13 @@ WITH RECURSIVE heads AS (
     FROM (SELECT * FROM (
             (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()) AS free, false AS wrapped
              FROM {{schema}}.outbox
-             WHERE topic = $1 AND ordered AND message_group > $7::text
-             ORDER BY message_group, id LIMIT 1)
+             WHERE topic = $1 AND ordered AND message_group COLLATE "C" > $7::text
+             ORDER BY message_group COLLATE "C", id LIMIT 1)
             UNION ALL
             (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()), true
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group IS NOT NULL
-             ORDER BY message_group, id LIMIT 1)) AS first
+             ORDER BY message_group COLLATE "C", id LIMIT 1)) AS first
           LIMIT 1) AS f
     UNION ALL
     SELECT n.*, h.found + n.free::int
@@ -438,15 +439,15 @@ WITH RECURSIVE heads AS (
         SELECT * FROM (
             (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()) AS free, h.wrapped AS wrapped
              FROM {{schema}}.outbox
-             WHERE topic = $1 AND ordered AND message_group > h.message_group
-             ORDER BY message_group, id LIMIT 1)
+             WHERE topic = $1 AND ordered AND message_group COLLATE "C" > h.message_group
+             ORDER BY message_group COLLATE "C", id LIMIT 1)
             UNION ALL
             (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()), true
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group IS NOT NULL AND NOT h.wrapped
-             ORDER BY message_group, id LIMIT 1)) AS next
+             ORDER BY message_group COLLATE "C", id LIMIT 1)) AS next
         LIMIT 1) AS n
-    WHERE h.found < $2 AND NOT (n.wrapped AND n.message_group > $7::text)
+    WHERE h.found < $2 AND NOT (n.wrapped AND n.message_group COLLATE "C" > $7::text)
 ), candidates AS (
     SELECT id FROM heads
     WHERE free AND NOT ($6::bool AND EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters AS d

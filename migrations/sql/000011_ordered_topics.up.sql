@@ -16,9 +16,11 @@ ALTER TABLE outbox_topics
 -- message) of each group, and whether it is available, by skipping from
 -- one group to the next, and a topic's ungrouped messages at the end of
 -- it (NULLs sort last). A lease changes available_at, which the claim
--- index holds already, so carrying it here adds no index write.
+-- index holds already, so carrying it here adds no index write. Groups
+-- sort by their bytes (COLLATE "C"), whatever the database's collation,
+-- the order the claim's callers compare them in.
 ALTER TABLE outbox ADD COLUMN ordered boolean;
-CREATE INDEX outbox_ordered_idx ON outbox (topic, message_group, id) INCLUDE (available_at) WHERE ordered;
+CREATE INDEX outbox_ordered_idx ON outbox (topic, message_group COLLATE "C", id) INCLUDE (available_at) WHERE ordered;
 
 -- A BLOCK topic's claim asks, per group head, whether the group has a
 -- dead letter.
