@@ -185,6 +185,7 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		orderedDeadLetters = &s
 	}
 	var tag pgconn.CommandTag
+	var wasConfigured bool
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
 			return err
@@ -201,6 +202,11 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			}
 			if queued {
 				return errQueuedMessages
+			}
+		}
+		if cfg.Ordered {
+			if err := tx.QueryRow(ctx, c.sql.TopicConfigured, cfg.Name).Scan(&wasConfigured); err != nil {
+				return err
 			}
 		}
 		var err error
@@ -229,6 +235,29 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 				ErrInvalidConfig, cfg.Name, map[bool]string{true: "ordered", false: "not ordered"}[current.Ordered])
 		}
 		return fmt.Errorf("%w: topic %q has subscribed groups or stored messages; its tracking mode can change only when it has neither", ErrInvalidConfig, cfg.Name)
+	}
+	if cfg.Ordered && !wasConfigured {
+		return c.markOrdered(ctx, cfg.Name)
+	}
+	return nil
+}
+
+// markOrdered marks as ordered the messages of a topic just configured
+// ordered that sends which raced the configuration wrote unmarked (their
+// statement read the topic table before the configuration committed, and
+// waited for its lock meanwhile): the ordered claim reads marked messages
+// only. Taking the topic's lock again waits for those sends, which hold it
+// shared until their transactions end.
+func (c *Client) markOrdered(ctx context.Context, topic string) error {
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, c.sql.LockTopic, topic); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, c.sql.MarkOrdered, topic)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: configure topic %q: %w", topic, err)
 	}
 	return nil
 }

@@ -52,14 +52,17 @@ func (c *Client) DeadLetters(ctx context.Context, topic string, afterID int64, l
 }
 
 // ReplayDeadLetters puts dead letters of topic back in the queue,
-// deliverable at once (keeping their ids),
+// deliverable at once (keeping their ids, except as below),
 // with a fresh attempt budget: the ones with the given ids, or all of the
 // topic's dead letters when no id is given. It returns how many it replayed;
 // when ids are given and some are not dead letters of topic, the error wraps
 // ErrNotFound (the others are still replayed).
 //
-// On an ordered topic a replayed message keeps its place: it is its
-// group's oldest message again, delivered before the group's later ones.
+// On an ordered topic that blocks groups on dead letters (BlockGroup) a
+// replayed message keeps its place: it is its group's oldest message
+// again, delivered before the group's later ones. On one that skips them
+// (SkipDeadLetters) the group has moved on, so a replayed message of a
+// group goes to the back of it with a new id, as a new send would.
 func (c *Client) ReplayDeadLetters(ctx context.Context, topic string, ids ...int64) (int, error) {
 	return c.changeDeadLetters(ctx, "replay", c.sql.ReplayDeadLetters, topic, ids)
 }

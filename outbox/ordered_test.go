@@ -422,3 +422,103 @@ func withUTC(g outbox.BlockedGroup) outbox.BlockedGroup {
 	g.Since = g.Since.UTC()
 	return g
 }
+
+// A send to a topic never configured, still open while the topic is
+// configured ordered, makes the configuration wait for it and then refuse
+// (the message was not written in order), rather than leave a message the
+// ordered claim would never read.
+func TestOrderedConfigurationWaitsForSendsInFlight(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			b := setup(t, outbox.Config{})
+			ctx := context.Background()
+			tx, err := b.db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			if batch {
+				_, err = b.producer.SendBatch(ctx, tx, []outbox.Message{groupMessage("late", "a", 0)})
+			} else {
+				_, err = b.producer.Send(ctx, tx, groupMessage("late", "a", 0))
+			}
+			require.NoError(t, err)
+			configured := make(chan error, 1)
+			go func() { configured <- b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "late", Ordered: true}) }()
+			select {
+			case err := <-configured:
+				t.Fatalf("configured while a send was in flight: %v", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			require.NoError(t, tx.Commit(ctx))
+			require.ErrorIs(t, <-configured, outbox.ErrInvalidConfig)
+		})
+	}
+}
+
+// Blocked groups right after where the walk starts, as many as a claim
+// has room for, do not keep the groups behind them from being claimed.
+func TestOrderedBlockedGroupsDoNotStopTheOthers(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", outbox.BlockGroup)))
+	var msgs []outbox.Message
+	for _, g := range []string{"a", "b", "c"} {
+		msgs = append(msgs, groupMessage("o", g, 0), groupMessage("o", g, 1))
+	}
+	msgs = append(msgs, groupMessage("o", "x", 0), groupMessage("o", "y", 0))
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := b.producer.SendBatch(ctx, tx, msgs)
+		return err
+	}))
+	got, _ := claimIDs(t, b.client, "o")
+	for _, d := range got {
+		if d.Group == "x" || d.Group == "y" {
+			require.NoError(t, b.client.Release(ctx, d, false))
+		} else {
+			require.NoError(t, b.client.DeadLetter(ctx, d, "poison"))
+		}
+	}
+	seen := map[string]bool{}
+	for range 6 {
+		ds, err := b.client.Claim(ctx, "o", "me", 2)
+		require.NoError(t, err)
+		for _, d := range ds {
+			seen[d.Group] = true
+		}
+		require.NoError(t, b.client.Ack(ctx, ds...))
+	}
+	require.Equal(t, map[string]bool{"x": true, "y": true}, seen)
+}
+
+// On a topic that skips dead letters, a replayed message goes to the back
+// of its group, so the group still has one message out at a time.
+func TestOrderedReplayUnderSkipKeepsOneAtATime(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", outbox.SkipDeadLetters)))
+	var ids []int64
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
+		ids, err = b.producer.SendBatch(ctx, tx, []outbox.Message{groupMessage("o", "a", 0), groupMessage("o", "a", 1), groupMessage("o", "a", 2)})
+		return err
+	}))
+	got, _ := claimIDs(t, b.client, "o")
+	require.NoError(t, b.client.DeadLetter(ctx, got[ids[0]], "poison"))
+	got, claimed := claimIDs(t, b.client, "o")
+	require.Equal(t, []int64{ids[1]}, claimed)
+	n, err := b.client.ReplayDeadLetters(ctx, "o")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, claimed = claimIDs(t, b.client, "o")
+	require.Empty(t, claimed, "a's message 1 is still out")
+	require.NoError(t, b.client.Ack(ctx, got[ids[1]]))
+	var order []int
+	for range 2 {
+		ds, err := b.client.Claim(ctx, "o", "me", 10)
+		require.NoError(t, err)
+		require.Len(t, ds, 1)
+		p, err := outbox.Decode[seqPayload](ds[0])
+		require.NoError(t, err)
+		order = append(order, p.Seq)
+		require.NoError(t, b.client.Ack(ctx, ds...))
+	}
+	require.Equal(t, []int{2, 0}, order, "the replayed message comes after the group's queued ones")
+}

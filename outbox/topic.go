@@ -144,7 +144,10 @@ type TopicConfig struct {
 	//
 	// Sends to an ordered topic take a lock per (topic, group) until their
 	// transaction ends, so that ids follow commit order: two transactions
-	// sending to the same group run their sends one after the other.
+	// sending to the same group run their sends one after the other. Two
+	// transactions that each send to two groups, in separate sends and in
+	// opposite orders, can deadlock (PostgreSQL aborts one with SQLSTATE
+	// 40P01); a SendBatch takes its locks in one order and cannot.
 	//
 	// Set it in the topic's first configuration, before anything is sent;
 	// it never changes afterwards (ConfigureTopic fails with

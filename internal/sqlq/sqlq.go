@@ -34,6 +34,7 @@ type Outbox struct {
 	ListDeadLetters, ReplayDeadLetters             string
 	DiscardDeadLetters                             string
 	BlockedGroups, BlockedSummary                  string
+	TopicConfigured, MarkOrdered                   string
 	ExpireIdempotencyKeys                          string
 }
 
@@ -70,6 +71,8 @@ func For(schema string) *Outbox {
 		DiscardDeadLetters:       r.Replace(discardDeadLetters),
 		BlockedGroups:            r.Replace(blockedGroups),
 		BlockedSummary:           r.Replace(blockedSummary),
+		TopicConfigured:          r.Replace(topicConfigured),
+		MarkOrdered:              r.Replace(markOrdered),
 		ExpireIdempotencyKeys:    r.Replace(expireIdempotencyKeys),
 	}
 }
@@ -101,12 +104,21 @@ const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) 
 // seen configured, which is a QUEUE topic with the defaults, unless it has
 // been configured as PUB_SUB or ordered since: then it writes nothing and
 // returns no row, and the producer reads the configuration and sends with
-// the statement it calls for.
+// the statement it calls for. It holds the topic's lock in shared mode
+// until the transaction ends, so that a configuration waits for it (see
+// ConfigureTopic and markOrdered).
 const insertUnconfigured = `
 INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `
-WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
+WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)) IS NOT NULL
+  AND NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
 RETURNING id`
+
+// topicConfigured: topic $1 has a configuration.
+const topicConfigured = `SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topics WHERE topic = $1)`
+
+// markOrdered marks the unmarked messages of ordered topic $1.
+const markOrdered = `UPDATE {{schema}}.outbox SET ordered = true WHERE topic = $1 AND ordered IS NULL`
 
 // orderedLockClass is the first key of the advisory lock a send to an
 // ordered topic takes per (topic, message group) ("pgoo"); the second is
@@ -206,6 +218,8 @@ const selectSemantics = `SELECT semantics, ordered FROM {{schema}}.outbox_topics
 // earlier send, or an earlier message of the batch) skips it. $10 is now,
 // $11 the idempotency window (microseconds) of topics never configured.
 //
+// Messages of topics never configured take their topics' locks in shared
+// mode, as insertUnconfigured does (configured ones take it in the join).
 // Messages with a group on ordered topics first take their groups' locks
 // (as insertOrdered does), all of them, in key order (so that two batches
 // never deadlock), before any id is drawn: the filter is an initplan, run
@@ -235,6 +249,9 @@ WITH m AS MATERIALIZED (
                        JOIN {{schema}}.outbox_topics AS ot ON ot.topic = u.topic AND ot.ordered
                        WHERE u.grp IS NOT NULL
                        ORDER BY 1) AS g) >= 0
+            AND (SELECT count(pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext(u.topic)))
+                 FROM (SELECT DISTINCT topic FROM unnest($1::text[]) AS u(topic)
+                       WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics AS ct WHERE ct.topic = u.topic)) AS u) >= 0
           ORDER BY m.ord) AS r
 ), keyed AS (
     INSERT INTO {{schema}}.outbox_idempotency_keys AS k (topic, idempotency_key, message_id, expires_at)
@@ -412,6 +429,11 @@ RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group
 // every group's turn comes, and a claim takes at most one message per
 // group, so a group with a long backlog never crowds out the others.
 //
+// A head counts, and is a candidate, only if it is free: available, and
+// not held back by a dead letter of its group ($6). Counting blocked heads
+// would let as many blocked groups as the claim has room for, right after
+// the starting point, stop every claim short of the groups behind them.
+//
 // A head taken by a concurrent claim is skipped (SKIP LOCKED) or, if that
 // claim committed meanwhile, no longer passes available_at; a head
 // settled meanwhile is re-read. A message behind a head is never taken,
@@ -422,12 +444,12 @@ const claimOrdered = `
 WITH RECURSIVE heads AS (
     SELECT f.*, f.free::int AS found
     FROM (SELECT * FROM (
-            (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()) AS free, false AS wrapped
+            (SELECT message_group, id, ` + headFree + ` AS free, false AS wrapped
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group COLLATE "C" > $7::text
              ORDER BY message_group COLLATE "C", id LIMIT 1)
             UNION ALL
-            (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()), true
+            (SELECT message_group, id, ` + headFree + `, true
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group IS NOT NULL
              ORDER BY message_group COLLATE "C", id LIMIT 1)) AS first
@@ -437,21 +459,19 @@ WITH RECURSIVE heads AS (
     FROM heads AS h
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()) AS free, h.wrapped AS wrapped
+            (SELECT message_group, id, ` + headFree + ` AS free, h.wrapped AS wrapped
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group COLLATE "C" > h.message_group
              ORDER BY message_group COLLATE "C", id LIMIT 1)
             UNION ALL
-            (SELECT message_group, id, available_at <= coalesce($3::timestamptz, now()), true
+            (SELECT message_group, id, ` + headFree + `, true
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group IS NOT NULL AND NOT h.wrapped
              ORDER BY message_group COLLATE "C", id LIMIT 1)) AS next
         LIMIT 1) AS n
     WHERE h.found < $2 AND NOT (n.wrapped AND n.message_group COLLATE "C" > $7::text)
 ), candidates AS (
-    SELECT id FROM heads
-    WHERE free AND NOT ($6::bool AND EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters AS d
-                                             WHERE d.topic = $1 AND d.message_group = heads.message_group))
+    SELECT id FROM heads WHERE free
     UNION ALL
     (SELECT id FROM {{schema}}.outbox
      WHERE topic = $1 AND ordered AND message_group IS NULL AND available_at <= coalesce($3::timestamptz, now())
@@ -464,6 +484,13 @@ WITH RECURSIVE heads AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )` + claimPicked
+
+// headFree is whether the outbox row a claimOrdered walk is at, a group's
+// head, may be claimed: it is available, and its group has no dead letter
+// when the topic blocks groups on them ($6).
+const headFree = `(available_at <= coalesce($3::timestamptz, now())
+         AND NOT ($6::bool AND EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters AS d
+                                       WHERE d.topic = $1 AND d.message_group = outbox.message_group)))`
 
 // ack deletes handled messages. A delivery is (id, attempts): an ack whose
 // lease expired and was claimed again since matches nothing.
@@ -533,9 +560,18 @@ ORDER BY id
 LIMIT $3`
 
 // replayDeadLetters moves dead letters of topic $1 (all of them when $2 is
-// NULL) back to the queue, deliverable at once with a fresh attempt budget.
+// NULL) back to the queue, deliverable at once with a fresh attempt budget,
+// keeping their ids: on an ordered topic each is its group's oldest
+// message again. Except on an ordered topic that skips dead letters: its
+// group has moved on (a later message may be leased right now), so a
+// replayed message of a group goes to the back of it, as a new send
+// would, under the group's lock and with a new id (see insertOrdered).
 const replayDeadLetters = `
-WITH replayed AS (
+WITH t AS (
+    SELECT coalesce((SELECT ordered FROM {{schema}}.outbox_topics WHERE topic = $1), false) AS ordered,
+           coalesce((SELECT ordered AND ordered_dead_letters = 'SKIP'
+                     FROM {{schema}}.outbox_topics WHERE topic = $1), false) AS to_back
+), replayed AS (
     DELETE FROM {{schema}}.outbox_dead_letters
     WHERE topic = $1 AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[]))
     RETURNING *
@@ -543,9 +579,14 @@ WITH replayed AS (
 INSERT INTO {{schema}}.outbox
     (id, topic, payload, headers, correlation_id, message_group, priority, attempts, available_at, last_error,
      created_at, xid, ordered)
-SELECT id, topic, payload, headers, correlation_id, message_group, priority, 0, now(), last_error, created_at, xid,
-       (SELECT CASE WHEN t.ordered THEN true END FROM {{schema}}.outbox_topics AS t WHERE t.topic = $1)
-FROM replayed
+SELECT CASE WHEN t.to_back AND r.message_group IS NOT NULL THEN nextval('{{schema}}.outbox_id_seq') ELSE r.id END,
+       r.topic, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, 0, now(), r.last_error,
+       r.created_at, r.xid, CASE WHEN t.ordered THEN true END
+FROM (SELECT * FROM replayed ORDER BY id) AS r, t
+WHERE (SELECT count(pg_advisory_xact_lock(` + orderedLockClass + `, g.key))
+       FROM (SELECT DISTINCT hashtext($1 || '/' || message_group) AS key
+             FROM replayed, t WHERE t.to_back AND message_group IS NOT NULL
+             ORDER BY 1) AS g) >= 0
 RETURNING id`
 
 // blockedHeads are the messages that hold an ordered topic's ($1) groups
