@@ -146,7 +146,7 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 		// keeps the DeliveryID and is adopted.
 		id := s.Name() + "/" + strconv.FormatInt(d.ID, 10)
 		batch = append(batch, &Message{
-			ID: id, DeliveryID: id, OutboxID: d.ID, scope: s.scope,
+			ID: id, DeliveryID: id, OutboxID: d.ID, scope: s.scope, stream: s.Name(),
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st,
 			RetryDelay: backoff.Exponential(d.Attempt, topic.BackoffInitial, topic.BackoffMax),

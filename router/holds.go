@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// holds remembers, per topic and message group, a message that failed or
+// holds remembers, per stream and message group, a message that failed or
 // was sent back and will be redelivered: until it comes back (or the hold
 // lapses), messages of the group routed in later batches are nacked
 // instead of delivered ahead of it. Messages routed before it are not
@@ -25,7 +25,7 @@ type hold struct {
 
 func newHolds() *holds { return &holds{m: map[string]hold{}} }
 
-func holdKey(m *Message) string { return m.Topic + "|" + m.group() }
+func holdKey(m *Message) string { return m.streamKey() + m.group() }
 
 // hold holds m's group back: m returns at retryAt; its group mates from
 // later batches are nacked to one instant just after, so they come back

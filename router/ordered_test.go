@@ -122,3 +122,39 @@ func TestOrderedSourceKeepsGroupOrderThroughFailures(t *testing.T) {
 	require.Zero(t, b.countDead(t, "true"))
 	t.Logf("%d duplicates (redeliveries of messages already answered)", rv.duplicates)
 }
+
+// Message groups of the same name in two topics are two groups: one's
+// slow delivery does not hold the other back.
+func TestSameGroupNameInTwoTopicsDoesNotWait(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	var otherDone atomic.Int32
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Message-Topic") == "hooks" {
+			<-release
+		} else {
+			otherDone.Add(1)
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	defer close(release)
+	target := "http://" + host + "/hook"
+	headers := map[string]string{router.HeaderPool: "P", router.HeaderTarget: target}
+	_, err := b.producer.SendBatch(ctx, b.db.Pool, []outbox.Message{
+		{Topic: "hooks", Group: "g", Payload: []byte(`{}`), Headers: headers},
+		{Topic: "other", Group: "g", Payload: []byte(`{}`), Headers: headers},
+		{Topic: "other", Group: "g", Payload: []byte(`{}`), Headers: headers},
+		{Topic: "other", Group: "g", Payload: []byte(`{}`), Headers: headers},
+	})
+	require.NoError(t, err)
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 4}},
+		RequestTimeout: time.Minute})
+	b.addSource(t, rt, router.QueueSourceConfig{BatchSize: 10})
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "other", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	rt.AddSource(src)
+	pgtest.Eventually(t, 10*time.Second, "the other topic's group delivered while hooks' is in flight",
+		func() bool { return otherDone.Load() == 3 })
+}

@@ -27,6 +27,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -119,6 +120,7 @@ type Message struct {
 	Settle Settler
 
 	scope    string // where ID is unique (a database and schema); set by pgoutbox's sources
+	stream   string // which of scope's streams it comes from (a topic, or a group's copy of one); Topic when empty
 	key, idk string // DeliveryID and ID within scope, set by Route (see scopeKeys)
 	batchID  string
 	batchSeq uint64      // batches are numbered in routing order
@@ -145,14 +147,21 @@ func (m *Message) group() string {
 // grouped reports whether m has a message group: an order to keep.
 func (m *Message) grouped() bool { return strings.TrimSpace(m.Group) != "" }
 
-// lane is the queue m waits in within a pool: its group's, or for a
-// message without a group the pool's ungrouped lane ("", which no group
-// name can be).
+// lane is the queue m waits in within a pool: its message group's within
+// its stream, or for a message without a group the pool's ungrouped lane
+// (""). Groups of the same name in two topics, or in two consumer groups'
+// copies of one topic, are different groups and do not wait for each
+// other.
 func (m *Message) lane() string {
 	if !m.grouped() {
 		return ""
 	}
-	return m.Group
+	return m.streamKey() + m.Group
+}
+
+// streamKey is the message's stream (see stream), as the start of a key.
+func (m *Message) streamKey() string {
+	return m.scope + "\x00" + cmp.Or(m.stream, m.Topic) + "\x00"
 }
 
 func (m *Message) batchGroup() string { return m.batchID + "|" + m.group() }
