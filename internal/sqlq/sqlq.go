@@ -414,10 +414,10 @@ RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group
 
 // claimOrdered is claim for an ordered topic ($1..$5 as claim; $6: a
 // group with a dead letter is blocked; $7: the message group to start
-// after, the empty string for the first). Its candidates are the head of each message
-// group, the group's oldest message, which only the head's own lease or
-// retry delay can make unavailable, so a group never has two messages
-// leased at once, and the oldest available ungrouped messages.
+// after, the empty string for the first). Its candidates are the head of
+// each message group, the group's oldest message, which only the head's
+// own lease or retry delay can make unavailable, so a group never has two
+// messages leased at once, and the oldest available ungrouped messages.
 //
 // The heads are found by walking outbox_ordered_idx from one group to
 // the next, one index probe per group, whatever the number of messages
