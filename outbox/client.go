@@ -167,8 +167,11 @@ func (c *Client) now() *time.Time {
 // groups and let cleanup empty the topic first); otherwise ConfigureTopic
 // fails with ErrInvalidConfig and changes nothing. To decide that, it waits
 // for the topic's producer transactions and subscription changes in
-// flight. Configure topics before sending to them: sends to a topic that
-// was never configured read the topic table every time.
+// flight, and for the open transactions that sent to the topic before its
+// first configuration (so do not configure a topic from a goroutine whose
+// own transaction sent to it and is still open). Configure topics before
+// sending to them: sends to a topic that was never configured read the
+// topic table every time.
 func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -258,6 +261,17 @@ func (c *Client) markOrdered(ctx context.Context, topic string) error {
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: configure topic %q: %w", topic, err)
+	}
+	return nil
+}
+
+// markUnordered is markOrdered without waiting for sends in flight, for an
+// ordered topic's consumer at start: it catches a message whose send
+// raced the first configuration and committed after it (a REPEATABLE
+// READ transaction that began before it, say).
+func (c *Client) markUnordered(ctx context.Context, topic string) error {
+	if _, err := c.pool.Exec(ctx, c.sql.MarkOrdered, topic); err != nil {
+		return fmt.Errorf("outbox: mark messages of ordered topic %q: %w", topic, err)
 	}
 	return nil
 }

@@ -242,6 +242,14 @@ func (k *Consumer) Start(ctx context.Context) error {
 		done()
 		return err
 	}
+	if topic.Ordered {
+		// A send that raced the topic's first configuration may have left
+		// a message unmarked, which no ordered claim reads.
+		if err = k.client.markUnordered(ctx, topic.Name); err != nil {
+			done()
+			return err
+		}
+	}
 	k.topic.Store(&topic)
 	k.wake, k.unsubscribe = k.client.WakeUps(k.cfg.Topic)
 	k.fetchCtx = run

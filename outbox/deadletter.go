@@ -61,8 +61,10 @@ func (c *Client) DeadLetters(ctx context.Context, topic string, afterID int64, l
 // On an ordered topic that blocks groups on dead letters (BlockGroup) a
 // replayed message keeps its place: it is its group's oldest message
 // again, delivered before the group's later ones. On one that skips them
-// (SkipDeadLetters) the group has moved on, so a replayed message of a
-// group goes to the back of it with a new id, as a new send would.
+// (SkipDeadLetters), or where a later message of its group is leased
+// (after a switch from skipping to blocking), the group has moved on, so
+// a replayed message of a group goes to the back of it with a new id, as
+// a new send would.
 func (c *Client) ReplayDeadLetters(ctx context.Context, topic string, ids ...int64) (int, error) {
 	return c.changeDeadLetters(ctx, "replay", c.sql.ReplayDeadLetters, topic, ids)
 }

@@ -522,3 +522,88 @@ func TestOrderedReplayUnderSkipKeepsOneAtATime(t *testing.T) {
 	}
 	require.Equal(t, []int{2, 0}, order, "the replayed message comes after the group's queued ones")
 }
+
+// A REPEATABLE READ transaction that began before the topic's first
+// configuration still sends to it as to an unconfigured topic; the
+// message, committed after the configuration, is picked up once a
+// consumer of the topic starts.
+func TestOrderedStragglerIsMarkedWhenAConsumerStarts(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	tx, err := b.db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT 1`) // the snapshot predates the configuration
+	require.NoError(t, err)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "late", Ordered: true}))
+	_, err = b.producer.Send(ctx, tx, groupMessage("late", "a", 0))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	_, claimed := claimIDs(t, b.client, "late")
+	require.Empty(t, claimed, "unmarked: no ordered claim sees it yet")
+
+	handled := make(chan int64, 1)
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "late", PollInterval: 20 * time.Millisecond,
+		Handler: func(_ context.Context, d *outbox.Delivery) error { handled <- d.ID; return nil }})
+	select {
+	case <-handled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message sent while the topic was configured was never delivered")
+	}
+}
+
+// After a switch from skipping dead letters to blocking on them: a replay
+// whose group moved on goes to the back of it (its later message is out),
+// and a group with two dead letters is reported by its oldest.
+func TestOrderedPolicySwitchFromSkipToBlock(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", outbox.SkipDeadLetters)))
+	var ids []int64
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
+		ids, err = b.producer.SendBatch(ctx, tx, []outbox.Message{groupMessage("o", "a", 0), groupMessage("o", "a", 1),
+			groupMessage("o", "b", 0), groupMessage("o", "b", 1)})
+		return err
+	}))
+	for range 2 { // a0, b0, then b1 dead-lettered; a1 left leased
+		got, _ := claimIDs(t, b.client, "o")
+		for _, d := range got {
+			if d.ID != ids[1] {
+				require.NoError(t, b.client.DeadLetter(ctx, d, fmt.Sprintf("poison %d", d.ID)))
+			}
+		}
+	}
+	a1 := claimedDelivery(t, b, ids[1])
+	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", outbox.BlockGroup)))
+
+	blocked, err := b.client.BlockedGroups(ctx, "o", 0)
+	require.NoError(t, err)
+	require.Len(t, blocked, 2)
+	byGroup := map[string]outbox.BlockedGroup{blocked[0].Group: blocked[0], blocked[1].Group: blocked[1]}
+	require.Equal(t, ids[2], byGroup["b"].HeadID, "b is reported by its oldest dead letter")
+
+	_, err = b.client.ReplayDeadLetters(ctx, "o", ids[0])
+	require.NoError(t, err)
+	_, claimed := claimIDs(t, b.client, "o")
+	require.Empty(t, claimed, "a's later message is still out: the replay waits behind it")
+	require.NoError(t, b.client.Ack(ctx, a1))
+	got, _ := claimIDs(t, b.client, "o")
+	require.Len(t, got, 1)
+	for _, d := range got {
+		p, err := outbox.Decode[seqPayload](d)
+		require.NoError(t, err)
+		require.Equal(t, "a", d.Group)
+		require.Equal(t, 0, p.Seq, "the replayed message, after a1")
+		require.Greater(t, d.ID, ids[3], "with a new id")
+	}
+}
+
+// claimedDelivery finds the leased delivery of message id (its lease
+// owner "me", as claimIDs claims).
+func claimedDelivery(t *testing.T, b *testBundle, id int64) *outbox.Delivery {
+	t.Helper()
+	var attempt int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		`SELECT attempts FROM `+b.db.Table("outbox")+` WHERE id = $1 AND lease_owner IS NOT NULL`, id).Scan(&attempt))
+	return &outbox.Delivery{ID: id, Attempt: attempt}
+}

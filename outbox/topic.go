@@ -41,7 +41,9 @@ type DeadLetterPolicy string
 const (
 	// BlockGroup keeps the group's later messages until the dead letter is
 	// replayed (Client.ReplayDeadLetters: it is delivered first) or
-	// discarded (Client.DiscardDeadLetters). Other groups keep flowing.
+	// discarded (Client.DiscardDeadLetters), or until the maintenance
+	// service deletes it past its DeadLetterRetention (14 days by default).
+	// Other groups keep flowing.
 	BlockGroup DeadLetterPolicy = "BLOCK"
 	// SkipDeadLetters moves on to the group's next message: the dead
 	// letter is left out of the group's order (a replay delivers it
@@ -147,12 +149,17 @@ type TopicConfig struct {
 	// sending to the same group run their sends one after the other. Two
 	// transactions that each send to two groups, in separate sends and in
 	// opposite orders, can deadlock (PostgreSQL aborts one with SQLSTATE
-	// 40P01); a SendBatch takes its locks in one order and cannot.
+	// 40P01); a SendBatch takes all its locks in one order, so two
+	// transactions that each send one batch cannot.
 	//
 	// Set it in the topic's first configuration, before anything is sent;
 	// it never changes afterwards (ConfigureTopic fails with
-	// ErrInvalidConfig). Consumer groups (PUB_SUB topics) cannot be
-	// ordered yet. Defaults to false.
+	// ErrInvalidConfig). A message sent to the topic before then, by a
+	// transaction still open when the configuration ran, is marked ordered
+	// when it commits before the configuration ends, or else when a
+	// consumer of the topic starts; until then no ordered claim sees it.
+	// Consumer groups (PUB_SUB topics) cannot be ordered yet. Defaults to
+	// false.
 	Ordered bool
 	// OrderedDeadLetters is what an ordered topic does with a group whose
 	// oldest message was dead-lettered: BlockGroup (the default for

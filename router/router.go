@@ -100,7 +100,9 @@ type Message struct {
 	ID, DeliveryID string
 	// Pool chooses the pool (DEFAULT-POOL when unknown); Target is the URL
 	// to POST to; Group the message group (blank: none, no order to keep;
-	// sent as __DEFAULT__).
+	// sent as __DEFAULT__). A group is one within the message's Topic (and,
+	// from a GroupSource, within its consumer group's copy of the topic):
+	// groups of the same name in two topics are two groups.
 	Pool, Target, Group string
 	HighPriority        bool
 	Topic               string
@@ -164,7 +166,7 @@ func (m *Message) streamKey() string {
 	return m.scope + "\x00" + cmp.Or(m.stream, m.Topic) + "\x00"
 }
 
-func (m *Message) batchGroup() string { return m.batchID + "|" + m.group() }
+func (m *Message) batchGroup() string { return m.batchID + "|" + m.streamKey() + m.group() }
 
 // Source feeds the router.
 type Source interface {

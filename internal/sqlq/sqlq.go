@@ -222,8 +222,8 @@ const selectSemantics = `SELECT semantics, ordered FROM {{schema}}.outbox_topics
 // mode, as insertUnconfigured does (configured ones take it in the join).
 // Messages with a group on ordered topics first take their groups' locks
 // (as insertOrdered does), all of them, in key order (so that two batches
-// never deadlock), before any id is drawn: the filter is an initplan, run
-// before the first row reaches the sort below nextval.
+// never deadlock), before any id is drawn: the filter is an initplan, a
+// one-time filter run before any row reaches nextval.
 const insertRows = `
 WITH m AS MATERIALIZED (
     SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
@@ -562,15 +562,16 @@ LIMIT $3`
 // replayDeadLetters moves dead letters of topic $1 (all of them when $2 is
 // NULL) back to the queue, deliverable at once with a fresh attempt budget,
 // keeping their ids: on an ordered topic each is its group's oldest
-// message again. Except on an ordered topic that skips dead letters: its
-// group has moved on (a later message may be leased right now), so a
-// replayed message of a group goes to the back of it, as a new send
-// would, under the group's lock and with a new id (see insertOrdered).
+// message again. Except where its group has moved on, on an ordered topic
+// that skips dead letters or (the policy was changed since) one with a
+// later message of the group leased: then a replayed message goes to the
+// back of its group, as a new send would, under the group's lock and with
+// a new id (see insertOrdered), so the group never has two out at once.
 const replayDeadLetters = `
 WITH t AS (
     SELECT coalesce((SELECT ordered FROM {{schema}}.outbox_topics WHERE topic = $1), false) AS ordered,
            coalesce((SELECT ordered AND ordered_dead_letters = 'SKIP'
-                     FROM {{schema}}.outbox_topics WHERE topic = $1), false) AS to_back
+                     FROM {{schema}}.outbox_topics WHERE topic = $1), false) AS skips
 ), replayed AS (
     DELETE FROM {{schema}}.outbox_dead_letters
     WHERE topic = $1 AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[]))
@@ -579,13 +580,17 @@ WITH t AS (
 INSERT INTO {{schema}}.outbox
     (id, topic, payload, headers, correlation_id, message_group, priority, attempts, available_at, last_error,
      created_at, xid, ordered)
-SELECT CASE WHEN t.to_back AND r.message_group IS NOT NULL THEN nextval('{{schema}}.outbox_id_seq') ELSE r.id END,
+SELECT CASE WHEN t.ordered AND r.message_group IS NOT NULL
+                 AND (t.skips OR EXISTS (SELECT 1 FROM {{schema}}.outbox AS o
+                                         WHERE o.topic = $1 AND o.ordered AND o.message_group = r.message_group
+                                           AND o.id > r.id AND o.lease_owner IS NOT NULL))
+            THEN nextval('{{schema}}.outbox_id_seq') ELSE r.id END,
        r.topic, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, 0, now(), r.last_error,
        r.created_at, r.xid, CASE WHEN t.ordered THEN true END
 FROM (SELECT * FROM replayed ORDER BY id) AS r, t
 WHERE (SELECT count(pg_advisory_xact_lock(` + orderedLockClass + `, g.key))
        FROM (SELECT DISTINCT hashtext($1 || '/' || message_group) AS key
-             FROM replayed, t WHERE t.to_back AND message_group IS NOT NULL
+             FROM replayed, t WHERE t.ordered AND message_group IS NOT NULL
              ORDER BY 1) AS g) >= 0
 RETURNING id`
 
@@ -599,10 +604,10 @@ blocked AS (
     FROM {{schema}}.outbox
     WHERE topic = $1 AND failing_since IS NOT NULL AND ordered AND message_group IS NOT NULL
     UNION ALL
-    SELECT DISTINCT ON (message_group) message_group, id, attempts, coalesce(last_error, ''), dead_lettered_at, true
-    FROM {{schema}}.outbox_dead_letters
-    WHERE $2 AND topic = $1 AND message_group IS NOT NULL
-    ORDER BY message_group, id
+    (SELECT DISTINCT ON (message_group) message_group, id, attempts, coalesce(last_error, ''), dead_lettered_at, true
+     FROM {{schema}}.outbox_dead_letters
+     WHERE $2 AND topic = $1 AND message_group IS NOT NULL
+     ORDER BY message_group, id)
 )`
 
 // blockedGroups lists up to $3 blocked groups of topic $1, longest
