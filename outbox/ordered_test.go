@@ -25,6 +25,14 @@ func orderedTopic(name string, policy outbox.DeadLetterPolicy) outbox.TopicConfi
 		BackoffInitial: time.Second, BackoffMax: time.Second, Lease: 10 * time.Second}
 }
 
+// sendAll writes msgs in one transaction and returns their ids.
+func (b *testBundle) sendAll(t *testing.T, msgs ...outbox.Message) []int64 {
+	t.Helper()
+	ids, err := b.producer.SendBatch(context.Background(), b.db.Pool, msgs)
+	require.NoError(t, err)
+	return ids
+}
+
 func groupMessage(topic, group string, seq int) outbox.Message {
 	m := seqMessage(topic, seq)
 	m.Group = group
@@ -161,11 +169,7 @@ func TestOrderedClaimTakesOnlyGroupHeads(t *testing.T) {
 		}
 	}
 	msgs = append(msgs, seqMessage("o", 100), seqMessage("o", 101)) // no group
-	var ids []int64
-	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
-		ids, err = b.producer.SendBatch(ctx, tx, msgs)
-		return err
-	}))
+	ids := b.sendAll(t, msgs...)
 	a, bb, c := []int64{ids[0], ids[3], ids[6]}, []int64{ids[1], ids[4], ids[7]}, []int64{ids[2], ids[5], ids[8]}
 
 	got, claimed := claimIDs(t, b.client, "o")
@@ -198,12 +202,8 @@ func TestOrderedDeadLetterPolicies(t *testing.T) {
 			b := setup(t, outbox.Config{})
 			ctx := context.Background()
 			require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", policy)))
-			var ids []int64
-			require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
-				ids, err = b.producer.SendBatch(ctx, tx, []outbox.Message{
-					groupMessage("o", "a", 0), groupMessage("o", "b", 0), groupMessage("o", "a", 1), groupMessage("o", "b", 1)})
-				return err
-			}))
+			ids := b.sendAll(t,
+				groupMessage("o", "a", 0), groupMessage("o", "b", 0), groupMessage("o", "a", 1), groupMessage("o", "b", 1))
 			got, claimed := claimIDs(t, b.client, "o")
 			require.ElementsMatch(t, []int64{ids[0], ids[1]}, claimed)
 			require.NoError(t, b.client.DeadLetter(ctx, got[ids[0]], "poison"))
@@ -340,10 +340,7 @@ func TestOrderedClaimsTakeGroupsInTurn(t *testing.T) {
 			msgs = append(msgs, groupMessage("o", g, i))
 		}
 	}
-	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		_, err := b.producer.SendBatch(ctx, tx, msgs)
-		return err
-	}))
+	b.sendAll(t, msgs...)
 	var turns []string
 	for range 4 {
 		ds, err := b.client.Claim(ctx, "o", "me", 2)
@@ -369,12 +366,8 @@ func TestOrderedBlockedGroupsAreVisible(t *testing.T) {
 	b := setup(t, outbox.Config{Clock: clock, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	ctx := context.Background()
 	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
-	var ids []int64
-	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
-		ids, err = b.producer.SendBatch(ctx, tx, []outbox.Message{groupMessage("o", "a", 0), groupMessage("o", "b", 0),
-			groupMessage("o", "c", 0), groupMessage("o", "a", 1), groupMessage("o", "a", 2), groupMessage("o", "b", 1)})
-		return err
-	}))
+	ids := b.sendAll(t, groupMessage("o", "a", 0), groupMessage("o", "b", 0),
+		groupMessage("o", "c", 0), groupMessage("o", "a", 1), groupMessage("o", "a", 2), groupMessage("o", "b", 1))
 	got, _ := claimIDs(t, b.client, "o")
 	require.NoError(t, b.client.Retry(ctx, got[ids[0]], time.Minute, "a is down"))
 	clock.Advance(time.Second)
@@ -465,10 +458,7 @@ func TestOrderedBlockedGroupsDoNotStopTheOthers(t *testing.T) {
 		msgs = append(msgs, groupMessage("o", g, 0), groupMessage("o", g, 1))
 	}
 	msgs = append(msgs, groupMessage("o", "x", 0), groupMessage("o", "y", 0))
-	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		_, err := b.producer.SendBatch(ctx, tx, msgs)
-		return err
-	}))
+	b.sendAll(t, msgs...)
 	got, _ := claimIDs(t, b.client, "o")
 	for _, d := range got {
 		if d.Group == "x" || d.Group == "y" {
@@ -495,11 +485,7 @@ func TestOrderedReplayUnderSkipKeepsOneAtATime(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
 	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", outbox.SkipDeadLetters)))
-	var ids []int64
-	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
-		ids, err = b.producer.SendBatch(ctx, tx, []outbox.Message{groupMessage("o", "a", 0), groupMessage("o", "a", 1), groupMessage("o", "a", 2)})
-		return err
-	}))
+	ids := b.sendAll(t, groupMessage("o", "a", 0), groupMessage("o", "a", 1), groupMessage("o", "a", 2))
 	got, _ := claimIDs(t, b.client, "o")
 	require.NoError(t, b.client.DeadLetter(ctx, got[ids[0]], "poison"))
 	got, claimed := claimIDs(t, b.client, "o")
@@ -559,12 +545,8 @@ func TestOrderedPolicySwitchFromSkipToBlock(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
 	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", outbox.SkipDeadLetters)))
-	var ids []int64
-	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
-		ids, err = b.producer.SendBatch(ctx, tx, []outbox.Message{groupMessage("o", "a", 0), groupMessage("o", "a", 1),
-			groupMessage("o", "b", 0), groupMessage("o", "b", 1)})
-		return err
-	}))
+	ids := b.sendAll(t, groupMessage("o", "a", 0), groupMessage("o", "a", 1),
+		groupMessage("o", "b", 0), groupMessage("o", "b", 1))
 	for range 2 { // a0, b0, then b1 dead-lettered; a1 left leased
 		got, _ := claimIDs(t, b.client, "o")
 		for _, d := range got {
