@@ -25,7 +25,7 @@ type hold struct {
 
 func newHolds() *holds { return &holds{m: map[string]hold{}} }
 
-func holdKey(m *Message) string { return m.streamKey() + m.group() }
+func holdKey(m *Message) string { return m.groupKey }
 
 // hold holds m's group back: m returns at retryAt; its group mates from
 // later batches are nacked to one instant just after, so they come back

@@ -124,6 +124,7 @@ type Message struct {
 	scope    string // where ID is unique (a database and schema); set by pgoutbox's sources
 	stream   string // which of scope's streams it comes from (a topic, or a group's copy of one); Topic when empty
 	key, idk string // DeliveryID and ID within scope, set by Route (see scopeKeys)
+	groupKey string // its message group within its stream, set by Route (see scopeKeys)
 	batchID  string
 	batchSeq uint64      // batches are numbered in routing order
 	panicked *panicError // the source's mapper panicked on this message
@@ -131,9 +132,13 @@ type Message struct {
 	settled  atomic.Bool
 }
 
-// scopeKeys computes, once, DeliveryID and ID within the message's scope:
-// ids of two databases (or schemas) are different messages.
-func (m *Message) scopeKeys() { m.key, m.idk = m.scope+"\x00"+m.DeliveryID, m.scope+"\x00"+m.ID }
+// scopeKeys computes, once, DeliveryID and ID within the message's scope
+// (ids of two databases, or schemas, are different messages), and its
+// message group within its stream (see lane).
+func (m *Message) scopeKeys() {
+	m.key, m.idk = m.scope+"\x00"+m.DeliveryID, m.scope+"\x00"+m.ID
+	m.groupKey = m.scope + "\x00" + cmp.Or(m.stream, m.Topic) + "\x00" + m.group()
+}
 
 // pipelineKey and idKey are what the in-flight tracker knows a message by.
 func (m *Message) pipelineKey() string { return m.key }
@@ -158,15 +163,10 @@ func (m *Message) lane() string {
 	if !m.grouped() {
 		return ""
 	}
-	return m.streamKey() + m.Group
+	return m.groupKey
 }
 
-// streamKey is the message's stream (see stream), as the start of a key.
-func (m *Message) streamKey() string {
-	return m.scope + "\x00" + cmp.Or(m.stream, m.Topic) + "\x00"
-}
-
-func (m *Message) batchGroup() string { return m.batchID + "|" + m.streamKey() + m.group() }
+func (m *Message) batchGroup() string { return m.batchID + "|" + m.groupKey }
 
 // Source feeds the router.
 type Source interface {
