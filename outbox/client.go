@@ -240,37 +240,33 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		return fmt.Errorf("%w: topic %q has subscribed groups or stored messages; its tracking mode can change only when it has neither", ErrInvalidConfig, cfg.Name)
 	}
 	if cfg.Ordered && !wasConfigured {
-		return c.markOrdered(ctx, cfg.Name)
+		return c.markOrdered(ctx, cfg.Name, true)
 	}
 	return nil
 }
 
-// markOrdered marks as ordered the messages of a topic just configured
-// ordered that sends which raced the configuration wrote unmarked (their
-// statement read the topic table before the configuration committed, and
-// waited for its lock meanwhile): the ordered claim reads marked messages
-// only. Taking the topic's lock again waits for those sends, which hold it
-// shared until their transactions end.
-func (c *Client) markOrdered(ctx context.Context, topic string) error {
+// markOrdered marks as ordered the messages of an ordered topic that
+// sends which raced its first configuration wrote unmarked (their
+// statement read the topic table before the configuration committed): the
+// ordered claim reads marked messages only.
+//
+// ConfigureTopic runs it with waitForSends, right after the first
+// configuration: taking the topic's lock again waits for the sends that
+// waited for the configuration's lock, which hold it shared until their
+// transactions end. An ordered topic's consumer runs it at start, without
+// waiting, for a send that committed later still (a REPEATABLE READ
+// transaction that began before the configuration, say).
+func (c *Client) markOrdered(ctx context.Context, topic string, waitForSends bool) error {
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, c.sql.LockTopic, topic); err != nil {
-			return err
+		if waitForSends {
+			if _, err := tx.Exec(ctx, c.sql.LockTopic, topic); err != nil {
+				return err
+			}
 		}
 		_, err := tx.Exec(ctx, c.sql.MarkOrdered, topic)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("outbox: configure topic %q: %w", topic, err)
-	}
-	return nil
-}
-
-// markUnordered is markOrdered without waiting for sends in flight, for an
-// ordered topic's consumer at start: it catches a message whose send
-// raced the first configuration and committed after it (a REPEATABLE
-// READ transaction that began before it, say).
-func (c *Client) markUnordered(ctx context.Context, topic string) error {
-	if _, err := c.pool.Exec(ctx, c.sql.MarkOrdered, topic); err != nil {
 		return fmt.Errorf("outbox: mark messages of ordered topic %q: %w", topic, err)
 	}
 	return nil

@@ -245,7 +245,7 @@ func (k *Consumer) Start(ctx context.Context) error {
 	if topic.Ordered {
 		// A send that raced the topic's first configuration may have left
 		// a message unmarked, which no ordered claim reads.
-		if err = k.client.markUnordered(ctx, topic.Name); err != nil {
+		if err = k.client.markOrdered(ctx, topic.Name, false); err != nil {
 			done()
 			return err
 		}
