@@ -85,12 +85,14 @@ func (r *runner) work(s *slot) {
 		r.slotsMu.Unlock()
 	}()
 	for j := range r.jobs {
-		o, f, inTime := r.handle(s, j)
-		if !inTime {
-			r.abandoned.Done() // the watchdog counted this goroutine as abandoned
-			return
+		for j != nil { // a run of one message group, in order
+			o, f, inTime := r.handle(s, j)
+			if !inTime {
+				r.abandoned.Done() // the watchdog counted this goroutine as abandoned
+				return
+			}
+			j = r.finishJob(j, o, f)
 		}
-		r.finishJob(j, o, f)
 	}
 	r.workWG.Done()
 }
@@ -101,7 +103,7 @@ func (r *runner) work(s *slot) {
 func (r *runner) handle(s *slot, j *job) (o outcome, f failure, inTime bool) {
 	g := r.g
 	if r.stopping.Load() {
-		return release, failure{id: j.d.ID, attempts: j.d.Attempt - 1}, true
+		return release, untried(j), true
 	}
 	m := pick(*r.members.Load(), j.d)
 	if m == nil {
@@ -153,9 +155,29 @@ func (r *runner) classify(j *job, err error) (outcome, failure) {
 	return fail, f
 }
 
-// finishJob records a job's outcome; a batch goes to the completer when
-// its last message is done.
-func (r *runner) finishJob(j *job, o outcome, f failure) {
+// finishJob records a job's outcome and returns the next message of its
+// run to handle, if it succeeded; if it did not, the rest of the run is
+// handed back untried (its message group waits for this one).
+func (r *runner) finishJob(j *job, o outcome, f failure) *job {
+	r.record(j, o, f)
+	if o == ack {
+		return j.next
+	}
+	for n := j.next; n != nil; n = n.next {
+		r.record(n, release, untried(n))
+	}
+	return nil
+}
+
+// untried is the outcome of a job handed back without being handled: its
+// attempt is given back.
+func untried(j *job) failure {
+	return failure{id: j.d.ID, attempts: j.d.Attempt - 1}
+}
+
+// record records a job's outcome; a batch goes to the completer when its
+// last message is done.
+func (r *runner) record(j *job, o outcome, f failure) {
 	if j.batch == nil {
 		r.finished <- settled{retry: &retryOut{outcome: o, f: f}, count: 1}
 		return
@@ -226,7 +248,7 @@ func (r *runner) handleBatch(bh BatchHandler, jobs []*job) {
 	defer r.workWG.Done()
 	if r.stopping.Load() {
 		for _, j := range jobs {
-			r.finishJob(j, release, failure{id: j.d.ID, attempts: j.d.Attempt - 1})
+			r.record(j, release, untried(j))
 		}
 		return
 	}
@@ -260,13 +282,23 @@ func (r *runner) handleBatch(bh BatchHandler, jobs []*job) {
 			res.err = fmt.Errorf("%w (%v)", errHandlerTimeout, timeout)
 		}
 	}
+	failing := map[string]bool{} // an ordered group's message groups with a message that did not succeed
 	for i, j := range jobs {
 		err := res.err
 		if err == nil {
 			err = res.errs[i]
 		}
 		o, f := r.classify(j, err)
-		r.finishJob(j, o, f)
+		if r.g.topic.Ordered && j.d.Group != "" {
+			// A message after one of its group that did not succeed is
+			// handed back whatever its result: it must not finish first.
+			if failing[j.d.Group] {
+				o, f = release, untried(j)
+			} else if o != ack {
+				failing[j.d.Group] = true
+			}
+		}
+		r.record(j, o, f)
 	}
 }
 

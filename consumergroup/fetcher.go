@@ -1,15 +1,18 @@
 package consumergroup
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/groupwalk"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -265,6 +268,9 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			}
 		}
 	}
+	if g.topic.Ordered {
+		return r.lookOrdered(ctx, tx, p, snapshot, limit)
+	}
 	if took, err := r.takeOver(ctx, tx); err != nil || took {
 		return fetchedWork, err
 	}
@@ -326,7 +332,13 @@ func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
 // them out.
 func (r *runner) claimRetries(ctx context.Context, tx pgx.Tx, limit int) (int, error) {
 	g := r.g
-	rows, err := tx.Query(ctx, g.q.ClaimRetries, g.sub.ID, g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), limit)
+	args := []any{g.sub.ID, g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), limit}
+	query := g.q.ClaimRetries
+	if g.topic.Ordered {
+		query = g.q.ClaimOrderedRetries
+		args = append(args, r.walkAfter, g.topic.OrderedDeadLetters == outbox.BlockGroup, orderedRun)
+	}
+	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
 		return 0, fmt.Errorf("claim retries: %w", err)
 	}
@@ -346,6 +358,9 @@ func (r *runner) claimRetries(ctx context.Context, tx pgx.Tx, limit int) (int, e
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
+	}
+	if g.topic.Ordered {
+		r.walkAfter = groupwalk.End(r.walkAfter, ds, func(d *outbox.Delivery) string { return d.Group })
 	}
 	jobs := make([]*job, len(ds))
 	ids := make([]int64, len(ds))
@@ -376,39 +391,58 @@ const idlePositionEvery = time.Second
 // fetchBatch reads the next rows of the snapshot pair, records them as a
 // batch with a lease and moves the position, and commits.
 func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot string, limit int) (fetchResult, error) {
-	g := r.g
-	// The next rows of the current pair, or of a new pair ending now.
-	prev, cur, afterXID, afterID := p.position, snapshot, "0", int64(0)
-	if p.pairCur != nil {
-		cur, afterXID, afterID = *p.pairCur, *p.resumeXID, *p.resumeID
-	}
-	args := append([]any{g.cfg.Topic, prev, cur, afterXID, afterID, limit}, g.stream.binds()...)
-	got, err := r.readRows(ctx, tx, g.q.FetchRows, args...)
+	pr, err := r.nextRows(ctx, tx, p, snapshot, limit)
 	if err != nil {
-		return 0, fmt.Errorf("fetch rows: %w", err)
+		return 0, err
 	}
-	switch {
-	case len(got) == 0 && p.pairCur == nil && time.Since(r.idleSince) < idlePositionEvery:
-		return fetchedNothing, tx.Commit(ctx) // nothing new: the position stays (no row version written)
-	case len(got) < limit: // pair exhausted: the position moves to cur
-		if len(got) == 0 && p.pairCur == nil {
-			r.idleSince = time.Now()
-		}
-		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, cur, nil, nil, nil)
-	default:
-		last := got[len(got)-1]
-		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, prev, cur, last.xid, last.d.ID)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("advance position: %w", err)
-	}
-	if len(got) == 0 {
+	if len(pr.rows) == 0 {
 		return fetchedNothing, tx.Commit(ctx)
 	}
-	if err := r.recordBatch(ctx, tx, prev, cur, afterXID, afterID, got, false); err != nil {
+	if err := r.recordBatch(ctx, tx, pr.prev, pr.cur, pr.afterXID, pr.afterID, pr.rows, false); err != nil {
 		return 0, err
 	}
 	return fetchedWork, nil
+}
+
+// pairRows are rows read from a snapshot pair.
+type pairRows struct {
+	prev, cur, afterXID string // the pair, and the rows' start after (afterXID, afterID)
+	afterID             int64
+	rows                []row
+	exhausted           bool // no rows of the pair are left after these
+}
+
+// nextRows reads the next rows of the snapshot pair in progress, or of a
+// new pair ending at snapshot, at most limit, and moves the position past
+// them (when nothing new came, at most every idlePositionEvery).
+func (r *runner) nextRows(ctx context.Context, tx pgx.Tx, p position, snapshot string, limit int) (pairRows, error) {
+	g := r.g
+	pr := pairRows{prev: p.position, cur: snapshot, afterXID: "0"}
+	if p.pairCur != nil {
+		pr.cur, pr.afterXID, pr.afterID = *p.pairCur, *p.resumeXID, *p.resumeID
+	}
+	args := append([]any{g.cfg.Topic, pr.prev, pr.cur, pr.afterXID, pr.afterID, limit}, g.stream.binds()...)
+	got, err := r.readRows(ctx, tx, g.q.FetchRows, args...)
+	if err != nil {
+		return pr, fmt.Errorf("fetch rows: %w", err)
+	}
+	pr.rows, pr.exhausted = got, len(got) < limit
+	switch {
+	case len(got) == 0 && p.pairCur == nil && time.Since(r.idleSince) < idlePositionEvery:
+		return pr, nil // nothing new: the position stays (no row version written)
+	case pr.exhausted: // the position moves to cur
+		if len(got) == 0 && p.pairCur == nil {
+			r.idleSince = time.Now()
+		}
+		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, pr.cur, nil, nil, nil)
+	default:
+		last := got[len(got)-1]
+		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, pr.prev, pr.cur, last.xid, last.d.ID)
+	}
+	if err != nil {
+		return pr, fmt.Errorf("advance position: %w", err)
+	}
+	return pr, nil
 }
 
 // readRows reads messages (the columns of sqlq's nextUnseenRows) as first
@@ -431,8 +465,14 @@ func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...
 
 // recordBatch records rows as a batch of pair (prev, cur) after
 // (afterXID, afterID) with a lease, commits, and hands them out.
+//
+// An ordered group queues them instead (see lookOrdered), and does not
+// commit.
 func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
 	g := r.g
+	if g.topic.Ordered {
+		return r.queue(ctx, tx, got)
+	}
 	last := got[len(got)-1]
 	var bid int64
 	var leaseUntil time.Time
@@ -462,11 +502,36 @@ func (r *runner) dispatch(jobs []*job) {
 	r.inflight.Add(int64(len(jobs)))
 	g.metrics.delivered.Add(context.Background(), int64(len(jobs)))
 	if bh := g.batchHandler; bh != nil {
+		if g.topic.Ordered { // each message group in commit order (see handleBatch)
+			slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
+		}
 		r.workWG.Add(1) // shutdown waits for it with the executors
 		go r.handleBatch(bh, jobs)
 		return
 	}
-	for _, j := range jobs {
+	for _, j := range r.runs(jobs) {
 		r.jobs <- j
 	}
+}
+
+// runs links, in an ordered group, the jobs of each message group in id
+// (commit) order, each to the next, and returns the first of each and the
+// jobs without a group: an executor handles a message group's jobs one
+// after the other (see work).
+func (r *runner) runs(jobs []*job) []*job {
+	if !r.g.topic.Ordered {
+		return jobs
+	}
+	slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
+	last := map[string]*job{}
+	firsts := jobs[:0:0]
+	for _, j := range jobs {
+		if prev := last[j.d.Group]; prev != nil && j.d.Group != "" {
+			prev.next = j
+		} else {
+			firsts = append(firsts, j)
+		}
+		last[j.d.Group] = j
+	}
+	return firsts
 }

@@ -87,12 +87,14 @@ type runner struct {
 	idle         bool          // the last full look found nothing to do (see look)
 	notified     bool          // a notification of the topic woke the fetcher
 	lastFullLook time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
+	walkAfter    string        // an ordered group's next claim walks the message groups from after this one
 }
 
 // job is one delivery to handle.
 type job struct {
 	d     *outbox.Delivery
 	batch *batch // nil for a retry delivery
+	next  *job   // an ordered group's next message of the same message group in one claim, handled after this one succeeds
 }
 
 // batch is a fetched batch being handled; its outcome is written whole.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/groupwalk"
 )
 
 // ErrLeaseLost: the delivery's lease expired and the message was returned
@@ -90,29 +92,9 @@ func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit i
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	if t.Ordered && len(out) > 0 {
-		c.walks.Store(t.Name, walkEnd(after, out))
+		c.walks.Store(t.Name, groupwalk.End(after, out, func(cl claimed) string { return cl.d.Group }))
 	}
 	return c.takeBackExpired(ctx, t, out)
-}
-
-// walkEnd is where the next ordered claim's walk through the message
-// groups starts: after the last group this claim took a message of, in
-// the order of a walk that started after the group after (to the last
-// group, then from the first). It is only a starting point: where two
-// consumers of a process share it, each still walks every group in turn.
-func walkEnd(after string, out []claimed) string {
-	var beyond, wrapped string // the last group taken past after, and before or at it
-	for _, cl := range out {
-		g := cl.d.Group
-		switch {
-		case g == "":
-		case g > after:
-			beyond = max(beyond, g)
-		default:
-			wrapped = max(wrapped, g)
-		}
-	}
-	return cmp.Or(wrapped, beyond, after)
 }
 
 // takeBackExpired logs the claimed messages whose lease had expired and

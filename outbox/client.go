@@ -239,7 +239,7 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		}
 		return fmt.Errorf("%w: topic %q has subscribed groups or stored messages; its tracking mode can change only when it has neither", ErrInvalidConfig, cfg.Name)
 	}
-	if cfg.Ordered && !wasConfigured {
+	if cfg.Ordered && cfg.Semantics == Queue && !wasConfigured {
 		return c.markOrdered(ctx, cfg.Name, true)
 	}
 	return nil

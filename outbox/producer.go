@@ -204,6 +204,8 @@ func (p *Producer) insertStatement(topic learnedSemantics, atOnce, notify bool) 
 	switch {
 	case atOnce:
 		query, notifyQuery = p.sql.InsertQueued, p.sql.InsertQueuedNotify
+	case topic.ordered && topic.semantics == PubSub:
+		query, notifyQuery = p.sql.InsertPublishedOrdered, p.sql.InsertPublishedOrderedNotify
 	case topic.ordered:
 		query, notifyQuery = p.sql.InsertOrdered, p.sql.InsertOrderedNotify
 	case topic.semantics == Queue:

@@ -132,17 +132,19 @@ type TopicConfig struct {
 	// what cleanup deletes meanwhile is lost to it. Defaults to
 	// DefaultZombieTTL.
 	ZombieTTL time.Duration
-	// Ordered makes a QUEUE topic deliver the messages of each message
-	// group (Message.Group) one at a time, in the order their transactions
-	// committed: a message is claimed only when it is the oldest message of
-	// its group still in the queue and no other message of the group is
-	// leased, however many consumers and processes claim, across retries,
-	// lease expiries and restarts. A failing message holds its group back
-	// until it succeeds or is dead-lettered (see OrderedDeadLetters); other
+	// Ordered makes the topic deliver the messages of each message group
+	// (Message.Group) one at a time, in the order their transactions
+	// committed. On a QUEUE topic a message is claimed only when it is the
+	// oldest message of its group still in the queue and no other message
+	// of the group is leased; on a PUB_SUB topic the same holds in each
+	// consumer group's own stream, in every tracking mode. It holds however
+	// many consumers, instances and processes claim, across retries, lease
+	// expiries and restarts. A failing message holds its group back until
+	// it succeeds or is dead-lettered (see OrderedDeadLetters); other
 	// groups are not held back. Priority and Delay choose between groups,
 	// never within one: a delayed message holds its group until it is due.
-	// Messages without a group are delivered as on any QUEUE topic, oldest
-	// first.
+	// Messages without a group are delivered as on a topic that is not
+	// ordered.
 	//
 	// Sends to an ordered topic take a lock per (topic, group) until their
 	// transaction ends, so that ids follow commit order: two transactions
@@ -154,12 +156,11 @@ type TopicConfig struct {
 	//
 	// Set it in the topic's first configuration, before anything is sent;
 	// it never changes afterwards (ConfigureTopic fails with
-	// ErrInvalidConfig). A message sent to the topic before then, by a
+	// ErrInvalidConfig). A message sent to a QUEUE topic before then, by a
 	// transaction still open when the configuration ran, is marked ordered
 	// when it commits before the configuration ends, or else when a
 	// consumer of the topic starts; until then no ordered claim sees it.
-	// Consumer groups (PUB_SUB topics) cannot be ordered yet. Defaults to
-	// false.
+	// Defaults to false.
 	Ordered bool
 	// OrderedDeadLetters is what an ordered topic does with a group whose
 	// oldest message was dead-lettered: BlockGroup (the default for
@@ -211,8 +212,6 @@ func (c TopicConfig) validate() error {
 		return fmt.Errorf("%w: topic %q: unknown semantics %q", ErrInvalidConfig, c.Name, c.Semantics)
 	}
 	switch {
-	case c.Ordered && c.Semantics != Queue:
-		return fmt.Errorf("%w: topic %q: only QUEUE topics can be ordered", ErrInvalidConfig, c.Name)
 	case !c.Ordered && c.OrderedDeadLetters != "":
 		return fmt.Errorf("%w: topic %q: OrderedDeadLetters needs an ordered topic", ErrInvalidConfig, c.Name)
 	case c.Ordered && c.OrderedDeadLetters != BlockGroup && c.OrderedDeadLetters != SkipDeadLetters:

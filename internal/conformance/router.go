@@ -33,6 +33,7 @@ var RouterSubjects = []*Subject{
 	{Name: "router-bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Router: true, Start: startRouter},
+	{Name: "router-offset-ordered", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Ordered: true, Router: true, Start: startRouter},
 }
 
 // receiver is the endpoint router subjects deliver to.

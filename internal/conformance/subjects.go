@@ -110,6 +110,9 @@ var Subjects = []*Subject{
 	{Name: "bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Start: startGroup},
 	{Name: "counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Start: startGroup},
 	{Name: "offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Start: startGroup},
+	{Name: "bitmap-ordered", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Ordered: true, Start: startGroup},
+	{Name: "counter-ordered", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Ordered: true, Start: startGroup},
+	{Name: "offset-ordered", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Ordered: true, Start: startGroup},
 }
 
 func subjectNamed(name string) *Subject {

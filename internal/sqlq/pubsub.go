@@ -33,6 +33,7 @@ type PubSub struct {
 	TakeExpiredBatch, MoveBatchToRetries           string
 	FetchRows, AdvanceOffset, InsertBatch, AnyWork string
 	ReapRetries, DeleteOrphanRetries, ClaimRetries string
+	ParkRows, ClaimOrderedRetries                  string
 	CopyDeadLetters, DeadLettersToComplete         string
 
 	// Completing.
@@ -97,6 +98,8 @@ func ForPubSub(schema string) *PubSub {
 		ReapRetries:         q(reapRetries),
 		DeleteOrphanRetries: q(deleteOrphanRetries),
 		ClaimRetries:        q(claimRetries),
+		ParkRows:            q(parkRows),
+		ClaimOrderedRetries: q(claimOrderedRetries),
 
 		FinishBatch:   q(finishBatch),
 		InsertRetries: q(insertRetries),
@@ -618,7 +621,7 @@ WHERE o.id = r.message_id AND r.status = 'DEAD_LETTER' AND r.payload IS NULL
 // $5 ordinary ones, and at most one whose lease ran out before while no
 // other such retry of the group is leased. A message that crashes every
 // process handling it is so tried alone, and runs out of attempts alone.
-const claimRetries = `
+var claimRetries = `
 WITH ordinary AS (
     SELECT message_id FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
@@ -627,18 +630,22 @@ WITH ordinary AS (
 ), suspect AS (
     SELECT message_id FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
-          AND lease_expiries > 0
-          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS p
-                          WHERE p.subscription_id = $1 AND p.status = 'PROCESSING' AND p.lease_expiries > 0)
+          AND lease_expiries > 0 AND NOT ` + suspectLeased + `
     ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT message_id FROM ordinary UNION ALL SELECT message_id FROM suspect
-), claimed AS (
+)` + leaseDue
+
+// leaseDue ends claimRetries and claimOrderedRetries: it leases the
+// retries of subscription $1 that CTE due lists to member $2, for $4
+// microseconds from $3, and returns their messages in commit order. A
+// retry settled since the statement's snapshot is left alone.
+const leaseDue = `, claimed AS (
     UPDATE {{schema}}.outbox_group_retries AS r
     SET status = 'PROCESSING', attempts = r.attempts + 1, lease_owner = $2,
         lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
     FROM due
-    WHERE r.subscription_id = $1 AND r.message_id = due.message_id
+    WHERE r.subscription_id = $1 AND r.message_id = due.message_id AND r.status = 'RETRY'
     RETURNING r.message_id, r.attempts, r.lease_until
 )
 SELECT c.message_id, coalesce(o.xid, r.xid)::text, coalesce(o.payload, r.payload), coalesce(o.headers, r.headers),
@@ -649,6 +656,117 @@ JOIN {{schema}}.outbox_group_retries AS r ON r.subscription_id = $1 AND r.messag
 LEFT JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
 WHERE coalesce(o.payload, r.payload) IS NOT NULL -- neither: an orphan, deleted at the next reap
 ORDER BY coalesce(o.xid, r.xid), c.message_id`
+
+// parkRows queues messages ($3 ids, $4 message groups, '' for none) for
+// an ordered group, subscription $1, as retries that never ran, available
+// from $2: the group takes them from there with claimOrderedRetries.
+const parkRows = `
+INSERT INTO {{schema}}.outbox_group_retries
+    (subscription_id, message_id, status, attempts, available_at, message_group)
+SELECT $1, u.id, 'RETRY', 0, coalesce($2::timestamptz, now()), nullif(u.message_group, '')
+FROM unnest($3::bigint[], $4::text[]) AS u(id, message_group)
+ON CONFLICT (subscription_id, message_id) DO NOTHING`
+
+// claimOrderedRetries is claimRetries for an ordered group: $1..$5 as
+// there, $6 the message group to start the walk after ('' for the first),
+// $7 whether a dead letter blocks its message group, $8 the most messages
+// of one message group a claim takes (a run).
+//
+// The group's queue is its retry table (see parkRows). A message group's
+// head is its retry with the lowest message id (a dead letter counts only
+// when it blocks): on an ordered topic, ids follow commit order within a
+// message group. A head is free when it is due and not leased; only a
+// free head, and the retries right behind it that are due and never
+// expired a lease (a run, up to $8), are claimed, so a message group never
+// has two deliveries that could overlap or overtake each other except in
+// one run, which one executor handles in order.
+//
+// Heads are found by walking outbox_group_retries_group_idx from one
+// message group to the next (one index probe each), from the group after
+// $6 to the last, then from the first, until the walk is back at $6 or
+// has met $5 free heads. A message group with a long queue so never
+// crowds out the others. A head whose lease expired before is suspected
+// of crashing its process: as in claimRetries, such a retry is claimed
+// alone (no run) and only while no other suspect is leased. Retries of
+// messages without a group are claimed as in claimRetries.
+var claimOrderedRetries = `
+WITH RECURSIVE walk AS (
+    SELECT n.message_group, n.wrapped, h.message_id, coalesce(h.free, false) AS free, h.suspect,
+           coalesce(h.free, false)::int AS found
+    FROM (` + nextMessageGroup("$6::text", "false") + `) AS n
+    LEFT JOIN LATERAL (` + orderedHead("n") + `) AS h ON true
+    UNION ALL
+    SELECT n.message_group, n.wrapped, h.message_id, coalesce(h.free, false), h.suspect,
+           w.found + coalesce(h.free, false)::int
+    FROM walk AS w
+    CROSS JOIN LATERAL (` + nextMessageGroup("w.message_group", "w.wrapped") + `) AS n
+    LEFT JOIN LATERAL (` + orderedHead("n") + `) AS h ON true
+    WHERE w.found < $5 AND NOT (n.wrapped AND n.message_group COLLATE "C" > $6::text)
+), runs AS (
+    SELECT message_id, 1 AS pos, suspect FROM walk WHERE free
+    UNION ALL
+    SELECT b.message_id, b.pos, false
+    FROM walk AS h
+    CROSS JOIN LATERAL (
+        SELECT message_id, pos FROM (
+            SELECT message_id, 1 + row_number() OVER (ORDER BY message_id) AS pos,
+                   bool_and(status = 'RETRY' AND lease_expiries = 0 AND available_at <= coalesce($3::timestamptz, now()))
+                       OVER (ORDER BY message_id) AS unbroken
+            FROM (SELECT message_id, status, lease_expiries, available_at FROM {{schema}}.outbox_group_retries
+                  WHERE subscription_id = $1 AND message_group COLLATE "C" = h.message_group
+                        AND message_id > h.message_id AND (status <> 'DEAD_LETTER' OR $7::bool)
+                  ORDER BY message_id LIMIT $8 - 1) AS x) AS y
+        WHERE unbroken) AS b
+    WHERE h.free AND NOT h.suspect
+), ungrouped AS (
+    SELECT message_id, lease_expiries > 0 AS suspect FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND message_group IS NULL AND status = 'RETRY'
+          AND available_at <= coalesce($3::timestamptz, now())
+          AND (lease_expiries = 0 OR NOT ` + suspectLeased + `)
+    ORDER BY lease_expiries > 0, available_at LIMIT $5
+), due AS (
+    (SELECT message_id FROM (SELECT message_id, pos FROM runs WHERE NOT suspect
+                             UNION ALL SELECT message_id, 1 FROM ungrouped WHERE NOT suspect) AS ordinary
+     ORDER BY pos, message_id LIMIT $5)
+    UNION ALL
+    (SELECT message_id FROM (SELECT message_id FROM runs WHERE suspect
+                             UNION ALL SELECT message_id FROM ungrouped WHERE suspect) AS suspects
+     LIMIT 1)
+)` + leaseDue
+
+// nextMessageGroup is the first message group, in the walk of
+// claimOrderedRetries, after message group after: the next one in
+// outbox_group_retries_group_idx, or once past the last (wrapped is
+// false), the first, with wrapped true.
+func nextMessageGroup(after, wrapped string) string {
+	return `SELECT * FROM (
+        (SELECT message_group, ` + wrapped + ` AS wrapped FROM {{schema}}.outbox_group_retries
+         WHERE subscription_id = $1 AND message_group COLLATE "C" > ` + after + `
+         ORDER BY message_group COLLATE "C" LIMIT 1)
+        UNION ALL
+        (SELECT message_group, true FROM {{schema}}.outbox_group_retries
+         WHERE subscription_id = $1 AND message_group IS NOT NULL AND NOT ` + wrapped + `
+         ORDER BY message_group COLLATE "C" LIMIT 1)) AS next
+    LIMIT 1`
+}
+
+// orderedHead is the head of message group g.message_group in
+// claimOrderedRetries: its id, whether it is free, and whether it is a
+// suspect (see there).
+func orderedHead(g string) string {
+	return `SELECT message_id, status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+                   AND (lease_expiries = 0 OR NOT ` + suspectLeased + `) AS free,
+                   lease_expiries > 0 AS suspect
+            FROM {{schema}}.outbox_group_retries
+            WHERE subscription_id = $1 AND message_group COLLATE "C" = ` + g + `.message_group
+                  AND (status <> 'DEAD_LETTER' OR $7::bool)
+            ORDER BY message_id LIMIT 1`
+}
+
+// suspectLeased: subscription $1 has a suspect retry (see claimRetries)
+// leased.
+const suspectLeased = `EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS p
+                WHERE p.subscription_id = $1 AND p.status = 'PROCESSING' AND p.lease_expiries > 0)`
 
 // ---------------------------------------------------------------- completing
 

@@ -25,6 +25,8 @@ type Outbox struct {
 	InsertQueued, InsertQueuedNotify               string // configured QUEUE topic, available now: $1..$6
 	InsertQueuedAt, InsertQueuedAtNotify           string // configured QUEUE topic: $1..$9
 	InsertPublished, InsertPublishedNotify         string // configured PUB_SUB topic: $1..$9
+	InsertPublishedOrdered                         string // configured ordered PUB_SUB topic: $1..$9
+	InsertPublishedOrderedNotify                   string
 	InsertOrdered, InsertOrderedNotify             string // configured ordered QUEUE topic: $1..$9
 	SelectSemantics                                string
 	Insert, InsertNotify, SelectIdempotent         string
@@ -42,38 +44,40 @@ type Outbox struct {
 func For(schema string) *Outbox {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	return &Outbox{
-		InsertUnconfigured:       r.Replace(insertUnconfigured),
-		InsertUnconfiguredNotify: r.Replace(notifying(insertUnconfigured, 10)),
-		InsertQueued:             r.Replace(insertQueued),
-		InsertQueuedNotify:       r.Replace(notifying(insertQueued, 7)),
-		InsertQueuedAt:           r.Replace(insertQueuedAt),
-		InsertQueuedAtNotify:     r.Replace(notifying(insertQueuedAt, 10)),
-		InsertPublished:          r.Replace(insertPublished),
-		InsertPublishedNotify:    r.Replace(notifying(insertPublished, 10)),
-		InsertOrdered:            r.Replace(insertOrdered),
-		InsertOrderedNotify:      r.Replace(notifying(insertOrdered, 10)),
-		SelectSemantics:          r.Replace(selectSemantics),
-		Insert:                   r.Replace(insert),
-		InsertNotify:             r.Replace(insertNotify),
-		SelectIdempotent:         r.Replace(selectIdempotent),
-		LockTopic:                r.Replace(lockTopicExclusive),
-		AnyQueued:                r.Replace(anyQueued),
-		UpsertTopic:              r.Replace(upsertTopic),
-		SelectTopic:              r.Replace(selectTopic),
-		Claim:                    r.Replace(claim),
-		ClaimOrdered:             r.Replace(claimOrdered),
-		Ack:                      r.Replace(ack),
-		Settle:                   r.Replace(settle),
-		ExtendLease:              r.Replace(extendLease),
-		ExtendLeases:             r.Replace(extendLeases),
-		ListDeadLetters:          r.Replace(listDeadLetters),
-		ReplayDeadLetters:        r.Replace(replayDeadLetters),
-		DiscardDeadLetters:       r.Replace(discardDeadLetters),
-		BlockedGroups:            r.Replace(blockedGroups),
-		BlockedSummary:           r.Replace(blockedSummary),
-		TopicConfigured:          r.Replace(topicConfigured),
-		MarkOrdered:              r.Replace(markOrdered),
-		ExpireIdempotencyKeys:    r.Replace(expireIdempotencyKeys),
+		InsertUnconfigured:           r.Replace(insertUnconfigured),
+		InsertUnconfiguredNotify:     r.Replace(notifying(insertUnconfigured, 10)),
+		InsertQueued:                 r.Replace(insertQueued),
+		InsertQueuedNotify:           r.Replace(notifying(insertQueued, 7)),
+		InsertQueuedAt:               r.Replace(insertQueuedAt),
+		InsertQueuedAtNotify:         r.Replace(notifying(insertQueuedAt, 10)),
+		InsertPublished:              r.Replace(insertPublished),
+		InsertPublishedNotify:        r.Replace(notifying(insertPublished, 10)),
+		InsertPublishedOrdered:       r.Replace(insertPublishedOrdered),
+		InsertPublishedOrderedNotify: r.Replace(notifying(insertPublishedOrdered, 10)),
+		InsertOrdered:                r.Replace(insertOrdered),
+		InsertOrderedNotify:          r.Replace(notifying(insertOrdered, 10)),
+		SelectSemantics:              r.Replace(selectSemantics),
+		Insert:                       r.Replace(insert),
+		InsertNotify:                 r.Replace(insertNotify),
+		SelectIdempotent:             r.Replace(selectIdempotent),
+		LockTopic:                    r.Replace(lockTopicExclusive),
+		AnyQueued:                    r.Replace(anyQueued),
+		UpsertTopic:                  r.Replace(upsertTopic),
+		SelectTopic:                  r.Replace(selectTopic),
+		Claim:                        r.Replace(claim),
+		ClaimOrdered:                 r.Replace(claimOrdered),
+		Ack:                          r.Replace(ack),
+		Settle:                       r.Replace(settle),
+		ExtendLease:                  r.Replace(extendLease),
+		ExtendLeases:                 r.Replace(extendLeases),
+		ListDeadLetters:              r.Replace(listDeadLetters),
+		ReplayDeadLetters:            r.Replace(replayDeadLetters),
+		DiscardDeadLetters:           r.Replace(discardDeadLetters),
+		BlockedGroups:                r.Replace(blockedGroups),
+		BlockedSummary:               r.Replace(blockedSummary),
+		TopicConfigured:              r.Replace(topicConfigured),
+		MarkOrdered:                  r.Replace(markOrdered),
+		ExpireIdempotencyKeys:        r.Replace(expireIdempotencyKeys),
 	}
 }
 
@@ -136,9 +140,12 @@ const orderedLockClass = `1885826927`
 const insertOrdered = `
 INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority, available_at, ordered)
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, true
-WHERE $5::text IS NULL
-   OR pg_advisory_xact_lock(` + orderedLockClass + `, hashtext($1 || '/' || $5::text)) IS NOT NULL
+WHERE ` + groupLock + `
 RETURNING id`
+
+// groupLock takes the lock of message group $5 of topic $1 until the
+// transaction ends (see insertOrdered); true.
+const groupLock = `($5::text IS NULL OR pg_advisory_xact_lock(` + orderedLockClass + `, hashtext($1 || '/' || $5::text)) IS NOT NULL)`
 
 // insertPublished writes one message of a topic configured as PUB_SUB,
 // with the groups it needs from the topic row (the "snapshot at insert").
@@ -162,6 +169,23 @@ SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
        ` + requiredGroups + `
 FROM {{schema}}.outbox_topics AS t
 WHERE t.topic = $1 AND ` + topicLockShared + `
+FOR KEY SHARE OF t
+RETURNING id`
+
+// insertPublishedOrdered is insertPublished for an ordered PUB_SUB topic:
+// a message with a group first takes its group's lock, as insertOrdered
+// does (a filter without columns, so it runs before the topic row is
+// read, as in insertRows: group locks before the topic's), and only then
+// draws its id.
+const insertPublishedOrdered = `
+INSERT INTO {{schema}}.outbox_published
+    (topic, payload, headers, correlation_id, message_group, priority, available_at,
+     status, ` + requiredGroupColumns + `)
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
+       ` + publishedStatus + `,
+       ` + requiredGroups + `
+FROM {{schema}}.outbox_topics AS t
+WHERE ` + groupLock + ` AND t.topic = $1 AND ` + topicLockShared + `
 FOR KEY SHARE OF t
 RETURNING id`
 

@@ -1,0 +1,103 @@
+package consumergroup
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Ordered groups. A group of an ordered topic (outbox.TopicConfig.Ordered)
+// does not hand out what it reads as batches: each look queues the rows
+// it reads in the group's retry table, as retries that never ran, and
+// claims from there only the head of each message group (its oldest
+// queued message, by id: on an ordered topic ids follow commit order
+// within a message group) while no other message of that message group is
+// leased, plus a run of the messages right behind a free head (see sqlq's
+// claimOrderedRetries). An executor handles a run in order and hands back
+// what is left of it when one fails. Retries, lease expiries, dead letters
+// and replays are the retry table's, so they keep the order too; what
+// orders the stream is the claim, in the database, so no number of
+// instances, crashes or restarts can reorder a message group.
+//
+// A snapshot pair's rows are read in (xid, id) order, which is not commit
+// order within a message group: a pair read in several looks could queue
+// a message group's later message before its earlier one, and a claim
+// between the two looks would take it. So a look claims only once the
+// pair it reads is queued whole, and a pending backfill is queued whole
+// before the stream is read at all (its messages are older than the
+// stream's).
+//
+// What an ordered group records per message, in every tracking mode: one
+// retry row (inserted when read, updated when leased, deleted when done),
+// beside the tracking mode's own completion record (none in Offset mode).
+
+// orderedPage is the most messages a look of an ordered group queues.
+const orderedPage = 1000
+
+// orderedRun is the most messages of one message group a claim takes: the
+// head and the queued messages right behind it.
+const orderedRun = 10
+
+// lookOrdered is the rest of fetchOnce for an ordered group: queue the
+// pending backfill's next rows, or else the stream's, and once the
+// stream's pair is queued whole, claim. It commits.
+func (r *runner) lookOrdered(ctx context.Context, tx pgx.Tx, p position, snapshot string, limit int) (fetchResult, error) {
+	if b := p.backfill; b != nil && !b.readingEnded {
+		r.backfilling.Store(true)
+		n, err := r.fetchCatchup(ctx, tx, b, orderedPage)
+		if err != nil {
+			return 0, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			want := max(1, r.catchupSize(b, orderedPage))
+			if r.catchupWait = r.throttle.wait(time.Now(), want); r.catchupWait > 0 {
+				return fetchedNothing, nil // throttled
+			}
+		}
+		return fetchedWork, nil
+	}
+	r.backfilling.Store(false)
+	pr, err := r.nextRows(ctx, tx, p, snapshot, orderedPage)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.queue(ctx, tx, pr.rows); err != nil {
+		return 0, err
+	}
+	if !pr.exhausted {
+		return fetchedWork, tx.Commit(ctx) // the rest of the pair first
+	}
+	n, err := r.claimRetries(ctx, tx, limit)
+	if err != nil || n > 0 {
+		return fetchedWork, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	if len(pr.rows) > 0 {
+		return fetchedWork, nil
+	}
+	r.idle = true
+	return fetchedNothing, nil
+}
+
+// queue queues rows for an ordered group (sqlq's parkRows), in tx.
+func (r *runner) queue(ctx context.Context, tx pgx.Tx, rows []row) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	g := r.g
+	ids, groups := make([]int64, len(rows)), make([]string, len(rows))
+	for i, x := range rows {
+		ids[i], groups[i] = x.d.ID, x.d.Group
+	}
+	if _, err := tx.Exec(ctx, g.q.ParkRows, g.sub.ID, g.now(), ids, groups); err != nil {
+		return fmt.Errorf("queue rows: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,9 @@
+-- Ordered consumer groups: a group of an ordered PUB_SUB topic queues the
+-- messages it reads in outbox_group_retries (as retries that never ran)
+-- and takes from there, per message group, only the oldest. The claim
+-- finds each message group's oldest row by walking this index from one
+-- message group to the next. Groups sort by their bytes (COLLATE "C"),
+-- whatever the database's collation, the order the walk compares them in.
+CREATE INDEX outbox_group_retries_group_idx
+    ON outbox_group_retries (subscription_id, message_group COLLATE "C", message_id)
+    WHERE message_group IS NOT NULL;
