@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 // shortTx begins the transactions of groups, all of which are short: if
@@ -102,14 +103,72 @@ func (g *Group) ReplayDeadLetters(ctx context.Context, ids ...int64) (int64, err
 		return 0, fmt.Errorf("consumergroup: replay: %w", err)
 	}
 	n := tag.RowsAffected()
+	return n, g.deadLettersFound(ctx, n, filter)
+}
+
+// DiscardDeadLetters deletes the group's dead letters (the given ids, or
+// all) and returns how many it deleted: the group gives up on those
+// messages. On an ordered topic that blocks message groups on dead letters
+// (outbox.BlockGroup), that is how a blocked message group goes on
+// without its dead letter; ReplayDeadLetters is the other way. It works
+// on a Group value that was never started, and fails like
+// ReplayDeadLetters on unknown names and ids.
+func (g *Group) DiscardDeadLetters(ctx context.Context, ids ...int64) (int64, error) {
+	var filter []int64
+	if len(ids) > 0 {
+		filter = slices.Compact(slices.Sorted(slices.Values(ids)))
+	}
+	topic, err := g.client.Topic(ctx, g.cfg.Topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, g.q.DiscardDeadLetters, g.cfg.Topic, g.cfg.Group, filter)
+		if err != nil {
+			return err
+		}
+		sub := pubsub.Subscription{Topic: g.cfg.Topic, Group: g.cfg.Group}
+		var gone []int64
+		var id int64
+		if _, err := pgx.ForEachRow(rows, []any{&sub.ID, &sub.Bit, &id}, func() error {
+			gone = append(gone, id)
+			return nil
+		}); err != nil {
+			return err
+		}
+		n = int64(len(gone))
+		if n == 0 || topic.Tracking == outbox.Offset {
+			return nil // Offset records nothing per message: the group's position is past it
+		}
+		// Completed, so that cleanup may delete the message (a dead letter
+		// not yet completed by maintenance would otherwise hold it).
+		tracker, err := pubsub.New(topic.Tracking, g.schema)
+		if err != nil {
+			return err
+		}
+		slices.Sort(gone)
+		return tracker.Complete(ctx, tx, sub, gone)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("consumergroup: discard dead letters: %w", err)
+	}
+	return n, g.deadLettersFound(ctx, n, filter)
+}
+
+// deadLettersFound is the error of a dead-letter action that changed n of
+// the dead letters filter names (all of the group's when nil): nil, or
+// one that wraps outbox.ErrNotFound for an unknown group or ids that are
+// not its dead letters.
+func (g *Group) deadLettersFound(ctx context.Context, n int64, filter []int64) error {
 	if n < int64(len(filter)) || n == 0 {
 		if _, err := g.State(ctx); err != nil {
-			return n, err
+			return err
 		}
 	}
 	if n < int64(len(filter)) {
-		return n, fmt.Errorf("%w: %d of %d ids are not dead letters of group %q of %q",
+		return fmt.Errorf("%w: %d of %d ids are not dead letters of group %q of %q",
 			outbox.ErrNotFound, int64(len(filter))-n, len(filter), g.cfg.Group, g.cfg.Topic)
 	}
-	return n, nil
+	return nil
 }

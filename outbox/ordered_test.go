@@ -43,7 +43,6 @@ func TestOrderedTopicConfiguration(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
 	for name, cfg := range map[string]outbox.TopicConfig{
-		"ordered PUB_SUB":     {Name: "a", Semantics: outbox.PubSub, Ordered: true},
 		"policy, not ordered": {Name: "a", OrderedDeadLetters: outbox.SkipDeadLetters},
 		"unknown policy":      {Name: "a", Ordered: true, OrderedDeadLetters: "DROP"},
 	} {
@@ -63,6 +62,15 @@ func TestOrderedTopicConfiguration(t *testing.T) {
 	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "ordered"}), outbox.ErrInvalidConfig)
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "plain"}))
 	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "plain", Ordered: true}), outbox.ErrInvalidConfig)
+	// PUB_SUB topics are ordered per consumer group, in every tracking mode.
+	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter, outbox.Offset} {
+		name := "fanout-" + string(mode)
+		require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: name, Semantics: outbox.PubSub, Tracking: mode, Ordered: true}))
+		got, err := b.client.Topic(ctx, name)
+		require.NoError(t, err)
+		require.True(t, got.Ordered, name)
+		require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: name, Semantics: outbox.PubSub, Tracking: mode}), outbox.ErrInvalidConfig)
+	}
 
 	// Messages sent before the first configuration were not written in
 	// order: the topic cannot become ordered until they are gone.

@@ -40,7 +40,7 @@ type PubSub struct {
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetry, ExtendLeases string
 
 	// Administration.
-	ListDeadLetters, ReplayDeadLetters string
+	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters string
 
 	BitmapComplete, BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup string
 	CounterComplete, CounterCompleted                                         string
@@ -107,8 +107,9 @@ func ForPubSub(schema string) *PubSub {
 		DeleteRetry:   q(deleteRetry),
 		ExtendLeases:  q(extendGroupLeases),
 
-		ListDeadLetters:   q(listGroupDeadLetters),
-		ReplayDeadLetters: q(replayGroupDeadLetters),
+		ListDeadLetters:    q(listGroupDeadLetters),
+		ReplayDeadLetters:  q(replayGroupDeadLetters),
+		DiscardDeadLetters: q(discardGroupDeadLetters),
 
 		BitmapComplete:          q(bitmapComplete),
 		BitmapCompleted:         q(bitmapCompleted),
@@ -657,7 +658,7 @@ LEFT JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
 WHERE coalesce(o.payload, r.payload) IS NOT NULL -- neither: an orphan, deleted at the next reap
 ORDER BY coalesce(o.xid, r.xid), c.message_id`
 
-// parkRows queues messages ($3 ids, $4 message groups, '' for none) for
+// parkRows queues messages ($3 ids, $4 message groups, empty for none) for
 // an ordered group, subscription $1, as retries that never ran, available
 // from $2: the group takes them from there with claimOrderedRetries.
 const parkRows = `
@@ -668,7 +669,7 @@ FROM unnest($3::bigint[], $4::text[]) AS u(id, message_group)
 ON CONFLICT (subscription_id, message_id) DO NOTHING`
 
 // claimOrderedRetries is claimRetries for an ordered group: $1..$5 as
-// there, $6 the message group to start the walk after ('' for the first),
+// there, $6 the message group to start the walk after (empty: the first),
 // $7 whether a dead letter blocks its message group, $8 the most messages
 // of one message group a claim takes (a run).
 //
@@ -841,6 +842,17 @@ UPDATE {{schema}}.outbox_group_retries
 SET status = 'RETRY', attempts = 0, available_at = now(), dead_lettered_at = NULL, lease_expiries = 0
 WHERE subscription_id = ` + groupSubscription + ` AND status = 'DEAD_LETTER'
       AND ($3::bigint[] IS NULL OR message_id = ANY($3::bigint[]))`
+
+// discardGroupDeadLetters deletes the dead letters of group $2 of topic $1
+// (those of ids $3, or all when NULL) and returns the subscription, its
+// bit (-1: none) and the ids, so that the caller records them as
+// completed by the group in the same transaction.
+const discardGroupDeadLetters = `
+DELETE FROM {{schema}}.outbox_group_retries AS r
+USING {{schema}}.outbox_topic_subscriptions AS s
+WHERE s.id = r.subscription_id AND s.id = ` + groupSubscription + ` AND r.status = 'DEAD_LETTER'
+      AND ($3::bigint[] IS NULL OR r.message_id = ANY($3::bigint[]))
+RETURNING s.id, coalesce(s.bit, -1), r.message_id`
 
 // ---------------------------------------------------------------- bitmap
 
