@@ -20,23 +20,93 @@ import (
 
 func (r *runner) complete() {
 	for s := range r.finished {
-		if s.batch != nil {
-			r.held.finishing(s.batch.id)
-			r.completeBatch(s.batch)
-			if r.testBatchFinished != nil {
-				r.testBatchFinished(s.batch.id)
+		// What else is waiting goes too: the acks of retry deliveries
+		// among it share one transaction (an ordered group's messages all
+		// come as retry deliveries).
+		pending := []settled{s}
+	gather:
+		for len(pending) < maxAcksPerTx {
+			select {
+			case s, ok := <-r.finished:
+				if !ok {
+					break gather
+				}
+				pending = append(pending, s)
+			default:
+				break gather
 			}
-			r.held.remove(s.batch.id, 0)
-		} else {
-			r.completeRetry(s.retry)
-			r.held.remove(0, s.retry.f.id)
 		}
-		r.inflight.Add(-int64(s.count))
-		select {
-		case r.room <- struct{}{}:
-		default:
+		var acks []int64
+		for _, s := range pending {
+			switch {
+			case s.batch != nil:
+				r.held.finishing(s.batch.id)
+				r.completeBatch(s.batch)
+				if r.testBatchFinished != nil {
+					r.testBatchFinished(s.batch.id)
+				}
+				r.held.remove(s.batch.id, 0)
+			case s.retry.outcome == ack:
+				acks = append(acks, s.retry.f.id)
+				continue // settled below, with the others
+			default:
+				r.completeRetry(s.retry)
+				r.held.remove(0, s.retry.f.id)
+			}
+			r.settled(s.count)
+		}
+		if len(acks) > 0 {
+			r.ackRetries(acks)
+			for _, id := range acks {
+				r.held.remove(0, id)
+			}
+			r.settled(len(acks))
 		}
 	}
+}
+
+// maxAcksPerTx bounds how many retry deliveries one completion transaction
+// acks.
+const maxAcksPerTx = 256
+
+// settled counts n messages as no longer in flight.
+func (r *runner) settled(n int) {
+	r.inflight.Add(-int64(n))
+	select {
+	case r.room <- struct{}{}:
+	default:
+	}
+}
+
+// ackRetries ends retry deliveries that succeeded and records their
+// messages as completed, in one transaction; a delivery whose lease was
+// lost meanwhile is left alone (it is redelivered).
+func (r *runner) ackRetries(ids []int64) {
+	g := r.g
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	slices.Sort(ids) // every group locks message rows in ascending id order
+	var done int
+	err := withRetry(ctx, func() error {
+		return pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, g.q.DeleteRetries, g.sub.ID, ids, g.cfg.InstanceID)
+			if err != nil {
+				return err
+			}
+			held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil || len(held) == 0 {
+				return err
+			}
+			slices.Sort(held)
+			done = len(held)
+			return g.tracker.Complete(ctx, tx, g.sub, held)
+		})
+	})
+	if err != nil {
+		g.logger.Error("pgoutbox: acking retries failed; they are redelivered after their lease", slog.Int("messages", len(ids)), slog.Any("error", err))
+		return
+	}
+	g.metrics.acked.Add(ctx, int64(done))
 }
 
 // completeBatch ends a batch. Messages a stopping instance never handled
@@ -107,14 +177,6 @@ func (r *runner) completeRetry(o *retryOut) {
 	defer cancel()
 	err := withRetry(ctx, func() error {
 		switch o.outcome {
-		case ack:
-			return pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-				tag, err := tx.Exec(ctx, g.q.DeleteRetry, g.sub.ID, o.f.id, g.cfg.InstanceID)
-				if err != nil || tag.RowsAffected() == 0 {
-					return err // lease lost: the retry is redelivered
-				}
-				return g.tracker.Complete(ctx, tx, g.sub, []int64{o.f.id})
-			})
 		case release:
 			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, 0, false, "", g.now(), 1)
 			return err
@@ -139,8 +201,6 @@ func (r *runner) completeRetry(o *retryOut) {
 	})
 	if err != nil {
 		g.logger.Error("pgoutbox: settling a retry failed; it is redelivered after its lease", slog.Int64("id", o.f.id), slog.Any("error", err))
-	} else if o.outcome == ack {
-		g.metrics.acked.Add(ctx, 1)
 	}
 }
 

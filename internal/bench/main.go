@@ -100,8 +100,8 @@ func parseFlags() *config {
 	flag.IntVar(&c.oltpTPS, "oltp-tps", 200, "BACKFILL_OLTP: pgbench transactions a second (-R)")
 	flag.DurationVar(&c.oltpDuration, "oltp-seconds", 20*time.Second, "BACKFILL_OLTP: length of the baseline measurement")
 	flag.DurationVar(&c.oltpAfter, "oltp-after", 60*time.Second, "BACKFILL_OLTP: how long after the backfill pgbench is still measured (the write-back of what it wrote)")
-	flag.IntVar(&c.msgGroups, "msg-groups", 0, "W2: spread the messages over this many message groups (0 = none)")
-	flag.BoolVar(&c.ordered, "ordered", false, "W2: the topic is ordered (TopicConfig.Ordered): each message group's messages one at a time")
+	flag.IntVar(&c.msgGroups, "msg-groups", 0, "W2, W3: spread the messages over this many message groups (0 = none)")
+	flag.BoolVar(&c.ordered, "ordered", false, "W2, W3: the topic is ordered (TopicConfig.Ordered): each message group's messages one at a time")
 	flag.BoolVar(&c.noHold, "no-hold", false, "W5: hold no transaction (a steady run; the table stats still come at each third's end)")
 	flag.IntVar(&c.fillfactor, "fillfactor", 0, "experiment: set outbox_published's fillfactor after the migrations (0 = as migrated)")
 	flag.Parse()
@@ -297,7 +297,7 @@ func (b *bench) w2(ctx context.Context) error {
 func (b *bench) w3(ctx context.Context) error {
 	const topic = "w3"
 	mode := outbox.TrackingMode(strings.ToUpper(b.c.mode))
-	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode}); err != nil {
+	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode, Ordered: b.c.ordered}); err != nil {
 		return err
 	}
 	fetches := &fetchRecorder{}
