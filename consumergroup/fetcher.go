@@ -140,6 +140,12 @@ func (r *runner) look(limit int, lastReap *time.Time) (fetchResult, error) {
 	return res, err
 }
 
+// orphanSweepEvery is how often an instance drops retries of messages
+// that no longer exist (sqlq's deleteOrphanRetries): the statement reads
+// every retry of the group, and an ordered group holds its whole queue
+// there.
+const orphanSweepEvery = 10 * time.Second
+
 // idleFullLookEvery is how often an idle instance looks in full anyway:
 // that look moves its position (see idlePositionEvery) and drops retries
 // of messages that no longer exist.
@@ -259,8 +265,11 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		if _, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
 		}
-		if _, err := tx.Exec(ctx, g.q.DeleteOrphanRetries, g.sub.ID); err != nil {
-			return 0, fmt.Errorf("reap retries: %w", err)
+		if time.Since(r.lastOrphanSweep) >= orphanSweepEvery {
+			r.lastOrphanSweep = time.Now()
+			if _, err := tx.Exec(ctx, g.q.DeleteOrphanRetries, g.sub.ID); err != nil {
+				return 0, fmt.Errorf("reap retries: %w", err)
+			}
 		}
 		if p.backfill != nil && p.backfill.readingEnded {
 			if _, err := tx.Exec(ctx, g.q.FinishBackfill, g.sub.ID); err != nil {

@@ -183,9 +183,13 @@ func TestOrderedGroupDeadLetterPolicies(t *testing.T) {
 				b.groupMessage("a", 0), b.groupMessage("a", 1), b.groupMessage("a", 2), b.groupMessage("b", 0), b.groupMessage("b", 1)})
 			require.NoError(t, err)
 			pgtest.Eventually(t, 10*time.Second, "the other message group done", func() bool { return seen("b1") && seen("a0") })
-			dead, err := g.DeadLetters(ctx, 0, 0)
-			require.NoError(t, err)
-			require.Len(t, dead, 1)
+			var dead []outbox.DeadLetter
+			pgtest.Eventually(t, 10*time.Second, "the dead letter recorded", func() bool {
+				var err error
+				dead, err = g.DeadLetters(ctx, 0, 0)
+				require.NoError(t, err)
+				return len(dead) == 1
+			})
 			if policy == outbox.SkipDeadLetters {
 				pgtest.Eventually(t, 10*time.Second, "the message after the dead letter", func() bool { return seen("a2") })
 				return

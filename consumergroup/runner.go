@@ -79,15 +79,16 @@ type runner struct {
 
 	// The fetcher's own: it takes turns between the stream and a pending
 	// backfill, whose reads the throttle paces.
-	catchupTurn  bool
-	throttle     *throttle
-	catchupWait  time.Duration // until the throttle allows the next catch-up read (0: none waits)
-	backfilling  atomic.Bool   // a backfill is pending: the load sampler probes
-	idleSince    time.Time     // when an empty look last moved the position (see idlePositionEvery)
-	idle         bool          // the last full look found nothing to do (see look)
-	notified     bool          // a notification of the topic woke the fetcher
-	lastFullLook time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
-	walkAfter    string        // an ordered group's next claim walks the message groups from after this one
+	catchupTurn     bool
+	throttle        *throttle
+	catchupWait     time.Duration // until the throttle allows the next catch-up read (0: none waits)
+	backfilling     atomic.Bool   // a backfill is pending: the load sampler probes
+	idleSince       time.Time     // when an empty look last moved the position (see idlePositionEvery)
+	idle            bool          // the last full look found nothing to do (see look)
+	notified        bool          // a notification of the topic woke the fetcher
+	lastFullLook    time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
+	walkAfter       string        // an ordered group's next claim walks the message groups from after this one
+	lastOrphanSweep time.Time     // see orphanSweepEvery
 }
 
 // job is one delivery to handle.

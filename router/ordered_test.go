@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -62,32 +63,58 @@ func (rv *orderedReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // and no message reaches the receiver before the one ahead of it
 // succeeded. (The in-memory holds of the router play no part: the ordered
 // claim never hands out a group's next message before its head is acked.)
+// Through a QueueSource, and through a GroupSource of a consumer group.
 func TestOrderedSourceKeepsGroupOrderThroughFailures(t *testing.T) {
-	t.Parallel()
+	for _, kind := range []string{"queue", "group"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			orderedSourceThroughFailures(t, kind == "group")
+		})
+	}
+}
+
+func orderedSourceThroughFailures(t *testing.T, group bool) {
 	const groups, perGroup = 50, 20
 	b := setupPG(t)
 	ctx := context.Background()
-	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", Ordered: true, MaxAttempts: 1000,
-		BackoffInitial: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Lease: 2 * time.Second}))
+	tc := outbox.TopicConfig{Name: "hooks", Ordered: true, MaxAttempts: 1000,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Lease: 2 * time.Second}
+	if group {
+		tc.Semantics, tc.Tracking = outbox.PubSub, outbox.Offset
+	}
+	require.NoError(t, b.client.ConfigureTopic(ctx, tc))
 	rv := &orderedReceiver{succeeded: map[string]int{}, order: map[string][]int{}}
 	_, host := endpoint(t, rv.ServeHTTP)
-	b.sendInterleaved(t, "http://"+host+"/hook", groups, perGroup)
 
 	cfg := router.Config{MaxAttempts: 1, DefaultRetryDelay: 20 * time.Millisecond, FastFailDelay: 20 * time.Millisecond,
 		AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 8}},
 		Breaker: router.BreakerConfig{MinRequests: 1000, FailureRatio: 0.99, OpenFor: 200 * time.Millisecond, HalfOpenRequests: 1}}
 	start := func(owner string) *router.Router {
-		client, err := outbox.NewClient(pgtest.NewPool(t, b.db.DSN), outbox.Config{Schema: b.db.Schema})
+		pool := pgtest.NewPool(t, b.db.DSN)
+		client, err := outbox.NewClient(pool, outbox.Config{Schema: b.db.Schema})
 		require.NoError(t, err)
 		rt := newRouter(t, cfg)
-		src, err := router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: "hooks", Owner: owner,
-			BatchSize: 25, MaxInFlight: 50, PollInterval: 20 * time.Millisecond})
+		var src router.Source
+		if group {
+			src, err = router.NewGroupSource(router.GroupSourceConfig{Pool: pool, Group: consumergroup.Config{Client: client,
+				Topic: "hooks", Group: "webhooks", InstanceID: owner, BatchSize: 25, Concurrency: 50,
+				PollInterval: 20 * time.Millisecond}})
+		} else {
+			src, err = router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: "hooks", Owner: owner,
+				BatchSize: 25, MaxInFlight: 50, PollInterval: 20 * time.Millisecond})
+		}
 		require.NoError(t, err)
 		rt.AddSource(src)
 		return rt
 	}
 	start("router-a")
 	second := start("router-b")
+	if group { // subscribed: the group receives what is sent from now on
+		pgtest.Eventually(t, 10*time.Second, "the group subscribed", func() bool {
+			return b.countIn(t, "outbox_topic_subscriptions", "true") == 1
+		})
+	}
+	b.sendInterleaved(t, "http://"+host+"/hook", groups, perGroup)
 	handled := func() int {
 		rv.mu.Lock()
 		defer rv.mu.Unlock()
@@ -106,7 +133,12 @@ func TestOrderedSourceKeepsGroupOrderThroughFailures(t *testing.T) {
 	start("router-b2")
 	time.Sleep(10 * time.Second) // a 10 s outage
 	rv.down.Store(false)
-	pgtest.Eventually(t, 60*time.Second, "all delivered and acked", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 60*time.Second, "all delivered and acked", func() bool {
+		if group {
+			return handled() == groups*perGroup && b.countIn(t, "outbox_group_retries", "true") == 0
+		}
+		return b.count(t, "true") == 0
+	})
 
 	rv.mu.Lock()
 	defer rv.mu.Unlock()

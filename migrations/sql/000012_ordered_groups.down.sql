@@ -1,3 +1,3 @@
 DROP INDEX IF EXISTS outbox_group_retries_ungrouped_idx;
-DROP INDEX IF EXISTS outbox_group_retries_suspect_idx;
+DROP INDEX IF EXISTS outbox_group_retries_leased_idx;
 DROP INDEX IF EXISTS outbox_group_retries_group_idx;

@@ -8,10 +8,11 @@ CREATE INDEX outbox_group_retries_group_idx
     ON outbox_group_retries (subscription_id, message_group COLLATE "C", message_id)
     WHERE message_group IS NOT NULL;
 
--- The claim asks, per message group it walks, whether a retry suspected
--- of crashing its process is leased, and reads the due retries of
--- messages without a group: both without reading the queued rows.
-CREATE INDEX outbox_group_retries_suspect_idx ON outbox_group_retries (subscription_id)
-    WHERE status = 'PROCESSING' AND lease_expiries > 0;
+-- An ordered group's queued messages are retry rows, thousands of them
+-- at a time: finding the leased ones (those whose lease ran out, and
+-- whether one suspected of crashing its process is out) and the due
+-- retries of messages without a group must not read them all.
+CREATE INDEX outbox_group_retries_leased_idx ON outbox_group_retries (subscription_id, lease_until)
+    WHERE status = 'PROCESSING';
 CREATE INDEX outbox_group_retries_ungrouped_idx ON outbox_group_retries (subscription_id, available_at)
     WHERE status = 'RETRY' AND message_group IS NULL;
