@@ -392,6 +392,24 @@ func (r *Router) retryDelay(m *Message, o Outcome) time.Duration {
 }
 
 // done counts a batch+group message finished and drops the tracking at zero.
+// routing counts each batch+group of msgs as having one more message not
+// done while the router queues them (see routeToPool), and returns them;
+// the router calls done for each once it queued them all.
+func (p *pool) routing(msgs []*Message) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var keys []string
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if k := m.batchGroup(); m.grouped() && !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+			p.remaining[k]++
+		}
+	}
+	return keys
+}
+
 func (p *pool) done(key string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

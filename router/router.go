@@ -513,6 +513,12 @@ func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
 		return
 	}
 	// Phase 3: per group, in order; after a refusal the rest of the group is nacked.
+	// The pool remembers a failure of the batch's group until its last
+	// message is done: the first one may be delivered, fail and settle
+	// before the rest is queued, and must still hold the rest back.
+	for _, key := range p.routing(msgs) {
+		defer p.done(key)
+	}
 	refused := map[string]bool{} // by lane; the ungrouped lane is never refused as a whole
 	for _, m := range msgs {
 		g := m.lane()
