@@ -172,3 +172,42 @@ func (g *Group) deadLettersFound(ctx context.Context, n int64, filter []int64) e
 	}
 	return nil
 }
+
+// BlockedGroups lists up to limit (outbox.DefaultBlockedGroupsPage when 0)
+// message groups that hold this group back on an ordered topic, the
+// longest blocked first: each one's oldest queued message failed and
+// waits for its retry, or was dead-lettered on a topic that blocks
+// message groups on dead letters (outbox.BlockGroup). A topic that is not
+// ordered has none. It reads an index of failed messages, not the queue,
+// and counts the messages queued behind each head. It works on a Group
+// value that was never started, and fails with outbox.ErrNotFound when
+// the group has no subscription to its topic.
+func (g *Group) BlockedGroups(ctx context.Context, limit int) ([]outbox.BlockedGroup, error) {
+	if limit < 0 {
+		return nil, fmt.Errorf("%w: negative limit", outbox.ErrInvalidConfig)
+	}
+	topic, err := g.client.Topic(ctx, g.cfg.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := g.State(ctx); err != nil {
+		return nil, err
+	}
+	if !topic.Ordered {
+		return nil, nil
+	}
+	rows, err := g.pool.Query(ctx, g.q.BlockedMessageGroups, g.cfg.Topic, g.cfg.Group,
+		topic.OrderedDeadLetters == outbox.BlockGroup, cmp.Or(limit, outbox.DefaultBlockedGroupsPage))
+	if err != nil {
+		return nil, fmt.Errorf("consumergroup: blocked groups: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.BlockedGroup, error) {
+		var b outbox.BlockedGroup
+		err := r.Scan(&b.Group, &b.HeadID, &b.Attempts, &b.LastError, &b.Since, &b.DeadLettered, &b.Behind)
+		return b, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumergroup: blocked groups: %w", err)
+	}
+	return out, nil
+}

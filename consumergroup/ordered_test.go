@@ -196,6 +196,15 @@ func TestOrderedGroupDeadLetterPolicies(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond) // ten polls
 			require.False(t, seen("a2"), "a message passed its message group's dead letter")
+			blocked, err := g.BlockedGroups(ctx, 0)
+			require.NoError(t, err)
+			require.Len(t, blocked, 1)
+			require.Equal(t, "a", blocked[0].Group)
+			require.Equal(t, dead[0].ID, blocked[0].HeadID)
+			require.True(t, blocked[0].DeadLettered)
+			require.Equal(t, 1, blocked[0].Behind)
+			require.Contains(t, blocked[0].LastError, "poison")
+			require.False(t, blocked[0].Since.IsZero())
 
 			_, err = g.DiscardDeadLetters(ctx, 12345)
 			require.ErrorIs(t, err, outbox.ErrNotFound)
@@ -206,6 +215,9 @@ func TestOrderedGroupDeadLetterPolicies(t *testing.T) {
 			dead, err = g.DeadLetters(ctx, 0, 0)
 			require.NoError(t, err)
 			require.Empty(t, dead)
+			blocked, err = g.BlockedGroups(ctx, 0)
+			require.NoError(t, err)
+			require.Empty(t, blocked)
 		})
 	}
 }
@@ -267,4 +279,51 @@ func TestOrderedGroupBatchHandlerHandsBackWhatFollowsAFailure(t *testing.T) {
 	for seq := 1; seq < len(msgs); seq++ {
 		require.Less(t, last[seq-1], last[seq], "message %d's last success came before %d's", seq, seq-1)
 	}
+}
+
+// A message group whose head keeps failing is listed by BlockedGroups
+// with its head, attempts, last error and what waits behind it; the other
+// message groups go on. Unknown groups fail with outbox.ErrNotFound.
+func TestOrderedGroupBlockedGroupsAreVisible(t *testing.T) {
+	b := setupOrdered(t, outbox.Counter, outbox.BlockGroup)
+	ctx := context.Background()
+	var mu sync.Mutex
+	handled := map[string]int{}
+	g := b.newGroup(t, "g")
+	require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+		if d.Group == "stuck" {
+			return outbox.RetryAfter(time.Hour, errors.New("downstream says no"))
+		}
+		mu.Lock()
+		handled[d.Group]++
+		mu.Unlock()
+		return nil
+	}, nil))
+	start(t, g, consumergroup.SubscriptionOptions{})
+	var msgs []outbox.Message
+	for i := range 4 {
+		msgs = append(msgs, b.groupMessage("stuck", i), b.groupMessage("free", i))
+	}
+	ids, err := b.producer.SendBatch(ctx, b.db.Pool, msgs)
+	require.NoError(t, err)
+	pgtest.Eventually(t, 10*time.Second, "the free message group done", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return handled["free"] == 4
+	})
+	var blocked []outbox.BlockedGroup
+	pgtest.Eventually(t, 10*time.Second, "the stuck message group listed", func() bool {
+		blocked, err = g.BlockedGroups(ctx, 0)
+		require.NoError(t, err)
+		return len(blocked) == 1
+	})
+	require.Equal(t, "stuck", blocked[0].Group)
+	require.Equal(t, ids[0], blocked[0].HeadID)
+	require.Equal(t, 1, blocked[0].Attempts)
+	require.False(t, blocked[0].DeadLettered)
+	require.Equal(t, 3, blocked[0].Behind)
+	require.Contains(t, blocked[0].LastError, "downstream says no")
+
+	_, err = b.newGroup(t, "nobody").BlockedGroups(ctx, 0)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
 }

@@ -27,7 +27,8 @@ type BlockedGroup struct {
 	// Since is when the head first failed (or was dead-lettered).
 	Since time.Time
 	// DeadLettered: the head is a dead letter; replay or discard it
-	// (Client.ReplayDeadLetters, Client.DiscardDeadLetters) to let the
+	// (Client.ReplayDeadLetters, Client.DiscardDeadLetters, or the
+	// consumer group's ReplayDeadLetters and DiscardDeadLetters) to let the
 	// group go on.
 	DeadLettered bool
 	// Behind is how many of the group's messages wait behind the head.

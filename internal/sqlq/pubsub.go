@@ -41,6 +41,7 @@ type PubSub struct {
 
 	// Administration.
 	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters string
+	BlockedMessageGroups                                   string
 
 	BitmapComplete, BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup string
 	CounterComplete, CounterCompleted                                         string
@@ -107,9 +108,10 @@ func ForPubSub(schema string) *PubSub {
 		DeleteRetries: q(deleteRetries),
 		ExtendLeases:  q(extendGroupLeases),
 
-		ListDeadLetters:    q(listGroupDeadLetters),
-		ReplayDeadLetters:  q(replayGroupDeadLetters),
-		DiscardDeadLetters: q(discardGroupDeadLetters),
+		ListDeadLetters:      q(listGroupDeadLetters),
+		ReplayDeadLetters:    q(replayGroupDeadLetters),
+		DiscardDeadLetters:   q(discardGroupDeadLetters),
+		BlockedMessageGroups: q(blockedMessageGroups),
 
 		BitmapComplete:          q(bitmapComplete),
 		BitmapCompleted:         q(bitmapCompleted),
@@ -491,8 +493,9 @@ RETURNING prev::text, cur::text, after_xid::text, after_id, last_xid::text, last
 var moveBatchToRetries = `
 WITH moved AS (
     INSERT INTO {{schema}}.outbox_group_retries
-        (subscription_id, message_id, status, attempts, available_at, last_error, lease_expiries)
-    SELECT $1, u.id, 'RETRY', 1, coalesce($2::timestamptz, now()), 'lease expired (member ' || $18::text || ')', 1
+        (subscription_id, message_id, status, attempts, available_at, last_error, lease_expiries, failing_since)
+    SELECT $1, u.id, 'RETRY', 1, coalesce($2::timestamptz, now()), 'lease expired (member ' || $18::text || ')', 1,
+           coalesce($2::timestamptz, now())
     FROM (` + unseenRows("o.id", `o.topic = $3 AND (o.xid, o.id) <= ($16::text::xid8, $17::bigint)
           AND pg_visible_in_snapshot(o.xid, $13::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $12::pg_snapshot)
           AND CASE WHEN $19::bool THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
@@ -578,7 +581,7 @@ SET status = CASE WHEN attempts >= $3 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
     dead_lettered_at = CASE WHEN attempts >= $3 THEN coalesce($2::timestamptz, now()) END,
     available_at = coalesce($2::timestamptz, now()),
     last_error = 'lease expired (member ' || coalesce(lease_owner, '?') || ')',
-    lease_expiries = lease_expiries + 1,
+    lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, $2::timestamptz, now()),
     lease_owner = NULL, lease_until = NULL
 WHERE subscription_id = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())`
 
@@ -783,10 +786,11 @@ const finishBatch = `DELETE FROM {{schema}}.outbox_group_batches WHERE id = $1 A
 // given back, available at once).
 const insertRetries = `
 INSERT INTO {{schema}}.outbox_group_retries
-    (subscription_id, message_id, status, attempts, available_at, last_error, dead_lettered_at)
+    (subscription_id, message_id, status, attempts, available_at, last_error, dead_lettered_at, failing_since)
 SELECT $1, r.message_id, CASE WHEN r.dead THEN 'DEAD_LETTER' ELSE 'RETRY' END, r.attempts,
        coalesce($6::timestamptz, now()) + r.delay_us * interval '1 microsecond', nullif(r.err, ''),
-       CASE WHEN r.dead THEN coalesce($6::timestamptz, now()) END
+       CASE WHEN r.dead THEN coalesce($6::timestamptz, now()) END,
+       CASE WHEN r.err <> '' THEN coalesce($6::timestamptz, now()) END
 FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::bool[], $7::text[]) AS r(message_id, attempts, delay_us, dead, err)
 ON CONFLICT (subscription_id, message_id) DO NOTHING`
 
@@ -801,7 +805,8 @@ SET status = CASE WHEN $5 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
     available_at = coalesce($7::timestamptz, now()) + $4 * interval '1 microsecond',
     dead_lettered_at = CASE WHEN $5 THEN coalesce($7::timestamptz, now()) END,
     last_error = coalesce(nullif($6, ''), last_error), lease_owner = NULL, lease_until = NULL,
-    lease_expiries = CASE WHEN $8 = 1 THEN lease_expiries ELSE 0 END
+    lease_expiries = CASE WHEN $8 = 1 THEN lease_expiries ELSE 0 END,
+    failing_since = CASE WHEN $8 = 1 THEN failing_since ELSE coalesce(failing_since, $7::timestamptz, now()) END
 WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING'`
 
 // deleteRetries ends retry deliveries ($2 ids) of subscription $1 that
@@ -845,9 +850,30 @@ LIMIT $4`
 
 const replayGroupDeadLetters = `
 UPDATE {{schema}}.outbox_group_retries
-SET status = 'RETRY', attempts = 0, available_at = now(), dead_lettered_at = NULL, lease_expiries = 0
+SET status = 'RETRY', attempts = 0, available_at = now(), dead_lettered_at = NULL, lease_expiries = 0, failing_since = NULL
 WHERE subscription_id = ` + groupSubscription + ` AND status = 'DEAD_LETTER'
       AND ($3::bigint[] IS NULL OR message_id = ANY($3::bigint[]))`
+
+// blockedMessageGroups lists up to $4 blocked message groups of ordered
+// group $2 of topic $1, longest blocked first ($3: a dead letter blocks
+// its message group): each head that failed (or was dead-lettered), and
+// how many queued messages wait behind it. Only a head fails (a claim
+// takes nothing else), and a failed retry carries failing_since, which an
+// index finds.
+const blockedMessageGroups = `
+SELECT r.message_group, r.message_id, r.attempts, coalesce(r.last_error, ''),
+       coalesce(r.failing_since, r.dead_lettered_at), r.status = 'DEAD_LETTER',
+       (SELECT count(*) FROM {{schema}}.outbox_group_retries AS b
+        WHERE b.subscription_id = r.subscription_id AND b.message_group COLLATE "C" = r.message_group
+              AND b.message_id > r.message_id AND b.status <> 'DEAD_LETTER')
+FROM {{schema}}.outbox_group_retries AS r
+WHERE r.subscription_id = ` + groupSubscription + ` AND r.failing_since IS NOT NULL AND r.message_group IS NOT NULL
+      AND (r.status <> 'DEAD_LETTER' OR $3::bool)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS e
+                      WHERE e.subscription_id = r.subscription_id AND e.message_group COLLATE "C" = r.message_group
+                            AND e.message_id < r.message_id AND (e.status <> 'DEAD_LETTER' OR $3::bool))
+ORDER BY r.failing_since, r.message_id
+LIMIT $4`
 
 // discardGroupDeadLetters deletes the dead letters of group $2 of topic $1
 // (those of ids $3, or all when NULL) and returns the subscription, its

@@ -16,3 +16,11 @@ CREATE INDEX outbox_group_retries_leased_idx ON outbox_group_retries (subscripti
     WHERE status = 'PROCESSING';
 CREATE INDEX outbox_group_retries_ungrouped_idx ON outbox_group_retries (subscription_id, available_at)
     WHERE status = 'RETRY' AND message_group IS NULL;
+
+-- When a retry first failed (NULL while it never has, as for the queued
+-- messages of an ordered group): an ordered group's blocked message
+-- groups are the groups of such retries, and the index finds them without
+-- reading the queue.
+ALTER TABLE outbox_group_retries ADD COLUMN failing_since timestamptz;
+CREATE INDEX outbox_group_retries_failing_idx ON outbox_group_retries (subscription_id, failing_since)
+    WHERE failing_since IS NOT NULL;
