@@ -34,7 +34,7 @@ var RouterSubjects = []*Subject{
 	{Name: "router-counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-offset-ordered", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Ordered: true, Router: true,
-		Only: []string{"StartWhileProducersCommitOutOfOrder", "ReceiverFailsTimesOutAndThrottles", "MemberKilledMidBatch", "TwoInstancesOnSeparatePools"},
+		Only:  []string{"StartWhileProducersCommitOutOfOrder", "ReceiverFailsTimesOutAndThrottles", "MemberKilledMidBatch", "TwoInstancesOnSeparatePools"},
 		Start: startRouter},
 }
 
