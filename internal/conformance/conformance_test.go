@@ -1,9 +1,6 @@
 package conformance_test
 
 import (
-	"flag"
-	"runtime"
-	"strconv"
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/internal/conformance"
@@ -13,13 +10,6 @@ import (
 func TestMain(m *testing.M) {
 	if conformance.IsChild() {
 		conformance.ChildMain()
-	}
-	// The scenarios spend most of their time waiting (for leases to run
-	// out, heartbeats to lapse, processes to die): twice as many run at
-	// once as the default (GOMAXPROCS), unless -parallel says otherwise.
-	flag.Parse()
-	if p := flag.Lookup("test.parallel"); p != nil && p.Value.String() == strconv.Itoa(runtime.GOMAXPROCS(0)) {
-		_ = p.Value.Set(strconv.Itoa(2 * runtime.GOMAXPROCS(0)))
 	}
 	pgtest.Main(m)
 }
