@@ -115,8 +115,7 @@ func lockTopic(ctx context.Context, tx pgx.Tx, q *sqlq.PubSub, topic string) err
 func (g *Group) changeTx(ctx context.Context, f func(pgx.Tx) error) error {
 	for attempt := 1; ; attempt++ {
 		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, f)
-		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || (pgErr.Code != "55P03" && pgErr.Code != "40P01") {
+		if !lockConflict(err) {
 			return err
 		}
 		if attempt%10 == 0 {
@@ -129,6 +128,13 @@ func (g *Group) changeTx(ctx context.Context, f func(pgx.Tx) error) error {
 		case <-time.After(backoff.Exponential(attempt, 20*time.Millisecond, 2*time.Second)):
 		}
 	}
+}
+
+// lockConflict reports whether err is a lock timeout or a deadlock, after
+// which a lifecycle change runs again.
+func lockConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01")
 }
 
 // lockOffset waits for a fetch of the group in progress to commit.

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -84,8 +85,26 @@ func (m *Maintainer) detectDead(ctx context.Context, db beginQuerier, topic stri
 		return nil, nil
 	}
 	var dead []deadGroup
-	err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
-		dead = nil
+	// The topic's lock waits at most topicLockTimeout for producer
+	// transactions: a few tries, then the next pass.
+	err := backoff.Retry(ctx, 5, 20*time.Millisecond, 500*time.Millisecond, func(err error) bool { return !lockConflict(err) }, func() error {
+		return m.declareDead(ctx, db, topic, &dead)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumergroup: dead group detection: %w", err)
+	}
+	for _, d := range dead {
+		m.logger.Warn("pgoutbox: consumer group is DEAD (no heartbeat within its timeout); new messages no longer need it, and what it had not finished is kept for it for the topic's ZombieTTL",
+			slog.String("topic", topic), slog.String("dead_group", d.name), slog.Int64("subscription", d.id))
+	}
+	return dead, nil
+}
+
+// declareDead declares DEAD, in one transaction, the candidates of topic
+// whose offsets row no fetch holds, and sets dead to them.
+func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic string, dead *[]deadGroup) error {
+	return pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
+		*dead = nil
 		rows, err := tx.Query(ctx, m.q.DeadCandidates, topic)
 		if err != nil {
 			return err
@@ -110,17 +129,17 @@ func (m *Maintainer) detectDead(ctx context.Context, db beginQuerier, topic stri
 		for _, c := range cands {
 			for _, id := range locked {
 				if id == c.id {
-					dead = append(dead, c)
+					*dead = append(*dead, c)
 				}
 			}
 		}
-		if len(dead) == 0 {
+		if len(*dead) == 0 {
 			return nil
 		}
 		if err := lockTopic(ctx, tx, m.q, topic); err != nil {
 			return err
 		}
-		for _, d := range dead {
+		for _, d := range *dead {
 			if _, err := tx.Exec(ctx, m.q.SetStatus, d.id, string(Dead)); err != nil {
 				return err
 			}
@@ -130,14 +149,6 @@ func (m *Maintainer) detectDead(ctx context.Context, db beginQuerier, topic stri
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("consumergroup: dead group detection: %w", err)
-	}
-	for _, d := range dead {
-		m.logger.Warn("pgoutbox: consumer group is DEAD (no heartbeat within its timeout); new messages no longer need it, and what it had not finished is kept for it for the topic's ZombieTTL",
-			slog.String("topic", topic), slog.String("dead_group", d.name), slog.Int64("subscription", d.id))
-	}
-	return dead, nil
 }
 
 // detectDeadAndForget is detectDead, then forgetting what is due.
