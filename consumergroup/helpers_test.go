@@ -28,13 +28,19 @@ type bundle struct {
 
 func setup(t *testing.T, mode outbox.TrackingMode) *bundle {
 	t.Helper()
+	return setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode})
+}
+
+// setupTopic is setup with the topic configured as tc.
+func setupTopic(t *testing.T, tc outbox.TopicConfig) *bundle {
+	t.Helper()
 	db := pgtest.NewDB(t)
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
 	require.NoError(t, err)
-	require.NoError(t, client.ConfigureTopic(context.Background(), outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode}))
-	return &bundle{db: db, client: client, producer: producer, topic: "events"}
+	require.NoError(t, client.ConfigureTopic(context.Background(), tc))
+	return &bundle{db: db, client: client, producer: producer, topic: tc.Name}
 }
 
 type seqPayload struct {

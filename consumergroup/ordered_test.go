@@ -21,15 +21,9 @@ import (
 // setupOrdered is setup with an ordered topic.
 func setupOrdered(t *testing.T, mode outbox.TrackingMode, policy outbox.DeadLetterPolicy) *bundle {
 	t.Helper()
-	db := pgtest.NewDB(t)
-	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
-	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
-	require.NoError(t, err)
-	require.NoError(t, client.ConfigureTopic(context.Background(), outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub,
-		Tracking: mode, Ordered: true, OrderedDeadLetters: policy, MaxAttempts: 50,
-		BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond}))
-	return &bundle{db: db, client: client, producer: producer, topic: "events"}
+	return setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
+		Ordered: true, OrderedDeadLetters: policy, MaxAttempts: 50,
+		BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond})
 }
 
 func (b *bundle) groupMessage(group string, seq int) outbox.Message {

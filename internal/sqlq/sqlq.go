@@ -160,7 +160,12 @@ const groupLock = `($5::text IS NULL OR pg_advisory_xact_lock(` + orderedLockCla
 // a statement that waited re-read the row). So a message's required groups
 // and the groups' read positions always agree, in every isolation level (a
 // REPEATABLE READ producer that raced a change gets a serialization error).
-const insertPublished = `
+var insertPublished = insertPublishedWhere("")
+
+// insertPublishedWhere is insertPublished with first ahead of its filter
+// (empty, or a condition followed by AND).
+func insertPublishedWhere(first string) string {
+	return `
 INSERT INTO {{schema}}.outbox_published
     (topic, payload, headers, correlation_id, message_group, priority, available_at,
      status, ` + requiredGroupColumns + `)
@@ -168,26 +173,17 @@ SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
        ` + publishedStatus + `,
        ` + requiredGroups + `
 FROM {{schema}}.outbox_topics AS t
-WHERE t.topic = $1 AND ` + topicLockShared + `
+WHERE ` + first + `t.topic = $1 AND ` + topicLockShared + `
 FOR KEY SHARE OF t
 RETURNING id`
+}
 
 // insertPublishedOrdered is insertPublished for an ordered PUB_SUB topic:
 // a message with a group first takes its group's lock, as insertOrdered
 // does (a filter without columns, so it runs before the topic row is
 // read, as in insertRows: group locks before the topic's), and only then
 // draws its id.
-const insertPublishedOrdered = `
-INSERT INTO {{schema}}.outbox_published
-    (topic, payload, headers, correlation_id, message_group, priority, available_at,
-     status, ` + requiredGroupColumns + `)
-SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
-       ` + publishedStatus + `,
-       ` + requiredGroups + `
-FROM {{schema}}.outbox_topics AS t
-WHERE ` + groupLock + ` AND t.topic = $1 AND ` + topicLockShared + `
-FOR KEY SHARE OF t
-RETURNING id`
+var insertPublishedOrdered = insertPublishedWhere(groupLock + " AND ")
 
 // topicLockClass is the first key of the advisory lock pgoutbox takes per
 // topic ("pgob"); the second is hashtext of the topic's name.
