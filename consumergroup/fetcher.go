@@ -505,33 +505,33 @@ func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID
 }
 
 // dispatch hands jobs to the executors, or all of them at once to the
-// batch handler.
+// batch handler. An ordered group's jobs go in id order, which is commit
+// order within each message group (see handleBatch and runs).
 func (r *runner) dispatch(jobs []*job) {
 	g := r.g
 	r.inflight.Add(int64(len(jobs)))
 	g.metrics.delivered.Add(context.Background(), int64(len(jobs)))
+	if g.topic.Ordered {
+		slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
+	}
 	if bh := g.batchHandler; bh != nil {
-		if g.topic.Ordered { // each message group in commit order (see handleBatch)
-			slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
-		}
 		r.workWG.Add(1) // shutdown waits for it with the executors
 		go r.handleBatch(bh, jobs)
 		return
 	}
-	for _, j := range r.runs(jobs) {
+	if g.topic.Ordered {
+		jobs = runs(jobs)
+	}
+	for _, j := range jobs {
 		r.jobs <- j
 	}
 }
 
-// runs links, in an ordered group, the jobs of each message group in id
-// (commit) order, each to the next, and returns the first of each and the
-// jobs without a group: an executor handles a message group's jobs one
+// runs links the jobs of each message group of an ordered group, given in
+// id (commit) order, each to the next, and returns the first of each and
+// the jobs without a group: an executor handles a message group's jobs one
 // after the other (see work).
-func (r *runner) runs(jobs []*job) []*job {
-	if !r.g.topic.Ordered {
-		return jobs
-	}
-	slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
+func runs(jobs []*job) []*job {
 	last := map[string]*job{}
 	firsts := jobs[:0:0]
 	for _, j := range jobs {

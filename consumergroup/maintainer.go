@@ -87,8 +87,9 @@ func (m *Maintainer) detectDead(ctx context.Context, db beginQuerier, topic stri
 	var dead []deadGroup
 	// The topic's lock waits at most topicLockTimeout for producer
 	// transactions: a few tries, then the next pass.
-	err := backoff.Retry(ctx, 5, 20*time.Millisecond, 500*time.Millisecond, func(err error) bool { return !lockConflict(err) }, func() error {
-		return m.declareDead(ctx, db, topic, &dead)
+	err := backoff.Retry(ctx, 5, 20*time.Millisecond, 500*time.Millisecond, func(err error) bool { return !lockConflict(err) }, func() (err error) {
+		dead, err = m.declareDead(ctx, db, topic)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("consumergroup: dead group detection: %w", err)
@@ -101,10 +102,11 @@ func (m *Maintainer) detectDead(ctx context.Context, db beginQuerier, topic stri
 }
 
 // declareDead declares DEAD, in one transaction, the candidates of topic
-// whose offsets row no fetch holds, and sets dead to them.
-func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic string, dead *[]deadGroup) error {
-	return pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
-		*dead = nil
+// whose offsets row no fetch holds, and returns them.
+func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic string) ([]deadGroup, error) {
+	var dead []deadGroup
+	err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
+		dead = nil
 		rows, err := tx.Query(ctx, m.q.DeadCandidates, topic)
 		if err != nil {
 			return err
@@ -129,17 +131,17 @@ func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic str
 		for _, c := range cands {
 			for _, id := range locked {
 				if id == c.id {
-					*dead = append(*dead, c)
+					dead = append(dead, c)
 				}
 			}
 		}
-		if len(*dead) == 0 {
+		if len(dead) == 0 {
 			return nil
 		}
 		if err := lockTopic(ctx, tx, m.q, topic); err != nil {
 			return err
 		}
-		for _, d := range *dead {
+		for _, d := range dead {
 			if _, err := tx.Exec(ctx, m.q.SetStatus, d.id, string(Dead)); err != nil {
 				return err
 			}
@@ -149,6 +151,7 @@ func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic str
 		}
 		return nil
 	})
+	return dead, err
 }
 
 // detectDeadAndForget is detectDead, then forgetting what is due.

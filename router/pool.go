@@ -391,7 +391,6 @@ func (r *Router) retryDelay(m *Message, o Outcome) time.Duration {
 	return r.cfg.DefaultRetryDelay
 }
 
-// done counts a batch+group message finished and drops the tracking at zero.
 // routing counts each batch+group of msgs as having one more message not
 // done while the router queues them (see routeToPool), and returns them;
 // the router calls done for each once it queued them all.
@@ -410,6 +409,7 @@ func (p *pool) routing(msgs []*Message) []string {
 	return keys
 }
 
+// done counts a batch+group message finished and drops the tracking at zero.
 func (p *pool) done(key string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
