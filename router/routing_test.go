@@ -356,12 +356,10 @@ func TestUngroupedMessagesAreConcurrent(t *testing.T) {
 	for i := range 10 {
 		batch = append(batch, rec.msg(fmt.Sprint(i), fmt.Sprint(i, "/1"), "http://"+host+"/", ""))
 	}
-	start := time.Now()
 	rt.Route(context.Background(), batch)
 	require.Equal(t, "nack", rec.outcome(t, "f/1").kind)
 	for i := range 10 {
 		require.Equal(t, "ack", rec.outcome(t, fmt.Sprint(i, "/1")).kind, "not held back by the failure")
 	}
 	require.EqualValues(t, 5, peak.Load(), "up to the pool's concurrency at once")
-	require.Less(t, time.Since(start), time.Second, "11 calls of 100 ms, 5 at a time")
 }

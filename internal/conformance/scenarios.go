@@ -322,7 +322,6 @@ func hungHandler(t *testing.T, s *Subject) {
 	e.StartInstance(t, e.DB.Pool, spec, b)
 	t.Cleanup(func() { close(release) }) // runs before the instance's Stop
 	ids := e.Send(t, 200)
-	started := time.Now()
 	var hungID int64
 	select {
 	case hungID = <-hangs:
@@ -335,8 +334,10 @@ func hungHandler(t *testing.T, s *Subject) {
 			others = append(others, id)
 		}
 	}
+	// The bound is a third of the group's 30 s lease: had the others waited
+	// for the hung handler, they would have waited for its lease to end.
+	// It says nothing about the machine's speed.
 	e.WaitDelivered(t, "g1", others, 10*time.Second)
-	require.Less(t, time.Since(started), 5*time.Second, "the other messages waited for the hung handler")
 	e.WaitDelivered(t, "g1", ids, 30*time.Second)
 	e.Check(t, "g1", ids, nil)
 	if !s.Router {
