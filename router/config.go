@@ -54,7 +54,9 @@ const (
 	// max(concurrency×QueueCapacityMultiplier, MinQueueCapacity).
 	QueueCapacityMultiplier = 20
 	MinQueueCapacity        = 50
-	// DefaultIdleTimeout ends an idle message group's goroutine.
+	// DefaultIdleTimeout is IdleTimeout's default.
+	//
+	// Deprecated: IdleTimeout is ignored.
 	DefaultIdleTimeout = 5 * time.Minute
 	// DefaultRetryDelay is the nack delay of a message refused before
 	// delivery (its pool was full, it duplicates a delivery in flight),
@@ -262,8 +264,11 @@ type Config struct {
 	// a client of the router's own.
 	HTTPClient *http.Client
 
-	// IdleTimeout ends a message group's goroutine after that long idle.
-	// Defaults to DefaultIdleTimeout.
+	// IdleTimeout is ignored: message groups no longer have goroutines
+	// of their own (a pool runs up to its concurrency of workers), so there
+	// is nothing idle to end.
+	//
+	// Deprecated: a message group costs nothing once its messages are done.
 	IdleTimeout time.Duration
 	// DefaultRetryDelay is the nack delay of a message refused before
 	// delivery (its pool was full, or it duplicates a delivery in flight),

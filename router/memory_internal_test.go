@@ -85,3 +85,38 @@ func TestHoldsAndDrainedPoolsArePruned(t *testing.T) {
 		return held() == 0 && drained == 0
 	})
 }
+
+// A message group leaves nothing behind once its messages are done, and a
+// pool runs no more goroutines than its concurrency, however many groups
+// passed through it.
+func TestFinishedGroupsLeaveNothingBehind(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(`{"ack":true}`)) }))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	r := startInternal(t, Config{AllowedHosts: []string{u.Host}, Pools: []PoolConfig{{Code: "P", Concurrency: 8}}})
+	var wg sync.WaitGroup
+	for i := 0; i < 2000; i += 100 {
+		var batch []*Message
+		for j := i; j < i+100; j++ {
+			wg.Add(1)
+			batch = append(batch, &Message{ID: fmt.Sprint(j), DeliveryID: fmt.Sprint(j), Pool: "P", Target: srv.URL,
+				Group: fmt.Sprint(j), Topic: "t", Settle: nopSettler{&wg}})
+		}
+		r.Route(context.Background(), batch)
+	}
+	wg.Wait()
+	r.mu.Lock()
+	p := r.pools["P"]
+	r.mu.Unlock()
+	pgtest.Eventually(t, 5*time.Second, "every group forgotten", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.groups) == 0 && len(p.ready) == 0 && p.inFlight == 0 && p.queued == 0
+	})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.LessOrEqual(t, p.live, 8, "no more workers than the pool's concurrency")
+	require.Empty(t, p.remaining)
+	require.Empty(t, p.failed)
+}

@@ -12,35 +12,43 @@ import (
 )
 
 // pool delivers messages with at most concurrency in flight and an
-// optional rate limit: one goroutine per active message group, and up to
-// concurrency goroutines for the messages without a group (the ungrouped
-// lane, which has no order to keep).
+// optional rate limit. Up to concurrency worker goroutines take work from
+// a list of ready queues: a message group's queue is ready while it has
+// messages and none of them is being delivered, so a group's messages go
+// one at a time, in order; the lane of messages without a group (no order
+// to keep) is ready while it has messages. A message group costs nothing
+// once its messages are done.
 type pool struct {
 	r    *Router
 	code string
 
 	mu          sync.Mutex // guards everything below
-	cond        *sync.Cond // signalled when a permit frees or the pool drains
+	cond        *sync.Cond // idle workers wait on it for a ready queue (or the drain)
 	concurrency int
 	rateLimit   int
 	limiter     *rate.Limiter // nil: no limit
-	inFlight    int           // permits held
+	inFlight    int           // messages a worker took: permits held
 	groups      map[string]*groupQueue
-	queued      int // messages taken and not yet delivering: in a group queue or waiting for a permit
+	ready       []*groupQueue // queues a worker may take a message from, oldest first
+	queued      int           // messages taken and not yet with a worker
 	running     bool
-	live        int             // queue goroutines running
+	live        int             // worker goroutines running
+	idle        int             // workers waiting on cond and not yet signalled
 	failed      map[string]bool // batchID|group whose delivery failed
 	remaining   map[string]int  // batchID|group → messages not yet done
 	workers     sync.WaitGroup
 }
 
 type groupQueue struct {
+	name          string
 	high, regular []*Message
-	wake          chan struct{} // capacity 1
-	workers       int           // goroutines serving the queue: at most 1 for a group
-	held          int           // the group's part of the pool's queued
-	ungrouped     bool          // the lane of messages without a group
+	held          int  // the group's part of the pool's queued
+	busy          bool // a worker delivers one of its messages (groups only)
+	isReady       bool // in the pool's ready list
+	ungrouped     bool // the lane of messages without a group
 }
+
+func (g *groupQueue) empty() bool { return len(g.high)+len(g.regular) == 0 }
 
 func newPool(r *Router, c PoolConfig) *pool {
 	p := &pool{r: r, code: c.Code, concurrency: c.Concurrency, groups: map[string]*groupQueue{},
@@ -73,7 +81,9 @@ func (p *pool) update(c PoolConfig) {
 				p.code, p.concurrency, c.Concurrency, p.inFlight))
 		}
 		p.concurrency = c.Concurrency
-		p.cond.Broadcast()
+		for range len(p.ready) {
+			p.wakeLocked()
+		}
 	}
 	if c.RateLimitPerMinute != p.rateLimit {
 		p.setRate(c.RateLimitPerMinute)
@@ -119,14 +129,8 @@ func (p *pool) finished() bool {
 func (p *pool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	active := 0
-	for _, g := range p.groups {
-		if g.workers > 0 {
-			active++
-		}
-	}
 	return PoolStats{Code: p.code, Concurrency: p.concurrency, RateLimitPerMinute: p.rateLimit,
-		Capacity: p.capacity(), Queued: p.queued, InFlight: p.inFlight, ActiveGroups: active}
+		Capacity: p.capacity(), Queued: p.queued, InFlight: p.inFlight, ActiveGroups: len(p.groups)}
 }
 
 // submit queues m behind the earlier messages of its group; false when the
@@ -140,7 +144,7 @@ func (p *pool) submit(m *Message) bool {
 	name := m.lane()
 	g := p.groups[name]
 	if g == nil {
-		g = &groupQueue{wake: make(chan struct{}, 1), ungrouped: !m.grouped()}
+		g = &groupQueue{name: name, ungrouped: !m.grouped()}
 		p.groups[name] = g
 	}
 	if g.held >= p.groupLimit() {
@@ -154,107 +158,121 @@ func (p *pool) submit(m *Message) bool {
 	p.queued++
 	g.held++
 	p.remaining[m.batchGroup()]++
-	if g.workers == 0 || g.ungrouped && g.workers < p.concurrency {
-		g.workers++
-		p.live++
-		p.workers.Add(1)
-		go p.serve(name, g)
-	}
-	select {
-	case g.wake <- struct{}{}:
-	default:
+	if !g.busy && !g.isReady {
+		p.markReady(g)
+		p.wakeLocked()
 	}
 	return true
 }
 
-// next pops the queue's next message, high priority first; nil when the
-// pool drains, when a group stayed idle for IdleTimeout, or at once when
-// the ungrouped lane is empty: the goroutine then exits.
-func (p *pool) next(name string, g *groupQueue) *Message {
-	idle := time.NewTimer(p.r.cfg.IdleTimeout)
-	defer idle.Stop()
-	for {
-		p.mu.Lock()
-		if !p.running {
-			g.workers--
-			p.mu.Unlock()
-			return nil
-		}
-		var m *Message
-		switch {
-		case len(g.high) > 0:
-			m, g.high = g.high[0], g.high[1:]
-		case len(g.regular) > 0:
-			m, g.regular = g.regular[0], g.regular[1:]
-		}
-		if m != nil {
-			// Still counted in queued until it holds a permit (or is settled
-			// without delivery), so capacity bounds every message waiting in
-			// the pool, not just those still in a group queue.
-			p.mu.Unlock()
-			return m
-		}
-		if g.ungrouped {
-			p.leave(name, g)
-			p.mu.Unlock()
-			return nil
-		}
-		p.mu.Unlock()
-		select {
-		case <-g.wake:
-		case <-idle.C:
-			p.mu.Lock()
-			if len(g.high)+len(g.regular) == 0 {
-				p.leave(name, g)
-				p.mu.Unlock()
-				return nil
-			}
-			p.mu.Unlock()
-		}
+// markReady appends g to the ready list (callers hold mu).
+func (p *pool) markReady(g *groupQueue) {
+	g.isReady = true
+	p.ready = append(p.ready, g)
+}
+
+// wakeLocked gets a worker for a queue that became ready: an idle one, or
+// a new one while the pool has fewer than concurrency (callers hold mu).
+func (p *pool) wakeLocked() {
+	switch {
+	case p.idle > 0:
+		p.idle--
+		p.cond.Signal()
+	case p.live < p.concurrency:
+		p.live++
+		p.workers.Add(1)
+		go p.work()
 	}
 }
 
-// leave ends a goroutine serving the empty queue g; the last one forgets
-// the queue (callers hold mu).
-func (p *pool) leave(name string, g *groupQueue) {
-	if g.workers--; g.workers == 0 {
-		delete(p.groups, name)
-	}
-}
-
-// serve is a goroutine of a queue: a group's, one message at a time, in
-// order; or one of the ungrouped lane's.
-func (p *pool) serve(name string, g *groupQueue) {
+// work is a worker goroutine: it delivers messages from ready queues until
+// the pool drains or has more workers than its concurrency.
+func (p *pool) work() {
 	defer p.workers.Done()
-	defer func() {
-		p.mu.Lock()
-		p.live--
-		p.mu.Unlock()
-	}()
 	for {
-		m := p.next(name, g)
+		g, m := p.take()
 		if m == nil {
 			return
 		}
-		p.process(g, m)
+		p.process(m)
+		p.finish(g)
+	}
+}
+
+// take waits for a ready queue and takes its next message, high priority
+// first, with a concurrency permit; nil when the worker is to end.
+func (p *pool) take() (*groupQueue, *Message) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		if !p.running {
+			p.live--
+			return nil, nil
+		}
+		if p.live > p.concurrency { // the concurrency was lowered
+			p.live--
+			if len(p.ready) > 0 {
+				p.wakeLocked() // an idle worker takes what this one leaves
+			}
+			return nil, nil
+		}
+		if len(p.ready) > 0 {
+			break
+		}
+		p.idle++
+		p.cond.Wait()
+	}
+	g := p.ready[0]
+	p.ready[0] = nil
+	p.ready = p.ready[1:]
+	g.isReady = false
+	var m *Message
+	if len(g.high) > 0 {
+		m, g.high = g.high[0], g.high[1:]
+	} else {
+		m, g.regular = g.regular[0], g.regular[1:]
+	}
+	p.queued--
+	g.held--
+	p.inFlight++
+	if g.ungrouped {
+		if !g.empty() { // no order to keep: another worker may take the next one
+			p.markReady(g)
+			p.wakeLocked()
+		}
+	} else {
+		g.busy = true
+	}
+	return g, m
+}
+
+// finish returns the permit of a message of g that was settled: g's next
+// message becomes ready, or g, empty, is forgotten.
+func (p *pool) finish(g *groupQueue) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inFlight--
+	g.busy = false
+	switch {
+	case !p.running:
+	case !g.empty():
+		if !g.isReady {
+			p.markReady(g) // this worker takes it next, or another one
+		}
+	case p.groups[g.name] == g:
+		delete(p.groups, g.name)
 	}
 }
 
 // process delivers m, or sends it back when it must wait or the pool
 // drains, and settles it. A panic in delivery code is recovered: m is
 // nacked and the group goes on with its next message.
-func (p *pool) process(g *groupQueue, m *Message) {
+func (p *pool) process(m *Message) {
 	ctx := context.Background()
 	key := m.batchGroup()
-	queued, delivering := true, false // m counts in p.queued; m holds a permit
+	delivering := false
 	defer func() {
 		if v := recover(); v != nil {
-			if queued {
-				p.unqueue(g)
-			}
-			if delivering {
-				p.release()
-			}
 			p.recovered(ctx, m, v, delivering)
 		}
 		p.done(key)
@@ -269,21 +287,16 @@ func (p *pool) process(g *groupQueue, m *Message) {
 		if held {
 			s = settlement{kind: 1, until: resume}
 		}
-		queued = false
-		p.unqueue(g)
 		p.r.settle(ctx, m, s, true)
 		return
 	}
-	if !p.waitRate() || !p.acquire(g) {
-		queued = false
-		p.unqueue(g)
+	if !p.waitRate() {
 		p.r.settle(ctx, m, nackWith(MinDelay), true) // draining: not delivered
 		return
 	}
-	queued, delivering = false, true
+	delivering = true
 	out := p.r.mediator.deliver(ctx, m)
 	delivering = false
-	p.release()
 	p.handle(ctx, m, out)
 }
 
@@ -315,40 +328,6 @@ func (p *pool) waitRate() bool {
 		p.r.metrics.rateLimited.Add(context.Background(), 1)
 		time.Sleep(p.r.cfg.RateLimitPollEvery)
 	}
-}
-
-// acquire takes a concurrency permit for a message of g; false if the
-// pool drains meanwhile.
-func (p *pool) acquire(g *groupQueue) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.running && p.inFlight >= p.concurrency {
-		p.cond.Wait()
-	}
-	if !p.running {
-		return false
-	}
-	p.inFlight++
-	p.queued--
-	g.held--
-	return true
-}
-
-// unqueue forgets a message of g taken from its queue that will not be delivered.
-func (p *pool) unqueue(g *groupQueue) {
-	p.mu.Lock()
-	if p.running { // drain already reset the counts
-		p.queued--
-		g.held--
-	}
-	p.mu.Unlock()
-}
-
-func (p *pool) release() {
-	p.mu.Lock()
-	p.inFlight--
-	p.cond.Signal() // one permit, one waiter (Broadcast would wake every waiting group)
-	p.mu.Unlock()
 }
 
 // handle turns a delivery outcome into ack, dead letter or nack.
@@ -435,12 +414,9 @@ func (p *pool) drain() {
 		queued = append(queued, g.regular...)
 		g.high, g.regular = nil, nil
 		g.held = 0
-		select {
-		case g.wake <- struct{}{}:
-		default:
-		}
 	}
-	p.queued = 0
+	p.groups, p.ready = map[string]*groupQueue{}, nil
+	p.queued, p.idle = 0, 0
 	p.cond.Broadcast()
 	p.mu.Unlock()
 	for _, m := range queued {

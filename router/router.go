@@ -419,7 +419,10 @@ type PoolStats struct {
 	RateLimitPerMinute int
 	Capacity, Queued   int
 	InFlight           int // deliveries holding a concurrency permit
-	ActiveGroups       int
+	// ActiveGroups counts the message groups with messages queued or
+	// being delivered (the lane of messages without a group counts as
+	// one).
+	ActiveGroups int
 }
 
 // Pools describes the active pools.

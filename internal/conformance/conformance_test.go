@@ -1,6 +1,7 @@
 package conformance_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/internal/conformance"
@@ -26,13 +27,26 @@ func TestConformance(t *testing.T) {
 }
 
 // TestExecModes runs the core scenarios with every pool in each of pgx's
-// query exec modes, over QUEUE consumers and one tracking mode.
+// query exec modes but the default (the rest of the suite runs in it), over
+// one tracking mode; and over QUEUE consumers in the modes
+// TestThroughPgBouncer does not run them in.
 func TestExecModes(t *testing.T) {
-	for _, s := range conformance.Subjects {
-		if s.Name != "queue" && s.Name != "bitmap" {
-			continue
+	var modes []string
+	for _, m := range conformance.ExecModes {
+		if m != "cache_statement" {
+			modes = append(modes, m)
 		}
-		t.Run(s.Name, func(t *testing.T) { conformance.RunExecModes(t, s) })
+	}
+	for _, s := range conformance.Subjects {
+		switch s.Name {
+		case "bitmap":
+			t.Run(s.Name, func(t *testing.T) { conformance.RunExecModes(t, s, modes) })
+		case "queue":
+			queueModes := slices.DeleteFunc(slices.Clone(modes), func(m string) bool {
+				return slices.Contains(conformance.PgBouncerExecModes, m)
+			})
+			t.Run(s.Name, func(t *testing.T) { conformance.RunExecModes(t, s, queueModes) })
+		}
 	}
 }
 

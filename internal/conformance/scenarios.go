@@ -76,8 +76,8 @@ var core = map[string]bool{"StartWhileProducersCommitOutOfOrder": true, "TwoInst
 	"CancelUnstartedGroupBesideLiveOnes": true, "PauseAndResumeTwoInstances": true}
 
 // RunExecModes runs the core scenarios over s with every pool in each of
-// pgx's query exec modes.
-func RunExecModes(t *testing.T, s *Subject) { runModes(t, s, ExecModes, false) }
+// the given pgx query exec modes.
+func RunExecModes(t *testing.T, s *Subject, modes []string) { runModes(t, s, modes, false) }
 
 // PgBouncerExecModes are the exec modes that work through PgBouncer's
 // transaction pooling (before PgBouncer 1.21, which tracks prepared
