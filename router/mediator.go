@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -149,6 +150,13 @@ func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
 	return b
 }
 
+// jsonContent is the Content-Type and Accept of every request (never
+// modified: the transport only reads request headers).
+var jsonContent = []string{"application/json"}
+
+// plainAck is the usual acknowledgement, recognised without decoding it.
+var plainAck = []byte(`{"ack":true}`)
+
 // errAttemptFailed marks an attempt the breaker counts as a failure.
 var errAttemptFailed = errors.New("attempt failed")
 
@@ -190,23 +198,23 @@ func (m *mediator) attempt(ctx context.Context, msg *Message, u *url.URL) Outcom
 	if m.cfg.PointerBody {
 		body, _ = json.Marshal(map[string]string{"messageId": msg.ID})
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	// The request is made on the URL Route parsed (not parsed again), with
+	// its headers set under their canonical names.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "", bytes.NewReader(body))
 	if err != nil {
 		return Outcome{Result: ErrorConfig, Reason: err.Error()}
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("X-Message-Id", msg.ID)
-	req.Header.Set("X-Message-Topic", msg.Topic)
-	req.Header.Set("X-Message-Group", msg.group())
+	req.URL = u
+	h := req.Header
+	h["Content-Type"] = jsonContent
+	h["Accept"] = jsonContent
+	h["X-Message-Id"] = []string{msg.ID}
+	h["X-Message-Topic"] = []string{msg.Topic}
+	h["X-Message-Group"] = []string{msg.group()}
 	if msg.OutboxID != 0 {
-		req.Header.Set("X-Outbox-Message-Id", strconv.FormatInt(msg.OutboxID, 10))
+		h["X-Outbox-Message-Id"] = []string{strconv.FormatInt(msg.OutboxID, 10)}
 	}
-	key := msg.IdempotencyKey
-	if key == "" {
-		key = msg.ID
-	}
-	req.Header.Set("Idempotency-Key", key)
+	h["Idempotency-Key"] = []string{cmp.Or(msg.IdempotencyKey, msg.ID)}
 	token, err := m.token(ctx, u)
 	if err != nil {
 		return Outcome{Result: ErrorProcess, Reason: "token: " + err.Error(), retryable: false}
@@ -283,7 +291,8 @@ func (m *mediator) classify(msg *Message, resp *http.Response, body []byte) Outc
 // object is still a success (the original table's compatibility rule),
 // with a warning.
 func (m *mediator) classifyAck(msg *Message, code int, body []byte) Outcome {
-	if len(bytes.TrimSpace(body)) == 0 {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || bytes.Equal(body, plainAck) {
 		return Outcome{Result: Success}
 	}
 	var r struct {

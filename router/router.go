@@ -125,6 +125,7 @@ type Message struct {
 	stream   string // which of scope's streams it comes from (a topic, or a group's copy of one); Topic when empty
 	key, idk string // DeliveryID and ID within scope, set by Route (see scopeKeys)
 	groupKey string // its message group within its stream, set by Route (see scopeKeys)
+	batchKey string // its message group within its batch, set by Route
 	batchID  string
 	batchSeq uint64      // batches are numbered in routing order
 	panicked *panicError // the source's mapper panicked on this message
@@ -166,7 +167,8 @@ func (m *Message) lane() string {
 	return m.groupKey
 }
 
-func (m *Message) batchGroup() string { return m.batchID + "|" + m.groupKey }
+// batchGroup is the message's message group within its batch (set by Route).
+func (m *Message) batchGroup() string { return m.batchKey }
 
 // Source feeds the router.
 type Source interface {
@@ -444,12 +446,19 @@ func (r *Router) InFlight() int { return r.inflight.size() }
 func (r *Router) Route(ctx context.Context, batch []*Message) {
 	batchSeq := r.batches.Add(1)
 	batchID := strconv.FormatUint(batchSeq, 36)
-	r.mu.Lock()
-	pools := make(map[string]*pool, len(r.pools))
-	for k, v := range r.pools {
-		pools[k] = v
+	pools := map[string]*pool{} // the pools of this batch, as they were when it first met each
+	poolFor := func(code string) (*pool, bool) {
+		if p, ok := pools[code]; ok {
+			return p, true
+		}
+		r.mu.Lock()
+		p, ok := r.pools[code]
+		r.mu.Unlock()
+		if ok {
+			pools[code] = p
+		}
+		return p, ok
 	}
-	r.mu.Unlock()
 
 	// Phase 1: dedupe against the in-flight map.
 	byPool := map[string][]*Message{}
@@ -457,6 +466,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 	for _, m := range batch {
 		m.batchID, m.batchSeq = batchID, batchSeq
 		m.scopeKeys()
+		m.batchKey = batchID + "|" + m.groupKey
 		if m.panicked != nil {
 			r.mapperPanicked(ctx, m)
 			continue
@@ -482,7 +492,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 		}
 		m.target = u
 		code := m.Pool
-		if _, ok := pools[code]; !ok {
+		if _, ok := poolFor(code); !ok {
 			if code != DefaultPoolCode {
 				r.warn.add(WarnRouting, SeverityWarn, code, fmt.Sprintf("no pool %q; message %s routed to %s", code, m.ID, DefaultPoolCode))
 			}
