@@ -227,8 +227,27 @@ func (m *mediator) attempt(ctx context.Context, msg *Message, u *url.URL) Outcom
 		return m.classifyError(msg, err)
 	}
 	defer resp.Body.Close()
-	respBody, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return m.classify(msg, resp, respBody)
+	buf := responseBuffers.Get().(*bytes.Buffer)
+	defer putResponseBuffer(buf)
+	_, _ = buf.ReadFrom(io.LimitReader(resp.Body, maxResponseBody))
+	return m.classify(msg, resp, buf.Bytes())
+}
+
+// maxResponseBody bounds how much of a response body is read.
+const maxResponseBody = 1 << 20
+
+// responseBuffers hold response bodies while they are classified (which
+// keeps no reference to them).
+var responseBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// putResponseBuffer returns buf to responseBuffers, unless a large body
+// made it grow: those are left to the garbage collector.
+func putResponseBuffer(buf *bytes.Buffer) {
+	if buf.Cap() > 64<<10 {
+		return
+	}
+	buf.Reset()
+	responseBuffers.Put(buf)
 }
 
 func (m *mediator) token(ctx context.Context, u *url.URL) (string, error) {

@@ -460,6 +460,8 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 		return p, ok
 	}
 
+	targets := batchTargets{m: r.mediator, seen: map[string]checkedTarget{}}
+
 	// Phase 1: dedupe against the in-flight map.
 	byPool := map[string][]*Message{}
 	var poolOrder []string
@@ -484,7 +486,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 			r.metrics.duplicates.Add(ctx, 1)
 			continue
 		}
-		u, err := r.mediator.checkTarget(m.Target)
+		u, err := targets.check(m.Target)
 		if err != nil {
 			r.warn.add(WarnTargetNotAllowed, SeverityError, targetSubject(m.Target), fmt.Sprintf("message %s: %v", m.ID, err))
 			r.settle(ctx, m, deadLetterWith(err.Error()), false)
@@ -573,6 +575,27 @@ func (r *Router) defaultPool() *pool {
 	p := newPool(r, PoolConfig{Code: DefaultPoolCode, Concurrency: DefaultPoolConcurrency})
 	r.pools[DefaultPoolCode] = p
 	return p
+}
+
+// batchTargets checks each target of a batch once: its messages usually
+// share a few.
+type batchTargets struct {
+	m    *mediator
+	seen map[string]checkedTarget
+}
+
+type checkedTarget struct {
+	u   *url.URL
+	err error
+}
+
+func (b batchTargets) check(target string) (*url.URL, error) {
+	c, ok := b.seen[target]
+	if !ok {
+		c.u, c.err = b.m.checkTarget(target)
+		b.seen[target] = c
+	}
+	return c.u, c.err
 }
 
 type settlement struct {
