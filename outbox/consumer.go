@@ -95,8 +95,10 @@ type ConsumerConfig struct {
 	// BatchSize is the most messages claimed in one query; up to this many
 	// may wait, leased, for a free handler (their leases are renewed
 	// together every third of the topic's Lease while they wait; a handler
-	// then has the rest of the lease, less a margin, to finish). Defaults
-	// to DefaultBatchSize.
+	// then has the rest of the lease, less a margin, to finish). A claim
+	// takes a full batch when there is room for one, and a smaller one
+	// only when the handlers are about to run out of work. Defaults to
+	// DefaultBatchSize.
 	BatchSize int
 	// PollInterval is the longest an idle consumer waits before looking for
 	// work when no notification woke it (a message whose lease expired is
@@ -165,7 +167,7 @@ type Consumer struct {
 	jobs     chan *job     // fetcher -> workers; closed by Stop after the fetcher ended
 	results  chan result   // workers -> completer; closed by Stop after the workers ended
 	room     chan struct{} // completer -> fetcher: capacity freed (coalesced)
-	inflight atomic.Int64  // claimed and not yet settled in the database
+	inflight atomic.Int64  // claimed and not yet handled (queued or running)
 	queuedMu sync.Mutex
 	queued   map[*job]struct{} // claimed, not yet picked by a worker: the lease keeper renews them
 	stopping atomic.Bool       // workers release instead of handling
@@ -358,8 +360,12 @@ func (k *Consumer) fetch() {
 	failures := 0
 	quiet := 30 // empty claims since the last one that found work
 	for k.fetchCtx.Err() == nil {
+		// Claim a full batch when there is room for one; a smaller one
+		// only when the handlers are about to run out of work. (A claim
+		// costs about the same whatever its size, and handlers that drain
+		// a batch quickly would otherwise be fed in small claims.)
 		free := capacity - k.inflight.Load()
-		if free < threshold {
+		if free < int64(k.cfg.BatchSize) && (free < threshold || len(k.jobs) >= k.cfg.Concurrency) {
 			select {
 			case <-k.fetchCtx.Done():
 			case <-k.room:
@@ -441,7 +447,10 @@ func (k *Consumer) claim(limit int) (int, error) {
 	return len(batch), nil
 }
 
-// work runs handlers until the job channel is closed.
+// work runs handlers until the job channel is closed. A handled message
+// makes room for the next claim at once: its outcome is written by the
+// completer, together with others, while the fetcher claims again (the
+// claim does not wait for the write).
 func (k *Consumer) work() {
 	for j := range k.jobs {
 		deadline, lost := k.unqueue(j)
@@ -449,9 +458,14 @@ func (k *Consumer) work() {
 			// Stopping, or its lease ran out while it waited (another
 			// consumer may hold it now): hand it back unhandled.
 			k.results <- result{d: j.d, outcome: outcomeReleaseUnstarted}
-			continue
+		} else {
+			k.results <- k.handle(j, deadline)
 		}
-		k.results <- k.handle(j, deadline)
+		k.inflight.Add(-1)
+		select {
+		case k.room <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -580,11 +594,6 @@ func (k *Consumer) complete() {
 			}
 		}
 		k.flush(batch)
-		k.inflight.Add(-int64(len(batch)))
-		select {
-		case k.room <- struct{}{}:
-		default:
-		}
 	}
 }
 

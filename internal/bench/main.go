@@ -44,6 +44,7 @@ type config struct {
 	system, dsn, workload, mode string
 	cpuProfile                  string
 	n, workers, groups, rate    int
+	batch                       int
 	timeout, notifyInterval     time.Duration
 	busyNotifyInterval          time.Duration
 	backfillRate                float64
@@ -84,6 +85,7 @@ func parseFlags() *config {
 	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | W5 held xmin (see w5.go) | SKEW hot and cold topic (see skew.go) | CLEANUP | BACKFILL (see maintenance.go) | DROP (see drop.go) | BACKFILL_OLTP (see oltp.go)")
 	flag.IntVar(&c.n, "n", 0, "messages (0 = workload default)")
 	flag.IntVar(&c.workers, "workers", 8, "producer goroutines (W1) / consumer concurrency (W2, W4)")
+	flag.IntVar(&c.batch, "batch", 0, "W2, W4: the consumer's BatchSize (0 = library default)")
 	flag.IntVar(&c.groups, "groups", 4, "consumer groups (W3)")
 	flag.IntVar(&c.rate, "rate", 500, "produce rate in msg/s (W4, W5)")
 	flag.DurationVar(&c.duration, "duration", 60*time.Second, "W5: how long the producer runs (n = rate × duration); SKEW: each phase's length")
@@ -430,6 +432,7 @@ func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (*
 	k, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{
 		Topic:       topic,
 		Concurrency: b.c.workers,
+		BatchSize:   b.c.batch,
 		Handler:     tr.handler,
 	})
 	if err != nil {
