@@ -41,7 +41,7 @@ func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*
 	if t.Semantics != Queue {
 		return nil, fmt.Errorf("%w: %q is a %s topic", ErrWrongSemantics, topic, t.Semantics)
 	}
-	claimed, err := c.claim(ctx, t, owner, limit)
+	claimed, err := c.claim(ctx, t, owner, limit, 1)
 	if err != nil {
 		return nil, err
 	}
@@ -54,6 +54,12 @@ func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*
 	return ds, nil
 }
 
+// orderedRun is the most messages of one message group a Consumer's
+// claim on an ordered topic takes together: the group's head and the
+// messages right behind it, which one worker handles one after another
+// (see BENCHMARKS.md, "runs"). Claim hands out heads only.
+const orderedRun = 10
+
 // claimed is a claimed delivery, when it had become available, and, for a
 // message taken back from an expired lease, who held that lease.
 type claimed struct {
@@ -62,15 +68,17 @@ type claimed struct {
 	previousOwner string
 }
 
-// claim runs the claim statement for topic t (rows in no particular order).
-func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit int) ([]claimed, error) {
+// claim runs the claim statement for topic t (rows in no particular
+// order). On an ordered topic it hands out, per message group, the head
+// and up to run-1 messages right behind it.
+func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit, run int) ([]claimed, error) {
 	query, args := c.sql.Claim, []any{t.Name, limit, c.now(), owner, t.Lease.Microseconds()}
 	var after string
 	if t.Ordered {
 		if v, ok := c.walks.Load(t.Name); ok {
 			after = v.(string)
 		}
-		query, args = c.sql.ClaimOrdered, append(args, t.OrderedDeadLetters == BlockGroup, after)
+		query, args = c.sql.ClaimOrdered, append(args, t.OrderedDeadLetters == BlockGroup, after, run)
 	}
 	rows, err := c.pool.Query(ctx, query, args...)
 	if err != nil {

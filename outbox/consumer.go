@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -166,8 +167,9 @@ type Consumer struct {
 
 	jobs     chan *job     // fetcher -> workers; closed by Stop after the fetcher ended
 	results  chan result   // workers -> completer; closed by Stop after the workers ended
-	room     chan struct{} // completer -> fetcher: capacity freed (coalesced)
+	room     chan struct{} // workers -> fetcher: capacity freed or a worker idle (coalesced)
 	inflight atomic.Int64  // claimed and not yet handled (queued or running)
+	busy     atomic.Int64  // workers handling a job or its run
 	queuedMu sync.Mutex
 	queued   map[*job]struct{} // claimed, not yet picked by a worker: the lease keeper renews them
 	stopping atomic.Bool       // workers release instead of handling
@@ -181,6 +183,11 @@ type job struct {
 	d        *Delivery
 	deadline time.Time // local clock: shortly before the lease ends; guarded by Consumer.queuedMu while queued
 	lost     bool      // its lease could not be renewed while it waited; guarded by Consumer.queuedMu
+	// next is the message of the same message group right behind this
+	// one in a run (ordered topics): the worker handles it next, or hands
+	// it back untried if this one does not succeed.
+	next *job
+	prev *job // the job it is next of, if any
 }
 
 type outcome int
@@ -258,7 +265,7 @@ func (k *Consumer) Start(ctx context.Context) error {
 	var workCancel context.CancelFunc
 	k.workCtx, workCancel = context.WithCancel(context.Background())
 	k.workCancel.Store(&workCancel)
-	capacity := k.cfg.Concurrency + k.cfg.BatchSize
+	capacity := k.capacity()
 	k.jobs = make(chan *job, capacity)
 	k.results = make(chan result, capacity)
 	k.room = make(chan struct{}, 1)
@@ -352,8 +359,18 @@ func (k *Consumer) shutdown(workCancel context.CancelFunc) {
 
 // fetch claims batches while there is room and work, then waits for a
 // notification, freed room or the poll interval.
+// capacity is how many claimed messages the consumer holds at most: a
+// batch waiting, and what its handlers hold; on an ordered topic each
+// handler may hold the rest of a run behind the message it handles.
+func (k *Consumer) capacity() int {
+	if k.topic.Load().Ordered {
+		return k.cfg.BatchSize + k.cfg.Concurrency*orderedRun
+	}
+	return k.cfg.BatchSize + k.cfg.Concurrency
+}
+
 func (k *Consumer) fetch() {
-	capacity := int64(k.cfg.Concurrency + k.cfg.BatchSize)
+	capacity := int64(k.capacity())
 	threshold := int64(max(1, k.cfg.BatchSize/2))
 	poll := time.NewTimer(k.cfg.PollInterval)
 	defer poll.Stop()
@@ -361,11 +378,12 @@ func (k *Consumer) fetch() {
 	quiet := 30 // empty claims since the last one that found work
 	for k.fetchCtx.Err() == nil {
 		// Claim a full batch when there is room for one; a smaller one
-		// only when the handlers are about to run out of work. (A claim
-		// costs about the same whatever its size, and handlers that drain
-		// a batch quickly would otherwise be fed in small claims.)
+		// only when a handler is idle with nothing claimed to take. (A
+		// claim costs about the same whatever its size, and handlers that
+		// drain a batch quickly would otherwise be fed in small claims.)
 		free := capacity - k.inflight.Load()
-		if free < int64(k.cfg.BatchSize) && (free < threshold || len(k.jobs) >= k.cfg.Concurrency) {
+		idle := int64(k.cfg.Concurrency) - k.busy.Load()
+		if free < int64(k.cfg.BatchSize) && (free < threshold || int64(len(k.jobs)) >= idle) {
 			select {
 			case <-k.fetchCtx.Done():
 			case <-k.room:
@@ -414,7 +432,7 @@ func (k *Consumer) claim(limit int) (int, error) {
 	// it would leave its messages leased until the lease expires.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.fetchCtx), 30*time.Second)
 	defer cancel()
-	batch, err := k.client.claim(ctx, *topic, k.cfg.ID, limit)
+	batch, err := k.client.claim(ctx, *topic, k.cfg.ID, limit, orderedRun)
 	if err != nil {
 		return 0, err
 	}
@@ -438,6 +456,9 @@ func (k *Consumer) claim(limit int) (int, error) {
 		k.queued[jobs[i]] = struct{}{}
 	}
 	k.queuedMu.Unlock()
+	if topic.Ordered {
+		jobs = runs(jobs)
+	}
 	for _, j := range jobs {
 		k.jobs <- j // never blocks: capacity bounds inflight
 	}
@@ -447,25 +468,78 @@ func (k *Consumer) claim(limit int) (int, error) {
 	return len(batch), nil
 }
 
-// work runs handlers until the job channel is closed. A handled message
-// makes room for the next claim at once: its outcome is written by the
-// completer, together with others, while the fetcher claims again (the
-// claim does not wait for the write).
+// runs links the jobs of each message group (a claim on an ordered topic
+// hands out runs of a group's messages) in id order, and returns the
+// first of each group and the jobs without a group, in jobs' order.
+func runs(jobs []*job) []*job {
+	byID := slices.Clone(jobs)
+	slices.SortFunc(byID, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
+	last := map[string]*job{}
+	for _, j := range byID {
+		if g := j.d.Group; g != "" {
+			if prev := last[g]; prev != nil {
+				prev.next, j.prev = j, prev
+			}
+			last[g] = j
+		}
+	}
+	return slices.DeleteFunc(jobs, func(j *job) bool { return j.prev != nil })
+}
+
+// work runs handlers until the job channel is closed: each job, and the
+// run behind it, in order. A handled message makes room for the next
+// claim at once: its outcome is written by the completer, together with
+// others, while the fetcher claims again (the claim does not wait for the
+// write).
 func (k *Consumer) work() {
 	for j := range k.jobs {
-		deadline, lost := k.unqueue(j)
-		if k.stopping.Load() || lost || !time.Now().Before(deadline) {
-			// Stopping, or its lease ran out while it waited (another
-			// consumer may hold it now): hand it back unhandled.
-			k.results <- result{d: j.d, outcome: outcomeReleaseUnstarted}
-		} else {
-			k.results <- k.handle(j, deadline)
+		k.busy.Add(1)
+		k.runChain(j)
+		k.busy.Add(-1)
+		k.signalRoom() // an idle worker may want a claim
+	}
+}
+
+// runChain handles j and the run behind it, in order.
+func (k *Consumer) runChain(j *job) {
+	for ; j != nil; j = j.next {
+		r := k.run(j)
+		k.done(r)
+		if r.outcome != outcomeAck {
+			// The rest of the run waits for this message: hand it back
+			// untried (its group's order holds it until this one is done).
+			for n := j.next; n != nil; n = n.next {
+				k.unqueue(n)
+				k.done(result{d: n.d, outcome: outcomeReleaseUnstarted})
+			}
+			return
 		}
-		k.inflight.Add(-1)
-		select {
-		case k.room <- struct{}{}:
-		default:
-		}
+	}
+}
+
+// run handles j, or hands it back untried when the consumer is stopping
+// or j's lease ran out while it waited (another consumer may hold it now).
+func (k *Consumer) run(j *job) result {
+	deadline, lost := k.unqueue(j)
+	if k.stopping.Load() || lost || !time.Now().Before(deadline) {
+		return result{d: j.d, outcome: outcomeReleaseUnstarted}
+	}
+	return k.handle(j, deadline)
+}
+
+// done passes a job's outcome to the completer and makes room for the
+// next claim.
+func (k *Consumer) done(r result) {
+	k.results <- r
+	k.inflight.Add(-1)
+	k.signalRoom()
+}
+
+// signalRoom tells the fetcher that a claim may be due.
+func (k *Consumer) signalRoom() {
+	select {
+	case k.room <- struct{}{}:
+	default:
 	}
 }
 
@@ -504,7 +578,14 @@ func (k *Consumer) renewQueued(lease time.Duration) {
 	k.queuedMu.Lock()
 	jobs := make([]*job, 0, len(k.queued))
 	copies := make([]*Delivery, 0, len(k.queued))
+	now := time.Now()
 	for j := range k.queued {
+		if k.stalled(j, now) {
+			// Its lease is left to run out, with the stuck handler's:
+			// then the group's next claim takes it again.
+			j.lost = true
+			continue
+		}
 		d := *j.d // ExtendLeases writes LeaseUntil: not on a delivery a worker may hold
 		jobs, copies = append(jobs, j), append(copies, &d)
 	}
@@ -539,6 +620,19 @@ func (k *Consumer) renewQueued(lease time.Duration) {
 			j.deadline = renewedAt.Add(handlerWindow(lease))
 		}
 	}
+}
+
+// stalled reports whether queued job j waits, in a run, behind a handler
+// that overran its lease (one that ignores its context can run for ever):
+// j could not start before that message is redelivered, so its lease is
+// not renewed (callers hold queuedMu).
+func (k *Consumer) stalled(j *job, now time.Time) bool {
+	for p := j.prev; p != nil; p = p.prev {
+		if _, queued := k.queued[p]; !queued { // running (or just done)
+			return !now.Before(p.deadline)
+		}
+	}
+	return false
 }
 
 func (k *Consumer) handle(j *job, deadline time.Time) result {

@@ -597,3 +597,57 @@ func claimedDelivery(t *testing.T, b *testBundle, id int64) *outbox.Delivery {
 		`SELECT attempts FROM `+b.db.Table("outbox")+` WHERE id = $1 AND lease_owner IS NOT NULL`, id).Scan(&attempt))
 	return &outbox.Delivery{ID: id, Attempt: attempt}
 }
+
+// A consumer takes a run of a group's messages in one claim and handles it
+// in order; when one fails, the rest of the run goes back untried and
+// waits for it, and a second consumer cannot take them meanwhile.
+func TestOrderedConsumerHandsBackTheRunBehindAFailure(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	tc := orderedTopic("o", "")
+	tc.BackoffInitial, tc.BackoffMax = 200*time.Millisecond, 200*time.Millisecond
+	require.NoError(t, b.client.ConfigureTopic(ctx, tc))
+	var msgs []outbox.Message
+	for i := range 10 {
+		msgs = append(msgs, groupMessage("o", "a", i))
+	}
+	b.sendAll(t, msgs...)
+
+	var (
+		mu     sync.Mutex
+		calls  []int // seqs in call order, failures included
+		failed atomic.Bool
+	)
+	first := make(chan struct{})
+	release := make(chan struct{})
+	handler := func(ctx context.Context, d *outbox.Delivery) error {
+		p, err := outbox.Decode[seqPayload](d)
+		if err != nil {
+			return err
+		}
+		if p.Seq == 0 && d.Attempt == 1 {
+			close(first)
+			<-release
+		}
+		mu.Lock()
+		calls = append(calls, p.Seq)
+		mu.Unlock()
+		if p.Seq == 3 && failed.CompareAndSwap(false, true) {
+			return errors.New("boom")
+		}
+		return nil
+	}
+	for i := range 2 {
+		startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "o", Handler: handler, Concurrency: 4, BatchSize: 20,
+			PollInterval: 10 * time.Millisecond, ID: fmt.Sprintf("c%d", i)})
+	}
+	<-first
+	require.Equal(t, 10, b.count(t, "message_group = 'a' AND lease_owner IS NOT NULL"),
+		"the head and the nine behind it leased together, as a run")
+	close(release)
+	pgtest.Eventually(t, 10*time.Second, "every message acked", func() bool { return b.count(t, "true") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9}, calls,
+		"after 3 failed, nothing behind it ran before its retry succeeded")
+}

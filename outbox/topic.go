@@ -136,7 +136,10 @@ type TopicConfig struct {
 	// (Message.Group) one at a time, in the order their transactions
 	// committed. On a QUEUE topic a message is claimed only when it is the
 	// oldest message of its group still in the queue and no other message
-	// of the group is leased; on a PUB_SUB topic the same holds in each
+	// of the group is leased (a Consumer's claim takes it with a run of up
+	// to nine messages right behind it, which one handler works through in
+	// order, handing back the rest at the first one that does not
+	// succeed; Client.Claim takes heads only); on a PUB_SUB topic the same holds in each
 	// consumer group's own stream, in every tracking mode. It holds however
 	// many consumers, instances and processes claim, across retries, lease
 	// expiries and restarts. A failing message holds its group back until

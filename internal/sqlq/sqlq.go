@@ -434,35 +434,44 @@ RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group
 
 // claimOrdered is claim for an ordered topic ($1..$5 as claim; $6: a
 // group with a dead letter is blocked; $7: the message group to start
-// after, the empty string for the first). Its candidates are the head of
-// each message group, the group's oldest message, which only the head's
-// own lease or retry delay can make unavailable, so a group never has two
-// messages leased at once, and the oldest available ungrouped messages.
+// after, the empty string for the first; $8: the longest run). Its
+// candidates are the head of each message group, the group's oldest
+// message, which only the head's own lease or retry delay can make
+// unavailable, each with a run of the group's next messages right behind
+// it (up to $8 in all, as long as they are available); and the oldest
+// available ungrouped messages. A group's head and run go to one claim
+// together, so a group never has messages out to two consumers; the
+// consumer handles a run in id order and hands back what follows a
+// message that did not succeed.
 //
 // The heads are found by walking outbox_ordered_idx from one group to
-// the next, one index probe per group, whatever the number of messages
-// behind each head: from the group after $7 to the last, then from the
-// first, until the walk is back at $7 or has met $2 available heads
-// (a head a concurrent claim locks is skipped, and this claim returns
+// the next, one index probe per group and one more for the run behind a
+// free head, whatever the number of messages behind each head: from the
+// group after $7 to the last, then from the first, until the walk is back
+// at $7 or has met $2 messages in free heads and their runs (a head a
+// concurrent claim locks is skipped, with its run, and this claim returns
 // fewer). Groups compare by their bytes (COLLATE "C", as the index sorts
 // them). Callers start each walk where their previous claim ended, so
-// every group's turn comes, and a claim takes at most one message per
-// group, so a group with a long backlog never crowds out the others.
+// every group's turn comes, and a claim takes at most one run per group,
+// so a group with a long backlog never crowds out the others.
 //
 // A head counts, and is a candidate, only if it is free: available, and
 // not held back by a dead letter of its group ($6). Counting blocked heads
 // would let as many blocked groups as the claim has room for, right after
 // the starting point, stop every claim short of the groups behind them.
 //
-// A head taken by a concurrent claim is skipped (SKIP LOCKED) or, if that
-// claim committed meanwhile, no longer passes available_at; a head
-// settled meanwhile is re-read. A message behind a head is never taken,
+// The heads are locked first (FOR UPDATE SKIP LOCKED); a run is taken
+// only behind a head this claim locked, so two claims never split a
+// group. A head taken by a concurrent claim is skipped or, if that claim
+// committed meanwhile, no longer passes available_at; a head settled
+// meanwhile is re-read. A message behind a head is never taken alone,
 // even when this statement's snapshot no longer saw the head: a head
 // leaves the queue only by its ack or its dead-lettering, after which
-// its successor is the group's head.
-const claimOrdered = `
+// its successor is the group's head. The claim returns at most $2
+// messages: the last run may be cut short, never a run's beginning.
+var claimOrdered = `
 WITH RECURSIVE heads AS (
-    SELECT f.*, f.free::int AS found
+    SELECT f.*, r.behind, CASE WHEN f.free THEN 1 + r.behind ELSE 0 END AS found
     FROM (SELECT * FROM (
             (SELECT message_group, id, ` + headFree + ` AS free, false AS wrapped
              FROM {{schema}}.outbox
@@ -474,8 +483,9 @@ WITH RECURSIVE heads AS (
              WHERE topic = $1 AND ordered AND message_group IS NOT NULL
              ORDER BY message_group COLLATE "C", id LIMIT 1)) AS first
           LIMIT 1) AS f
+    CROSS JOIN LATERAL (` + runBehind("f") + `) AS r
     UNION ALL
-    SELECT n.*, h.found + n.free::int
+    SELECT n.*, r.behind, h.found + CASE WHEN n.free THEN 1 + r.behind ELSE 0 END
     FROM heads AS h
     CROSS JOIN LATERAL (
         SELECT * FROM (
@@ -489,21 +499,56 @@ WITH RECURSIVE heads AS (
              WHERE topic = $1 AND ordered AND message_group IS NOT NULL AND NOT h.wrapped
              ORDER BY message_group COLLATE "C", id LIMIT 1)) AS next
         LIMIT 1) AS n
+    CROSS JOIN LATERAL (` + runBehind("n") + `) AS r
     WHERE h.found < $2 AND NOT (n.wrapped AND n.message_group COLLATE "C" > $7::text)
 ), candidates AS (
-    SELECT id FROM heads WHERE free
+    SELECT id, behind FROM heads WHERE free
     UNION ALL
-    (SELECT id FROM {{schema}}.outbox
+    (SELECT id, 0 FROM {{schema}}.outbox
      WHERE topic = $1 AND ordered AND message_group IS NULL AND available_at <= coalesce($3::timestamptz, now())
      ORDER BY id
      LIMIT $2)
-), picked AS (
-    SELECT id, available_at, lease_owner FROM {{schema}}.outbox
+), locked AS (
+    SELECT id, available_at, lease_owner, message_group, priority FROM {{schema}}.outbox
     WHERE id IN (SELECT id FROM candidates) AND available_at <= coalesce($3::timestamptz, now())
     ORDER BY priority DESC, available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT row_number() OVER (ORDER BY priority DESC, available_at, id) AS rank, locked.*, c.behind
+    FROM locked JOIN candidates AS c USING (id)
+), picked AS (
+    SELECT id, available_at, lease_owner FROM (
+        SELECT rank, id, available_at, lease_owner FROM ranked
+        UNION ALL
+        SELECT h.rank, m.id, m.available_at, m.lease_owner
+        FROM ranked AS h
+        CROSS JOIN LATERAL (
+            SELECT id, available_at, lease_owner FROM {{schema}}.outbox
+            WHERE topic = $1 AND ordered AND message_group COLLATE "C" = h.message_group AND id > h.id
+            ORDER BY message_group COLLATE "C", id
+            LIMIT h.behind
+            FOR UPDATE) AS m
+        WHERE h.behind > 0
+        ORDER BY 1, 2
+        LIMIT $2) AS p
 )` + claimPicked
+
+// runBehind counts the messages right behind the head at alias (a
+// claimOrdered walk's step) that may go with it in a run: for a free
+// head, its group's next messages up to $8 in all, as long as each is
+// available.
+func runBehind(alias string) string {
+	return `
+        SELECT count(*)::int AS behind FROM (
+            SELECT bool_and(available_at <= coalesce($3::timestamptz, now())) OVER (ORDER BY id) AS ok
+            FROM (SELECT id, available_at FROM {{schema}}.outbox
+                  WHERE ` + alias + `.free AND topic = $1 AND ordered
+                    AND message_group COLLATE "C" = ` + alias + `.message_group AND id > ` + alias + `.id
+                  ORDER BY message_group COLLATE "C", id
+                  LIMIT $8::int - 1) AS b) AS w
+        WHERE ok`
+}
 
 // headFree is whether the outbox row a claimOrdered walk is at, a group's
 // head, may be claimed: it is available, and its group has no dead letter
