@@ -107,7 +107,10 @@ func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit, 
 
 // takeBackExpired logs the claimed messages whose lease had expired and
 // dead-letters, instead of delivering, those whose expired lease was their
-// last attempt (giving back the attempt the claim counted).
+// last attempt (giving back the attempt the claim counted). On an ordered
+// topic, what the claim took behind such a message in its group (a run)
+// is handed back untried: it waits for the dead letter, or, when the topic
+// skips dead letters, for the next claim.
 func (c *Client) takeBackExpired(ctx context.Context, t TopicConfig, out []claimed) ([]claimed, error) {
 	expired := 0
 	for _, cl := range out {
@@ -121,11 +124,28 @@ func (c *Client) takeBackExpired(ctx context.Context, t TopicConfig, out []claim
 	c.logger.Warn("pgoutbox: took back messages whose lease expired",
 		slog.String("topic", t.Name), slog.Int("count", expired))
 	var err error
+	deadAt := map[string]int64{} // message group -> its lowest id dead-lettered here
 	out = slices.DeleteFunc(out, func(cl claimed) bool {
 		if err != nil || cl.previousOwner == "" || cl.d.Attempt <= t.MaxAttempts {
 			return false
 		}
 		err = c.settle(ctx, cl.d, c.now(), 0, true, "lease expired (consumer "+cl.previousOwner+")", 1)
+		if g := cl.d.Group; err == nil && t.Ordered && g != "" {
+			if at, ok := deadAt[g]; !ok || cl.d.ID < at {
+				deadAt[g] = cl.d.ID
+			}
+		}
+		return err == nil
+	})
+	if err != nil || len(deadAt) == 0 {
+		return out, err
+	}
+	out = slices.DeleteFunc(out, func(cl claimed) bool {
+		at, ok := deadAt[cl.d.Group]
+		if err != nil || !ok || cl.d.ID < at {
+			return false
+		}
+		err = c.Release(ctx, cl.d, false)
 		return err == nil
 	})
 	return out, err

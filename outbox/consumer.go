@@ -503,11 +503,13 @@ func (k *Consumer) work() {
 // runChain handles j and the run behind it, in order.
 func (k *Consumer) runChain(j *job) {
 	for ; j != nil; j = j.next {
-		r := k.run(j)
+		r, deadline := k.run(j)
 		k.done(r)
-		if r.outcome != outcomeAck {
+		if r.outcome != outcomeAck || !time.Now().Before(deadline) {
 			// The rest of the run waits for this message: hand it back
 			// untried (its group's order holds it until this one is done).
+			// So it does after a success that came too late: the message
+			// may be out to another consumer again.
 			for n := j.next; n != nil; n = n.next {
 				k.unqueue(n)
 				k.done(result{d: n.d, outcome: outcomeReleaseUnstarted})
@@ -519,12 +521,13 @@ func (k *Consumer) runChain(j *job) {
 
 // run handles j, or hands it back untried when the consumer is stopping
 // or j's lease ran out while it waited (another consumer may hold it now).
-func (k *Consumer) run(j *job) result {
+// It returns j's outcome and the deadline its handler had.
+func (k *Consumer) run(j *job) (result, time.Time) {
 	deadline, lost := k.unqueue(j)
 	if k.stopping.Load() || lost || !time.Now().Before(deadline) {
-		return result{d: j.d, outcome: outcomeReleaseUnstarted}
+		return result{d: j.d, outcome: outcomeReleaseUnstarted}, deadline
 	}
-	return k.handle(j, deadline)
+	return k.handle(j, deadline), deadline
 }
 
 // done passes a job's outcome to the completer and makes room for the
@@ -579,22 +582,35 @@ func (k *Consumer) renewQueued(lease time.Duration) {
 	jobs := make([]*job, 0, len(k.queued))
 	copies := make([]*Delivery, 0, len(k.queued))
 	now := time.Now()
+	var stalled []*Delivery
 	for j := range k.queued {
+		if j.lost {
+			continue // handed back already, or its lease could not be renewed
+		}
 		if k.stalled(j, now) {
-			// Its lease is left to run out, with the stuck handler's:
-			// then the group's next claim takes it again.
+			// Handed back untried (the attempt the claim counted given
+			// back): the group's next claim takes it again, after the
+			// stuck handler's message, whose lease runs out.
 			j.lost = true
+			d := *j.d
+			stalled = append(stalled, &d)
 			continue
 		}
 		d := *j.d // ExtendLeases writes LeaseUntil: not on a delivery a worker may hold
 		jobs, copies = append(jobs, j), append(copies, &d)
 	}
 	k.queuedMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.fetchCtx), lease/3)
+	defer cancel()
+	for _, d := range stalled {
+		if err := k.client.Release(ctx, d, false); err != nil && !errors.Is(err, ErrLeaseLost) {
+			k.client.logger.Error("pgoutbox: handing back a run behind a stuck handler failed; it is taken again when its lease ends",
+				slog.String("topic", k.cfg.Topic), slog.Int64("id", d.ID), slog.Any("error", err))
+		}
+	}
 	if len(jobs) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.fetchCtx), lease/3)
-	defer cancel()
 	renewedAt := time.Now()
 	lost, err := k.client.ExtendLeases(ctx, copies, lease)
 	if err != nil {
@@ -624,8 +640,8 @@ func (k *Consumer) renewQueued(lease time.Duration) {
 
 // stalled reports whether queued job j waits, in a run, behind a handler
 // that overran its lease (one that ignores its context can run for ever):
-// j could not start before that message is redelivered, so its lease is
-// not renewed (callers hold queuedMu).
+// j could not start before that message is redelivered, so it is handed
+// back instead of renewed (callers hold queuedMu).
 func (k *Consumer) stalled(j *job, now time.Time) bool {
 	for p := j.prev; p != nil; p = p.prev {
 		if _, queued := k.queued[p]; !queued { // running (or just done)

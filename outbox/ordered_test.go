@@ -651,3 +651,65 @@ func TestOrderedConsumerHandsBackTheRunBehindAFailure(t *testing.T) {
 	require.Equal(t, []int{0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9}, calls,
 		"after 3 failed, nothing behind it ran before its retry succeeded")
 }
+
+// A head whose expired lease was its last attempt is dead-lettered when a
+// consumer claims it again; the run claimed with it goes back untried
+// (its attempt given back) and, under BlockGroup, waits for the dead
+// letter.
+func TestOrderedRunBehindAnExpiredLastAttemptWaits(t *testing.T) {
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Config{Clock: clock})
+	ctx := context.Background()
+	tc := orderedTopic("o", outbox.BlockGroup)
+	tc.MaxAttempts = 1
+	require.NoError(t, b.client.ConfigureTopic(ctx, tc))
+	b.sendAll(t, groupMessage("o", "g", 0), groupMessage("o", "g", 1), groupMessage("o", "g", 2))
+	ds, err := b.client.Claim(ctx, "o", "gone", 10) // takes the head, then its process dies
+	require.NoError(t, err)
+	require.Len(t, ds, 1)
+	clock.Advance(tc.Lease + time.Second)
+
+	var handled atomic.Int64
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "o", ID: "next", PollInterval: 10 * time.Millisecond,
+		Handler: func(context.Context, *outbox.Delivery) error { handled.Add(1); return nil }})
+	pgtest.Eventually(t, 5*time.Second, "the head dead-lettered, its run handed back", func() bool {
+		return b.countDead(t, "true") == 1 && b.count(t, "lease_owner IS NULL AND attempts = 0") == 2
+	})
+	time.Sleep(200 * time.Millisecond) // twenty polls
+	require.Zero(t, handled.Load(), "nothing behind the dead letter is handled while it blocks its group")
+}
+
+// A head whose handler hangs past its lease (ignoring its context) does
+// not hold the run claimed behind it: the run goes back untried, its
+// attempts given back, and is handled once the head is handled again.
+func TestOrderedRunBehindAStuckHandlerGoesBack(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	tc := orderedTopic("o", "")
+	tc.Lease = time.Second
+	require.NoError(t, b.client.ConfigureTopic(ctx, tc))
+	b.sendAll(t, groupMessage("o", "g", 0), groupMessage("o", "g", 1), groupMessage("o", "g", 2))
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var calls []string
+	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "o", Concurrency: 2, PollInterval: 10 * time.Millisecond,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			p, err := outbox.Decode[seqPayload](d)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			calls = append(calls, fmt.Sprintf("%d/%d", p.Seq, d.Attempt))
+			mu.Unlock()
+			if p.Seq == 0 && d.Attempt == 1 {
+				<-release // ignores ctx
+			}
+			return nil
+		}})
+	t.Cleanup(func() { close(release) }) // before the consumer's Stop, which waits for the handler
+	pgtest.Eventually(t, 10*time.Second, "every message acked", func() bool { return b.count(t, "true") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"0/1", "0/2", "1/1", "2/1"}, calls,
+		"the run behind the stuck head waited for its redelivery, and was not charged an attempt")
+}

@@ -420,10 +420,12 @@ type PoolStats struct {
 	Concurrency        int
 	RateLimitPerMinute int
 	Capacity, Queued   int
-	InFlight           int // deliveries holding a concurrency permit
+	// InFlight counts the messages a worker took: being delivered, or
+	// waiting for the rate limit, or being sent back.
+	InFlight int
 	// ActiveGroups counts the message groups with messages queued or
-	// being delivered (the lane of messages without a group counts as
-	// one).
+	// being delivered (the lane of messages without a group counts as one
+	// while it has messages queued).
 	ActiveGroups int
 }
 
