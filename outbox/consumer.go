@@ -167,7 +167,7 @@ type Consumer struct {
 
 	jobs     chan *job     // fetcher -> workers; closed by Stop after the fetcher ended
 	results  chan result   // workers -> completer; closed by Stop after the workers ended
-	room     chan struct{} // workers -> fetcher: capacity freed or a worker idle (coalesced)
+	room     chan struct{} // workers, completer -> fetcher: capacity freed, a worker idle, outcomes written (coalesced)
 	inflight atomic.Int64  // claimed and not yet handled (queued or running)
 	busy     atomic.Int64  // workers handling a job or its run
 	queuedMu sync.Mutex
@@ -704,6 +704,9 @@ func (k *Consumer) complete() {
 			}
 		}
 		k.flush(batch)
+		// Acks written: on an ordered topic the messages behind them may
+		// be free to claim now.
+		k.signalRoom()
 	}
 }
 
