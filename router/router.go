@@ -18,8 +18,9 @@
 //     its share of it) the rest of that group in this batch is nacked, so
 //     redelivery keeps the order.
 //
-// In a pool, each active message group has one goroutine that delivers its
-// messages one at a time, high priority first; goroutines exit when idle.
+// In a pool, up to its concurrency of workers deliver; each message group's
+// messages go one at a time, high priority first, and the groups with
+// messages waiting take turns.
 // When a delivery fails, the later messages of the same batch and group are
 // nacked with a short delay instead of being delivered out of order.
 // Messages without a group have no order to keep: up to the pool's
