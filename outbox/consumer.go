@@ -450,16 +450,19 @@ func (k *Consumer) claim(limit int) (int, error) {
 	deadline := claimedAt.Add(handlerWindow(topic.Lease))
 	k.inflight.Add(int64(len(batch)))
 	jobs := make([]*job, len(batch))
-	k.queuedMu.Lock()
 	for i, c := range batch {
 		jobs[i] = &job{d: c.d, deadline: deadline}
-		k.queued[jobs[i]] = struct{}{}
+	}
+	first := jobs
+	if topic.Ordered {
+		first = runs(slices.Clone(jobs)) // linked before the lease keeper sees them
+	}
+	k.queuedMu.Lock()
+	for _, j := range jobs {
+		k.queued[j] = struct{}{}
 	}
 	k.queuedMu.Unlock()
-	if topic.Ordered {
-		jobs = runs(jobs)
-	}
-	for _, j := range jobs {
+	for _, j := range first {
 		k.jobs <- j // never blocks: capacity bounds inflight
 	}
 	if len(batch) > 0 {
