@@ -2,11 +2,17 @@ package consumergroup
 
 import (
 	"context"
+	"log/slog"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
 )
+
+const meterName = "github.com/pgoutbox/pgoutbox/consumergroup"
 
 // metrics are the group's OpenTelemetry instruments, bound to its topic
 // and group attributes.
@@ -34,7 +40,7 @@ func newMetrics(mp metric.MeterProvider, topic, group string) *metrics {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
-	m := mp.Meter("github.com/pgoutbox/pgoutbox/consumergroup")
+	m := mp.Meter(meterName)
 	attrs := metric.WithAttributes(attribute.String("topic", topic), attribute.String("group", group))
 	counter := func(name, desc string) boundCounter {
 		c, _ := m.Int64Counter(name, metric.WithDescription(desc)) // fails only on invalid names
@@ -53,4 +59,54 @@ func newMetrics(mp metric.MeterProvider, topic, group string) *metrics {
 		handlerTime: boundHistogram{h: h, attrs: attrs},
 		fetchTime:   boundHistogram{h: f, attrs: attrs},
 	}
+}
+
+// observeBlockedGroups registers, for a running instance of a group of an
+// ordered topic, the gauges pgoutbox.ordered.blocked_groups and
+// pgoutbox.ordered.oldest_blocked_age with the topic and group as
+// attributes, read from the database (an index of failed retries) when
+// the meter provider collects them. The run unregisters them when it ends.
+func (g *Group) observeBlockedGroups() metric.Registration {
+	mp := g.cfg.MeterProvider
+	if mp == nil {
+		return nil
+	}
+	m := mp.Meter(meterName)
+	groups, _ := m.Int64ObservableGauge("pgoutbox.ordered.blocked_groups",
+		metric.WithDescription("Message groups of an ordered topic held back by a failed or dead-lettered message."))
+	age, _ := m.Float64ObservableGauge("pgoutbox.ordered.oldest_blocked_age", metric.WithUnit("s"),
+		metric.WithDescription("How long the longest blocked message group of an ordered topic has been held back."))
+	attrs := metric.WithAttributes(attribute.String("topic", g.cfg.Topic), attribute.String("group", g.cfg.Group))
+	reg, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		topic, err := g.client.Topic(ctx, g.cfg.Topic)
+		if err != nil || !topic.Ordered {
+			return nil
+		}
+		var n int64
+		var since *time.Time
+		err = g.pool.QueryRow(ctx, g.q.BlockedGroupsSummary, g.cfg.Topic, g.cfg.Group,
+			topic.OrderedDeadLetters == outbox.BlockGroup).Scan(&n, &since)
+		if err != nil {
+			g.logger.Warn("pgoutbox: reading blocked message groups failed", slog.Any("error", err))
+			return nil
+		}
+		o.ObserveInt64(groups, n, attrs)
+		var seconds float64
+		if since != nil {
+			now := time.Now()
+			if g.cfg.Clock != nil {
+				now = g.cfg.Clock.Now()
+			}
+			seconds = max(0, now.Sub(*since).Seconds())
+		}
+		o.ObserveFloat64(age, seconds, attrs)
+		return nil
+	}, groups, age)
+	if err != nil {
+		g.logger.Warn("pgoutbox: blocked-group gauges not registered", slog.Any("error", err))
+		return nil
+	}
+	return reg
 }

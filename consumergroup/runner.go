@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -53,9 +54,10 @@ type runner struct {
 	wake      <-chan struct{} // notifications for the topic
 	unsub     func()
 
-	jobs     chan *job     // fetcher → executors; closed by shutdown
-	finished chan settled  // executors, watchdog → completer; closed by shutdown
-	room     chan struct{} // completer → fetcher: inflight went down
+	jobs     chan *job           // fetcher → executors; closed by shutdown
+	finished chan settled        // executors, watchdog → completer; closed by shutdown
+	room     chan struct{}       // completer → fetcher: inflight went down
+	gauges   metric.Registration // the blocked-group gauges of the run, if any
 
 	slotsMu sync.Mutex
 	slots   map[*slot]struct{} // executors running a handler loop
@@ -223,6 +225,7 @@ func (g *Group) newRunner() (*runner, error) {
 func (r *runner) start(run context.Context, done func()) {
 	r.fetchCtx, r.stopped = run, r.g.life.Stopped()
 	r.lastBeat.Store(time.Now().UnixNano()) // registering was as good as a beat
+	r.gauges = r.g.observeBlockedGroups()
 	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)
 	r.writer.Go(r.complete)
 	r.keepers.Go(r.keepLeases)
@@ -309,6 +312,9 @@ func (r *runner) shutdown() {
 	r.keepCancel()
 	r.keepers.Wait()
 	r.unsub()
+	if r.gauges != nil {
+		_ = r.gauges.Unregister()
+	}
 	if r.ownHBPool {
 		r.hbPool.Close()
 	}

@@ -41,7 +41,7 @@ type PubSub struct {
 
 	// Administration.
 	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters string
-	BlockedMessageGroups                                   string
+	BlockedMessageGroups, BlockedGroupsSummary             string
 
 	BitmapComplete, BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup string
 	CounterComplete, CounterCompleted                                         string
@@ -112,6 +112,7 @@ func ForPubSub(schema string) *PubSub {
 		ReplayDeadLetters:    q(replayGroupDeadLetters),
 		DiscardDeadLetters:   q(discardGroupDeadLetters),
 		BlockedMessageGroups: q(blockedMessageGroups),
+		BlockedGroupsSummary: q(blockedGroupsSummary),
 
 		BitmapComplete:          q(bitmapComplete),
 		BitmapCompleted:         q(bitmapCompleted),
@@ -866,14 +867,26 @@ SELECT r.message_group, r.message_id, r.attempts, coalesce(r.last_error, ''),
        (SELECT count(*) FROM {{schema}}.outbox_group_retries AS b
         WHERE b.subscription_id = r.subscription_id AND b.message_group COLLATE "C" = r.message_group
               AND b.message_id > r.message_id AND b.status <> 'DEAD_LETTER')
+` + blockedGroupHeads + `
+ORDER BY r.failing_since, r.message_id
+LIMIT $4`
+
+// blockedGroupsSummary counts the blocked message groups of ordered
+// group $2 of topic $1 ($3 as blockedMessageGroups) and finds when the
+// longest blocked one was first held back.
+const blockedGroupsSummary = `
+SELECT count(*), min(r.failing_since)
+` + blockedGroupHeads
+
+// blockedGroupHeads is the FROM and WHERE of blockedMessageGroups: the
+// group's failed (or dead-lettered) retries that head their message group.
+const blockedGroupHeads = `
 FROM {{schema}}.outbox_group_retries AS r
 WHERE r.subscription_id = ` + groupSubscription + ` AND r.failing_since IS NOT NULL AND r.message_group IS NOT NULL
       AND (r.status <> 'DEAD_LETTER' OR $3::bool)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS e
                       WHERE e.subscription_id = r.subscription_id AND e.message_group COLLATE "C" = r.message_group
-                            AND e.message_id < r.message_id AND (e.status <> 'DEAD_LETTER' OR $3::bool))
-ORDER BY r.failing_since, r.message_id
-LIMIT $4`
+                            AND e.message_id < r.message_id AND (e.status <> 'DEAD_LETTER' OR $3::bool))`
 
 // discardGroupDeadLetters deletes the dead letters of group $2 of topic $1
 // (those of ids $3, or all when NULL) and returns the subscription, its
