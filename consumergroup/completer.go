@@ -53,15 +53,16 @@ func (r *runner) complete() {
 				r.completeRetry(s.retry)
 				r.held.remove(0, s.retry.f.id)
 			}
-			r.settled(s.count)
 		}
 		if len(acks) > 0 {
 			r.ackRetries(acks)
 			for _, id := range acks {
 				r.held.remove(0, id)
 			}
-			r.settled(len(acks))
 		}
+		// Outcomes written: in an ordered group the messages behind them
+		// may be free to claim now.
+		r.signalRoom()
 	}
 }
 
@@ -69,9 +70,15 @@ func (r *runner) complete() {
 // acks.
 const maxAcksPerTx = 256
 
-// settled counts n messages as no longer in flight.
-func (r *runner) settled(n int) {
-	r.inflight.Add(-int64(n))
+// handled counts a message as no longer in flight (its outcome is on its
+// way to the completer), and wakes the fetcher.
+func (r *runner) handled() {
+	r.inflight.Add(-1)
+	r.signalRoom()
+}
+
+// signalRoom tells the fetcher that a fetch may be due.
+func (r *runner) signalRoom() {
 	select {
 	case r.room <- struct{}{}:
 	default:

@@ -178,8 +178,9 @@ func untried(j *job) failure {
 // record records a job's outcome; a batch goes to the completer when its
 // last message is done.
 func (r *runner) record(j *job, o outcome, f failure) {
+	defer r.handled()
 	if j.batch == nil {
-		r.finished <- settled{retry: &retryOut{outcome: o, f: f}, count: 1}
+		r.finished <- settled{retry: &retryOut{outcome: o, f: f}}
 		return
 	}
 	b := j.batch
@@ -194,7 +195,7 @@ func (r *runner) record(j *job, o outcome, f failure) {
 	}
 	b.mu.Unlock()
 	if b.remaining.Add(-1) == 0 {
-		r.finished <- settled{batch: b, count: b.size}
+		r.finished <- settled{batch: b}
 	}
 }
 

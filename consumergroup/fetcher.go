@@ -54,7 +54,7 @@ const (
 
 func (r *runner) fetch() {
 	g := r.g
-	capacity := int64(g.cfg.Concurrency + g.cfg.BatchSize)
+	capacity := int64(g.capacity())
 	threshold := int64(max(1, g.cfg.BatchSize/2))
 	poll := time.NewTimer(g.cfg.PollInterval)
 	defer poll.Stop()
@@ -62,8 +62,11 @@ func (r *runner) fetch() {
 	var lastReap time.Time
 	silent := false // it stopped fetching for want of heartbeats
 	for r.fetchCtx.Err() == nil {
+		// Fetch a full batch when there is room for one; a smaller one
+		// only when no fetched work waits for an executor (as the QUEUE
+		// consumer does: a look costs about the same whatever its size).
 		free := capacity - r.inflight.Load()
-		if free < threshold {
+		if free < int64(g.cfg.BatchSize) && (free < threshold || len(r.jobs) > 0) {
 			select {
 			case <-r.fetchCtx.Done():
 			case <-r.room:

@@ -28,7 +28,8 @@ import (
 //   - watchdog (executor.go), one goroutine: fails and replaces handler
 //     calls that overran their timeout (through the slots' locks).
 //   - completer (completer.go), one goroutine: writes outcomes. Removes
-//     from inflight and held.
+//     from held. (Executors remove from inflight as they finish each
+//     message: the next fetch does not wait for the write.)
 //   - heartbeat (heartbeat.go), one goroutine: liveness, following the
 //     subscription's state, resurrection.
 //   - janitor (janitor.go), one goroutine: dead-group detection,
@@ -42,7 +43,7 @@ type runner struct {
 	g *Group // read-only
 
 	members  atomic.Pointer[[]member] // written by AddConsumer/RemoveConsumer
-	inflight atomic.Int64             // messages fetched and not yet settled
+	inflight atomic.Int64             // messages fetched and not yet handled
 	held     held                     // leases being worked on (own mutex)
 
 	// testBatchFinished, when set (tests), is called by the completer
@@ -56,7 +57,7 @@ type runner struct {
 
 	jobs     chan *job           // fetcher → executors; closed by shutdown
 	finished chan settled        // executors, watchdog → completer; closed by shutdown
-	room     chan struct{}       // completer → fetcher: inflight went down
+	room     chan struct{}       // executors, completer → fetcher: inflight went down, outcomes written
 	gauges   metric.Registration // the blocked-group gauges of the run, if any
 
 	slotsMu sync.Mutex
@@ -132,7 +133,6 @@ const (
 type settled struct {
 	batch *batch
 	retry *retryOut
-	count int
 }
 
 type retryOut struct {
@@ -196,6 +196,16 @@ func (h *held) snapshot() (batches, retries []int64) {
 	return batches, retries
 }
 
+// capacity is how many fetched messages an instance holds at most: a
+// batch waiting, and what its executors hold; in an ordered group each
+// executor may hold the rest of a run behind the message it handles.
+func (g *Group) capacity() int {
+	if g.topic.Ordered {
+		return g.cfg.BatchSize + g.cfg.Concurrency*orderedRun
+	}
+	return g.cfg.BatchSize + g.cfg.Concurrency
+}
+
 func (g *Group) newRunner() (*runner, error) {
 	r := &runner{g: g, slots: map[*slot]struct{}{}, testBatchFinished: g.testBatchFinished, throttle: newThrottle(g.opts)}
 	r.held.batches, r.held.retries = map[int64]bool{}, map[int64]struct{}{}
@@ -211,7 +221,7 @@ func (g *Group) newRunner() (*runner, error) {
 		}
 		r.hbPool, r.ownHBPool = p, true
 	}
-	capacity := g.cfg.Concurrency + g.cfg.BatchSize
+	capacity := g.capacity()
 	r.jobs = make(chan *job, capacity)
 	r.finished = make(chan settled, capacity)
 	r.room = make(chan struct{}, 1)
