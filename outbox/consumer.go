@@ -357,8 +357,6 @@ func (k *Consumer) shutdown(workCancel context.CancelFunc) {
 	k.client.logger.Info("pgoutbox: consumer stopped", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
 }
 
-// fetch claims batches while there is room and work, then waits for a
-// notification, freed room or the poll interval.
 // capacity is how many claimed messages the consumer holds at most: a
 // batch waiting, and what its handlers hold; on an ordered topic each
 // handler may hold the rest of a run behind the message it handles.
@@ -369,6 +367,8 @@ func (k *Consumer) capacity() int {
 	return k.cfg.BatchSize + k.cfg.Concurrency
 }
 
+// fetch claims batches while there is room and work, then waits for a
+// notification, freed room or the poll interval.
 func (k *Consumer) fetch() {
 	capacity := int64(k.capacity())
 	threshold := int64(max(1, k.cfg.BatchSize/2))
