@@ -62,28 +62,13 @@ func (r *runner) complete() {
 		}
 		// Outcomes written: in an ordered group the messages behind them
 		// may be free to claim now.
-		r.signalRoom()
+		r.window.Signal()
 	}
 }
 
 // maxAcksPerTx bounds how many retry deliveries one completion transaction
 // acks.
 const maxAcksPerTx = 256
-
-// handled counts a message as no longer in flight (its outcome is on its
-// way to the completer), and wakes the fetcher.
-func (r *runner) handled() {
-	r.inflight.Add(-1)
-	r.signalRoom()
-}
-
-// signalRoom tells the fetcher that a fetch may be due.
-func (r *runner) signalRoom() {
-	select {
-	case r.room <- struct{}{}:
-	default:
-	}
-}
 
 // ackRetries ends retry deliveries that succeeded and records their
 // messages as completed, in one transaction; a delivery whose lease was

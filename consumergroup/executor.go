@@ -178,7 +178,7 @@ func untried(j *job) failure {
 // record records a job's outcome; a batch goes to the completer when its
 // last message is done.
 func (r *runner) record(j *job, o outcome, f failure) {
-	defer r.handled()
+	defer r.window.Handled()
 	if j.batch == nil {
 		r.finished <- settled{retry: &retryOut{outcome: o, f: f}}
 		return

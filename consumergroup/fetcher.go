@@ -54,22 +54,19 @@ const (
 
 func (r *runner) fetch() {
 	g := r.g
-	capacity := int64(g.capacity())
-	threshold := int64(max(1, g.cfg.BatchSize/2))
 	poll := time.NewTimer(g.cfg.PollInterval)
 	defer poll.Stop()
 	failures, quiet := 0, 30
 	var lastReap time.Time
 	silent := false // it stopped fetching for want of heartbeats
 	for r.fetchCtx.Err() == nil {
-		// Fetch a full batch when there is room for one; a smaller one
-		// only when no fetched work waits for an executor (as the QUEUE
-		// consumer does: a look costs about the same whatever its size).
-		free := capacity - r.inflight.Load()
-		if free < int64(g.cfg.BatchSize) && (free < threshold || len(r.jobs) > 0) {
+		// Executors are not tracked as idle or busy: fetched work waiting
+		// in the channel means none is idle with nothing to take.
+		limit := r.window.Next(len(r.jobs), 1)
+		if limit == 0 {
 			select {
 			case <-r.fetchCtx.Done():
-			case <-r.room:
+			case <-r.window.Room():
 			}
 			continue
 		}
@@ -82,7 +79,7 @@ func (r *runner) fetch() {
 			continue
 		}
 		silent = false
-		res, err := r.look(int(min(free, int64(g.cfg.BatchSize))), &lastReap)
+		res, err := r.look(limit, &lastReap)
 		if errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
 			r.end(err)
 			return
@@ -180,7 +177,7 @@ func (r *runner) sleep(t *time.Timer, d time.Duration) {
 	case <-r.fetchCtx.Done():
 	case <-r.wake:
 		r.notified = true
-	case <-r.room:
+	case <-r.window.Room():
 	case <-t.C:
 	}
 }
@@ -512,7 +509,7 @@ func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID
 // order within each message group (see handleBatch and runs).
 func (r *runner) dispatch(jobs []*job) {
 	g := r.g
-	r.inflight.Add(int64(len(jobs)))
+	r.window.Claimed(len(jobs))
 	g.metrics.delivered.Add(context.Background(), int64(len(jobs)))
 	if g.topic.Ordered {
 		slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
+	"github.com/pgoutbox/pgoutbox/internal/window"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -22,13 +23,13 @@ import (
 //   - fetcher (fetcher.go), one goroutine: locks the group's position,
 //     runs backfill steps, takes over expired batches, claims retries and
 //     fetches batches; hands jobs to the executors. Owns lastReap. Adds to
-//     inflight and held.
+//     the window and held.
 //   - executors (executor.go), Concurrency goroutines plus one per batch
 //     given to a BatchHandler: run handlers. Each owns its slot.
 //   - watchdog (executor.go), one goroutine: fails and replaces handler
 //     calls that overran their timeout (through the slots' locks).
 //   - completer (completer.go), one goroutine: writes outcomes. Removes
-//     from held. (Executors remove from inflight as they finish each
+//     from held. (Executors remove from the window as they finish each
 //     message: the next fetch does not wait for the write.)
 //   - heartbeat (heartbeat.go), one goroutine: liveness, following the
 //     subscription's state, resurrection.
@@ -42,9 +43,9 @@ import (
 type runner struct {
 	g *Group // read-only
 
-	members  atomic.Pointer[[]member] // written by AddConsumer/RemoveConsumer
-	inflight atomic.Int64             // messages fetched and not yet handled
-	held     held                     // leases being worked on (own mutex)
+	members atomic.Pointer[[]member] // written by AddConsumer/RemoveConsumer
+	window  *window.Window           // what the instance holds, and when it fetches next
+	held    held                     // leases being worked on (own mutex)
 
 	// testBatchFinished, when set (tests), is called by the completer
 	// after a batch's outcome was written and before it leaves held.
@@ -57,7 +58,6 @@ type runner struct {
 
 	jobs     chan *job           // fetcher → executors; closed by shutdown
 	finished chan settled        // executors, watchdog → completer; closed by shutdown
-	room     chan struct{}       // executors, completer → fetcher: inflight went down, outcomes written
 	gauges   metric.Registration // the blocked-group gauges of the run, if any
 
 	slotsMu sync.Mutex
@@ -224,7 +224,7 @@ func (g *Group) newRunner() (*runner, error) {
 	capacity := g.capacity()
 	r.jobs = make(chan *job, capacity)
 	r.finished = make(chan settled, capacity)
-	r.room = make(chan struct{}, 1)
+	r.window = window.New(capacity, g.cfg.BatchSize)
 	r.workCtx, r.workCancel = context.WithCancel(context.Background())
 	r.keepCtx, r.keepCancel = context.WithCancel(context.Background())
 	return r, nil

@@ -22,6 +22,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/instance"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
+	"github.com/pgoutbox/pgoutbox/internal/window"
 )
 
 // Handler handles one delivery. Returning nil acks the message (it is
@@ -165,11 +166,10 @@ type Consumer struct {
 	fetchCtx context.Context // ends when Stop begins: no more claims
 	workCtx  context.Context // ends when Stop's deadline passes: handlers are cancelled
 
-	jobs     chan *job     // fetcher -> workers; closed by Stop after the fetcher ended
-	results  chan result   // workers -> completer; closed by Stop after the workers ended
-	room     chan struct{} // workers, completer -> fetcher: capacity freed, a worker idle, outcomes written (coalesced)
-	inflight atomic.Int64  // claimed and not yet handled (queued or running)
-	busy     atomic.Int64  // workers handling a job or its run
+	jobs     chan *job      // fetcher -> workers; closed by Stop after the fetcher ended
+	results  chan result    // workers -> completer; closed by Stop after the workers ended
+	window   *window.Window // what the consumer holds, and when it claims next
+	busy     atomic.Int64   // workers handling a job or its run
 	queuedMu sync.Mutex
 	queued   map[*job]struct{} // claimed, not yet picked by a worker: the lease keeper renews them
 	stopping atomic.Bool       // workers release instead of handling
@@ -268,7 +268,7 @@ func (k *Consumer) Start(ctx context.Context) error {
 	capacity := k.capacity()
 	k.jobs = make(chan *job, capacity)
 	k.results = make(chan result, capacity)
-	k.room = make(chan struct{}, 1)
+	k.window = window.New(capacity, k.cfg.BatchSize)
 	k.queued = map[*job]struct{}{}
 	k.stopping.Store(false)
 
@@ -370,28 +370,20 @@ func (k *Consumer) capacity() int {
 // fetch claims batches while there is room and work, then waits for a
 // notification, freed room or the poll interval.
 func (k *Consumer) fetch() {
-	capacity := int64(k.capacity())
-	threshold := int64(max(1, k.cfg.BatchSize/2))
 	poll := time.NewTimer(k.cfg.PollInterval)
 	defer poll.Stop()
 	failures := 0
 	quiet := 30 // empty claims since the last one that found work
 	for k.fetchCtx.Err() == nil {
-		// Claim a full batch when there is room for one; a smaller one
-		// only when a handler is idle with nothing claimed to take. (A
-		// claim costs about the same whatever its size, and handlers that
-		// drain a batch quickly would otherwise be fed in small claims.)
-		free := capacity - k.inflight.Load()
-		idle := int64(k.cfg.Concurrency) - k.busy.Load()
-		if free < int64(k.cfg.BatchSize) && (free < threshold || int64(len(k.jobs)) >= idle) {
+		limit := k.window.Next(len(k.jobs), k.cfg.Concurrency-int(k.busy.Load()))
+		if limit == 0 {
 			select {
 			case <-k.fetchCtx.Done():
-			case <-k.room:
+			case <-k.window.Room():
 			}
 			continue
 		}
-		limit := min(int64(k.cfg.BatchSize), free)
-		n, err := k.claim(int(limit))
+		n, err := k.claim(limit)
 		if err != nil {
 			failures++
 			delay := min(backoff.Exponential(failures, 10*time.Millisecond, k.cfg.PollInterval), k.cfg.PollInterval)
@@ -403,7 +395,7 @@ func (k *Consumer) fetch() {
 			continue
 		}
 		failures = 0
-		if int64(n) == limit {
+		if n == limit {
 			continue // probably more waiting
 		}
 		// Producers notify at most once per NotifyInterval, so a message
@@ -419,7 +411,7 @@ func (k *Consumer) fetch() {
 		select {
 		case <-k.fetchCtx.Done():
 		case <-k.wake: // a producer committed
-		case <-k.room: // handlers finished
+		case <-k.window.Room(): // handlers finished
 		case <-poll.C:
 		}
 	}
@@ -448,7 +440,7 @@ func (k *Consumer) claim(limit int) (int, error) {
 		return a.d.ID < b.d.ID
 	})
 	deadline := claimedAt.Add(handlerWindow(topic.Lease))
-	k.inflight.Add(int64(len(batch)))
+	k.window.Claimed(len(batch))
 	jobs := make([]*job, len(batch))
 	for i, c := range batch {
 		jobs[i] = &job{d: c.d, deadline: deadline}
@@ -463,7 +455,7 @@ func (k *Consumer) claim(limit int) (int, error) {
 	}
 	k.queuedMu.Unlock()
 	for _, j := range first {
-		k.jobs <- j // never blocks: capacity bounds inflight
+		k.jobs <- j // never blocks: the window holds at most its capacity
 	}
 	if len(batch) > 0 {
 		k.client.metrics.delivered.Add(ctx, int64(len(batch)), k.attrs)
@@ -499,7 +491,7 @@ func (k *Consumer) work() {
 		k.busy.Add(1)
 		k.runChain(j)
 		k.busy.Add(-1)
-		k.signalRoom() // an idle worker may want a claim
+		k.window.Signal() // an idle worker may want a claim
 	}
 }
 
@@ -537,16 +529,7 @@ func (k *Consumer) run(j *job) (result, time.Time) {
 // next claim.
 func (k *Consumer) done(r result) {
 	k.results <- r
-	k.inflight.Add(-1)
-	k.signalRoom()
-}
-
-// signalRoom tells the fetcher that a claim may be due.
-func (k *Consumer) signalRoom() {
-	select {
-	case k.room <- struct{}{}:
-	default:
-	}
+	k.window.Handled()
 }
 
 // unqueue takes j off the renewed set as a worker picks it: its handler
@@ -709,7 +692,7 @@ func (k *Consumer) complete() {
 		k.flush(batch)
 		// Acks written: on an ordered topic the messages behind them may
 		// be free to claim now.
-		k.signalRoom()
+		k.window.Signal()
 	}
 }
 
