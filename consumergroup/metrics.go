@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/pgoutbox/pgoutbox/internal/blockedgauges"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -71,13 +72,12 @@ func (g *Group) observeBlockedGroups() metric.Registration {
 	if mp == nil {
 		return nil
 	}
-	m := mp.Meter(meterName)
-	groups, _ := m.Int64ObservableGauge("pgoutbox.ordered.blocked_groups",
-		metric.WithDescription("Message groups of an ordered topic held back by a failed or dead-lettered message."))
-	age, _ := m.Float64ObservableGauge("pgoutbox.ordered.oldest_blocked_age", metric.WithUnit("s"),
-		metric.WithDescription("How long the longest blocked message group of an ordered topic has been held back."))
+	now := time.Now
+	if g.cfg.Clock != nil {
+		now = g.cfg.Clock.Now
+	}
 	attrs := metric.WithAttributes(attribute.String("topic", g.cfg.Topic), attribute.String("group", g.cfg.Group))
-	reg, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	reg, err := blockedgauges.Register(mp.Meter(meterName), now, func(ctx context.Context) []blockedgauges.Reading {
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		topic, err := g.client.Topic(ctx, g.cfg.Topic)
@@ -92,18 +92,12 @@ func (g *Group) observeBlockedGroups() metric.Registration {
 			g.logger.Warn("pgoutbox: reading blocked message groups failed", slog.Any("error", err))
 			return nil
 		}
-		o.ObserveInt64(groups, n, attrs)
-		var seconds float64
+		r := blockedgauges.Reading{Groups: n, Attrs: attrs}
 		if since != nil {
-			now := time.Now()
-			if g.cfg.Clock != nil {
-				now = g.cfg.Clock.Now()
-			}
-			seconds = max(0, now.Sub(*since).Seconds())
+			r.Since = *since
 		}
-		o.ObserveFloat64(age, seconds, attrs)
-		return nil
-	}, groups, age)
+		return []blockedgauges.Reading{r}
+	})
 	if err != nil {
 		g.logger.Warn("pgoutbox: blocked-group gauges not registered", slog.Any("error", err))
 		return nil

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgoutbox/pgoutbox/internal/blockedgauges"
 )
 
 // BlockedGroup is a message group of an ordered topic that its oldest
@@ -108,18 +110,14 @@ func (c *Client) observeBlockedGroups(mp metric.MeterProvider) {
 	if mp == nil {
 		return
 	}
-	m := mp.Meter(meterName)
-	groups, _ := m.Int64ObservableGauge("pgoutbox.ordered.blocked_groups",
-		metric.WithDescription("Message groups of an ordered topic held back by a failed or dead-lettered message."))
-	age, _ := m.Float64ObservableGauge("pgoutbox.ordered.oldest_blocked_age", metric.WithUnit("s"),
-		metric.WithDescription("How long the longest blocked message group of an ordered topic has been held back."))
-	_, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	_, err := blockedgauges.Register(mp.Meter(meterName), c.clockNow, func(ctx context.Context) []blockedgauges.Reading {
 		c.watchedMu.Lock()
 		topics := make([]TopicConfig, 0, len(c.watched))
 		for _, w := range c.watched {
 			topics = append(topics, w.cfg)
 		}
 		c.watchedMu.Unlock()
+		var out []blockedgauges.Reading
 		for _, t := range topics {
 			qctx, cancel := context.WithTimeout(ctx, time.Second)
 			n, since, err := c.blockedSummary(qctx, t)
@@ -128,16 +126,11 @@ func (c *Client) observeBlockedGroups(mp metric.MeterProvider) {
 				c.logger.Warn("pgoutbox: reading blocked message groups failed", slog.String("topic", t.Name), slog.Any("error", err))
 				continue
 			}
-			attrs := metric.WithAttributes(attribute.String("topic", t.Name))
-			o.ObserveInt64(groups, n, attrs)
-			var seconds float64
-			if !since.IsZero() {
-				seconds = max(0, c.clockNow().Sub(since).Seconds())
-			}
-			o.ObserveFloat64(age, seconds, attrs)
+			out = append(out, blockedgauges.Reading{Groups: n, Since: since,
+				Attrs: metric.WithAttributes(attribute.String("topic", t.Name))})
 		}
-		return nil
-	}, groups, age)
+		return out
+	})
 	if err != nil {
 		c.logger.Warn("pgoutbox: blocked-group gauges not registered", slog.Any("error", err))
 	}
