@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testmetrics"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -324,24 +324,11 @@ func TestOrderedGroupBlockedGroupsAreVisible(t *testing.T) {
 	require.Contains(t, blocked[0].LastError, "downstream says no")
 
 	// The gauges say the same, with the topic and group as attributes.
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(ctx, &rm))
-	gauges := map[string]float64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Gauge[int64]:
-				gauges[m.Name] = float64(d.DataPoints[0].Value)
-				group, _ := d.DataPoints[0].Attributes.Value("group")
-				require.Equal(t, "g", group.AsString())
-			case metricdata.Gauge[float64]:
-				gauges[m.Name] = d.DataPoints[0].Value
-			}
-		}
-	}
-	require.Equal(t, 1.0, gauges["pgoutbox.ordered.blocked_groups"])
-	require.Greater(t, gauges["pgoutbox.ordered.oldest_blocked_age"], 0.0)
-	require.Less(t, gauges["pgoutbox.ordered.oldest_blocked_age"], 60.0)
+	gauges := testmetrics.Gauges(t, reader)
+	require.Equal(t, 1.0, gauges["pgoutbox.ordered.blocked_groups"].Value)
+	require.Equal(t, "g", gauges["pgoutbox.ordered.blocked_groups"].Attr("group"))
+	require.Greater(t, gauges["pgoutbox.ordered.oldest_blocked_age"].Value, 0.0)
+	require.Less(t, gauges["pgoutbox.ordered.oldest_blocked_age"].Value, 60.0)
 
 	_, err = b.newGroup(t, "nobody").BlockedGroups(ctx, 0)
 	require.ErrorIs(t, err, outbox.ErrNotFound)

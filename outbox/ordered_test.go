@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pgoutbox/pgoutbox/internal/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testmetrics"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -394,21 +394,9 @@ func TestOrderedBlockedGroupsAreVisible(t *testing.T) {
 
 	startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "o", Handler: func(context.Context, *outbox.Delivery) error { return nil },
 		PollInterval: time.Hour})
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(ctx, &rm))
-	gauges := map[string]float64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Gauge[int64]:
-				gauges[m.Name] = float64(d.DataPoints[0].Value)
-			case metricdata.Gauge[float64]:
-				gauges[m.Name] = d.DataPoints[0].Value
-			}
-		}
-	}
-	require.Equal(t, 2.0, gauges["pgoutbox.ordered.blocked_groups"])
-	require.Equal(t, 2.0, gauges["pgoutbox.ordered.oldest_blocked_age"])
+	gauges := testmetrics.Gauges(t, reader)
+	require.Equal(t, 2.0, gauges["pgoutbox.ordered.blocked_groups"].Value)
+	require.Equal(t, 2.0, gauges["pgoutbox.ordered.oldest_blocked_age"].Value)
 
 	// Replaying the dead letter takes b off the list.
 	_, err = b.client.ReplayDeadLetters(ctx, "o")
