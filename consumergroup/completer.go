@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
 // The completer: one goroutine per instance, writing outcomes in the order
@@ -19,55 +20,41 @@ import (
 // outcome is one statement (or a transaction with its completion).
 
 func (r *runner) complete() {
-	for s := range r.finished {
-		// What else is waiting goes too: the acks of retry deliveries
-		// among it share one transaction (an ordered group's messages all
-		// come as retry deliveries).
-		pending := []settled{s}
-	gather:
-		for len(pending) < maxAcksPerTx {
-			select {
-			case s, ok := <-r.finished:
-				if !ok {
-					break gather
-				}
-				pending = append(pending, s)
-			default:
-				break gather
+	// The acks of retry deliveries that arrive together share one
+	// transaction (an ordered group's messages all come as retry
+	// deliveries).
+	pipeline.Complete(r.finished, r.window, maxAcksPerTx, r.write)
+}
+
+// write writes outcomes, in the order they came.
+func (r *runner) write(pending []settled) {
+	var acks []int64
+	for _, s := range pending {
+		switch {
+		case s.batch != nil:
+			r.held.finishing(s.batch.id)
+			r.completeBatch(s.batch)
+			if r.testBatchFinished != nil {
+				r.testBatchFinished(s.batch.id)
 			}
+			r.held.remove(s.batch.id, 0)
+		case s.retry.outcome == ack:
+			acks = append(acks, s.retry.f.id)
+		default:
+			r.completeRetry(s.retry)
+			r.held.remove(0, s.retry.f.id)
 		}
-		var acks []int64
-		for _, s := range pending {
-			switch {
-			case s.batch != nil:
-				r.held.finishing(s.batch.id)
-				r.completeBatch(s.batch)
-				if r.testBatchFinished != nil {
-					r.testBatchFinished(s.batch.id)
-				}
-				r.held.remove(s.batch.id, 0)
-			case s.retry.outcome == ack:
-				acks = append(acks, s.retry.f.id)
-				continue // settled below, with the others
-			default:
-				r.completeRetry(s.retry)
-				r.held.remove(0, s.retry.f.id)
-			}
+	}
+	if len(acks) > 0 {
+		r.ackRetries(acks)
+		for _, id := range acks {
+			r.held.remove(0, id)
 		}
-		if len(acks) > 0 {
-			r.ackRetries(acks)
-			for _, id := range acks {
-				r.held.remove(0, id)
-			}
-		}
-		// Outcomes written: in an ordered group the messages behind them
-		// may be free to claim now.
-		r.window.Signal()
 	}
 }
 
-// maxAcksPerTx bounds how many retry deliveries one completion transaction
-// acks.
+// maxAcksPerTx bounds how many outcomes one write takes, so how many
+// retry deliveries one completion transaction acks.
 const maxAcksPerTx = 256
 
 // ackRetries ends retry deliveries that succeeded and records their

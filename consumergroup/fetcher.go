@@ -11,13 +11,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/groupwalk"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
-// The fetcher: one goroutine per instance. It owns lastReap and the
-// backfill throttle.
+// The fetcher: one goroutine per instance, running a pipeline.Loop whose
+// looks are the runner's look. It owns lastReap and the backfill throttle.
 //
 // Each look at the database is one short transaction that locks the
 // group's offsets row (FOR UPDATE SKIP LOCKED: if another instance holds
@@ -54,64 +54,17 @@ const (
 
 func (r *runner) fetch() {
 	g := r.g
-	poll := time.NewTimer(g.cfg.PollInterval)
-	defer poll.Stop()
-	failures, quiet := 0, 30
-	var lastReap time.Time
-	silent := false // it stopped fetching for want of heartbeats
-	for r.fetchCtx.Err() == nil {
+	loop := pipeline.Loop{
+		Window:       r.window,
+		Wake:         r.wake,
+		PollInterval: g.cfg.PollInterval,
 		// Executors are not tracked as idle or busy: fetched work waiting
 		// in the channel means none is idle with nothing to take.
-		limit := r.window.Next(len(r.jobs), 1)
-		if limit == 0 {
-			select {
-			case <-r.fetchCtx.Done():
-			case <-r.window.Room():
-			}
-			continue
-		}
-		if !r.canFetch() {
-			if !silent {
-				silent = true
-				g.logger.Warn("pgoutbox: this instance sent no heartbeat for its HeartbeatTimeout: it fetches nothing until one goes through (to the others the group may be DEAD)")
-			}
-			r.sleep(poll, g.cfg.PollInterval)
-			continue
-		}
-		silent = false
-		res, err := r.look(limit, &lastReap)
-		if errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
-			r.end(err)
-			return
-		}
-		if err != nil {
-			failures++
-			delay := min(backoff.Exponential(failures, 10*time.Millisecond, g.cfg.PollInterval), g.cfg.PollInterval)
-			if r.fetchCtx.Err() == nil {
-				g.logger.Error("pgoutbox: fetch failed", slog.Any("error", err), slog.Duration("retry_in", delay))
-			}
-			r.sleep(poll, delay)
-			continue
-		}
-		failures = 0
-		switch res {
-		case fetchedWork:
-			quiet = 0
-		case fetchBusy:
-			r.sleep(poll, min(g.cfg.PollInterval, 5*time.Millisecond))
-		case fetchInactive:
-			r.sleep(poll, g.cfg.PollInterval)
-		default:
-			if quiet < 30 {
-				quiet++
-			}
-			d := min(g.cfg.PollInterval, time.Millisecond<<quiet)
-			if r.catchupWait > 0 { // a throttled backfill reads again then
-				d = min(d, r.catchupWait)
-			}
-			r.sleep(poll, d)
-		}
+		Waiting: func() int { return len(r.jobs) },
+		Look:    r.look,
+		Logger:  g.logger,
 	}
+	loop.Run(r.fetchCtx)
 }
 
 // look looks for work: in full (fetchOnce), or, when the last full look
@@ -120,24 +73,42 @@ func (r *runner) fetch() {
 // tells whether a full look could find anything (sqlq's anyWork). A full
 // look reaps retries when PollInterval has passed since the last that did
 // (lastReap).
-func (r *runner) look(limit int, lastReap *time.Time) (fetchResult, error) {
+func (r *runner) look(limit int, notified bool) (pipeline.Found, error) {
 	g := r.g
-	notified := r.notified
-	r.notified = false
+	if !r.canFetch() {
+		if !r.silent {
+			r.silent = true
+			g.logger.Warn("pgoutbox: this instance sent no heartbeat for its HeartbeatTimeout: it fetches nothing until one goes through (to the others the group may be DEAD)")
+		}
+		return pipeline.Found{Retry: g.cfg.PollInterval}, nil
+	}
+	r.silent = false
 	if r.idle && !notified && time.Since(r.lastFullLook) < idleFullLookEvery {
 		work, err := r.anyWork()
 		if (err == nil && !work) || r.fetchCtx.Err() != nil {
-			return fetchedNothing, nil // nothing to do, or stopping
+			return pipeline.Found{}, nil // nothing to do, or stopping
 		} // on an error, the full look reports it
 	}
-	reap := time.Since(*lastReap) >= g.cfg.PollInterval
+	reap := time.Since(r.lastReap) >= g.cfg.PollInterval
 	if reap {
-		*lastReap = time.Now()
+		r.lastReap = time.Now()
 	}
 	r.lastFullLook = time.Now()
 	res, err := r.fetchOnce(limit, reap)
 	g.metrics.fetchTime.Record(r.fetchCtx, time.Since(r.lastFullLook).Seconds())
-	return res, err
+	if errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
+		r.end(err)
+		return pipeline.Found{Done: true}, nil
+	}
+	switch res {
+	case fetchedWork:
+		return pipeline.Found{More: true}, err
+	case fetchBusy:
+		return pipeline.Found{Retry: min(g.cfg.PollInterval, 5*time.Millisecond)}, err
+	case fetchInactive:
+		return pipeline.Found{Retry: g.cfg.PollInterval}, err
+	}
+	return pipeline.Found{Within: r.catchupWait}, err
 }
 
 // orphanSweepEvery is how often an instance drops retries of messages
@@ -168,18 +139,6 @@ func (r *runner) anyWork() (bool, error) {
 		return true, err
 	}
 	return work || State(status) != Active, nil
-}
-
-// sleep waits for d, a notification, freed room or stop.
-func (r *runner) sleep(t *time.Timer, d time.Duration) {
-	t.Reset(d)
-	select {
-	case <-r.fetchCtx.Done():
-	case <-r.wake:
-		r.notified = true
-	case <-r.window.Room():
-	case <-t.C:
-	}
 }
 
 // position is the group's offsets row.
@@ -345,7 +304,7 @@ func (r *runner) claimRetries(ctx context.Context, tx pgx.Tx, limit int) (int, e
 	query := g.q.ClaimRetries
 	if g.topic.Ordered {
 		query = g.q.ClaimOrderedRetries
-		args = append(args, r.walkAfter, g.topic.OrderedDeadLetters == outbox.BlockGroup, orderedRun)
+		args = append(args, r.walkAfter, g.topic.OrderedDeadLetters == outbox.BlockGroup, pipeline.OrderedRun)
 	}
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
@@ -527,20 +486,10 @@ func (r *runner) dispatch(jobs []*job) {
 	}
 }
 
-// runs links the jobs of each message group of an ordered group, given in
-// id (commit) order, each to the next, and returns the first of each and
-// the jobs without a group: an executor handles a message group's jobs one
-// after the other (see work).
+// runs links the runs of an ordered group's jobs (see pipeline.Runs) and
+// returns the first job of each, and the jobs without a message group: an
+// executor handles a run's jobs one after the other (see work).
 func runs(jobs []*job) []*job {
-	last := map[string]*job{}
-	firsts := jobs[:0:0]
-	for _, j := range jobs {
-		if prev := last[j.d.Group]; prev != nil && j.d.Group != "" {
-			prev.next = j
-		} else {
-			firsts = append(firsts, j)
-		}
-		last[j.d.Group] = j
-	}
-	return firsts
+	return pipeline.Runs(jobs, func(j *job) (string, int64) { return j.d.Group, j.d.ID },
+		func(prev, next *job) { prev.next = next })
 }

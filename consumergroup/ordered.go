@@ -36,10 +36,6 @@ import (
 // orderedPage is the most messages a look of an ordered group queues.
 const orderedPage = 1000
 
-// orderedRun is the most messages of one message group a claim takes: the
-// head and the queued messages right behind it.
-const orderedRun = 10
-
 // lookOrdered is the rest of fetchOnce for an ordered group: queue the
 // pending backfill's next rows, or else the stream's, and once the
 // stream's pair is queued whole, claim. It commits.

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
-	"github.com/pgoutbox/pgoutbox/internal/window"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -44,7 +44,7 @@ type runner struct {
 	g *Group // read-only
 
 	members atomic.Pointer[[]member] // written by AddConsumer/RemoveConsumer
-	window  *window.Window           // what the instance holds, and when it fetches next
+	window  *pipeline.Window         // what the instance holds, and when it fetches next
 	held    held                     // leases being worked on (own mutex)
 
 	// testBatchFinished, when set (tests), is called by the completer
@@ -88,7 +88,8 @@ type runner struct {
 	backfilling     atomic.Bool   // a backfill is pending: the load sampler probes
 	idleSince       time.Time     // when an empty look last moved the position (see idlePositionEvery)
 	idle            bool          // the last full look found nothing to do (see look)
-	notified        bool          // a notification of the topic woke the fetcher
+	silent          bool          // it stopped fetching for want of heartbeats (see canFetch)
+	lastReap        time.Time     // when a look last reaped retries
 	lastFullLook    time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
 	walkAfter       string        // an ordered group's next claim walks the message groups from after this one
 	lastOrphanSweep time.Time     // see orphanSweepEvery
@@ -196,16 +197,6 @@ func (h *held) snapshot() (batches, retries []int64) {
 	return batches, retries
 }
 
-// capacity is how many fetched messages an instance holds at most: a
-// batch waiting, and what its executors hold; in an ordered group each
-// executor may hold the rest of a run behind the message it handles.
-func (g *Group) capacity() int {
-	if g.topic.Ordered {
-		return g.cfg.BatchSize + g.cfg.Concurrency*orderedRun
-	}
-	return g.cfg.BatchSize + g.cfg.Concurrency
-}
-
 func (g *Group) newRunner() (*runner, error) {
 	r := &runner{g: g, slots: map[*slot]struct{}{}, testBatchFinished: g.testBatchFinished, throttle: newThrottle(g.opts)}
 	r.held.batches, r.held.retries = map[int64]bool{}, map[int64]struct{}{}
@@ -221,10 +212,10 @@ func (g *Group) newRunner() (*runner, error) {
 		}
 		r.hbPool, r.ownHBPool = p, true
 	}
-	capacity := g.capacity()
+	capacity := pipeline.Capacity(g.cfg.BatchSize, g.cfg.Concurrency, g.topic.Ordered)
 	r.jobs = make(chan *job, capacity)
 	r.finished = make(chan settled, capacity)
-	r.window = window.New(capacity, g.cfg.BatchSize)
+	r.window = pipeline.NewWindow(capacity, g.cfg.BatchSize)
 	r.workCtx, r.workCancel = context.WithCancel(context.Background())
 	r.keepCtx, r.keepCancel = context.WithCancel(context.Background())
 	return r, nil

@@ -54,12 +54,6 @@ func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*
 	return ds, nil
 }
 
-// orderedRun is the most messages of one message group a Consumer's
-// claim on an ordered topic takes together: the group's head and the
-// messages right behind it, which one worker handles one after another
-// (see BENCHMARKS.md, "runs"). Claim hands out heads only.
-const orderedRun = 10
-
 // claimed is a claimed delivery, when it had become available, and, for a
 // message taken back from an expired lease, who held that lease.
 type claimed struct {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -20,9 +19,9 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/internal/handlers"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
-	"github.com/pgoutbox/pgoutbox/internal/window"
 )
 
 // Handler handles one delivery. Returning nil acks the message (it is
@@ -74,10 +73,6 @@ type permanentError struct{ err error }
 
 func (e *permanentError) Error() string { return fmt.Sprintf("permanent: %v", e.err) }
 func (e *permanentError) Unwrap() error { return e.err }
-
-// followUpDelay is how soon an idle consumer looks again after a claim
-// that found work (see fetch); about DefaultNotifyInterval.
-const followUpDelay = time.Millisecond
 
 // Consumer defaults.
 const (
@@ -166,10 +161,10 @@ type Consumer struct {
 	fetchCtx context.Context // ends when Stop begins: no more claims
 	workCtx  context.Context // ends when Stop's deadline passes: handlers are cancelled
 
-	jobs     chan *job      // fetcher -> workers; closed by Stop after the fetcher ended
-	results  chan result    // workers -> completer; closed by Stop after the workers ended
-	window   *window.Window // what the consumer holds, and when it claims next
-	busy     atomic.Int64   // workers handling a job or its run
+	jobs     chan *job        // fetcher -> workers; closed by Stop after the fetcher ended
+	results  chan result      // workers -> completer; closed by Stop after the workers ended
+	window   *pipeline.Window // what the consumer holds, and when it claims next
+	busy     atomic.Int64     // workers handling a job or its run
 	queuedMu sync.Mutex
 	queued   map[*job]struct{} // claimed, not yet picked by a worker: the lease keeper renews them
 	stopping atomic.Bool       // workers release instead of handling
@@ -265,10 +260,10 @@ func (k *Consumer) Start(ctx context.Context) error {
 	var workCancel context.CancelFunc
 	k.workCtx, workCancel = context.WithCancel(context.Background())
 	k.workCancel.Store(&workCancel)
-	capacity := k.capacity()
+	capacity := pipeline.Capacity(k.cfg.BatchSize, k.cfg.Concurrency, topic.Ordered)
 	k.jobs = make(chan *job, capacity)
 	k.results = make(chan result, capacity)
-	k.window = window.New(capacity, k.cfg.BatchSize)
+	k.window = pipeline.NewWindow(capacity, k.cfg.BatchSize)
 	k.queued = map[*job]struct{}{}
 	k.stopping.Store(false)
 
@@ -357,64 +352,21 @@ func (k *Consumer) shutdown(workCancel context.CancelFunc) {
 	k.client.logger.Info("pgoutbox: consumer stopped", slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID))
 }
 
-// capacity is how many claimed messages the consumer holds at most: a
-// batch waiting, and what its handlers hold; on an ordered topic each
-// handler may hold the rest of a run behind the message it handles.
-func (k *Consumer) capacity() int {
-	if k.topic.Load().Ordered {
-		return k.cfg.BatchSize + k.cfg.Concurrency*orderedRun
-	}
-	return k.cfg.BatchSize + k.cfg.Concurrency
-}
-
-// fetch claims batches while there is room and work, then waits for a
-// notification, freed room or the poll interval.
+// fetch claims batches while there is room and work (see pipeline.Loop).
 func (k *Consumer) fetch() {
-	poll := time.NewTimer(k.cfg.PollInterval)
-	defer poll.Stop()
-	failures := 0
-	quiet := 30 // empty claims since the last one that found work
-	for k.fetchCtx.Err() == nil {
-		limit := k.window.Next(len(k.jobs), k.cfg.Concurrency-int(k.busy.Load()))
-		if limit == 0 {
-			select {
-			case <-k.fetchCtx.Done():
-			case <-k.window.Room():
-			}
-			continue
-		}
-		n, err := k.claim(limit)
-		if err != nil {
-			failures++
-			delay := min(backoff.Exponential(failures, 10*time.Millisecond, k.cfg.PollInterval), k.cfg.PollInterval)
-			k.client.logger.Error("pgoutbox: claim failed", slog.String("topic", k.cfg.Topic), slog.Any("error", err), slog.Duration("retry_in", delay))
-			select {
-			case <-k.fetchCtx.Done():
-			case <-time.After(delay):
-			}
-			continue
-		}
-		failures = 0
-		if n == limit {
-			continue // probably more waiting
-		}
-		// Producers notify at most once per NotifyInterval, so a message
-		// committed just after a claim that found work may come with no
-		// wake-up of its own: after activity, look again after 1ms, 2ms,
-		// 4ms, ... up to the poll interval.
-		if n > 0 {
-			quiet = 0
-		} else if quiet < 30 {
-			quiet++
-		}
-		poll.Reset(min(k.cfg.PollInterval, followUpDelay<<quiet))
-		select {
-		case <-k.fetchCtx.Done():
-		case <-k.wake: // a producer committed
-		case <-k.window.Room(): // handlers finished
-		case <-poll.C:
-		}
+	loop := pipeline.Loop{
+		Window:       k.window,
+		Wake:         k.wake,
+		PollInterval: k.cfg.PollInterval,
+		Waiting:      func() int { return len(k.jobs) },
+		Idle:         func() int { return k.cfg.Concurrency - int(k.busy.Load()) },
+		Look: func(limit int, _ bool) (pipeline.Found, error) {
+			n, err := k.claim(limit)
+			return pipeline.Found{Claimed: n, More: n == limit}, err
+		},
+		Logger: k.client.logger.With(slog.String("topic", k.cfg.Topic), slog.String("consumer", k.cfg.ID)),
 	}
+	loop.Run(k.fetchCtx)
 }
 
 // claim leases up to limit messages and queues them for the workers.
@@ -424,7 +376,7 @@ func (k *Consumer) claim(limit int) (int, error) {
 	// it would leave its messages leased until the lease expires.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.fetchCtx), 30*time.Second)
 	defer cancel()
-	batch, err := k.client.claim(ctx, *topic, k.cfg.ID, limit, orderedRun)
+	batch, err := k.client.claim(ctx, *topic, k.cfg.ID, limit, pipeline.OrderedRun)
 	if err != nil {
 		return 0, err
 	}
@@ -447,7 +399,7 @@ func (k *Consumer) claim(limit int) (int, error) {
 	}
 	first := jobs
 	if topic.Ordered {
-		first = runs(slices.Clone(jobs)) // linked before the lease keeper sees them
+		first = runs(jobs) // linked before the lease keeper sees them
 	}
 	k.queuedMu.Lock()
 	for _, j := range jobs {
@@ -463,22 +415,11 @@ func (k *Consumer) claim(limit int) (int, error) {
 	return len(batch), nil
 }
 
-// runs links the jobs of each message group (a claim on an ordered topic
-// hands out runs of a group's messages) in id order, and returns the
-// first of each group and the jobs without a group, in jobs' order.
+// runs links the runs of a claim on an ordered topic (see pipeline.Runs)
+// and returns the first job of each, and the jobs without a group.
 func runs(jobs []*job) []*job {
-	byID := slices.Clone(jobs)
-	slices.SortFunc(byID, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
-	last := map[string]*job{}
-	for _, j := range byID {
-		if g := j.d.Group; g != "" {
-			if prev := last[g]; prev != nil {
-				prev.next, j.prev = j, prev
-			}
-			last[g] = j
-		}
-	}
-	return slices.DeleteFunc(jobs, func(j *job) bool { return j.prev != nil })
+	return pipeline.Runs(jobs, func(j *job) (string, int64) { return j.d.Group, j.d.ID },
+		func(prev, next *job) { prev.next, next.prev = next, prev })
 }
 
 // work runs handlers until the job channel is closed: each job, and the
@@ -670,31 +611,14 @@ func (k *Consumer) handle(j *job, deadline time.Time) result {
 	return r
 }
 
-// complete writes outcomes to the database in batches: whatever has
-// arrived while the previous batch was being written.
+// complete writes outcomes to the database in batches (see
+// pipeline.Complete).
 func (k *Consumer) complete() {
-	const maxBatch = 1000
-	var batch []result
-	for r := range k.results {
-		batch = append(batch[:0], r)
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case r, ok := <-k.results:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
-		k.flush(batch)
-		// Acks written: on an ordered topic the messages behind them may
-		// be free to claim now.
-		k.window.Signal()
-	}
+	pipeline.Complete(k.results, k.window, maxCompleteBatch, k.flush)
 }
+
+// maxCompleteBatch is the most outcomes one completion writes.
+const maxCompleteBatch = 1000
 
 func (k *Consumer) flush(batch []result) {
 	var ackIDs []int64

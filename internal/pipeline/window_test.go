@@ -1,9 +1,9 @@
-package window
+package pipeline
 
 import "testing"
 
 func TestNext(t *testing.T) {
-	w := New(110, 100) // 10 workers, batches of 100
+	w := NewWindow(110, 100) // 10 workers, batches of 100
 	if got := w.Next(0, 10); got != 100 {
 		t.Fatalf("empty window: claim %d, want a full batch", got)
 	}
@@ -37,7 +37,7 @@ func TestNext(t *testing.T) {
 }
 
 func TestCapacityAtLeastABatch(t *testing.T) {
-	w := New(1, 5)
+	w := NewWindow(1, 5)
 	if got := w.Next(0, 1); got != 5 {
 		t.Fatalf("claim %d, want 5", got)
 	}

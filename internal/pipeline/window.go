@@ -1,27 +1,25 @@
-// Package window is the back-pressure both delivery pipelines share (the
-// QUEUE consumer and a consumer group instance): how many claimed
-// messages a consumer holds, and when its next claim is due and how large.
+package pipeline
+
+import "sync/atomic"
+
+// Window is the back-pressure of a pipeline: how many claimed messages a
+// consumer holds, and when its next claim is due and how large.
 //
 // A message counts from its claim until it is handled (or handed back
 // untried): its outcome is written afterwards, together with others,
 // while the next claim runs. A claim costs about the same whatever its
 // size, so a claim takes a full batch when there is room for one, and a
 // smaller one only when a worker is idle with nothing claimed to take.
-package window
-
-import "sync/atomic"
-
-// Window counts the messages a consumer holds. Its methods are safe for
-// concurrent use.
+// Its methods are safe for concurrent use.
 type Window struct {
 	capacity, batch, threshold int64
 	held                       atomic.Int64
 	room                       chan struct{}
 }
 
-// New returns a window for claims of up to batch messages, holding at
-// most capacity (at least batch).
-func New(capacity, batch int) *Window {
+// NewWindow returns a window for claims of up to batch messages, holding
+// at most capacity (at least batch).
+func NewWindow(capacity, batch int) *Window {
 	return &Window{capacity: int64(max(capacity, batch)), batch: int64(batch),
 		threshold: int64(max(1, batch/2)), room: make(chan struct{}, 1)}
 }
