@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/pubsub"
 )
@@ -27,14 +25,6 @@ type beginQuerier interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// retryDelay is the handler's RetryAfter delay, else the topic's backoff.
-func retryDelay(err error, attempt int, topic outbox.TopicConfig) time.Duration {
-	if d, ok := outbox.RetryDelay(err); ok {
-		return d
-	}
-	return backoff.Exponential(attempt, topic.BackoffInitial, topic.BackoffMax)
 }
 
 // DetectDeadGroups runs dead-group detection for the group's topic once,

@@ -137,19 +137,13 @@ func (r *runner) classify(j *job, err error) (outcome, failure) {
 		return release, f
 	}
 	f.err = err.Error()
-	if delay, ok := outbox.IsSnooze(err); ok {
+	v := g.topic.Judge(err, j.d.Attempt)
+	if v.Snooze {
 		f.attempts--
-		f.delay, f.snoozed = delay, true
+		f.delay, f.snoozed = v.Delay, true
 		return fail, f
 	}
-	switch {
-	case outbox.IsPermanent(err):
-		f.dead = true
-	case j.d.Attempt >= g.topic.MaxAttempts:
-		f.dead = true
-	default:
-		f.delay = retryDelay(err, j.d.Attempt, g.topic)
-	}
+	f.dead, f.delay = v.DeadLetter, v.Delay
 	handlers.LogFailure(g.events, g.cfg.Topic+"|"+g.cfg.Group, err, f.dead,
 		slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt), slog.Duration("retry_in", f.delay))
 	return fail, f

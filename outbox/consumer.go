@@ -591,20 +591,14 @@ func (k *Consumer) handle(j *job, deadline time.Time) result {
 		return result{d: j.d, outcome: outcomeRelease, err: "consumer stopped: " + err.Error()}
 	}
 	r := result{d: j.d, err: err.Error()}
-	var perm *permanentError
-	var retry *retryError
-	topic := k.topic.Load()
+	v := k.topic.Load().Judge(err, j.d.Attempt)
 	switch {
-	case errors.As(err, &retry) && retry.snooze:
-		r.outcome, r.delay = outcomeSnooze, retry.delay
-	case errors.As(err, &perm):
+	case v.Snooze:
+		r.outcome, r.delay = outcomeSnooze, v.Delay
+	case v.DeadLetter:
 		r.outcome = outcomeDead
-	case j.d.Attempt >= topic.MaxAttempts:
-		r.outcome = outcomeDead
-	case errors.As(err, &retry):
-		r.outcome, r.delay = outcomeRetry, retry.delay
 	default:
-		r.outcome, r.delay = outcomeRetry, backoff.Exponential(j.d.Attempt, topic.BackoffInitial, topic.BackoffMax)
+		r.outcome, r.delay = outcomeRetry, v.Delay
 	}
 	handlers.LogFailure(k.events, k.cfg.Topic, err, r.outcome == outcomeDead, slog.String("topic", k.cfg.Topic),
 		slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt), slog.Duration("retry_in", r.delay))
@@ -735,4 +729,37 @@ func RetryDelay(err error) (time.Duration, bool) {
 func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
+}
+
+// Verdict is what becomes of a delivery whose handler failed, under its
+// topic's rules (see TopicConfig.Judge).
+type Verdict struct {
+	// DeadLetter: the message is dead-lettered now (Permanent, or its
+	// last attempt).
+	DeadLetter bool
+	// Snooze: the attempt is given back (Snooze).
+	Snooze bool
+	// Delay is how long until the message is delivered again, when it
+	// is not dead-lettered: the error's RetryAfter or Snooze delay, else
+	// the topic's backoff for the attempt.
+	Delay time.Duration
+}
+
+// Judge returns what becomes of a delivery on attempt (1 for the first)
+// whose handler returned err, which is not nil. Both consumers of this
+// module follow it; a program that claims with Client.Claim can too, to
+// choose between Client.Retry, Client.Postpone and Client.DeadLetter.
+func (t TopicConfig) Judge(err error, attempt int) Verdict {
+	var r *retryError
+	isRetry := errors.As(err, &r)
+	switch {
+	case isRetry && r.snooze:
+		return Verdict{Snooze: true, Delay: r.delay}
+	case IsPermanent(err), attempt >= t.MaxAttempts:
+		return Verdict{DeadLetter: true}
+	case isRetry:
+		return Verdict{Delay: r.delay}
+	default:
+		return Verdict{Delay: backoff.Exponential(attempt, t.BackoffInitial, t.BackoffMax)}
+	}
 }
