@@ -42,6 +42,7 @@ type PubSub struct {
 	// Administration.
 	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters string
 	BlockedMessageGroups, BlockedGroupsSummary             string
+	GroupHealthHead, GroupHealth                           string
 
 	BitmapComplete, BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup string
 	CounterComplete, CounterCompleted                                         string
@@ -113,6 +114,8 @@ func ForPubSub(schema string) *PubSub {
 		DiscardDeadLetters:   q(discardGroupDeadLetters),
 		BlockedMessageGroups: q(blockedMessageGroups),
 		BlockedGroupsSummary: q(blockedGroupsSummary),
+		GroupHealthHead:      q(groupHealthHead),
+		GroupHealth:          q(groupHealth),
 
 		BitmapComplete:          q(bitmapComplete),
 		BitmapCompleted:         q(bitmapCompleted),
@@ -252,6 +255,42 @@ WHERE o.subscription_id = $1`
 const subscriptionStatus = `
 SELECT id, subscription_status FROM {{schema}}.outbox_topic_subscriptions
 ` + bySubscriptionName
+
+// groupHealthHead reads what a group's health starts from (by name): its
+// subscription, as streamFor needs it, and its liveness.
+const groupHealthHead = `
+SELECT id, subscription_status, coalesce(bit, -1), start_position, start_from_timestamp, start_from_message_id,
+       last_heartbeat_at, extract(epoch FROM heartbeat_timeout)::float8, subscribed_at
+FROM {{schema}}.outbox_topic_subscriptions
+` + bySubscriptionName
+
+// groupHealth measures subscription $1 of topic $2 (stream $3..$7, see
+// streamFilter; completions of bit $8 or subscription $9, see
+// notCompleted), each count at most $10: the committed rows its position
+// had not seen and it has not completed (their count, and the oldest one's
+// created_at), its batches and retry deliveries under lease, its waiting
+// retries (an ordered group's queued messages among them), the
+// created_at of the oldest message it retries (the lowest id: one probe),
+// and its dead letters.
+var groupHealth = `
+WITH f AS (
+    SELECT position FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1
+), unread AS (
+    SELECT o.created_at FROM (` + unseenRows("o.created_at", `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())`+
+	streamFilter("o", 3)+notCompleted("o", 8), "(SELECT position FROM f)", "'0'::xid8", "-1", "$10") + `) AS o
+    LIMIT $10
+), r AS (
+    SELECT status, message_id FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1 LIMIT 3 * $10
+), oldest AS (
+    SELECT min(message_id) AS id FROM r WHERE status <> 'DEAD_LETTER'
+)
+SELECT (SELECT count(*) FROM unread), (SELECT min(created_at) FROM unread),
+       (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
+       (SELECT count(*) FROM r WHERE status = 'PROCESSING'),
+       (SELECT count(*) FROM r WHERE status = 'RETRY'),
+       (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest WHERE o.topic = $2 AND o.id = oldest.id),
+       (SELECT count(*) FROM r WHERE status = 'DEAD_LETTER'),
+       now()`
 
 // heartbeat records database time only. It reports the status, so a DEAD
 // group's instance can resurrect it; no row: the subscription is gone.

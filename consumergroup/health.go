@@ -1,0 +1,114 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// DefaultHealthCountLimit is where Health stops counting by default.
+const DefaultHealthCountLimit = 10_000
+
+// Health is a group's state and how far behind it is, as Group.Health
+// reads it. Counts stop at the limit Health was given: a count equal to
+// it means "at least".
+type Health struct {
+	Topic, Group string
+	State        State
+	// SubscribedAt is when the subscription was made.
+	SubscribedAt time.Time
+	// LastHeartbeat is the last heartbeat of any of the group's instances;
+	// HeartbeatTimeout is how long without one makes the group DEAD.
+	LastHeartbeat    time.Time
+	HeartbeatTimeout time.Duration
+	// SinceHeartbeat is the database's time since LastHeartbeat.
+	SinceHeartbeat time.Duration
+	// Unread counts the committed messages for the group written since
+	// its position: those it has not read, and those of the read in
+	// progress (a few batches at most) it has not completed (in Offset
+	// mode, which records nothing per message, all of them).
+	Unread int64
+	// LeasedBatches and LeasedRetries count what instances hold now:
+	// batches of the stream, and messages delivered one by one (retries,
+	// and every message of an ordered group).
+	LeasedBatches, LeasedRetries int64
+	// Waiting counts messages waiting in the group's retry table for
+	// their next attempt (an ordered group's queued messages too).
+	Waiting int64
+	// DeadLetters counts the group's dead letters.
+	DeadLetters int64
+	// Lag is the age of the oldest message the group has not finished:
+	// the oldest unread, or the lowest id it retries (0 when there is
+	// none).
+	Lag time.Duration
+	// Backfill is the group's latest backfill (zero when it had none).
+	Backfill BackfillProgress
+}
+
+// NearTimeout reports whether an ACTIVE group's last heartbeat is older
+// than 80% of its HeartbeatTimeout: the time to look, before it is
+// declared DEAD.
+func (h Health) NearTimeout() bool {
+	return h.State == Active && h.SinceHeartbeat >= h.HeartbeatTimeout*8/10
+}
+
+// Health reads the group's state and lag. Each count stops at limit (0:
+// DefaultHealthCountLimit), so reading the health of a group far behind
+// costs a bounded number of index reads, not a scan of its backlog. It
+// works on a Group value that was never started, and fails with
+// outbox.ErrNotFound when the group has no subscription.
+func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
+	if limit <= 0 {
+		limit = DefaultHealthCountLimit
+	}
+	h := Health{Topic: g.cfg.Topic, Group: g.cfg.Group}
+	topic, err := g.client.Topic(ctx, g.cfg.Topic)
+	if err != nil {
+		return h, err
+	}
+	var sub subscription
+	var status, kind string
+	var timeoutSecs float64
+	err = g.pool.QueryRow(ctx, g.q.GroupHealthHead, g.cfg.Topic, g.cfg.Group).Scan(&sub.id, &status, &sub.bit, &kind,
+		&sub.fromTS, &sub.fromID, &h.LastHeartbeat, &timeoutSecs, &h.SubscribedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return h, fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
+	}
+	if err != nil {
+		return h, fmt.Errorf("consumergroup: health: %w", err)
+	}
+	sub.status, sub.kind = State(status), Position(kind)
+	h.State, h.HeartbeatTimeout = sub.status, time.Duration(timeoutSecs*float64(time.Second))
+	stream := streamFor(topic.Tracking, sub)
+	doneBit, doneSub := int64(0), int64(-1)
+	switch topic.Tracking {
+	case outbox.Bitmap:
+		doneBit = mask(sub.bit)
+	case outbox.Counter:
+		doneSub = sub.id
+	}
+	args := append([]any{sub.id, g.cfg.Topic}, stream.binds()...)
+	args = append(args, doneBit, doneSub, limit)
+	var oldestUnread, oldestRetry *time.Time
+	var now time.Time
+	err = g.pool.QueryRow(ctx, g.q.GroupHealth, args...).Scan(&h.Unread, &oldestUnread, &h.LeasedBatches,
+		&h.LeasedRetries, &h.Waiting, &oldestRetry, &h.DeadLetters, &now)
+	if err != nil {
+		return h, fmt.Errorf("consumergroup: health: %w", err)
+	}
+	h.SinceHeartbeat = max(now.Sub(h.LastHeartbeat), 0)
+	for _, t := range []*time.Time{oldestUnread, oldestRetry} {
+		if t != nil {
+			h.Lag = max(h.Lag, now.Sub(*t))
+		}
+	}
+	if h.Backfill, err = g.BackfillProgress(ctx); err != nil {
+		return h, err
+	}
+	return h, nil
+}
