@@ -1,0 +1,330 @@
+// Package admin lets an operator see and steer topics and consumer groups
+// by name, from any process: list topics with their backlog, list groups
+// with their health and lag, pause, resume, cancel or remove a group, and
+// list, replay or purge dead letters. It changes nothing a running
+// consumer must be told about: every instance of a group follows its state
+// within its poll interval.
+//
+// Counts stop at a limit (Options.CountLimit) so that a page or a metrics
+// scrape costs a bounded number of index reads however large the backlog:
+// a count equal to the limit means "at least that many". Every method
+// fails with an error wrapping outbox.ErrNotFound for a topic or group
+// that does not exist.
+package admin
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// DefaultCountLimit is where counts stop by default.
+const DefaultCountLimit = consumergroup.DefaultHealthCountLimit
+
+// Options configures an Admin.
+type Options struct {
+	// CountLimit is where counts stop. Defaults to DefaultCountLimit.
+	CountLimit int
+}
+
+// Admin inspects and steers the topics and groups of one schema. It holds
+// no goroutines and is safe for concurrent use.
+type Admin struct {
+	client *outbox.Client
+	pool   *pgxpool.Pool
+	maint  *consumergroup.Maintainer
+	q      *sqlq.Admin
+	limit  int
+}
+
+// New returns an Admin working through client (its pool and schema).
+func New(client *outbox.Client, opts Options) (*Admin, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: admin: nil client", outbox.ErrInvalidConfig)
+	}
+	if opts.CountLimit < 0 {
+		return nil, fmt.Errorf("%w: admin: CountLimit %d is negative", outbox.ErrInvalidConfig, opts.CountLimit)
+	}
+	schema, err := ident.Schema(client.Schema())
+	if err != nil {
+		return nil, err
+	}
+	maint, err := consumergroup.NewMaintainer(client.Pool(), client)
+	if err != nil {
+		return nil, err
+	}
+	return &Admin{client: client, pool: client.Pool(), maint: maint, q: sqlq.ForAdmin(schema),
+		limit: cmp.Or(opts.CountLimit, DefaultCountLimit)}, nil
+}
+
+// Topic is a topic's configuration and backlog.
+type Topic struct {
+	outbox.TopicConfig
+	// Groups names the groups subscribed to a PUB_SUB topic, cancelled
+	// ones last (see Admin.Groups for their health).
+	Groups []string
+	// Ready counts a QUEUE topic's messages deliverable now, Scheduled
+	// those leased or due later (a delay or a retry's backoff).
+	Ready, Scheduled int64
+	// OldestReady is how long the oldest deliverable message of a QUEUE
+	// topic has been waiting (0 when none is).
+	OldestReady time.Duration
+	// DeadLetters counts a QUEUE topic's dead letters (a group's are in
+	// its health).
+	DeadLetters int64
+}
+
+// Topics lists the configured topics, by name.
+func (a *Admin) Topics(ctx context.Context) ([]Topic, error) {
+	rows, err := a.pool.Query(ctx, a.q.TopicNames)
+	if err != nil {
+		return nil, fmt.Errorf("admin: list topics: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("admin: list topics: %w", err)
+	}
+	topics := make([]Topic, 0, len(names))
+	for _, name := range names {
+		t, err := a.Topic(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		topics = append(topics, t)
+	}
+	return topics, nil
+}
+
+// Topic reads one topic.
+func (a *Admin) Topic(ctx context.Context, name string) (Topic, error) {
+	cfg, err := a.topicConfig(ctx, name)
+	if err != nil {
+		return Topic{}, err
+	}
+	t := Topic{TopicConfig: cfg}
+	if cfg.Semantics == outbox.PubSub {
+		t.Groups, err = a.groupNames(ctx, name)
+		return t, err
+	}
+	var oldest *time.Time
+	var now time.Time
+	err = a.pool.QueryRow(ctx, a.q.QueueStats, name, a.limit).Scan(&t.Ready, &t.Scheduled, &t.DeadLetters, &oldest, &now)
+	if err != nil {
+		return Topic{}, fmt.Errorf("admin: topic %q: %w", name, err)
+	}
+	if oldest != nil {
+		t.OldestReady = max(now.Sub(*oldest), 0)
+	}
+	return t, nil
+}
+
+// topicConfig loads a configured topic, or fails with ErrNotFound.
+func (a *Admin) topicConfig(ctx context.Context, name string) (outbox.TopicConfig, error) {
+	cfg, err := a.client.Topic(ctx, name)
+	if err != nil {
+		return cfg, err
+	}
+	if !cfg.Configured {
+		return cfg, fmt.Errorf("%w: topic %q", outbox.ErrNotFound, name)
+	}
+	return cfg, nil
+}
+
+func (a *Admin) groupNames(ctx context.Context, topic string) ([]string, error) {
+	rows, err := a.pool.Query(ctx, a.q.TopicGroups, topic)
+	if err != nil {
+		return nil, fmt.Errorf("admin: groups of %q: %w", topic, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("admin: groups of %q: %w", topic, err)
+	}
+	return names, nil
+}
+
+// Groups reads the health of every group subscribed to a PUB_SUB topic,
+// by name, cancelled ones last.
+func (a *Admin) Groups(ctx context.Context, topic string) ([]consumergroup.Health, error) {
+	cfg, err := a.topicConfig(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Semantics != outbox.PubSub {
+		return nil, fmt.Errorf("%w: %q is a %s topic; it has no groups", outbox.ErrWrongSemantics, topic, cfg.Semantics)
+	}
+	names, err := a.groupNames(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]consumergroup.Health, 0, len(names))
+	for _, name := range names {
+		h, err := a.Group(ctx, topic, name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// Group reads one group's health.
+func (a *Admin) Group(ctx context.Context, topic, group string) (consumergroup.Health, error) {
+	g, err := a.group(ctx, topic, group)
+	if err != nil {
+		return consumergroup.Health{}, err
+	}
+	return g.Health(ctx, a.limit)
+}
+
+// NearTimeout lists the ACTIVE groups, of every PUB_SUB topic, whose last
+// heartbeat is older than 80% of their heartbeat timeout: they are DEAD
+// soon unless an instance comes back (see consumergroup.Health.NearTimeout).
+func (a *Admin) NearTimeout(ctx context.Context) ([]consumergroup.Health, error) {
+	topics, err := a.Topics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []consumergroup.Health
+	for _, t := range topics {
+		for _, name := range t.Groups {
+			h, err := a.Group(ctx, t.Name, name)
+			if err != nil {
+				return nil, err
+			}
+			if h.NearTimeout() {
+				out = append(out, h)
+			}
+		}
+	}
+	return out, nil
+}
+
+// PauseGroup stops delivery to a group until ResumeGroup (see
+// consumergroup.Group.Pause).
+func (a *Admin) PauseGroup(ctx context.Context, topic, group string) error {
+	return a.withGroup(ctx, topic, group, (*consumergroup.Group).Pause)
+}
+
+// ResumeGroup continues a paused group, or brings a DEAD one back with a
+// backfill of what it missed (see consumergroup.Group.Resume).
+func (a *Admin) ResumeGroup(ctx context.Context, topic, group string) error {
+	return a.withGroup(ctx, topic, group, (*consumergroup.Group).Resume)
+}
+
+// CancelGroup ends a group's subscription for good; its name stays taken
+// until RemoveGroup (see consumergroup.Group.Cancel).
+func (a *Admin) CancelGroup(ctx context.Context, topic, group string) error {
+	return a.withGroup(ctx, topic, group, (*consumergroup.Group).Cancel)
+}
+
+// RemoveGroup cancels a group and deletes its subscription, so its name is
+// free (the maintenance service's removal path, see
+// consumergroup.Maintainer.RemoveGroup). The topic's other groups and its
+// producers are not disturbed.
+func (a *Admin) RemoveGroup(ctx context.Context, topic, group string) error {
+	if _, err := a.group(ctx, topic, group); err != nil {
+		return err
+	}
+	return a.maint.RemoveGroup(ctx, topic, group)
+}
+
+// DeadLetters lists dead letters after afterID (0: from the start), at
+// most limit: a QUEUE topic's when group is "", else a group's.
+func (a *Admin) DeadLetters(ctx context.Context, topic, group string, afterID int64, limit int) ([]outbox.DeadLetter, error) {
+	if group == "" {
+		if _, err := a.queueTopic(ctx, topic); err != nil {
+			return nil, err
+		}
+		return a.client.DeadLetters(ctx, topic, afterID, limit)
+	}
+	g, err := a.group(ctx, topic, group)
+	if err != nil {
+		return nil, err
+	}
+	return g.DeadLetters(ctx, afterID, limit)
+}
+
+// ReplayDeadLetters delivers dead letters again with a fresh attempt
+// budget: a QUEUE topic's when group is "", else a group's; all of them
+// when no ids are given. It returns how many it replayed; ids that are
+// not dead letters there make an error wrapping outbox.ErrNotFound (the
+// others are still replayed).
+func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
+	if group == "" {
+		if _, err := a.queueTopic(ctx, topic); err != nil {
+			return 0, err
+		}
+		n, err := a.client.ReplayDeadLetters(ctx, topic, ids...)
+		return int64(n), err
+	}
+	g, err := a.group(ctx, topic, group)
+	if err != nil {
+		return 0, err
+	}
+	return g.ReplayDeadLetters(ctx, ids...)
+}
+
+// PurgeDeadLetters deletes dead letters for good, as ReplayDeadLetters
+// picks them.
+func (a *Admin) PurgeDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
+	if group == "" {
+		if _, err := a.queueTopic(ctx, topic); err != nil {
+			return 0, err
+		}
+		n, err := a.client.DiscardDeadLetters(ctx, topic, ids...)
+		return int64(n), err
+	}
+	g, err := a.group(ctx, topic, group)
+	if err != nil {
+		return 0, err
+	}
+	return g.DiscardDeadLetters(ctx, ids...)
+}
+
+func (a *Admin) queueTopic(ctx context.Context, topic string) (outbox.TopicConfig, error) {
+	cfg, err := a.topicConfig(ctx, topic)
+	if err == nil && cfg.Semantics != outbox.Queue {
+		err = fmt.Errorf("%w: %q is a %s topic; name the group whose dead letters you mean", outbox.ErrWrongSemantics, topic, cfg.Semantics)
+	}
+	return cfg, err
+}
+
+// group returns a Group value (never started) for a group subscribed to
+// a PUB_SUB topic, or an error wrapping ErrNotFound.
+func (a *Admin) group(ctx context.Context, topic, group string) (*consumergroup.Group, error) {
+	if err := consumergroup.ValidateGroup(group); err != nil {
+		return nil, err
+	}
+	cfg, err := a.topicConfig(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Semantics != outbox.PubSub {
+		return nil, fmt.Errorf("%w: %q is a %s topic; it has no groups", outbox.ErrWrongSemantics, topic, cfg.Semantics)
+	}
+	g, err := consumergroup.New(a.pool, consumergroup.Config{Topic: topic, Group: group, Client: a.client})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := g.State(ctx); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func (a *Admin) withGroup(ctx context.Context, topic, group string, f func(*consumergroup.Group, context.Context) error) error {
+	g, err := a.group(ctx, topic, group)
+	if err != nil {
+		return err
+	}
+	return f(g, ctx)
+}

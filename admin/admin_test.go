@@ -1,0 +1,221 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+type env struct {
+	db       *pgtest.DB
+	client   *outbox.Client
+	producer *outbox.Producer
+	admin    *admin.Admin
+}
+
+func newEnv(t *testing.T, opts admin.Options, topics ...outbox.TopicConfig) *env {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	for _, tc := range topics {
+		require.NoError(t, client.ConfigureTopic(context.Background(), tc))
+	}
+	a, err := admin.New(client, opts)
+	require.NoError(t, err)
+	return &env{db: db, client: client, producer: producer, admin: a}
+}
+
+func (e *env) send(t *testing.T, topic string, n int, delay time.Duration) {
+	t.Helper()
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: topic, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), Delay: delay}
+	}
+	_, err := e.producer.SendBatch(context.Background(), e.db.Pool, msgs)
+	require.NoError(t, err)
+}
+
+// A QUEUE topic's backlog: what is deliverable, what is due later, how
+// long the oldest has waited, and its dead letters, which can be listed,
+// replayed and purged by name.
+func TestQueueTopic(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{}, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue})
+	e.send(t, "orders", 5, 0)
+	e.send(t, "orders", 2, time.Hour)
+	claimed, err := e.client.Claim(ctx, "orders", "operator", 1)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.NoError(t, e.client.DeadLetter(ctx, claimed[0], "bad payload"))
+
+	topics, err := e.admin.Topics(ctx)
+	require.NoError(t, err)
+	require.Len(t, topics, 1)
+	got := topics[0]
+	require.Equal(t, "orders", got.Name)
+	require.Equal(t, outbox.Queue, got.Semantics)
+	require.EqualValues(t, 4, got.Ready)
+	require.EqualValues(t, 2, got.Scheduled)
+	require.EqualValues(t, 1, got.DeadLetters)
+	require.GreaterOrEqual(t, got.OldestReady, time.Duration(0))
+
+	dead, err := e.admin.DeadLetters(ctx, "orders", "", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, claimed[0].ID, dead[0].ID)
+
+	_, err = e.admin.PurgeDeadLetters(ctx, "orders", "", dead[0].ID+1000)
+	require.ErrorIs(t, err, outbox.ErrNotFound, "purging an id that is no dead letter")
+	n, err := e.admin.ReplayDeadLetters(ctx, "orders", "", dead[0].ID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	got, err = e.admin.Topic(ctx, "orders")
+	require.NoError(t, err)
+	require.EqualValues(t, 5, got.Ready, "the replayed message is deliverable again")
+	require.Zero(t, got.DeadLetters)
+}
+
+// Counts stop at Options.CountLimit.
+func TestCountLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, admin.Options{CountLimit: 3}, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue})
+	e.send(t, "orders", 10, 0)
+	got, err := e.admin.Topic(context.Background(), "orders")
+	require.NoError(t, err)
+	require.EqualValues(t, 3, got.Ready)
+}
+
+// Unknown topics and groups, and names that cannot exist, are refused
+// with a typed error, and nothing changes.
+func TestUnknownNames(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{},
+		outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue},
+		outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter})
+	_, err := e.admin.Topic(ctx, "nope")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = e.admin.Groups(ctx, "nope")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = e.admin.Group(ctx, "events", "nobody")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorIs(t, e.admin.PauseGroup(ctx, "events", "nobody"), outbox.ErrNotFound)
+	require.ErrorIs(t, e.admin.RemoveGroup(ctx, "events", "nobody"), outbox.ErrNotFound)
+	_, err = e.admin.DeadLetters(ctx, "nope", "", 0, 10)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = e.admin.ReplayDeadLetters(ctx, "events", "nobody")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = e.admin.Groups(ctx, "orders")
+	require.ErrorIs(t, err, outbox.ErrWrongSemantics, "a QUEUE topic has no groups")
+	_, err = e.admin.DeadLetters(ctx, "events", "", 0, 10)
+	require.ErrorIs(t, err, outbox.ErrWrongSemantics, "a PUB_SUB topic's dead letters are its groups'")
+	require.ErrorIs(t, e.admin.CancelGroup(ctx, "events", ""), consumergroup.ErrInvalidGroup)
+	_, err = admin.New(nil, admin.Options{})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+}
+
+type recorder struct {
+	mu   sync.Mutex
+	seen map[int64]int
+}
+
+func (r *recorder) handle(_ context.Context, d *outbox.Delivery) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen[d.ID]++
+	return nil
+}
+
+func (r *recorder) distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
+}
+
+func (e *env) startGroup(t *testing.T, topic, name string, r *recorder) *consumergroup.Group {
+	t.Helper()
+	g, err := consumergroup.New(e.db.Pool, consumergroup.Config{Topic: topic, Group: name, Client: e.client,
+		PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second, HeartbeatTimeout: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", r.handle, nil))
+	require.NoError(t, g.Start(context.Background(), consumergroup.FromNow()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Stop(ctx)
+	})
+	return g
+}
+
+// Groups are listed with their health, paused and resumed by name, and a
+// group removed while producers send: its instance stops, its name is
+// free, and the other group receives every message.
+func TestGroupsWhileProducersRun(t *testing.T) {
+	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter, outbox.Offset} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t, admin.Options{}, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode})
+			keep, drop := &recorder{seen: map[int64]int{}}, &recorder{seen: map[int64]int{}}
+			e.startGroup(t, "events", "keep", keep)
+			dropped := e.startGroup(t, "events", "drop", drop)
+
+			require.NoError(t, e.admin.PauseGroup(ctx, "events", "keep"))
+			h, err := e.admin.Group(ctx, "events", "keep")
+			require.NoError(t, err)
+			require.Equal(t, consumergroup.Paused, h.State)
+			require.NoError(t, e.admin.ResumeGroup(ctx, "events", "keep"))
+
+			const batches, per = 40, 50
+			sent := make(chan struct{})
+			go func() {
+				defer close(sent)
+				for range batches {
+					e.send(t, "events", per, 0)
+				}
+			}()
+			pgtest.Eventually(t, 30*time.Second, "the dropped group got some", func() bool { return drop.distinct() > 0 })
+			require.NoError(t, e.admin.RemoveGroup(ctx, "events", "drop"))
+			<-sent
+
+			pgtest.Eventually(t, 60*time.Second, "every message delivered to the kept group", func() bool {
+				return keep.distinct() == batches*per
+			})
+			select {
+			case <-dropped.Stopped():
+			case <-time.After(30 * time.Second):
+				t.Fatal("the removed group's instance did not stop")
+			}
+			require.True(t, errors.Is(dropped.Err(), consumergroup.ErrCancelled) || errors.Is(dropped.Err(), consumergroup.ErrSubscriptionGone),
+				"the removed group's instance stopped with %v", dropped.Err())
+			_, err = e.admin.Group(ctx, "events", "drop")
+			require.ErrorIs(t, err, outbox.ErrNotFound, "the removed group's name is free")
+
+			groups, err := e.admin.Groups(ctx, "events")
+			require.NoError(t, err)
+			require.Len(t, groups, 1)
+			require.Equal(t, "keep", groups[0].Group)
+			require.Equal(t, consumergroup.Active, groups[0].State)
+			pgtest.Eventually(t, 30*time.Second, "the kept group's unread backlog drained", func() bool {
+				h, err := e.admin.Group(ctx, "events", "keep")
+				require.NoError(t, err)
+				return h.Waiting == 0 && h.LeasedBatches == 0 && h.LeasedRetries == 0
+			})
+		})
+	}
+}

@@ -1,0 +1,55 @@
+package sqlq
+
+import (
+	"strings"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+)
+
+// Admin is the SQL of package admin: reads across topics and groups whose
+// counts stop at a limit ($2), so none of them scans a backlog.
+type Admin struct {
+	TopicNames, QueueStats, TopicGroups string
+}
+
+// ForAdmin returns the statements for schema (already validated).
+func ForAdmin(schema string) *Admin {
+	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
+	return &Admin{
+		TopicNames:  r.Replace(topicNames),
+		QueueStats:  r.Replace(queueStats),
+		TopicGroups: r.Replace(topicGroups),
+	}
+}
+
+const topicNames = `SELECT topic FROM {{schema}}.outbox_topics ORDER BY topic`
+
+// queueStats measures QUEUE topic $1, each count at most $2: messages
+// deliverable now, messages leased or due later (a lease's end is its
+// available_at), dead letters, and when the oldest deliverable one became
+// deliverable. The last walks the topic's priorities (one index probe
+// each, as a loose index scan) and takes each one's earliest
+// available_at: the claim index's order within a priority.
+const queueStats = `
+WITH RECURSIVE prio AS (
+    (SELECT priority FROM {{schema}}.outbox WHERE topic = $1 ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.priority FROM {{schema}}.outbox AS o
+            WHERE o.topic = $1 AND o.priority < prio.priority ORDER BY o.priority DESC LIMIT 1)
+    FROM prio WHERE prio.priority IS NOT NULL
+)
+SELECT (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox
+                              WHERE topic = $1 AND available_at <= now() LIMIT $2) AS r),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox
+                              WHERE topic = $1 AND available_at > now() LIMIT $2) AS l),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_dead_letters WHERE topic = $1 LIMIT $2) AS d),
+       (SELECT min((SELECT min(o.available_at) FROM {{schema}}.outbox AS o
+                    WHERE o.topic = $1 AND o.priority = prio.priority))
+        FROM prio WHERE prio.priority IS NOT NULL),
+       now()`
+
+// topicGroups lists the groups subscribed to topic $1, cancelled ones
+// last.
+const topicGroups = `
+SELECT group_name FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1
+ORDER BY subscription_status = 'CANCELLED', group_name`
