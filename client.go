@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/maintenance"
@@ -80,6 +81,7 @@ type Client struct {
 	outbox   *outbox.Client
 	producer *outbox.Producer
 	maint    *maintenance.Service // nil with NoMaintenance
+	admin    *admin.Admin
 
 	life    startstop.Base
 	startMu sync.Mutex // held by Start: a Stop waits for the Start in progress
@@ -125,7 +127,11 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 		return nil, err
 	}
 	cfg.Schema = oc.Schema()
-	c := &Client{pool: pool, cfg: cfg, outbox: oc, producer: producer}
+	adm, err := admin.New(oc, admin.Options{})
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{pool: pool, cfg: cfg, outbox: oc, producer: producer, admin: adm}
 	if !cfg.NoMaintenance {
 		mcfg := cfg.Maintenance
 		mcfg.Client = oc
@@ -144,6 +150,11 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 // Maintenance returns the client's maintenance service (nil with
 // NoMaintenance): RunOnce runs every job now.
 func (c *Client) Maintenance() *maintenance.Service { return c.maint }
+
+// Admin returns the client's view of every topic and group, by name:
+// backlogs, health and lag, pause, resume, cancel and removal of groups,
+// dead letters.
+func (c *Client) Admin() *admin.Admin { return c.admin }
 
 // Outbox returns the client for topics, dead letters and claims.
 func (c *Client) Outbox() *outbox.Client { return c.outbox }

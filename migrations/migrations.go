@@ -21,6 +21,9 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"path"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
@@ -287,3 +290,45 @@ func (l migrateLogger) Verbose() bool { return false }
 // Files returns the embedded migration files (directory "sql"), for tools
 // that want to inspect or checksum them.
 func Files() fs.FS { return files }
+
+// SQL returns the SQL of the migrations after version from (0: all of
+// them), in order, for a schema, as one script for a migration tool of
+// the caller's (goose, atlas, sqitch): it creates the schema, sets
+// search_path for the session, runs the files, and records the version
+// reached in VersionTable, so Check, NewClient and a later Up find the
+// schema current. Run it in one transaction.
+func SQL(schema string, from uint) (string, error) {
+	schema, err := ident.Schema(schema)
+	if err != nil {
+		return "", err
+	}
+	names, err := fs.Glob(files, "sql/*.up.sql")
+	if err != nil {
+		return "", fmt.Errorf("pgoutbox migrations: embedded files: %w", err)
+	}
+	slices.Sort(names)
+	q := ident.Quote(schema)
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- pgoutbox migrations %d to %d, schema %s\n", from+1, Latest(), schema)
+	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\nSET search_path TO %s;\n", q, q)
+	for _, name := range names {
+		base := path.Base(name)
+		v, err := strconv.ParseUint(base[:strings.IndexByte(base, '_')], 10, 64)
+		if err != nil {
+			return "", fmt.Errorf("pgoutbox migrations: file %s: %w", base, err)
+		}
+		if uint(v) <= from {
+			continue
+		}
+		body, err := fs.ReadFile(files, name)
+		if err != nil {
+			return "", fmt.Errorf("pgoutbox migrations: file %s: %w", base, err)
+		}
+		fmt.Fprintf(&b, "\n-- %s\n%s\n", base, strings.TrimRight(string(body), "\n"))
+	}
+	fmt.Fprintf(&b, "\n-- the version reached, where Up records it\n"+
+		"CREATE TABLE IF NOT EXISTS %s.%s (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);\n"+
+		"DELETE FROM %s.%s;\nINSERT INTO %s.%s (version, dirty) VALUES (%d, false);\n",
+		q, ident.Quote(VersionTable), q, ident.Quote(VersionTable), q, ident.Quote(VersionTable), Latest())
+	return b.String(), nil
+}

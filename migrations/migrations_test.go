@@ -104,3 +104,32 @@ func TestInvalidSchemaAndCancelledContext(t *testing.T) {
 	require.Empty(t, tables(t, db.Pool, "c"))
 	require.ErrorContains(t, migrations.UpDSN(ctx, "not a dsn ::", migrations.Config{}), "parse DSN")
 }
+
+// The SQL for another migration tool builds the same tables as Up, in one
+// transaction, and leaves the schema current for Check and Up; the part
+// after a version upgrades a schema at that version.
+func TestSQLForOtherTools(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	ctx := context.Background()
+	script, err := migrations.SQL("by_hand", 0)
+	require.NoError(t, err)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, script)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, wantTables, tables(t, db.Pool, "by_hand"))
+	require.NoError(t, migrations.Check(ctx, db.Pool, migrations.Config{Schema: "by_hand"}))
+	v, err := migrations.Version(ctx, db.Pool, migrations.Config{Schema: "by_hand"})
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), v)
+	require.NoError(t, migrations.Up(ctx, db.Pool, migrations.Config{Schema: "by_hand"}), "Up after the script")
+
+	upgrade, err := migrations.SQL("by_hand", migrations.Latest()-1)
+	require.NoError(t, err)
+	require.NotContains(t, upgrade, "000001_outbox.up.sql")
+	require.Contains(t, upgrade, "CREATE SCHEMA IF NOT EXISTS")
+	_, err = migrations.SQL("Bad-Name", 0)
+	require.ErrorIs(t, err, migrations.ErrInvalidSchema)
+}

@@ -1,0 +1,490 @@
+// Package cli is the pgoutbox command: argument parsing, the commands, and
+// their output. Run is main's whole body, so tests run it in-process.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/migrations"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Exit statuses.
+const (
+	exitOK       = 0
+	exitFailed   = 1 // the database or an operation failed
+	exitUsage    = 2 // a usage error or bad input
+	exitNotFound = 3 // a topic, group or dead letter does not exist
+)
+
+const usage = `usage:
+  pgoutbox [flags] migrate up|down|version|sql
+  pgoutbox [flags] topics
+  pgoutbox [flags] groups TOPIC
+  pgoutbox [flags] group pause|resume|cancel|remove TOPIC GROUP
+  pgoutbox [flags] dead list|replay|purge TOPIC [GROUP] [ID ...]
+flags: --dsn URL (default $DATABASE_URL) --schema NAME --json --payloads --after ID --limit N --from VERSION`
+
+// usageError is bad input on the command line.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// Run runs the command args (without the program name) and returns its
+// exit status. getenv reads the environment.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	c := &command{out: stdout, getenv: getenv}
+	err := c.run(ctx, args)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, "pgoutbox: "+strings.ReplaceAll(err.Error(), "\n", " "))
+	var u *usageError
+	switch {
+	case errors.As(err, &u):
+		return exitUsage
+	case errors.Is(err, outbox.ErrNotFound):
+		return exitNotFound
+	case errors.Is(err, outbox.ErrInvalidConfig), errors.Is(err, outbox.ErrInvalidTopic),
+		errors.Is(err, consumergroup.ErrInvalidGroup), errors.Is(err, outbox.ErrWrongSemantics),
+		errors.Is(err, migrations.ErrInvalidSchema), errors.Is(err, consumergroup.ErrInvalidTransition):
+		return exitUsage
+	}
+	return exitFailed
+}
+
+// command holds the flags and what the commands share.
+type command struct {
+	out    io.Writer
+	getenv func(string) string
+
+	dsn, schema    string
+	json, payloads bool
+	after          int64
+	limit          int
+	from           uint
+}
+
+// parse parses flags anywhere among args and returns the other words.
+func (c *command) parse(args []string) ([]string, error) {
+	fs := flag.NewFlagSet("pgoutbox", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.dsn, "dsn", "", "")
+	fs.StringVar(&c.schema, "schema", "public", "")
+	fs.BoolVar(&c.json, "json", false, "")
+	fs.BoolVar(&c.payloads, "payloads", false, "")
+	fs.Int64Var(&c.after, "after", 0, "")
+	fs.IntVar(&c.limit, "limit", 100, "")
+	fs.UintVar(&c.from, "from", 0, "")
+	var words []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return []string{"help"}, nil
+			}
+			return nil, usagef("%v; run pgoutbox help", err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		words = append(words, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if c.dsn == "" {
+		c.dsn = c.getenv("DATABASE_URL")
+	}
+	if c.limit < 1 {
+		return nil, usagef("--limit %d: must be at least 1", c.limit)
+	}
+	return words, nil
+}
+
+func (c *command) run(ctx context.Context, args []string) error {
+	words, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(words) == 0 {
+		return usagef("no command; run pgoutbox help")
+	}
+	switch cmd, rest := words[0], words[1:]; cmd {
+	case "migrate":
+		return c.migrate(ctx, rest)
+	case "topics":
+		if err := wantArgs(rest, 0, 0, "topics"); err != nil {
+			return err
+		}
+		return c.withAdmin(ctx, c.topics)
+	case "groups":
+		if err := wantArgs(rest, 1, 1, "groups TOPIC"); err != nil {
+			return err
+		}
+		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error { return c.groups(ctx, a, rest[0]) })
+	case "group":
+		return c.group(ctx, rest)
+	case "dead":
+		return c.dead(ctx, rest)
+	case "help":
+		_, err := fmt.Fprintln(c.out, usage)
+		return err
+	default:
+		return usagef("unknown command %q; run pgoutbox help", cmd)
+	}
+}
+
+func wantArgs(args []string, lo, hi int, form string) error {
+	if len(args) < lo || len(args) > hi {
+		return usagef("usage: pgoutbox %s", form)
+	}
+	return nil
+}
+
+// connect opens a pool on the database the flags name.
+func (c *command) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if c.dsn == "" {
+		return nil, usagef("no database: give --dsn or set DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(c.dsn)
+	if err != nil {
+		return nil, usagef("--dsn: %v", err)
+	}
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+func (c *command) withAdmin(ctx context.Context, f func(context.Context, *admin.Admin) error) error {
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrations.Check(ctx, pool, migrations.Config{Schema: c.schema}); err != nil {
+		return err
+	}
+	// The commands report through their result: the library's logs
+	// (the client's start-up line) would break "one line on stderr".
+	quiet := slog.New(slog.DiscardHandler)
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: c.schema, PollOnly: true, Logger: quiet})
+	if err != nil {
+		return err
+	}
+	a, err := admin.New(client, admin.Options{})
+	if err != nil {
+		return err
+	}
+	return f(ctx, a)
+}
+
+func (c *command) migrate(ctx context.Context, args []string) error {
+	if err := wantArgs(args, 1, 1, "migrate up|down|version|sql"); err != nil {
+		return err
+	}
+	cfg := migrations.Config{Schema: c.schema, Logger: slog.New(slog.DiscardHandler)}
+	if args[0] == "sql" {
+		script, err := migrations.SQL(c.schema, c.from)
+		if err != nil {
+			return err
+		}
+		_, err = io.WriteString(c.out, script)
+		return err
+	}
+	switch args[0] {
+	case "up", "down", "version":
+	default:
+		return usagef("usage: pgoutbox migrate up|down|version|sql")
+	}
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	switch args[0] {
+	case "up":
+		err = migrations.Up(ctx, pool, cfg)
+	case "down":
+		err = migrations.Down(ctx, pool, cfg)
+	}
+	if err != nil {
+		return err
+	}
+	v, err := migrations.Version(ctx, pool, cfg)
+	if err != nil {
+		return err
+	}
+	return c.print(map[string]any{"schema": c.schema, "version": v, "latest": migrations.Latest()},
+		func(w io.Writer) {
+			fmt.Fprintf(w, "schema %s at version %d (this release's latest: %d)\n", c.schema, v, migrations.Latest())
+		})
+}
+
+// print writes v as JSON with --json, else what text writes.
+func (c *command) print(v any, text func(io.Writer)) error {
+	if c.json {
+		enc := json.NewEncoder(c.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	text(tw)
+	return tw.Flush()
+}
+
+// topicView is a topic as the command prints it.
+type topicView struct {
+	Name        string   `json:"name"`
+	Semantics   string   `json:"semantics"`
+	Tracking    string   `json:"tracking,omitempty"`
+	Ordered     bool     `json:"ordered"`
+	Groups      []string `json:"groups,omitempty"`
+	Ready       *int64   `json:"ready,omitempty"`
+	Scheduled   *int64   `json:"scheduled,omitempty"`
+	OldestReady *float64 `json:"oldest_ready_seconds,omitempty"`
+	DeadLetters *int64   `json:"dead_letters,omitempty"`
+}
+
+func (c *command) topics(ctx context.Context, a *admin.Admin) error {
+	topics, err := a.Topics(ctx)
+	if err != nil {
+		return err
+	}
+	views := make([]topicView, len(topics))
+	for i, t := range topics {
+		v := topicView{Name: t.Name, Semantics: string(t.Semantics), Tracking: string(t.Tracking), Ordered: t.Ordered, Groups: t.Groups}
+		if t.Semantics == outbox.Queue {
+			age := t.OldestReady.Seconds()
+			v.Ready, v.Scheduled, v.OldestReady, v.DeadLetters = &t.Ready, &t.Scheduled, &age, &t.DeadLetters
+		}
+		views[i] = v
+	}
+	return c.print(views, func(w io.Writer) {
+		fmt.Fprintln(w, "TOPIC\tSEMANTICS\tTRACKING\tORDERED\tREADY\tSCHEDULED\tOLDEST READY\tDEAD LETTERS\tGROUPS")
+		for i, t := range topics {
+			ready, scheduled, oldest, dead := "-", "-", "-", "-"
+			if t.Semantics == outbox.Queue {
+				ready, scheduled, dead = count(t.Ready), count(t.Scheduled), count(t.DeadLetters)
+				oldest = age(t.OldestReady)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Semantics, dash(string(t.Tracking)), t.Ordered,
+				ready, scheduled, oldest, dead, dash(strings.Join(views[i].Groups, ",")))
+		}
+	})
+}
+
+// groupView is a group's health as the command prints it.
+type groupView struct {
+	Topic            string    `json:"topic"`
+	Group            string    `json:"group"`
+	State            string    `json:"state"`
+	LastHeartbeat    time.Time `json:"last_heartbeat"`
+	SinceHeartbeat   float64   `json:"since_heartbeat_seconds"`
+	HeartbeatTimeout float64   `json:"heartbeat_timeout_seconds"`
+	NearTimeout      bool      `json:"near_timeout"`
+	Unread           int64     `json:"unread"`
+	LeasedBatches    int64     `json:"leased_batches"`
+	LeasedRetries    int64     `json:"leased_retries"`
+	Waiting          int64     `json:"waiting"`
+	DeadLetters      int64     `json:"dead_letters"`
+	Lag              float64   `json:"lag_seconds"`
+	Backfill         string    `json:"backfill,omitempty"`
+}
+
+func (c *command) groups(ctx context.Context, a *admin.Admin, topic string) error {
+	hs, err := a.Groups(ctx, topic)
+	if err != nil {
+		return err
+	}
+	views := make([]groupView, len(hs))
+	for i, h := range hs {
+		views[i] = groupView{Topic: h.Topic, Group: h.Group, State: string(h.State), LastHeartbeat: h.LastHeartbeat,
+			SinceHeartbeat: h.SinceHeartbeat.Seconds(), HeartbeatTimeout: h.HeartbeatTimeout.Seconds(),
+			NearTimeout: h.NearTimeout(), Unread: h.Unread, LeasedBatches: h.LeasedBatches, LeasedRetries: h.LeasedRetries,
+			Waiting: h.Waiting, DeadLetters: h.DeadLetters, Lag: h.Lag.Seconds(), Backfill: backfill(h.Backfill)}
+	}
+	return c.print(views, func(w io.Writer) {
+		fmt.Fprintln(w, "GROUP\tSTATE\tHEARTBEAT\tUNREAD\tLEASED\tWAITING\tDEAD LETTERS\tLAG\tBACKFILL")
+		for _, h := range hs {
+			state := string(h.State)
+			if h.NearTimeout() {
+				state += " (near timeout)"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s ago\t%s\t%d+%d\t%s\t%s\t%s\t%s\n", h.Group, state, age(h.SinceHeartbeat),
+				count(h.Unread), h.LeasedBatches, h.LeasedRetries, count(h.Waiting), count(h.DeadLetters), age(h.Lag),
+				dash(backfill(h.Backfill)))
+		}
+	})
+}
+
+func backfill(p consumergroup.BackfillProgress) string {
+	switch {
+	case p.StartedAt.IsZero():
+		return ""
+	case p.Running:
+		return fmt.Sprintf("running %d/%d", p.Done, p.Total)
+	default:
+		return fmt.Sprintf("%s %d", strings.ToLower(p.Outcome), p.Done)
+	}
+}
+
+func (c *command) group(ctx context.Context, args []string) error {
+	const form = "group pause|resume|cancel|remove TOPIC GROUP"
+	if err := wantArgs(args, 3, 3, form); err != nil {
+		return err
+	}
+	ops := map[string]func(*admin.Admin, context.Context, string, string) error{
+		"pause": (*admin.Admin).PauseGroup, "resume": (*admin.Admin).ResumeGroup,
+		"cancel": (*admin.Admin).CancelGroup, "remove": (*admin.Admin).RemoveGroup,
+	}
+	op, ok := ops[args[0]]
+	if !ok {
+		return usagef("usage: pgoutbox %s", form)
+	}
+	return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error {
+		if err := op(a, ctx, args[1], args[2]); err != nil {
+			return err
+		}
+		return c.print(map[string]string{"topic": args[1], "group": args[2], "done": args[0]}, func(w io.Writer) {
+			fmt.Fprintf(w, "%s: group %s of %s\n", args[0], args[2], args[1])
+		})
+	})
+}
+
+// deadView is a dead letter as the command prints it.
+type deadView struct {
+	ID             int64             `json:"id"`
+	MessageGroup   string            `json:"message_group,omitempty"`
+	Attempts       int               `json:"attempts"`
+	CreatedAt      time.Time         `json:"created_at"`
+	DeadLetteredAt time.Time         `json:"dead_lettered_at"`
+	LastError      string            `json:"last_error"`
+	Payload        json.RawMessage   `json:"payload,omitempty"`
+	Headers        map[string]string `json:"headers,omitempty"`
+}
+
+func (c *command) dead(ctx context.Context, args []string) error {
+	const form = "dead list|replay|purge TOPIC [GROUP] [ID ...]"
+	if len(args) < 2 {
+		return usagef("usage: pgoutbox %s", form)
+	}
+	op, topic, rest := args[0], args[1], args[2:]
+	group := ""
+	if len(rest) > 0 {
+		if _, err := strconv.ParseInt(rest[0], 10, 64); err != nil {
+			group, rest = rest[0], rest[1:]
+		}
+	}
+	ids := make([]int64, len(rest))
+	for i, s := range rest {
+		id, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || id < 1 {
+			return usagef("%q is not a message id", s)
+		}
+		ids[i] = id
+	}
+	switch op {
+	case "list":
+		if len(ids) > 0 {
+			return usagef("usage: pgoutbox dead list TOPIC [GROUP] (with --after and --limit)")
+		}
+		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error { return c.listDead(ctx, a, topic, group) })
+	case "replay", "purge":
+		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error {
+			f := a.ReplayDeadLetters
+			if op == "purge" {
+				f = a.PurgeDeadLetters
+			}
+			n, err := f(ctx, topic, group, ids...)
+			if err != nil {
+				return err
+			}
+			return c.print(map[string]any{"topic": topic, "group": group, op + "ed": n}, func(w io.Writer) {
+				fmt.Fprintf(w, "%sed %d dead letters\n", op, n)
+			})
+		})
+	default:
+		return usagef("usage: pgoutbox %s", form)
+	}
+}
+
+func (c *command) listDead(ctx context.Context, a *admin.Admin, topic, group string) error {
+	dls, err := a.DeadLetters(ctx, topic, group, c.after, c.limit)
+	if err != nil {
+		return err
+	}
+	views := make([]deadView, len(dls))
+	for i, d := range dls {
+		views[i] = deadView{ID: d.ID, MessageGroup: d.Group, Attempts: d.Attempt, CreatedAt: d.CreatedAt,
+			DeadLetteredAt: d.DeadLetteredAt, LastError: d.LastError}
+		if c.payloads {
+			views[i].Payload, views[i].Headers = d.Payload, d.Headers
+		}
+	}
+	return c.print(views, func(w io.Writer) {
+		header := "ID\tMESSAGE GROUP\tATTEMPTS\tDEAD LETTERED\tLAST ERROR"
+		if c.payloads {
+			header += "\tPAYLOAD"
+		}
+		fmt.Fprintln(w, header)
+		for _, v := range views {
+			fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s", v.ID, dash(v.MessageGroup), v.Attempts,
+				v.DeadLetteredAt.UTC().Format(time.RFC3339), oneLine(v.LastError, 60))
+			if c.payloads {
+				fmt.Fprintf(w, "\t%s", v.Payload)
+			}
+			fmt.Fprintln(w)
+		}
+	})
+}
+
+// count prints a bounded count: the limit means "at least".
+func count(n int64) string {
+	if n >= admin.DefaultCountLimit {
+		return fmt.Sprintf("%d+", n)
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func age(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	return d.Round(time.Second).String()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return s
+}

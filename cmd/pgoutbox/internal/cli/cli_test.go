@@ -1,0 +1,211 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/cmd/pgoutbox/internal/cli"
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrations"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// run runs the command in-process with DATABASE_URL set to dsn.
+func run(t *testing.T, dsn string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return dsn
+		}
+		return ""
+	}
+	code := cli.Run(context.Background(), args, getenv, &out, &errOut)
+	return result{code, out.String(), errOut.String()}
+}
+
+// failsWith asserts a refusal: the exit status, and one line on stderr
+// that says why.
+func failsWith(t *testing.T, r result, code int, why string) {
+	t.Helper()
+	require.Equal(t, code, r.code, "exit status; stderr %q", r.stderr)
+	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "one line on stderr: %q", r.stderr)
+	require.Contains(t, r.stderr, why)
+	require.Empty(t, r.stdout)
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	r := run(t, db.DSN, "migrate", "version", "--schema", "svc", "--json")
+	require.Zero(t, r.code, r.stderr)
+	var v struct{ Version, Latest uint }
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	require.Zero(t, v.Version, "nothing applied yet")
+
+	r = run(t, db.DSN, "--schema=svc", "migrate", "up")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, fmt.Sprintf("schema svc at version %d", migrations.Latest()))
+	require.NoError(t, migrations.Check(context.Background(), db.Pool, migrations.Config{Schema: "svc"}))
+
+	r = run(t, db.DSN, "migrate", "down", "--schema", "svc")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "schema svc at version 0")
+
+	r = run(t, "", "migrate", "sql", "--schema", "svc", "--from", "11")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "000012_ordered_groups.up.sql")
+	require.NotContains(t, r.stdout, "000011_ordered_topics.up.sql")
+
+	failsWith(t, run(t, db.DSN, "migrate", "sideways"), 2, "usage: pgoutbox migrate")
+	failsWith(t, run(t, db.DSN, "migrate", "up", "--schema", "Bad-Name"), 2, "schema")
+	failsWith(t, run(t, "", "migrate", "up"), 2, "no database")
+	failsWith(t, run(t, "postgres://127.0.0.1:1/x?connect_timeout=2", "topics"), 1, "connect")
+}
+
+// The operator's commands against a running setup: topics, groups with
+// their health, pausing a group, and dead letters listed (payloads only
+// when asked) and replayed; unknown names and malformed input are refused
+// with their exit status and nothing changes.
+func TestOperatorCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue}))
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
+		{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`)},
+		{Topic: "orders", Payload: json.RawMessage(`{"n":2}`)},
+	})
+	require.NoError(t, err)
+	claimed, err := client.Claim(ctx, "orders", "operator", 1)
+	require.NoError(t, err)
+	require.NoError(t, client.DeadLetter(ctx, claimed[0], "bad payload"))
+	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client})
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Stop(ctx)
+	})
+	schema := "--schema=" + db.Schema
+
+	r := run(t, db.DSN, "topics", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	var topics []struct {
+		Name        string
+		Semantics   string
+		Ready       *int64
+		DeadLetters *int64 `json:"dead_letters"`
+		Groups      []string
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &topics))
+	require.Len(t, topics, 2)
+	require.Equal(t, "events", topics[0].Name)
+	require.Equal(t, []string{"billing"}, topics[0].Groups)
+	require.Equal(t, "orders", topics[1].Name)
+	require.EqualValues(t, 1, *topics[1].Ready)
+	require.EqualValues(t, 1, *topics[1].DeadLetters)
+
+	r = run(t, db.DSN, "topics", schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "TOPIC")
+	require.Contains(t, r.stdout, "billing")
+
+	r = run(t, db.DSN, "group", "pause", "events", "billing", schema)
+	require.Zero(t, r.code, r.stderr)
+	state, err := g.State(ctx)
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.Paused, state)
+
+	r = run(t, db.DSN, "groups", "events", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	var groups []struct {
+		Group, State string
+		Unread       int64
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &groups))
+	require.Len(t, groups, 1)
+	require.Equal(t, "billing", groups[0].Group)
+	require.Equal(t, "PAUSED", groups[0].State)
+
+	r = run(t, db.DSN, "dead", "list", "orders", schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "bad payload")
+	require.NotContains(t, r.stdout, "someone@example.com", "payloads only with --payloads")
+	r = run(t, db.DSN, "dead", "list", "orders", schema, "--json", "--payloads")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "someone@example.com")
+
+	failsWith(t, run(t, db.DSN, "groups", "nope", schema), 3, "not found")
+	failsWith(t, run(t, db.DSN, "group", "resume", "events", "nobody", schema), 3, "nobody")
+	failsWith(t, run(t, db.DSN, "dead", "replay", "orders", "99999", schema), 3, "not found")
+	failsWith(t, run(t, db.DSN, "dead", "replay", "orders", "12x", "1", schema), 2, "QUEUE") // "12x" names a group, of a QUEUE topic
+	failsWith(t, run(t, db.DSN, "dead", "replay", "orders", "billing", "x1", schema), 2, `"x1" is not a message id`)
+	failsWith(t, run(t, db.DSN, "group", "explode", "events", "billing", schema), 2, "usage")
+	failsWith(t, run(t, db.DSN, "groups", "orders", schema), 2, "QUEUE")
+	failsWith(t, run(t, db.DSN, "frobnicate"), 2, "unknown command")
+	failsWith(t, run(t, db.DSN, "dead", "list", "orders", "--limit", "0", schema), 2, "--limit")
+	// Nothing changed: the dead letter is still there, the group still paused.
+	dls, err := client.DeadLetters(ctx, "orders", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	state, err = g.State(ctx)
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.Paused, state)
+
+	r = run(t, db.DSN, "dead", "replay", "orders", fmt.Sprint(claimed[0].ID), schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "replayed 1 dead letters")
+	dls, err = client.DeadLetters(ctx, "orders", 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, dls)
+}
+
+// The installed binary's exit status and stderr, as a script sees them.
+func TestBinary(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "pgoutbox")
+	build := exec.Command("go", "build", "-o", bin, "github.com/pgoutbox/pgoutbox/cmd/pgoutbox")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run())
+	db := pgtest.NewDB(t)
+	cmd := exec.Command(bin, "groups", "nope", "--schema", db.Schema)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+db.DSN)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, 3, exit.ExitCode())
+	require.Equal(t, 1, strings.Count(stderr.String(), "\n"), "one line on stderr: %q", stderr.String())
+	require.Empty(t, stdout.String())
+
+	out, err := exec.Command(bin, "help").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(out), "pgoutbox [flags] migrate up|down|version|sql")
+}
