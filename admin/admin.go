@@ -66,6 +66,10 @@ func New(client *outbox.Client, opts Options) (*Admin, error) {
 		limit: cmp.Or(opts.CountLimit, DefaultCountLimit)}, nil
 }
 
+// CountLimit is where the Admin's counts stop: a count equal to it means
+// "at least that many".
+func (a *Admin) CountLimit() int { return a.limit }
+
 // Topic is a topic's configuration and backlog.
 type Topic struct {
 	outbox.TopicConfig

@@ -1,0 +1,233 @@
+// Package adminui is an embeddable web UI for operators, with a JSON API
+// under it: topics with their backlog, consumer groups with their state
+// and lag, dead letters (replay and purge), and router pools and
+// warnings. NewHandler returns an http.Handler to mount under Prefix:
+//
+//	ui, err := adminui.NewHandler(adminui.Config{Admin: client.Admin(), Prefix: "/pgoutbox"})
+//	mux.Handle("/pgoutbox/", requireOperator(ui)) // your authentication
+//
+// The UI is read-only unless Config.Writable is set. It has no
+// authentication of its own: wrap it in your middleware, which sees every
+// request, reads and actions alike (actions are POSTs). Actions are
+// refused when they come from another origin (http.CrossOriginProtection),
+// so a page elsewhere cannot make an operator's browser replay or purge.
+// Message payloads and headers can hold personal data: they are shown only
+// with Config.ShowPayloads, through Config.Redact when set.
+//
+// Every read is bounded (see package admin), and what it read is kept for
+// Config.CacheFor, so a page stays fast beside millions of stored messages
+// and many operators; an action clears the cache.
+//
+// The JSON API, under Prefix+"/api":
+//
+//	GET  /api/topics                              topics and their backlog
+//	GET  /api/topics/{topic}                      one topic
+//	GET  /api/topics/{topic}/groups               its groups' health
+//	GET  /api/topics/{topic}/groups/{group}       one group's health
+//	GET  /api/topics/{topic}/dead-letters         ?group=&after=&limit=
+//	POST /api/topics/{topic}/dead-letters/replay  {"group": "", "ids": []}
+//	POST /api/topics/{topic}/dead-letters/purge   {"group": "", "ids": []}
+//	POST /api/topics/{topic}/groups/{group}/pause (and /resume)
+//	GET  /api/routers                             pools and warnings
+//
+// Errors are JSON {"error": "..."} with a 4xx status for bad input (400),
+// unknown names (404), a refused action (403) or a forbidden state change
+// (409).
+package adminui
+
+import (
+	"cmp"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/router"
+)
+
+// DefaultCacheFor is how long a read is kept by default.
+const DefaultCacheFor = 2 * time.Second
+
+// Config configures the UI.
+type Config struct {
+	// Admin reads and steers the topics and groups. Required.
+	Admin *admin.Admin
+	// Prefix is the path the handler is mounted under ("" or "/x", no
+	// trailing slash).
+	Prefix string
+	// Writable enables actions: replaying and purging dead letters,
+	// pausing and resuming groups.
+	Writable bool
+	// ShowPayloads shows dead letters' payloads and headers.
+	ShowPayloads bool
+	// Redact, when set, is applied to every dead letter shown with its
+	// payload, and returns what to show (mask fields, drop headers).
+	Redact func(outbox.DeadLetter) outbox.DeadLetter
+	// Routers are shown with their pools and warnings.
+	Routers []*router.Router
+	// CacheFor is how long a read is reused; negative: never. Defaults
+	// to DefaultCacheFor.
+	CacheFor time.Duration
+	// Logger receives server errors. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// ErrReadOnly is the error of an action on a UI that is not Writable.
+var ErrReadOnly = errors.New("adminui: read-only: actions are not enabled")
+
+// errBadInput marks a malformed request.
+var errBadInput = errors.New("adminui: bad request")
+
+// ui serves the pages and the API.
+type ui struct {
+	cfg   Config
+	pages map[string]*template.Template
+	cache cache
+}
+
+// NewHandler returns the UI's handler.
+func NewHandler(cfg Config) (http.Handler, error) {
+	if cfg.Admin == nil {
+		return nil, fmt.Errorf("%w: adminui: Admin is nil", outbox.ErrInvalidConfig)
+	}
+	if cfg.Prefix != "" && (!strings.HasPrefix(cfg.Prefix, "/") || strings.HasSuffix(cfg.Prefix, "/")) {
+		return nil, fmt.Errorf("%w: adminui: Prefix %q must start with / and not end with one", outbox.ErrInvalidConfig, cfg.Prefix)
+	}
+	cfg.CacheFor = cmp.Or(cfg.CacheFor, DefaultCacheFor)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	u := &ui{cfg: cfg, pages: map[string]*template.Template{}, cache: cache{entries: map[string]cached{}, ttl: cfg.CacheFor}}
+	funcs := template.FuncMap{"path": u.path, "age": age, "count": u.count, "join": strings.Join}
+	for _, page := range []string{"topics", "topic", "group", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
+		if err != nil {
+			return nil, fmt.Errorf("adminui: templates: %w", err)
+		}
+		u.pages[page] = t
+	}
+	static, err := fs.Sub(assets, "static")
+	if err != nil {
+		return nil, err
+	}
+
+	mux := http.NewServeMux()
+	p := cfg.Prefix
+	mux.Handle("GET "+p+"/static/", http.StripPrefix(p+"/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET "+p+"/{$}", u.topicsPage)
+	mux.HandleFunc("GET "+p+"/topics/{topic}", u.topicPage)
+	mux.HandleFunc("GET "+p+"/topics/{topic}/groups/{group}", u.groupPage)
+	mux.HandleFunc("POST "+p+"/topics/{topic}/dead-letters/{action}", u.deadLettersForm)
+	mux.HandleFunc("POST "+p+"/topics/{topic}/groups/{group}/{action}", u.groupForm)
+
+	mux.HandleFunc("GET "+p+"/api/topics", u.apiTopics)
+	mux.HandleFunc("GET "+p+"/api/topics/{topic}", u.apiTopic)
+	mux.HandleFunc("GET "+p+"/api/topics/{topic}/groups", u.apiGroups)
+	mux.HandleFunc("GET "+p+"/api/topics/{topic}/groups/{group}", u.apiGroup)
+	mux.HandleFunc("GET "+p+"/api/topics/{topic}/dead-letters", u.apiDeadLetters)
+	mux.HandleFunc("POST "+p+"/api/topics/{topic}/dead-letters/{action}", u.apiDeadLettersAction)
+	mux.HandleFunc("POST "+p+"/api/topics/{topic}/groups/{group}/{action}", u.apiGroupAction)
+	mux.HandleFunc("GET "+p+"/api/routers", u.apiRouters)
+
+	// Actions (every POST) from another origin are refused before they
+	// reach a handler.
+	return http.NewCrossOriginProtection().Handler(mux), nil
+}
+
+// path joins the prefix and parts, each escaped as a path segment.
+func (u *ui) path(parts ...string) string {
+	var b strings.Builder
+	b.WriteString(u.cfg.Prefix)
+	for _, p := range parts {
+		b.WriteByte('/')
+		b.WriteString(url.PathEscape(p))
+	}
+	if len(parts) == 0 {
+		b.WriteByte('/')
+	}
+	return b.String()
+}
+
+// cache keeps reads for a while; an action clears it.
+type cache struct {
+	mu      sync.Mutex
+	ttl     time.Duration
+	entries map[string]cached
+}
+
+type cached struct {
+	v  any
+	at time.Time
+}
+
+// get returns what key holds, or reads it with f.
+func get[T any](c *cache, key string, f func() (T, error)) (T, error) {
+	if c.ttl > 0 {
+		c.mu.Lock()
+		e, ok := c.entries[key]
+		c.mu.Unlock()
+		if ok && time.Since(e.at) < c.ttl {
+			return e.v.(T), nil
+		}
+	}
+	v, err := f()
+	if err == nil && c.ttl > 0 {
+		c.mu.Lock()
+		c.entries[key] = cached{v: v, at: time.Now()}
+		c.mu.Unlock()
+	}
+	return v, err
+}
+
+func (c *cache) clear() {
+	c.mu.Lock()
+	clear(c.entries)
+	c.mu.Unlock()
+}
+
+// status maps an error to an HTTP status.
+func status(err error) int {
+	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ErrReadOnly):
+		return http.StatusForbidden
+	case errors.Is(err, errBadInput), errors.Is(err, outbox.ErrInvalidTopic), errors.Is(err, outbox.ErrWrongSemantics),
+		errors.Is(err, outbox.ErrInvalidConfig), errors.Is(err, consumergroup.ErrInvalidGroup):
+		return http.StatusBadRequest
+	case errors.Is(err, consumergroup.ErrInvalidTransition):
+		return http.StatusConflict
+	}
+	return http.StatusInternalServerError
+}
+
+func age(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// count prints a bounded count: the limit means "at least".
+func (u *ui) count(n int64) string {
+	if n >= int64(u.cfg.Admin.CountLimit()) {
+		return fmt.Sprintf("%d+", n)
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,327 @@
+package adminui_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/adminui"
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// fixture is a database with a QUEUE topic "orders" holding two dead
+// letters (one with an e-mail address in its payload) and a ready
+// message, and a PUB_SUB topic "events" with a running group "billing"
+// holding one dead letter.
+type fixture struct {
+	client *outbox.Client
+	admin  *admin.Admin
+	dead   []int64 // the dead letters of orders
+	group  *consumergroup.Group
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue}))
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
+		{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`), Group: "customer-7"},
+		{Topic: "orders", Payload: json.RawMessage(`{"n":2}`)},
+		{Topic: "orders", Payload: json.RawMessage(`{"n":3}`)},
+	})
+	require.NoError(t, err)
+	f := &fixture{client: client}
+	claimed, err := client.Claim(ctx, "orders", "operator", 2)
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+	for _, d := range claimed {
+		require.NoError(t, client.DeadLetter(ctx, d, "schema mismatch: field total missing"))
+		f.dead = append(f.dead, d.ID)
+	}
+	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client,
+		PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error {
+		return outbox.Permanent(errors.New("billing account closed"))
+	}, nil))
+	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Stop(ctx)
+	})
+	f.group = g
+	_, err = producer.Send(ctx, db.Pool, outbox.Message{Topic: "events", Payload: json.RawMessage(`{"invoice":1}`)})
+	require.NoError(t, err)
+	pgtest.Eventually(t, 30*time.Second, "the group's dead letter", func() bool {
+		dls, err := g.DeadLetters(ctx, 0, 10)
+		require.NoError(t, err)
+		return len(dls) == 1
+	})
+	f.admin, err = admin.New(client, admin.Options{})
+	require.NoError(t, err)
+	return f
+}
+
+func (f *fixture) serve(t *testing.T, cfg adminui.Config, wrap func(http.Handler) http.Handler) *httptest.Server {
+	t.Helper()
+	cfg.Admin = f.admin
+	h, err := adminui.NewHandler(cfg)
+	require.NoError(t, err)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func (f *fixture) deadLetters(t *testing.T) []int64 {
+	t.Helper()
+	dls, err := f.client.DeadLetters(context.Background(), "orders", 0, 10)
+	require.NoError(t, err)
+	ids := make([]int64, len(dls))
+	for i, d := range dls {
+		ids[i] = d.ID
+	}
+	return ids
+}
+
+// In a real browser: the topics page lists both topics, the QUEUE topic's
+// page lists its dead letters, a click on one's Replay button replays it
+// (and only it), and the group's page shows its state and dead letter.
+func TestInBrowser(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	srv := f.serve(t, adminui.Config{Prefix: "/ops", Writable: true}, nil)
+	b := newBrowser(t)
+	shots := t.TempDir()
+
+	b.open(srv.URL + "/ops/")
+	require.Equal(t, 2, b.count("#topics tr[data-topic]"))
+	require.Contains(t, b.text(`#topics tr[data-topic="events"]`), "billing")
+	require.Contains(t, b.text(`#topics tr[data-topic="orders"]`), "QUEUE")
+	b.screenshot(filepath.Join(shots, "topics.png"))
+
+	b.click(`#topics tr[data-topic="orders"] a`)
+	b.waitFor("#dead-letters")
+	require.Equal(t, 2, b.count("#dead-letters tr[data-id]"))
+	require.Contains(t, b.text("#dead-letters"), "schema mismatch")
+	require.NotContains(t, b.text("#dead-letters"), "someone@example.com", "payloads are hidden by default")
+	b.screenshot(filepath.Join(shots, "orders.png"))
+
+	replayed := f.dead[0]
+	b.click(fmt.Sprintf(`button.replay[data-id="%d"]`, replayed))
+	b.waitFor("#done")
+	require.Equal(t, "replayed 1 dead letters", b.text("#done"))
+	require.Equal(t, 1, b.count("#dead-letters tr[data-id]"))
+	require.Zero(t, b.count(fmt.Sprintf(`#dead-letters tr[data-id="%d"]`, replayed)))
+	require.Equal(t, []int64{f.dead[1]}, f.deadLetters(t), "the clicked one, and only it, was replayed")
+
+	b.open(srv.URL + "/ops/topics/events/groups/billing")
+	require.Equal(t, "ACTIVE", b.text("#state"))
+	require.Equal(t, 1, b.count("#dead-letters tr[data-id]"))
+	require.Contains(t, b.text("#dead-letters"), "billing account closed")
+	b.click("#pause")
+	b.waitFor("#done")
+	require.Equal(t, "PAUSED", b.text("#state"))
+	b.screenshot(filepath.Join(shots, "group.png"))
+	if dir := os.Getenv("PGOUTBOX_SCREENSHOTS"); dir != "" { // README's picture
+		b.open(srv.URL + "/ops/topics/orders")
+		b.screenshot(filepath.Join(dir, "adminui.png"))
+	}
+	t.Logf("screenshots in %s", shots)
+}
+
+func post(t *testing.T, srv *httptest.Server, path string, form url.Values, header http.Header) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest("POST", srv.URL+path, strings.NewReader(form.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func get(t *testing.T, srv *httptest.Server, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(srv.URL + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// Refused, each with a 4xx and a message, and nothing changes: an action
+// on a read-only UI, one the caller's middleware does not approve, a
+// forged cross-site form post, unknown names, malformed ids and bodies.
+func TestRefusals(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	replay := url.Values{"id": {fmt.Sprint(f.dead[0])}}
+
+	ro := f.serve(t, adminui.Config{}, nil)
+	code, body := get(t, ro, "/topics/orders")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="read-only"`)
+	require.NotContains(t, body, "<button", "a read-only page offers no action")
+	code, body = post(t, ro, "/topics/orders/dead-letters/replay", replay, nil)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Contains(t, body, "read-only")
+	code, body = post(t, ro, "/api/topics/orders/dead-letters/purge", nil, nil)
+	require.Equal(t, http.StatusForbidden, code, body)
+
+	operatorsOnly := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && r.Header.Get("X-Operator") != "yes" {
+				http.Error(w, "operators only", http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	rw := f.serve(t, adminui.Config{Writable: true}, operatorsOnly)
+	code, body = post(t, rw, "/topics/orders/dead-letters/replay", replay, nil)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Contains(t, body, "operators only")
+
+	op := http.Header{"X-Operator": {"yes"}}
+	forged := http.Header{"X-Operator": {"yes"}, "Sec-Fetch-Site": {"cross-site"}}
+	code, _ = post(t, rw, "/topics/orders/dead-letters/replay", replay, forged)
+	require.Equal(t, http.StatusForbidden, code, "a form posted from another site")
+	forged = http.Header{"X-Operator": {"yes"}, "Origin": {"https://evil.example"}}
+	code, _ = post(t, rw, "/topics/orders/dead-letters/purge", replay, forged)
+	require.Equal(t, http.StatusForbidden, code, "a form posted from another origin")
+
+	for _, c := range []struct {
+		path string
+		form url.Values
+		code int
+		says string
+	}{
+		{"/topics/nope/dead-letters/replay", replay, http.StatusNotFound, "not found"},
+		{"/topics/orders/dead-letters/replay", url.Values{"id": {"12abc"}}, http.StatusBadRequest, "not a message id"},
+		{"/topics/orders/dead-letters/replay", url.Values{"id": {"99999999"}}, http.StatusNotFound, "not found"},
+		{"/topics/orders/dead-letters/explode", replay, http.StatusBadRequest, "unknown action"},
+		{"/topics/events/groups/nobody/pause", nil, http.StatusNotFound, "nobody"},
+		{"/topics/events/groups/billing/resume", nil, http.StatusConflict, "ACTIVE"},
+		{"/topics/orders/groups/billing/pause", nil, http.StatusBadRequest, "QUEUE"},
+	} {
+		code, body := post(t, rw, c.path, c.form, op)
+		require.Equal(t, c.code, code, "%s: %s", c.path, body)
+		require.Contains(t, body, c.says, c.path)
+	}
+	for _, c := range []struct {
+		path string
+		code int
+		says string
+	}{
+		{"/topics/nope", http.StatusNotFound, "not found"},
+		{"/topics/events/groups/nobody", http.StatusNotFound, "nobody"},
+		{"/topics/bad%20name", http.StatusBadRequest, "invalid topic"},
+		{"/api/topics/nope", http.StatusNotFound, `"error":`},
+		{"/api/topics/orders/dead-letters?limit=abc", http.StatusBadRequest, `"error":`},
+		{"/api/topics/orders/dead-letters?after=-3", http.StatusBadRequest, `"error":`},
+		{"/api/topics/events/groups/nobody", http.StatusNotFound, `"error":`},
+	} {
+		code, body := get(t, rw, c.path)
+		require.Equal(t, c.code, code, "%s: %s", c.path, body)
+		require.Contains(t, body, c.says, c.path)
+	}
+	req, err := http.NewRequest("POST", rw.URL+"/api/topics/orders/dead-letters/replay", strings.NewReader(`{"ids": ["x"]}`))
+	require.NoError(t, err)
+	req.Header.Set("X-Operator", "yes")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "a malformed JSON body")
+
+	require.ElementsMatch(t, f.dead, f.deadLetters(t), "nothing was replayed or purged")
+	state, err := f.group.State(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.Active, state, "nothing was paused")
+
+	// The approved, same-origin action goes through.
+	code, _ = post(t, rw, "/topics/orders/dead-letters/purge", replay, op)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, []int64{f.dead[1]}, f.deadLetters(t))
+}
+
+// The JSON API reads what the pages show; payloads only when enabled, and
+// then through the redaction hook.
+func TestAPIAndPayloads(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	hidden := f.serve(t, adminui.Config{Prefix: "/ops"}, nil)
+	code, body := get(t, hidden, "/ops/api/topics")
+	require.Equal(t, http.StatusOK, code, body)
+	var topics []admin.Topic
+	require.NoError(t, json.Unmarshal([]byte(body), &topics))
+	require.Len(t, topics, 2)
+	require.Equal(t, "orders", topics[1].Name)
+	require.EqualValues(t, 1, topics[1].Ready)
+	require.EqualValues(t, 2, topics[1].DeadLetters)
+
+	code, body = get(t, hidden, "/ops/api/topics/events/groups")
+	require.Equal(t, http.StatusOK, code, body)
+	var groups []consumergroup.Health
+	require.NoError(t, json.Unmarshal([]byte(body), &groups))
+	require.Len(t, groups, 1)
+	require.EqualValues(t, 1, groups[0].DeadLetters)
+
+	code, body = get(t, hidden, "/ops/api/topics/orders/dead-letters")
+	require.Equal(t, http.StatusOK, code, body)
+	require.NotContains(t, body, "someone@example.com")
+	require.NotContains(t, body, `"payload"`)
+
+	redacting := f.serve(t, adminui.Config{ShowPayloads: true, Redact: func(d outbox.DeadLetter) outbox.DeadLetter {
+		d.Payload = json.RawMessage(strings.ReplaceAll(string(d.Payload), "someone@example.com", "***"))
+		return d
+	}}, nil)
+	code, body = get(t, redacting, "/api/topics/orders/dead-letters?limit=10")
+	require.Equal(t, http.StatusOK, code, body)
+	require.NotContains(t, body, "someone@example.com")
+	require.Contains(t, body, `"payload":{"email":"***"}`)
+	code, body = get(t, redacting, "/topics/orders")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "***")
+	require.NotContains(t, body, "someone@example.com")
+
+	code, body = get(t, redacting, "/static/style.css")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "font")
+}
+
+func TestConfig(t *testing.T) {
+	_, err := adminui.NewHandler(adminui.Config{})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+}
