@@ -150,6 +150,17 @@ func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
 	return b
 }
 
+// breakerStates reads every target host's breaker state.
+func (m *mediator) breakerStates() map[string]gobreaker.State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]gobreaker.State, len(m.breakers))
+	for host, b := range m.breakers {
+		out[host] = b.State()
+	}
+	return out
+}
+
 // jsonContent is the Content-Type and Accept of every request (never
 // modified: the transport only reads request headers).
 var jsonContent = []string{"application/json"}

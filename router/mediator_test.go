@@ -11,8 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testmetrics"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
 )
@@ -354,4 +356,36 @@ func outboxClientWithoutDB(t *testing.T) *outbox.Client {
 	c, err := outbox.NewClient(pool, outbox.Config{PollOnly: true})
 	require.NoError(t, err)
 	return c
+}
+
+// The router's gauges: each pool's queue and in-flight messages, and each
+// host's breaker state, which reads 2 once the circuit opened; none once
+// the router stopped.
+func TestGauges(t *testing.T) {
+	t.Parallel()
+	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, MeterProvider: mp,
+		Breaker: router.BreakerConfig{MinRequests: 2, FailureRatio: 0.5, OpenFor: time.Minute}})
+	points := testmetrics.Points(t, reader)
+	queued, ok := testmetrics.Point(points, "pgoutbox.router.pool.queued", "pool", "P")
+	require.True(t, ok, "no queue gauge for pool P: %v", points)
+	require.Zero(t, queued.Value)
+	_, ok = testmetrics.Point(points, "pgoutbox.router.pool.in_flight", "pool", "P")
+	require.True(t, ok)
+
+	rec := newRecorder()
+	for _, id := range []string{"a", "b"} {
+		rt.Route(context.Background(), []*router.Message{rec.msg(id, id+"/1", "http://"+host+"/", id)})
+		require.Equal(t, "nack", rec.outcome(t, id+"/1").kind)
+	}
+	state, ok := testmetrics.Point(testmetrics.Points(t, reader), "pgoutbox.router.breaker.state", "host", host)
+	require.True(t, ok, "no breaker gauge for %s", host)
+	require.EqualValues(t, 2, state.Value, "the circuit is open")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, rt.Stop(ctx))
+	require.Empty(t, testmetrics.Points(t, reader)["pgoutbox.router.pool.queued"], "a stopped router reports nothing")
 }

@@ -40,6 +40,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
@@ -207,8 +209,9 @@ type Router struct {
 	inflight *tracker
 	mediator *mediator
 	metrics  *metrics
-	batches  atomic.Uint64 // batch ids
-	holds    *holds        // groups held back behind a message awaiting its retry
+	gauges   metric.Registration // the run's gauges (see observe); guarded by mu
+	batches  atomic.Uint64       // batch ids
+	holds    *holds              // groups held back behind a message awaiting its retry
 
 	life    startstop.Base // runs and stops the router
 	startMu sync.Mutex     // held by Start: a Stop waits for the Start in progress
@@ -283,6 +286,13 @@ func (r *Router) Start(ctx context.Context) error {
 		r.shutdown(context.WithoutCancel(ctx), done)
 		return err
 	}
+	gauges, err := r.observe()
+	if err != nil {
+		r.logger.Warn("pgoutbox router: registering its gauges failed; it runs without them", slog.Any("error", err))
+	}
+	r.mu.Lock()
+	r.gauges = gauges
+	r.mu.Unlock()
 	return nil
 }
 
@@ -745,6 +755,10 @@ func (r *Router) shutdown(ctx context.Context, done func()) error {
 	}
 	pools = append(pools, r.drained...)
 	r.pools, r.drained = map[string]*pool{}, nil // a new run makes new ones
+	if r.gauges != nil {
+		_ = r.gauges.Unregister()
+		r.gauges = nil
+	}
 	for _, rs := range r.sources {
 		rs.keeping = false // the lease keepers end below
 	}

@@ -26,20 +26,50 @@ func (g Gauge) Attr(key attribute.Key) string {
 // Gauges collects r and returns every gauge's first data point, by name.
 func Gauges(t testing.TB, r sdkmetric.Reader) map[string]Gauge {
 	t.Helper()
+	gauges := map[string]Gauge{}
+	for name, points := range Points(t, r) {
+		gauges[name] = points[0]
+	}
+	return gauges
+}
+
+// Points collects r and returns every data point of every gauge, by name.
+func Points(t testing.TB, r sdkmetric.Reader) map[string][]Gauge {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := r.Collect(context.Background(), &rm); err != nil {
 		t.Fatalf("collecting metrics: %v", err)
 	}
-	gauges := map[string]Gauge{}
+	points := map[string][]Gauge{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			switch d := m.Data.(type) {
 			case metricdata.Gauge[int64]:
-				gauges[m.Name] = Gauge{Value: float64(d.DataPoints[0].Value), Attrs: d.DataPoints[0].Attributes}
+				for _, p := range d.DataPoints {
+					points[m.Name] = append(points[m.Name], Gauge{Value: float64(p.Value), Attrs: p.Attributes})
+				}
 			case metricdata.Gauge[float64]:
-				gauges[m.Name] = Gauge{Value: d.DataPoints[0].Value, Attrs: d.DataPoints[0].Attributes}
+				for _, p := range d.DataPoints {
+					points[m.Name] = append(points[m.Name], Gauge{Value: p.Value, Attrs: p.Attributes})
+				}
 			}
 		}
 	}
-	return gauges
+	return points
+}
+
+// Point returns the data point of name whose attributes include every
+// key-value pair of kv (alternating keys and values), and whether there is
+// one.
+func Point(points map[string][]Gauge, name string, kv ...string) (Gauge, bool) {
+next:
+	for _, g := range points[name] {
+		for i := 0; i+1 < len(kv); i += 2 {
+			if g.Attr(attribute.Key(kv[i])) != kv[i+1] {
+				continue next
+			}
+		}
+		return g, true
+	}
+	return Gauge{}, false
 }

@@ -1,0 +1,55 @@
+package admin_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/internal/testmetrics"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// The gauges, read through an OpenTelemetry SDK reader, report the backlog
+// and the lag the test created: a QUEUE topic's ready messages and dead
+// letter, and a stopped group's unread messages and their age.
+func TestGauges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{},
+		outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue},
+		outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset})
+	e.send(t, "orders", 6, 0)
+	claimed, err := e.client.Claim(ctx, "orders", "operator", 1)
+	require.NoError(t, err)
+	require.NoError(t, e.client.DeadLetter(ctx, claimed[0], "bad"))
+	g := e.startGroup(t, "events", "billing", &recorder{seen: map[int64]int{}})
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, g.Stop(stopCtx))
+	e.send(t, "events", 25, 0)
+
+	reader := sdkmetric.NewManualReader()
+	reg, err := e.admin.RegisterGauges(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	require.NoError(t, err)
+	points := testmetrics.Points(t, reader)
+	value := func(name string, kv ...string) float64 {
+		t.Helper()
+		p, ok := testmetrics.Point(points, name, kv...)
+		require.True(t, ok, "no %s %v in %v", name, kv, points)
+		return p.Value
+	}
+	require.EqualValues(t, 5, value("pgoutbox.queue.ready", "topic", "orders"))
+	require.EqualValues(t, 1, value("pgoutbox.queue.dead_letters", "topic", "orders"))
+	require.GreaterOrEqual(t, value("pgoutbox.queue.oldest_ready_age", "topic", "orders"), 0.0)
+	require.EqualValues(t, 25, value("pgoutbox.group.unread", "topic", "events", "group", "billing"))
+	require.Positive(t, value("pgoutbox.group.lag", "topic", "events", "group", "billing"))
+	require.EqualValues(t, 1, value("pgoutbox.group.active", "topic", "events", "group", "billing", "state", "ACTIVE"))
+	require.Zero(t, value("pgoutbox.group.dead_letters", "topic", "events", "group", "billing"))
+
+	require.NoError(t, reg.Unregister())
+	require.Empty(t, testmetrics.Points(t, reader), "nothing reported once unregistered")
+}
