@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
@@ -37,6 +38,11 @@ type Config struct {
 	// MeterProvider receives the metrics of the client and its components.
 	// Defaults to a no-op provider.
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives the spans of the client and its components:
+	// sends, claims, handler calls and router deliveries, one trace from
+	// a send to the receiver's HTTP request (W3C trace context travels in
+	// the message's headers). Defaults to recording nothing.
+	TracerProvider trace.TracerProvider
 	// Clock replaces database time for leases, retries and availability
 	// (tests). Defaults to nil: the database's now().
 	Clock outbox.Clock
@@ -115,13 +121,20 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 		return nil, err
 	}
 	oc, err := outbox.NewClient(pool, outbox.Config{Schema: cfg.Schema, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider,
-		Clock: cfg.Clock, ListenDSN: cfg.ListenDSN, PollOnly: cfg.PollOnly, ListenProbeInterval: cfg.ListenProbeInterval,
+		TracerProvider: cfg.TracerProvider,
+		Clock:          cfg.Clock, ListenDSN: cfg.ListenDSN, PollOnly: cfg.PollOnly, ListenProbeInterval: cfg.ListenProbeInterval,
 		LogInterval: cfg.LogInterval})
 	if err != nil {
 		return nil, err
 	}
 	pcfg := cfg.Producer
 	pcfg.Schema, pcfg.Clock = oc.Schema(), cfg.Clock
+	if pcfg.TracerProvider == nil {
+		pcfg.TracerProvider = cfg.TracerProvider
+	}
+	if pcfg.MeterProvider == nil { // the producer's pgoutbox.messages.sent
+		pcfg.MeterProvider = cfg.MeterProvider
+	}
 	producer, err := outbox.NewProducer(pcfg)
 	if err != nil {
 		return nil, err
@@ -238,6 +251,9 @@ func (c *Client) NewRouter(cfg router.Config) (*router.Router, error) {
 	}
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = c.cfg.MeterProvider
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = c.cfg.TracerProvider
 	}
 	if cfg.LogInterval == 0 {
 		cfg.LogInterval = c.outbox.LogInterval()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/handlers"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -113,8 +114,10 @@ func (r *runner) handle(s *slot, j *job) (o outcome, f failure, inTime bool) {
 	ctx, cancel := context.WithTimeout(r.workCtx, timeout)
 	defer cancel()
 	s.begin(j, time.Now().Add(timeout))
+	ctx, span := g.tracer.Process(ctx, g.cfg.Topic, g.cfg.Group, j.d.ID, j.d.Attempt, j.d.Headers)
 	start := time.Now()
 	err := handlers.Call(ctx, m.handler, j.d)
+	tracing.End(span, err)
 	if !s.end() {
 		return 0, failure{}, false
 	}
@@ -248,12 +251,15 @@ func (r *runner) handleBatch(bh BatchHandler, jobs []*job) {
 		return
 	}
 	ds := make([]*outbox.Delivery, len(jobs))
+	headers := make([]map[string]string, len(jobs))
 	for i, j := range jobs {
-		ds[i] = j.d
+		ds[i], headers[i] = j.d, j.d.Headers
 	}
 	timeout := r.g.handlerTimeout()
 	ctx, cancel := context.WithTimeout(r.workCtx, timeout)
 	defer cancel()
+	ctx, span := r.g.tracer.ProcessBatch(ctx, r.g.cfg.Topic, r.g.cfg.Group, headers)
+	defer span.End()
 	type result struct {
 		errs []error
 		err  error

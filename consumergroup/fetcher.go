@@ -470,6 +470,7 @@ func (r *runner) dispatch(jobs []*job) {
 	g := r.g
 	r.window.Claimed(len(jobs))
 	g.metrics.delivered.Add(context.Background(), int64(len(jobs)))
+	g.tracer.Received(context.Background(), g.cfg.Topic, g.cfg.Group, len(jobs), r.lastFullLook)
 	if g.topic.Ordered {
 		slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
 	}

@@ -48,6 +48,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/pubsub"
 )
@@ -69,6 +70,7 @@ type Group struct {
 	events  *ratelog.Log // handler failures, rate-limited
 	maint   *Maintainer  // topic-wide work: dead groups, forgetting, cleanup
 	metrics *metrics
+	tracer  *tracing.Tracer
 
 	life    startstop.Base // runs and stops the instance
 	mu      sync.Mutex     // guards members, opts, run and the fields Start sets
@@ -108,6 +110,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 		if cfg.MeterProvider == nil {
 			cfg.MeterProvider = c.MeterProvider()
 		}
+		if cfg.TracerProvider == nil {
+			cfg.TracerProvider = c.TracerProvider()
+		}
 	}
 	schema, err := ident.Schema(cfg.Schema)
 	if err != nil {
@@ -123,7 +128,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 	logger = logger.With(slog.String("topic", cfg.Topic), slog.String("group", cfg.Group), slog.String("instance", cfg.InstanceID))
 	client := cfg.Client
 	if client == nil {
-		client, err = outbox.NewClient(pool, outbox.Config{Schema: schema, Logger: logger, MeterProvider: cfg.MeterProvider, Clock: cfg.Clock,
+		client, err = outbox.NewClient(pool, outbox.Config{Schema: schema, Logger: logger, MeterProvider: cfg.MeterProvider, TracerProvider: cfg.TracerProvider, Clock: cfg.Clock,
 			ListenDSN: cfg.ListenDSN, PollOnly: cfg.PollOnly})
 		if err != nil {
 			return nil, err
@@ -134,7 +139,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 	return &Group{cfg: cfg, pool: pool, client: client, schema: schema, q: sqlq.ForPubSub(schema),
 		maint:  newMaintainer(pool, client, schema),
 		logger: logger, events: ratelog.New(logger, client.LogInterval(), time.Now),
-		metrics: newMetrics(cfg.MeterProvider, cfg.Topic, cfg.Group)}, nil
+		metrics: newMetrics(cfg.MeterProvider, cfg.Topic, cfg.Group), tracer: tracing.New(cfg.TracerProvider)}, nil
 }
 
 // AddConsumer adds a member. filter may be nil (accept everything). A

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -290,6 +291,12 @@ type Config struct {
 	Logger *slog.Logger
 	// MeterProvider defaults to Client's, or a no-op provider.
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives the spans of fetches and handler calls
+	// ("receive {topic}", "process {topic}", with the group as
+	// messaging.consumer.group.name); a handler's span is a child of the
+	// trace context its message carries from the send. Defaults to
+	// Client's, or recording nothing.
+	TracerProvider trace.TracerProvider
 	// Clock replaces database time for batch leases and retries (tests).
 	// Heartbeats always use database time. Defaults to Client's clock,
 	// or nil: database time.

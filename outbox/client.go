@@ -13,9 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 )
 
 // Clock tells the time. pgoutbox uses database time (now()) unless a Clock
@@ -33,6 +35,11 @@ type Config struct {
 	Logger *slog.Logger
 	// MeterProvider receives pgoutbox's metrics. Defaults to a no-op provider.
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives the spans of claims and handler calls
+	// ("receive {topic}", "process {topic}", OpenTelemetry messaging
+	// conventions); a handler's span is a child of the trace context its
+	// message carries from the send. Defaults to recording nothing.
+	TracerProvider trace.TracerProvider
 	// Clock replaces database time for leases, retries and availability.
 	// Defaults to nil: the database's now(), which every instance agrees on.
 	Clock Clock
@@ -76,6 +83,8 @@ type Client struct {
 	probeInterval time.Duration
 	logInterval   time.Duration
 	mp            metric.MeterProvider
+	tp            trace.TracerProvider
+	tracer        *tracing.Tracer
 	schema        string
 	sql           *sqlq.Outbox
 	logger        *slog.Logger
@@ -132,6 +141,8 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		probeInterval: max(probe, 0),
 		logInterval:   cfg.LogInterval,
 		mp:            cfg.MeterProvider,
+		tp:            cfg.TracerProvider,
+		tracer:        tracing.New(cfg.TracerProvider),
 		schema:        schema,
 		sql:           sqlq.For(schema),
 		logger:        logger,
@@ -285,6 +296,9 @@ func (c *Client) LoadTopic(ctx context.Context, db QueryRower, name string) (Top
 
 // Pool returns the client's pool.
 func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+
+// TracerProvider returns the client's tracer provider (nil: none configured).
+func (c *Client) TracerProvider() trace.TracerProvider { return c.tp }
 
 // MeterProvider returns the client's meter provider (nil: none configured).
 func (c *Client) MeterProvider() metric.MeterProvider { return c.mp }

@@ -22,6 +22,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 )
 
 // Handler handles one delivery. Returning nil acks the message (it is
@@ -376,11 +377,13 @@ func (k *Consumer) claim(limit int) (int, error) {
 	// it would leave its messages leased until the lease expires.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.fetchCtx), 30*time.Second)
 	defer cancel()
+	start := time.Now()
 	batch, err := k.client.claim(ctx, *topic, k.cfg.ID, limit, pipeline.OrderedRun)
 	if err != nil {
 		return 0, err
 	}
 	claimedAt := time.Now()
+	k.client.tracer.Received(ctx, k.cfg.Topic, "", len(batch), start)
 	sort.Slice(batch, func(i, j int) bool {
 		a, b := batch[i], batch[j]
 		if a.d.Priority != b.d.Priority {
@@ -581,9 +584,11 @@ func (k *Consumer) stalled(j *job, now time.Time) bool {
 func (k *Consumer) handle(j *job, deadline time.Time) result {
 	ctx, cancel := context.WithDeadline(k.workCtx, deadline)
 	defer cancel()
+	ctx, span := k.client.tracer.Process(ctx, k.cfg.Topic, "", j.d.ID, j.d.Attempt, j.d.Headers)
 	start := time.Now()
 	err := handlers.Call(ctx, k.cfg.Handler, j.d)
 	k.client.metrics.handlerTime.Record(ctx, time.Since(start).Seconds(), k.attrs)
+	tracing.End(span, err)
 	if err == nil {
 		return result{d: j.d, outcome: outcomeAck}
 	}

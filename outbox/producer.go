@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,9 +16,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 	"github.com/pgoutbox/pgoutbox/migrations"
 )
 
@@ -66,6 +69,13 @@ type ProducerConfig struct {
 	Logger *slog.Logger
 	// MeterProvider defaults to the no-op provider.
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives a "send {topic}" span per Send or SendBatch
+	// (OpenTelemetry messaging conventions). Whether or not it is set, a
+	// send puts the trace context of its span (or of ctx, when nothing
+	// records) into each message's headers as W3C traceparent and
+	// tracestate, so handlers and router deliveries join the sender's
+	// trace. Defaults to recording nothing.
+	TracerProvider trace.TracerProvider
 	// Clock replaces database time as the base of Message.Delay, and the
 	// system clock in the notification intervals. Defaults to nil: the
 	// database's now() and the system's clock.
@@ -81,6 +91,7 @@ type Producer struct {
 	notifier   *notifier
 	semantics  sync.Map // topic -> learnedSemantics
 	metrics    *metrics
+	tracer     *tracing.Tracer
 	clock      Clock
 }
 
@@ -117,6 +128,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		notifier: newNotifier(cmp.Or(cfg.NotifyInterval, DefaultNotifyInterval),
 			cmp.Or(cfg.BusyNotifyInterval, DefaultBusyNotifyInterval), cfg.Clock),
 		metrics: newMetrics(cfg.MeterProvider),
+		tracer:  tracing.New(cfg.TracerProvider),
 		clock:   cfg.Clock,
 	}, nil
 }
@@ -124,11 +136,14 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 // Send writes msg with tx and returns its id. The message exists only if tx
 // commits. With an IdempotencyKey that is already present on the topic it
 // writes nothing and returns the existing message's id.
-func (p *Producer) Send(ctx context.Context, tx Executor, msg Message) (int64, error) {
+func (p *Producer) Send(ctx context.Context, tx Executor, msg Message) (id int64, err error) {
+	ctx, span := p.tracer.Send(ctx, msg.Topic, 1)
+	defer func() { tracing.Sent(span, id); tracing.End(span, err) }()
+	msg.Headers = p.tracer.Inject(ctx, msg.Headers)
 	if msg.IdempotencyKey == "" {
 		return p.sendOne(ctx, tx, &msg)
 	}
-	ids, err := p.SendBatch(ctx, tx, []Message{msg})
+	ids, err := p.sendBatch(ctx, tx, []Message{msg})
 	if err != nil {
 		return 0, err
 	}
@@ -278,7 +293,22 @@ func (p *Producer) now() *time.Time {
 
 // SendBatch writes msgs with tx in one statement and returns their ids in
 // the same order. Either every message is valid and written, or none is.
-func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) ([]int64, error) {
+func (p *Producer) SendBatch(ctx context.Context, tx Executor, msgs []Message) (ids []int64, err error) {
+	if len(msgs) > 0 {
+		var span trace.Span
+		ctx, span = p.tracer.Send(ctx, msgs[0].Topic, len(msgs))
+		defer func() { tracing.End(span, err) }()
+		if traced := p.tracer.Inject(ctx, nil); traced != nil {
+			msgs = slices.Clone(msgs) // the caller's messages keep their headers
+			for i := range msgs {
+				msgs[i].Headers = p.tracer.Inject(ctx, msgs[i].Headers)
+			}
+		}
+	}
+	return p.sendBatch(ctx, tx, msgs)
+}
+
+func (p *Producer) sendBatch(ctx context.Context, tx Executor, msgs []Message) ([]int64, error) {
 	if isNil(tx) {
 		return nil, ErrNilExecutor
 	}

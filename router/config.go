@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -328,6 +329,13 @@ type Config struct {
 	// MeterProvider receives the router's metrics. Defaults to a no-op
 	// provider.
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives a "deliver {topic}" span per HTTP attempt
+	// (OpenTelemetry messaging conventions), a child of the trace context
+	// the message carries (Message.TraceContext), and the request carries
+	// the span's context to the receiver (W3C traceparent). Without one,
+	// the request carries the message's context as it came. Defaults to
+	// recording nothing.
+	TracerProvider trace.TracerProvider
 }
 
 func (c Config) withDefaults() Config {

@@ -148,7 +148,7 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 		batch = append(batch, &Message{
 			ID: id, DeliveryID: id, OutboxID: d.ID, scope: s.scope, stream: s.Name(),
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
-			Topic: d.Topic, Payload: d.Payload, Settle: st,
+			Topic: d.Topic, Payload: d.Payload, Settle: st, TraceContext: d.Headers,
 			RetryDelay: backoff.Exponential(d.Attempt, topic.BackoffInitial, topic.BackoffMax),
 		})
 	}

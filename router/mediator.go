@@ -18,8 +18,10 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 )
 
 // Result classifies a delivery attempt (see the response table in the package documentation).
@@ -59,6 +61,7 @@ type mediator struct {
 	// ownTransport is the transport the mediator made (nil when the
 	// configuration gave a client): Stop closes its idle connections.
 	ownTransport *http.Transport
+	tracer       *tracing.Tracer
 	mu           sync.Mutex
 	breakers     map[string]*gobreaker.CircuitBreaker[Outcome]
 }
@@ -72,7 +75,8 @@ func (m *mediator) close() {
 }
 
 func newMediator(cfg Config, warn *warnings, events *ratelog.Log) *mediator {
-	m := &mediator{cfg: cfg, warn: warn, events: events, allowed: map[string]bool{}, breakers: map[string]*gobreaker.CircuitBreaker[Outcome]{}}
+	m := &mediator{cfg: cfg, warn: warn, events: events, allowed: map[string]bool{}, breakers: map[string]*gobreaker.CircuitBreaker[Outcome]{},
+		tracer: tracing.New(cfg.TracerProvider)}
 	for _, h := range cfg.AllowedHosts {
 		m.allowed[strings.ToLower(h)] = true
 	}
@@ -233,7 +237,24 @@ func (m *mediator) attempt(ctx context.Context, msg *Message, u *url.URL) Outcom
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	if msg.TraceContext != nil {
+		var span trace.Span
+		ctx, span = m.tracer.Deliver(ctx, msg.Topic, msg.ID, msg.TraceContext, h)
+		resp, err := m.client.Do(req.WithContext(ctx))
+		if err == nil {
+			tracing.HTTPStatus(span, resp.StatusCode)
+		}
+		o := m.result(msg, resp, err)
+		tracing.End(span, err)
+		return o
+	}
 	resp, err := m.client.Do(req)
+	return m.result(msg, resp, err)
+}
+
+// result reads a response (or the error that came instead) against the
+// response table.
+func (m *mediator) result(msg *Message, resp *http.Response, err error) Outcome {
 	if err != nil {
 		return m.classifyError(msg, err)
 	}

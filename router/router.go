@@ -123,6 +123,11 @@ type Message struct {
 	RetryDelay time.Duration
 	// Settle is how the router acks and nacks it. Required.
 	Settle Settler
+	// TraceContext is the W3C trace context the message carries
+	// (traceparent, tracestate): its delivery joins that trace (see
+	// Config.TracerProvider). pgoutbox's sources set it to the message's
+	// headers, of which the router reads only those two.
+	TraceContext map[string]string
 
 	scope    string // where ID is unique (a database and schema); set by pgoutbox's sources
 	stream   string // which of scope's streams it comes from (a topic, or a group's copy of one); Topic when empty

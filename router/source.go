@@ -209,7 +209,7 @@ func (s *QueueSource) messages(ctx context.Context, t outbox.TopicConfig, ds []*
 			// the same delivery again, which the router adopts.
 			ID: strconv.FormatInt(d.ID, 10), DeliveryID: "queue:" + s.cfg.Topic + "/" + strconv.FormatInt(d.ID, 10), OutboxID: d.ID, scope: s.scope,
 			stream: "queue:" + s.cfg.Topic, Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
-			Topic: d.Topic, Payload: d.Payload, Settle: st, RetryDelay: backoff.Exponential(d.Attempt, t.BackoffInitial, t.BackoffMax),
+			Topic: d.Topic, Payload: d.Payload, Settle: st, TraceContext: d.Headers, RetryDelay: backoff.Exponential(d.Attempt, t.BackoffInitial, t.BackoffMax),
 			panicked: panicked, // the router retries it and reports the panic
 		})
 	}
