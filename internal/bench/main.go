@@ -38,7 +38,7 @@ import (
 
 const schema = "bench_pgoutbox"
 
-var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "DROP": 100_000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000, "W5": 0, "SKEW": 0}
+var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "DROP": 100_000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000, "W5": 0, "SKEW": 0, "ADMIN": 1_000_000}
 
 type config struct {
 	system, dsn, workload, mode string
@@ -82,7 +82,7 @@ func main() {
 func parseFlags() *config {
 	c := &config{system: "pgoutbox"}
 	flag.StringVar(&c.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/bench?sslmode=disable", "PostgreSQL connection string")
-	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | W5 held xmin (see w5.go) | SKEW hot and cold topic (see skew.go) | CLEANUP | BACKFILL (see maintenance.go) | DROP (see drop.go) | BACKFILL_OLTP (see oltp.go)")
+	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | W5 held xmin (see w5.go) | SKEW hot and cold topic (see skew.go) | CLEANUP | BACKFILL (see maintenance.go) | DROP (see drop.go) | ADMIN (see admin.go) | BACKFILL_OLTP (see oltp.go)")
 	flag.IntVar(&c.n, "n", 0, "messages (0 = workload default)")
 	flag.IntVar(&c.workers, "workers", 8, "producer goroutines (W1) / consumer concurrency (W2, W4)")
 	flag.IntVar(&c.batch, "batch", 0, "W2, W4: the consumer's BatchSize (0 = library default)")
@@ -133,7 +133,7 @@ func parseFlags() *config {
 }
 
 func run(ctx context.Context, c *config) error {
-	if (c.workload == "W3" || c.workload == "CLEANUP" || c.workload == "DROP" || c.workload == "BACKFILL" || c.workload == "BACKFILL_OLTP") && c.mode == "" {
+	if (c.workload == "W3" || c.workload == "CLEANUP" || c.workload == "DROP" || c.workload == "BACKFILL" || c.workload == "BACKFILL_OLTP" || c.workload == "ADMIN") && c.mode == "" {
 		unsupported(c, c.workload+" needs -mode bitmap, counter or offset")
 	}
 	pool, err := openPool(ctx, c)
@@ -184,6 +184,8 @@ func run(ctx context.Context, c *config) error {
 		return b.w3(ctx)
 	case "DROP":
 		return b.drop(ctx)
+	case "ADMIN":
+		return b.admin(ctx)
 	case "CLEANUP":
 		return b.cleanup(ctx)
 	case "BACKFILL":

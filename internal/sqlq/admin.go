@@ -27,9 +27,10 @@ const topicNames = `SELECT topic FROM {{schema}}.outbox_topics ORDER BY topic`
 // queueStats measures QUEUE topic $1, each count at most $2: messages
 // deliverable now, messages leased or due later (a lease's end is its
 // available_at), dead letters, and when the oldest deliverable one became
-// deliverable. The last walks the topic's priorities (one index probe
-// each, as a loose index scan) and takes each one's earliest
-// available_at: the claim index's order within a priority.
+// deliverable. It walks the topic's priorities (one index probe each, a
+// loose index scan of the claim index) and reads each priority's range of
+// the index on either side of now: every read is a bounded range scan,
+// never a filter over the topic's whole index.
 const queueStats = `
 WITH RECURSIVE prio AS (
     (SELECT priority FROM {{schema}}.outbox WHERE topic = $1 ORDER BY priority DESC LIMIT 1)
@@ -37,15 +38,21 @@ WITH RECURSIVE prio AS (
     SELECT (SELECT o.priority FROM {{schema}}.outbox AS o
             WHERE o.topic = $1 AND o.priority < prio.priority ORDER BY o.priority DESC LIMIT 1)
     FROM prio WHERE prio.priority IS NOT NULL
+), per AS (
+    SELECT (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox AS o
+                                  WHERE o.topic = $1 AND o.priority = prio.priority AND o.available_at <= now()
+                                  LIMIT $2) AS r) AS ready,
+           (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox AS o
+                                  WHERE o.topic = $1 AND o.priority = prio.priority AND o.available_at > now()
+                                  LIMIT $2) AS l) AS scheduled,
+           (SELECT min(o.available_at) FROM {{schema}}.outbox AS o
+            WHERE o.topic = $1 AND o.priority = prio.priority) AS earliest
+    FROM prio WHERE prio.priority IS NOT NULL
 )
-SELECT (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox
-                              WHERE topic = $1 AND available_at <= now() LIMIT $2) AS r),
-       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox
-                              WHERE topic = $1 AND available_at > now() LIMIT $2) AS l),
+SELECT least(coalesce((SELECT sum(ready) FROM per), 0), $2)::bigint,
+       least(coalesce((SELECT sum(scheduled) FROM per), 0), $2)::bigint,
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_dead_letters WHERE topic = $1 LIMIT $2) AS d),
-       (SELECT min((SELECT min(o.available_at) FROM {{schema}}.outbox AS o
-                    WHERE o.topic = $1 AND o.priority = prio.priority))
-        FROM prio WHERE prio.priority IS NOT NULL),
+       (SELECT min(earliest) FROM per),
        now()`
 
 // topicGroups lists the groups subscribed to topic $1, cancelled ones
