@@ -71,8 +71,8 @@ SELECT $1, jsonb_build_object('seq', i), 'c' || i FROM generate_series(1, $2::in
 		return fmt.Errorf("store: %w", err)
 	}
 	if _, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_dead_letters
-    (id, topic, payload, headers, correlation_id, priority, attempts, last_error, created_at, dead_lettered_at)
-SELECT -i, $1, '{}', '{}', 'd' || i, 0, 10, 'boom', now(), now() FROM generate_series(1, 1000) AS i`, qTopic); err != nil {
+    (id, topic, payload, headers, correlation_id, priority, attempts, last_error, created_at, dead_lettered_at, xid)
+SELECT 1000000000000 + i, $1, '{}', '{}', 'd' || i, 0, 10, 'boom', now(), now(), pg_current_xact_id() FROM generate_series(1, 1000) AS i`, qTopic); err != nil {
 		return fmt.Errorf("store dead letters: %w", err)
 	}
 	if _, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_group_retries

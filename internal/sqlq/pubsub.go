@@ -267,8 +267,8 @@ FROM {{schema}}.outbox_topic_subscriptions
 // groupHealth measures subscription $1 of topic $2 (stream $3..$7, see
 // streamFilter; completions of bit $8 or subscription $9, see
 // notCompleted), each count at most $10: the committed rows its position
-// had not seen and it has not completed (their count, and the oldest one's
-// created_at), its batches and retry deliveries under lease, its waiting
+// had not seen and it has not completed (their count, read in no order so
+// the count stops early, and the created_at of the first in commit order), its batches and retry deliveries under lease, its waiting
 // retries (an ordered group's queued messages among them), the
 // created_at of the oldest message it retries (the lowest id: one probe),
 // and its dead letters.
@@ -276,21 +276,26 @@ var groupHealth = `
 WITH f AS (
     SELECT position FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1
 ), unread AS (
-    SELECT o.created_at FROM (` + unseenRows("o.created_at", `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())`+
-	streamFilter("o", 3)+notCompleted("o", 8), "(SELECT position FROM f)", "'0'::xid8", "-1", "$10") + `) AS o
+    SELECT 1 FROM (` + unseenRows("1", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "") + `) AS o
     LIMIT $10
-), r AS (
+), oldest_unread AS (
+    SELECT o.created_at FROM (` + unseenRows("o.created_at, o.xid, o.id", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "1") + `) AS o
+    ORDER BY o.xid, o.id LIMIT 1), r AS (
     SELECT status, message_id FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1 LIMIT 3 * $10
 ), oldest AS (
     SELECT min(message_id) AS id FROM r WHERE status <> 'DEAD_LETTER'
 )
-SELECT (SELECT count(*) FROM unread), (SELECT min(created_at) FROM unread),
+SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
        (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
        (SELECT count(*) FROM r WHERE status = 'PROCESSING'),
        (SELECT count(*) FROM r WHERE status = 'RETRY'),
        (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest WHERE o.topic = $2 AND o.id = oldest.id),
        (SELECT count(*) FROM r WHERE status = 'DEAD_LETTER'),
        now()`
+
+// healthUnread is what groupHealth counts as unread: committed rows of
+// the group's stream it has not completed.
+var healthUnread = `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())` + streamFilter("o", 3) + notCompleted("o", 8)
 
 // heartbeat records database time only. It reports the status, so a DEAD
 // group's instance can resurrect it; no row: the subscription is gone.
