@@ -15,6 +15,7 @@ package admin
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -331,4 +332,29 @@ func (a *Admin) withGroup(ctx context.Context, topic, group string, f func(*cons
 		return err
 	}
 	return f(g, ctx)
+}
+
+// DeadLetterView is a dead letter as the operator's tools (the CLI, the
+// web UI and its JSON API) show it: its payload and headers only when
+// asked for, since they may hold personal data.
+type DeadLetterView struct {
+	ID             int64             `json:"id"`
+	MessageGroup   string            `json:"message_group,omitempty"`
+	Attempts       int               `json:"attempts"`
+	CreatedAt      time.Time         `json:"created_at"`
+	DeadLetteredAt time.Time         `json:"dead_lettered_at"`
+	LastError      string            `json:"last_error"`
+	Payload        json.RawMessage   `json:"payload,omitempty"`
+	Headers        map[string]string `json:"headers,omitempty"`
+}
+
+// View returns d as shown, with its payload and headers when payload is
+// set.
+func View(d outbox.DeadLetter, payload bool) DeadLetterView {
+	v := DeadLetterView{ID: d.ID, MessageGroup: d.Group, Attempts: d.Attempt, CreatedAt: d.CreatedAt,
+		DeadLetteredAt: d.DeadLetteredAt, LastError: d.LastError}
+	if payload {
+		v.Payload, v.Headers = d.Payload, d.Headers
+	}
+	return v
 }

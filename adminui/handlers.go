@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
@@ -37,37 +36,20 @@ func (u *ui) group(ctx context.Context, topic, group string) (consumergroup.Heal
 	})
 }
 
-// DeadLetter is a dead letter as the UI and its API show it: payload and
-// headers only with Config.ShowPayloads (after Config.Redact).
-type DeadLetter struct {
-	ID             int64             `json:"id"`
-	MessageGroup   string            `json:"message_group,omitempty"`
-	Attempts       int               `json:"attempts"`
-	CreatedAt      time.Time         `json:"created_at"`
-	DeadLetteredAt time.Time         `json:"dead_lettered_at"`
-	LastError      string            `json:"last_error"`
-	Payload        json.RawMessage   `json:"payload,omitempty"`
-	Headers        map[string]string `json:"headers,omitempty"`
-}
-
 // deadLetterPage is the most dead letters a page or API call lists.
 const deadLetterPage = 100
 
-func (u *ui) deadLetters(ctx context.Context, topic, group string, after int64, limit int) ([]DeadLetter, error) {
+func (u *ui) deadLetters(ctx context.Context, topic, group string, after int64, limit int) ([]admin.DeadLetterView, error) {
 	dls, err := u.cfg.Admin.DeadLetters(ctx, topic, group, after, limit)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]DeadLetter, len(dls))
+	out := make([]admin.DeadLetterView, len(dls))
 	for i, d := range dls {
 		if u.cfg.ShowPayloads && u.cfg.Redact != nil {
 			d = u.cfg.Redact(d)
 		}
-		out[i] = DeadLetter{ID: d.ID, MessageGroup: d.Group, Attempts: d.Attempt, CreatedAt: d.CreatedAt,
-			DeadLetteredAt: d.DeadLetteredAt, LastError: d.LastError}
-		if u.cfg.ShowPayloads {
-			out[i].Payload, out[i].Headers = d.Payload, d.Headers
-		}
+		out[i] = admin.View(d, u.cfg.ShowPayloads)
 	}
 	return out, nil
 }

@@ -372,18 +372,6 @@ func (c *command) group(ctx context.Context, args []string) error {
 	})
 }
 
-// deadView is a dead letter as the command prints it.
-type deadView struct {
-	ID             int64             `json:"id"`
-	MessageGroup   string            `json:"message_group,omitempty"`
-	Attempts       int               `json:"attempts"`
-	CreatedAt      time.Time         `json:"created_at"`
-	DeadLetteredAt time.Time         `json:"dead_lettered_at"`
-	LastError      string            `json:"last_error"`
-	Payload        json.RawMessage   `json:"payload,omitempty"`
-	Headers        map[string]string `json:"headers,omitempty"`
-}
-
 func (c *command) dead(ctx context.Context, args []string) error {
 	const form = "dead list|replay|purge TOPIC [GROUP] [ID ...]"
 	if len(args) < 2 {
@@ -434,13 +422,9 @@ func (c *command) listDead(ctx context.Context, a *admin.Admin, topic, group str
 	if err != nil {
 		return err
 	}
-	views := make([]deadView, len(dls))
+	views := make([]admin.DeadLetterView, len(dls))
 	for i, d := range dls {
-		views[i] = deadView{ID: d.ID, MessageGroup: d.Group, Attempts: d.Attempt, CreatedAt: d.CreatedAt,
-			DeadLetteredAt: d.DeadLetteredAt, LastError: d.LastError}
-		if c.payloads {
-			views[i].Payload, views[i].Headers = d.Payload, d.Headers
-		}
+		views[i] = admin.View(d, c.payloads)
 	}
 	return c.print(views, func(w io.Writer) {
 		header := "ID\tMESSAGE GROUP\tATTEMPTS\tDEAD LETTERED\tLAST ERROR"
