@@ -96,7 +96,13 @@ func (l *Loop) Run(ctx context.Context) {
 			if ctx.Err() == nil {
 				l.Logger.Error("pgoutbox: claiming messages failed", slog.Any("error", err), slog.Duration("retry_in", delay))
 			}
-			wait(delay)
+			// Only the backoff ends this wait: notifications and freed
+			// room must not turn a failing database into a busy loop.
+			timer.Reset(delay)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
 			continue
 		}
 		failures = 0

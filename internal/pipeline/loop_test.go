@@ -45,8 +45,12 @@ func startLoop(t *testing.T, poll time.Duration, waiting int) *testLoop {
 			case <-ctx.Done():
 				return Found{}, nil
 			}
-			a := <-l.answers
-			return a.found, a.err
+			select {
+			case a := <-l.answers:
+				return a.found, a.err
+			case <-ctx.Done(): // the test ended (or failed) before answering
+				return Found{Done: true}, nil
+			}
 		},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
@@ -143,5 +147,28 @@ func TestLoopRetryOverridesTheFollowUp(t *testing.T) {
 	l.next(t)
 	l.answers <- answer{found: Found{Within: time.Millisecond}} // a throttled read is allowed then
 	l.next(t)
+	l.answers <- answer{}
+}
+
+// After a failed look, only the backoff brings the next: wake-ups and
+// freed room do not.
+func TestLoopBackoffIgnoresWakeUps(t *testing.T) {
+	l := startLoop(t, time.Hour, 0)
+	l.next(t)
+	l.answers <- answer{err: errors.New("connection refused")}
+	l.next(t)
+	start := time.Now()
+	l.answers <- answer{err: errors.New("connection refused")} // the second backoff: 10-20ms
+	for range 3 {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+		l.window.Signal()
+	}
+	l.next(t)
+	if took := time.Since(start); took < 10*time.Millisecond {
+		t.Fatalf("the next look came after %v: wake-ups cut the backoff short", took)
+	}
 	l.answers <- answer{}
 }
