@@ -22,9 +22,10 @@
 //	                may hold personal data, so they are hidden by default
 //	--after ID      dead list: start after this id
 //	--limit N       dead list: at most N (default 100)
+//	--group NAME    dead: the group, when its name is a number
 //
 // "dead" names a QUEUE topic's dead letters with TOPIC alone, a group's with
-// TOPIC GROUP; replay and purge take every dead letter there unless ids are
+// TOPIC GROUP (the first word after TOPIC that is not a number); replay and purge take every dead letter there unless ids are
 // given. "migrate sql" prints the SQL of every migration, in order, for
 // users of another migration tool (goose, atlas, sqitch).
 //

@@ -37,7 +37,8 @@ const usage = `usage:
   pgoutbox [flags] groups TOPIC
   pgoutbox [flags] group pause|resume|cancel|remove TOPIC GROUP
   pgoutbox [flags] dead list|replay|purge TOPIC [GROUP] [ID ...]
-flags: --dsn URL (default $DATABASE_URL) --schema NAME --json --payloads --after ID --limit N --from VERSION`
+flags: --dsn URL (default $DATABASE_URL) --schema NAME --json --payloads --after ID --limit N --from VERSION
+       --group NAME (dead: a group whose name is a number)`
 
 // usageError is bad input on the command line.
 type usageError struct{ msg string }
@@ -75,6 +76,7 @@ type command struct {
 	getenv func(string) string
 
 	dsn, schema    string
+	groupFlag      string // dead: --group
 	json, payloads bool
 	after          int64
 	limit          int
@@ -92,6 +94,7 @@ func (c *command) parse(args []string) ([]string, error) {
 	fs.Int64Var(&c.after, "after", 0, "")
 	fs.IntVar(&c.limit, "limit", 100, "")
 	fs.UintVar(&c.from, "from", 0, "")
+	fs.StringVar(&c.groupFlag, "group", "", "")
 	var words []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -378,8 +381,10 @@ func (c *command) dead(ctx context.Context, args []string) error {
 		return usagef("usage: pgoutbox %s", form)
 	}
 	op, topic, rest := args[0], args[1], args[2:]
-	group := ""
-	if len(rest) > 0 {
+	// GROUP is the first word that is not a number; --group names one
+	// that is.
+	group := c.groupFlag
+	if len(rest) > 0 && group == "" {
 		if _, err := strconv.ParseInt(rest[0], 10, 64); err != nil {
 			group, rest = rest[0], rest[1:]
 		}

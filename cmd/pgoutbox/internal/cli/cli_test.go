@@ -166,6 +166,7 @@ func TestOperatorCommands(t *testing.T) {
 	failsWith(t, run(t, db.DSN, "dead", "replay", "orders", "99999", schema), 3, "not found")
 	failsWith(t, run(t, db.DSN, "dead", "replay", "orders", "12x", "1", schema), 2, "QUEUE") // "12x" names a group, of a QUEUE topic
 	failsWith(t, run(t, db.DSN, "dead", "replay", "orders", "billing", "x1", schema), 2, `"x1" is not a message id`)
+	failsWith(t, run(t, db.DSN, "dead", "list", "events", "--group", "42", schema), 3, `"42"`) // a numeric group name, by --group
 	failsWith(t, run(t, db.DSN, "group", "explode", "events", "billing", schema), 2, "usage")
 	failsWith(t, run(t, db.DSN, "groups", "orders", schema), 2, "QUEUE")
 	failsWith(t, run(t, db.DSN, "frobnicate"), 2, "unknown command")
