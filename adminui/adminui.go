@@ -25,12 +25,13 @@
 //	GET  /api/topics/{topic}/groups               its groups' health
 //	GET  /api/topics/{topic}/groups/{group}       one group's health
 //	GET  /api/topics/{topic}/dead-letters         ?group=&after=&limit=
-//	POST /api/topics/{topic}/dead-letters/replay  {"group": "", "ids": []}
-//	POST /api/topics/{topic}/dead-letters/purge   {"group": "", "ids": []}
+//	POST /api/topics/{topic}/dead-letters/replay  {"group": "", "ids": [], "all": false}
+//	POST /api/topics/{topic}/dead-letters/purge   {"group": "", "ids": [], "all": false}
 //	POST /api/topics/{topic}/groups/{group}/pause (and /resume)
 //	GET  /api/routers                             pools and warnings
 //
-// Errors are JSON {"error": "..."} with a 4xx status for bad input (400),
+// A dead-letter action takes the ids, or "all": true for every one there
+// (never an empty list alone). Errors are JSON {"error": "..."} with a 4xx status for bad input (400),
 // unknown names (404), a refused action (403) or a forbidden state change
 // (409).
 package adminui
@@ -143,8 +144,16 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/api/routers", u.apiRouters)
 
 	// Actions (every POST) from another origin are refused before they
-	// reach a handler.
-	return http.NewCrossOriginProtection().Handler(mux), nil
+	// reach a handler, and no page may be framed by another (a framed
+	// page's buttons could be clicked through a decoy).
+	protected := http.NewCrossOriginProtection().Handler(mux)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		protected.ServeHTTP(w, r)
+	}), nil
 }
 
 // path joins the prefix and parts, each escaped as a path segment.
@@ -166,6 +175,7 @@ type cache struct {
 	mu      sync.Mutex
 	ttl     time.Duration
 	entries map[string]cached
+	gen     uint64 // bumped by clear: a read that began before is not kept
 }
 
 type cached struct {
@@ -175,18 +185,22 @@ type cached struct {
 
 // get returns what key holds, or reads it with f.
 func get[T any](c *cache, key string, f func() (T, error)) (T, error) {
-	if c.ttl > 0 {
-		c.mu.Lock()
-		e, ok := c.entries[key]
-		c.mu.Unlock()
-		if ok && time.Since(e.at) < c.ttl {
-			return e.v.(T), nil
-		}
+	if c.ttl <= 0 {
+		return f()
+	}
+	c.mu.Lock()
+	e, ok := c.entries[key]
+	gen := c.gen
+	c.mu.Unlock()
+	if ok && time.Since(e.at) < c.ttl {
+		return e.v.(T), nil
 	}
 	v, err := f()
-	if err == nil && c.ttl > 0 {
+	if err == nil {
 		c.mu.Lock()
-		c.entries[key] = cached{v: v, at: time.Now()}
+		if c.gen == gen { // no action since the read began
+			c.entries[key] = cached{v: v, at: time.Now()}
+		}
 		c.mu.Unlock()
 	}
 	return v, err
@@ -195,6 +209,7 @@ func get[T any](c *cache, key string, f func() (T, error)) (T, error) {
 func (c *cache) clear() {
 	c.mu.Lock()
 	clear(c.entries)
+	c.gen++
 	c.mu.Unlock()
 }
 

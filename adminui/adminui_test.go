@@ -235,6 +235,7 @@ func TestRefusals(t *testing.T) {
 		{"/topics/events/groups/nobody/pause", nil, http.StatusNotFound, "nobody"},
 		{"/topics/events/groups/billing/resume", nil, http.StatusConflict, "ACTIVE"},
 		{"/topics/orders/groups/billing/pause", nil, http.StatusBadRequest, "QUEUE"},
+		{"/topics/orders/dead-letters/purge", nil, http.StatusBadRequest, "no dead letter named"},
 	} {
 		code, body := post(t, rw, c.path, c.form, op)
 		require.Equal(t, c.code, code, "%s: %s", c.path, body)
@@ -264,6 +265,22 @@ func TestRefusals(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "a malformed JSON body")
+	for _, body := range []string{`{}`, `null`, `{"ids": []}`} {
+		req, err := http.NewRequest("POST", rw.URL+"/api/topics/orders/dead-letters/purge", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("X-Operator", "yes")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "purge with %s names no dead letter", body)
+	}
+	resp, err = http.Get(rw.URL + "/topics/orders")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, "DENY", resp.Header.Get("X-Frame-Options"), "pages may not be framed")
+	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'")
+	_, body = get(t, rw, "/topics/orders?done=<b>you+were+hacked</b>")
+	require.NotContains(t, body, "hacked", "the banner says only what an action did")
 
 	require.ElementsMatch(t, f.dead, f.deadLetters(t), "nothing was replayed or purged")
 	state, err := f.group.State(context.Background())
@@ -314,6 +331,15 @@ func TestAPIAndPayloads(t *testing.T) {
 	code, body = get(t, redacting, "/topics/orders")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "***")
+	require.NotContains(t, body, "someone@example.com")
+
+	masking := f.serve(t, adminui.Config{Redact: func(d outbox.DeadLetter) outbox.DeadLetter {
+		d.LastError = "***"
+		return d
+	}}, nil)
+	code, body = get(t, masking, "/api/topics/orders/dead-letters")
+	require.Equal(t, http.StatusOK, code, body)
+	require.NotContains(t, body, "schema mismatch", "Redact applies without ShowPayloads too")
 	require.NotContains(t, body, "someone@example.com")
 
 	code, body = get(t, redacting, "/static/style.css")

@@ -46,7 +46,7 @@ func (u *ui) deadLetters(ctx context.Context, topic, group string, after int64, 
 	}
 	out := make([]admin.DeadLetterView, len(dls))
 	for i, d := range dls {
-		if u.cfg.ShowPayloads && u.cfg.Redact != nil {
+		if u.cfg.Redact != nil { // last errors and message groups may hold personal data too
 			d = u.cfg.Redact(d)
 		}
 		out[i] = admin.View(d, u.cfg.ShowPayloads)
@@ -56,18 +56,34 @@ func (u *ui) deadLetters(ctx context.Context, topic, group string, after int64, 
 
 // The actions, shared by the forms and the API.
 
-func (u *ui) deadLetterAction(ctx context.Context, topic, action, group string, ids []int64) (int64, error) {
+// deadLetterAction replays or purges the dead letters ids, or, with all
+// and no ids, every one there. Purging all needs all: an empty list alone
+// never deletes anything.
+func (u *ui) deadLetterAction(ctx context.Context, topic, action, group string, ids []int64, all bool) (int64, error) {
 	if !u.cfg.Writable {
 		return 0, ErrReadOnly
 	}
+	if len(ids) > 0 && all {
+		return 0, fmt.Errorf("%w: give ids or all, not both", errBadInput)
+	}
+	if len(ids) == 0 && !all {
+		return 0, fmt.Errorf("%w: no dead letter named (give ids, or all to take every one)", errBadInput)
+	}
 	defer u.cache.clear()
+	var n int64
+	var err error
 	switch action {
 	case "replay":
-		return u.cfg.Admin.ReplayDeadLetters(ctx, topic, group, ids...)
+		n, err = u.cfg.Admin.ReplayDeadLetters(ctx, topic, group, ids...)
 	case "purge":
-		return u.cfg.Admin.PurgeDeadLetters(ctx, topic, group, ids...)
+		n, err = u.cfg.Admin.PurgeDeadLetters(ctx, topic, group, ids...)
+	default:
+		return 0, fmt.Errorf("%w: unknown action %q (replay or purge)", errBadInput, action)
 	}
-	return 0, fmt.Errorf("%w: unknown action %q (replay or purge)", errBadInput, action)
+	if err != nil && n > 0 { // the others were done: say so
+		err = fmt.Errorf("%sed %d; %w", action, n, err)
+	}
+	return n, err
 }
 
 func (u *ui) groupAction(ctx context.Context, topic, group, action string) error {
@@ -104,7 +120,7 @@ func (u *ui) render(w http.ResponseWriter, r *http.Request, page string, code in
 	data["Prefix"] = u.cfg.Prefix
 	data["Writable"] = u.cfg.Writable
 	data["ShowPayloads"] = u.cfg.ShowPayloads
-	data["Done"] = r.URL.Query().Get("done")
+	data["Done"] = doneMessage(r.URL.Query())
 	var buf bytes.Buffer
 	if err := u.pages[page].Execute(&buf, data); err != nil {
 		u.cfg.Logger.Error("pgoutbox admin UI: rendering a page failed", "page", page, "error", err)
@@ -116,12 +132,27 @@ func (u *ui) render(w http.ResponseWriter, r *http.Request, page string, code in
 	_, _ = buf.WriteTo(w)
 }
 
+// doneMessage is the banner after an action: built from a known action
+// and a count, so a link cannot make the page say anything else.
+func doneMessage(q url.Values) string {
+	n, err := strconv.ParseInt(q.Get("n"), 10, 64)
+	switch action := q.Get("done"); action {
+	case "replay", "purge":
+		if err == nil && n >= 0 {
+			return fmt.Sprintf("%sed %d dead letters", action, n)
+		}
+	case "pause", "resume":
+		return action + "d"
+	}
+	return ""
+}
+
 func (u *ui) pageError(w http.ResponseWriter, r *http.Request, err error) {
 	code := status(err)
 	if code == http.StatusInternalServerError {
 		u.cfg.Logger.Error("pgoutbox admin UI: a request failed", "path", r.URL.Path, "error", err)
 	}
-	u.render(w, r, "error", code, map[string]any{"Title": http.StatusText(code), "Status": code, "Error": err.Error()})
+	u.render(w, r, "error", code, map[string]any{"Title": http.StatusText(code), "Status": code, "Error": clientMessage(code, err)})
 }
 
 func (u *ui) topicsPage(w http.ResponseWriter, r *http.Request) {
@@ -187,7 +218,7 @@ func (u *ui) deadLettersForm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	group := r.PostForm.Get("group")
-	n, err := u.deadLetterAction(r.Context(), topic, action, group, ids)
+	n, err := u.deadLetterAction(r.Context(), topic, action, group, ids, r.PostForm.Get("all") == "true")
 	if err != nil {
 		u.pageError(w, r, err)
 		return
@@ -196,7 +227,7 @@ func (u *ui) deadLettersForm(w http.ResponseWriter, r *http.Request) {
 	if group != "" {
 		back = u.path("topics", topic, "groups", group)
 	}
-	http.Redirect(w, r, back+"?done="+url.QueryEscape(fmt.Sprintf("%sed %d dead letters", action, n)), http.StatusSeeOther)
+	http.Redirect(w, r, back+"?done="+action+"&n="+strconv.FormatInt(n, 10), http.StatusSeeOther)
 }
 
 func (u *ui) groupForm(w http.ResponseWriter, r *http.Request) {
@@ -205,7 +236,7 @@ func (u *ui) groupForm(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
-	http.Redirect(w, r, u.path("topics", topic, "groups", group)+"?done="+url.QueryEscape(action+"d"), http.StatusSeeOther)
+	http.Redirect(w, r, u.path("topics", topic, "groups", group)+"?done="+action, http.StatusSeeOther)
 }
 
 func parseIDs(ss []string) ([]int64, error) {
@@ -218,6 +249,16 @@ func parseIDs(ss []string) ([]int64, error) {
 		ids = append(ids, id)
 	}
 	return ids, nil
+}
+
+// clientMessage is what a client is told of err: the error itself for a
+// 4xx, which says what was wrong with the request; for a 500 only that it
+// failed (the details, which may name tables and queries, go to the log).
+func clientMessage(code int, err error) string {
+	if code >= 500 {
+		return "the request failed; the server's log says why"
+	}
+	return err.Error()
 }
 
 // The JSON API.
@@ -233,7 +274,7 @@ func (u *ui) apiError(w http.ResponseWriter, r *http.Request, err error) {
 	if code == http.StatusInternalServerError {
 		u.cfg.Logger.Error("pgoutbox admin UI: a request failed", "path", r.URL.Path, "error", err)
 	}
-	u.writeJSON(w, code, map[string]string{"error": err.Error()})
+	u.writeJSON(w, code, map[string]string{"error": clientMessage(code, err)})
 }
 
 // reply writes v, or the error.
@@ -289,6 +330,7 @@ func (u *ui) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 type actionRequest struct {
 	Group string  `json:"group"`
 	IDs   []int64 `json:"ids"`
+	All   bool    `json:"all"` // every dead letter there (with no ids)
 }
 
 func (u *ui) apiDeadLettersAction(w http.ResponseWriter, r *http.Request) {
@@ -310,7 +352,7 @@ func (u *ui) apiDeadLettersAction(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	action := r.PathValue("action")
-	n, err := u.deadLetterAction(r.Context(), r.PathValue("topic"), action, req.Group, req.IDs)
+	n, err := u.deadLetterAction(r.Context(), r.PathValue("topic"), action, req.Group, req.IDs, req.All)
 	reply(u, w, r, map[string]int64{action + "ed": n}, err)
 }
 

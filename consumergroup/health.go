@@ -31,7 +31,9 @@ type Health struct {
 	// Unread counts the committed messages for the group written since
 	// its position: those it has not read, and those of the read in
 	// progress (a few batches at most) it has not completed (in Offset
-	// mode, which records nothing per message, all of them).
+	// mode, which records nothing per message, all of them). It is not
+	// counted for a DEAD group: what that one missed is read by the
+	// backfill its return starts (Backfill).
 	Unread int64
 	// LeasedBatches and LeasedRetries count what instances hold now:
 	// batches of the stream, and messages delivered one by one (retries,
@@ -93,7 +95,7 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 		doneSub = sub.id
 	}
 	args := append([]any{sub.id, g.cfg.Topic}, stream.binds()...)
-	args = append(args, doneBit, doneSub, limit)
+	args = append(args, doneBit, doneSub, limit, sub.status != Dead)
 	var oldestUnread, oldestRetry *time.Time
 	var now time.Time
 	err = g.pool.QueryRow(ctx, g.q.GroupHealth, args...).Scan(&h.Unread, &oldestUnread, &h.LeasedBatches,

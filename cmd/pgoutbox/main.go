@@ -23,10 +23,14 @@
 //	--after ID      dead list: start after this id
 //	--limit N       dead list: at most N (default 100)
 //	--group NAME    dead: the group, when its name is a number
+//	--all           dead purge: every dead letter there (purge never takes
+//	                all of them without it)
+//	--yes           migrate down: yes, drop the tables and their messages
 //
 // "dead" names a QUEUE topic's dead letters with TOPIC alone, a group's with
-// TOPIC GROUP (the first word after TOPIC that is not a number); replay and purge take every dead letter there unless ids are
-// given. "migrate sql" prints the SQL of every migration, in order, for
+// TOPIC GROUP (the first word after TOPIC that is not a number). Replay
+// takes every dead letter there unless ids are given; purge takes the ids
+// given, or every one with --all. "migrate sql" prints the SQL of every migration, in order, for
 // users of another migration tool (goose, atlas, sqitch).
 //
 // Exit status: 0 on success, 1 when the database or an operation failed,

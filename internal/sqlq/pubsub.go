@@ -271,26 +271,33 @@ FROM {{schema}}.outbox_topic_subscriptions
 // the count stops early, and the created_at of the first in commit order), its batches and retry deliveries under lease, its waiting
 // retries (an ordered group's queued messages among them), the
 // created_at of the oldest message it retries (the lowest id: one probe),
-// and its dead letters.
+// and its dead letters. The unread rows are read only when $11 is true:
+// a DEAD group is in no new message's required set, so reading its
+// stream would walk everything written since it died to find nothing.
 var groupHealth = `
 WITH f AS (
     SELECT position FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1
 ), unread AS (
     SELECT 1 FROM (` + unseenRows("1", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "") + `) AS o
+    WHERE $11::bool
     LIMIT $10
 ), oldest_unread AS (
     SELECT o.created_at FROM (` + unseenRows("o.created_at, o.xid, o.id", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "1") + `) AS o
-    ORDER BY o.xid, o.id LIMIT 1), r AS (
-    SELECT status, message_id FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1 LIMIT 3 * $10
-), oldest AS (
-    SELECT min(message_id) AS id FROM r WHERE status <> 'DEAD_LETTER'
+    WHERE $11::bool
+    ORDER BY o.xid, o.id LIMIT 1
+), oldest_retry AS (
+    SELECT min(message_id) AS id FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND status <> 'DEAD_LETTER'
 )
 SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
        (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
-       (SELECT count(*) FROM r WHERE status = 'PROCESSING'),
-       (SELECT count(*) FROM r WHERE status = 'RETRY'),
-       (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest WHERE o.topic = $2 AND o.id = oldest.id),
-       (SELECT count(*) FROM r WHERE status = 'DEAD_LETTER'),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND status = 'PROCESSING' LIMIT $10) AS r),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND status = 'RETRY' LIMIT $10) AS r),
+       (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest_retry WHERE o.topic = $2 AND o.id = oldest_retry.id),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND status = 'DEAD_LETTER' LIMIT $10) AS r),
        now()`
 
 // healthUnread is what groupHealth counts as unread: committed rows of

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -38,7 +39,7 @@ const usage = `usage:
   pgoutbox [flags] group pause|resume|cancel|remove TOPIC GROUP
   pgoutbox [flags] dead list|replay|purge TOPIC [GROUP] [ID ...]
 flags: --dsn URL (default $DATABASE_URL) --schema NAME --json --payloads --after ID --limit N --from VERSION
-       --group NAME (dead: a group whose name is a number)`
+       --group NAME (dead: a group whose name is a number) --all (dead purge: every one) --yes (migrate down)`
 
 // usageError is bad input on the command line.
 type usageError struct{ msg string }
@@ -77,6 +78,8 @@ type command struct {
 
 	dsn, schema    string
 	groupFlag      string // dead: --group
+	all            bool   // dead purge: every dead letter there
+	yes            bool   // migrate down: yes, drop the tables
 	json, payloads bool
 	after          int64
 	limit          int
@@ -95,6 +98,8 @@ func (c *command) parse(args []string) ([]string, error) {
 	fs.IntVar(&c.limit, "limit", 100, "")
 	fs.UintVar(&c.from, "from", 0, "")
 	fs.StringVar(&c.groupFlag, "group", "", "")
+	fs.BoolVar(&c.all, "all", false, "")
+	fs.BoolVar(&c.yes, "yes", false, "")
 	var words []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -219,6 +224,9 @@ func (c *command) migrate(ctx context.Context, args []string) error {
 	case "up", "down", "version":
 	default:
 		return usagef("usage: pgoutbox migrate up|down|version|sql")
+	}
+	if args[0] == "down" && !c.yes {
+		return usagef("migrate down drops pgoutbox's tables and every message in them; add --yes to do it")
 	}
 	pool, err := c.connect(ctx)
 	if err != nil {
@@ -404,12 +412,21 @@ func (c *command) dead(ctx context.Context, args []string) error {
 		}
 		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error { return c.listDead(ctx, a, topic, group) })
 	case "replay", "purge":
+		if op == "purge" && len(ids) == 0 && !c.all {
+			return usagef("dead purge deletes for good: name the ids, or add --all for every dead letter there")
+		}
+		if len(ids) > 0 && c.all {
+			return usagef("give ids or --all, not both")
+		}
 		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error {
 			f := a.ReplayDeadLetters
 			if op == "purge" {
 				f = a.PurgeDeadLetters
 			}
 			n, err := f(ctx, topic, group, ids...)
+			if err != nil && n > 0 { // the others were done: say so
+				err = fmt.Errorf("%sed %d; %w", op, n, err)
+			}
 			if err != nil {
 				return err
 			}
@@ -441,7 +458,7 @@ func (c *command) listDead(ctx context.Context, a *admin.Admin, topic, group str
 			fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s", v.ID, dash(v.MessageGroup), v.Attempts,
 				v.DeadLetteredAt.UTC().Format(time.RFC3339), oneLine(v.LastError, 60))
 			if c.payloads {
-				fmt.Fprintf(w, "\t%s", v.Payload)
+				fmt.Fprintf(w, "\t%s", printable(string(v.Payload)))
 			}
 			fmt.Fprintln(w)
 		}
@@ -471,9 +488,20 @@ func dash(s string) string {
 }
 
 func oneLine(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if r := []rune(s); len(r) > max {
 		return string(r[:max-1]) + "…"
 	}
 	return s
+}
+
+// printable replaces control characters (a terminal's escape sequences,
+// from message data) with U+FFFD.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return unicode.ReplacementChar
+		}
+		return r
+	}, s)
 }

@@ -66,7 +66,9 @@ func TestMigrate(t *testing.T) {
 	require.Contains(t, r.stdout, fmt.Sprintf("schema svc at version %d", migrations.Latest()))
 	require.NoError(t, migrations.Check(context.Background(), db.Pool, migrations.Config{Schema: "svc"}))
 
-	r = run(t, db.DSN, "migrate", "down", "--schema", "svc")
+	failsWith(t, run(t, db.DSN, "migrate", "down", "--schema", "svc"), 2, "--yes")
+	require.NoError(t, migrations.Check(context.Background(), db.Pool, migrations.Config{Schema: "svc"}), "down without --yes dropped nothing")
+	r = run(t, db.DSN, "migrate", "down", "--schema", "svc", "--yes")
 	require.Zero(t, r.code, r.stderr)
 	require.Contains(t, r.stdout, "schema svc at version 0")
 
@@ -170,6 +172,8 @@ func TestOperatorCommands(t *testing.T) {
 	failsWith(t, run(t, db.DSN, "group", "explode", "events", "billing", schema), 2, "usage")
 	failsWith(t, run(t, db.DSN, "groups", "orders", schema), 2, "QUEUE")
 	failsWith(t, run(t, db.DSN, "frobnicate"), 2, "unknown command")
+	failsWith(t, run(t, db.DSN, "dead", "purge", "orders", schema), 2, "--all")
+	failsWith(t, run(t, db.DSN, "dead", "purge", "orders", "1", "--all", schema), 2, "not both")
 	failsWith(t, run(t, db.DSN, "dead", "list", "orders", "--limit", "0", schema), 2, "--limit")
 	// Nothing changed: the dead letter is still there, the group still paused.
 	dls, err := client.DeadLetters(ctx, "orders", 0, 10)
