@@ -358,3 +358,40 @@ func View(d outbox.DeadLetter, payload bool) DeadLetterView {
 	}
 	return v
 }
+
+// Stuck is what has waited longer than a bound: QUEUE topics whose oldest
+// deliverable message has waited longer, and groups (of every state)
+// whose oldest unfinished message is older.
+type Stuck struct {
+	Topics []Topic
+	Groups []consumergroup.Health
+}
+
+// Stuck lists the QUEUE topics and groups whose oldest waiting message is
+// older than olderThan, the seed's "stuck messages" alert as a read: what
+// to look at first when messages do not move.
+func (a *Admin) Stuck(ctx context.Context, olderThan time.Duration) (Stuck, error) {
+	var s Stuck
+	topics, err := a.Topics(ctx)
+	if err != nil {
+		return s, err
+	}
+	for _, t := range topics {
+		if t.Semantics == outbox.Queue {
+			if t.OldestReady > olderThan {
+				s.Topics = append(s.Topics, t)
+			}
+			continue
+		}
+		for _, name := range t.Groups {
+			h, err := a.Group(ctx, t.Name, name)
+			if err != nil {
+				return s, err
+			}
+			if h.Lag > olderThan {
+				s.Groups = append(s.Groups, h)
+			}
+		}
+	}
+	return s, nil
+}

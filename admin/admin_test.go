@@ -219,3 +219,36 @@ func TestGroupsWhileProducersRun(t *testing.T) {
 		})
 	}
 }
+
+// Stuck names the QUEUE topic whose ready message has waited past the
+// bound and the group whose unread message has, and neither below it.
+func TestStuck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{},
+		outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue},
+		outbox.TopicConfig{Name: "idle", Semantics: outbox.Queue},
+		outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter})
+	g := e.startGroup(t, "events", "billing", &recorder{seen: map[int64]int{}})
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, g.Stop(stopCtx))
+	e.send(t, "orders", 3, 0)
+	e.send(t, "events", 3, 0)
+	_, err := e.db.Pool.Exec(ctx, `UPDATE `+e.db.Schema+`.outbox SET available_at = now() - interval '2 hours'`)
+	require.NoError(t, err)
+	_, err = e.db.Pool.Exec(ctx, `UPDATE `+e.db.Schema+`.outbox_published SET created_at = now() - interval '2 hours'`)
+	require.NoError(t, err)
+
+	s, err := e.admin.Stuck(ctx, time.Hour)
+	require.NoError(t, err)
+	require.Len(t, s.Topics, 1)
+	require.Equal(t, "orders", s.Topics[0].Name)
+	require.Len(t, s.Groups, 1)
+	require.Equal(t, "billing", s.Groups[0].Group)
+
+	s, err = e.admin.Stuck(ctx, 3*time.Hour)
+	require.NoError(t, err)
+	require.Empty(t, s.Topics)
+	require.Empty(t, s.Groups)
+}

@@ -12,6 +12,7 @@
 //	pgoutbox [flags] groups TOPIC
 //	pgoutbox [flags] group pause|resume|cancel|remove TOPIC GROUP
 //	pgoutbox [flags] dead list|replay|purge TOPIC [GROUP] [ID ...]
+//	pgoutbox [flags] stuck [--older-than 1h]
 //
 // Flags, before or after the command:
 //
@@ -26,6 +27,8 @@
 //	--all           dead purge: every dead letter there (purge never takes
 //	                all of them without it)
 //	--yes           migrate down: yes, drop the tables and their messages
+//	--older-than D  stuck: list QUEUE topics and groups whose oldest
+//	                waiting message is older than D (default 1h)
 //
 // "dead" names a QUEUE topic's dead letters with TOPIC alone, a group's with
 // TOPIC GROUP (the first word after TOPIC that is not a number). Replay

@@ -38,6 +38,7 @@ const usage = `usage:
   pgoutbox [flags] groups TOPIC
   pgoutbox [flags] group pause|resume|cancel|remove TOPIC GROUP
   pgoutbox [flags] dead list|replay|purge TOPIC [GROUP] [ID ...]
+  pgoutbox [flags] stuck [--older-than 1h]
 flags: --dsn URL (default $DATABASE_URL) --schema NAME --json --payloads --after ID --limit N --from VERSION
        --group NAME (dead: a group whose name is a number) --all (dead purge: every one) --yes (migrate down)`
 
@@ -77,9 +78,10 @@ type command struct {
 	getenv func(string) string
 
 	dsn, schema    string
-	groupFlag      string // dead: --group
-	all            bool   // dead purge: every dead letter there
-	yes            bool   // migrate down: yes, drop the tables
+	groupFlag      string        // dead: --group
+	all            bool          // dead purge: every dead letter there
+	olderThan      time.Duration // stuck: the bound
+	yes            bool          // migrate down: yes, drop the tables
 	json, payloads bool
 	after          int64
 	limit          int
@@ -99,6 +101,7 @@ func (c *command) parse(args []string) ([]string, error) {
 	fs.UintVar(&c.from, "from", 0, "")
 	fs.StringVar(&c.groupFlag, "group", "", "")
 	fs.BoolVar(&c.all, "all", false, "")
+	fs.DurationVar(&c.olderThan, "older-than", time.Hour, "")
 	fs.BoolVar(&c.yes, "yes", false, "")
 	var words []string
 	for {
@@ -146,6 +149,11 @@ func (c *command) run(ctx context.Context, args []string) error {
 		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error { return c.groups(ctx, a, rest[0]) })
 	case "group":
 		return c.group(ctx, rest)
+	case "stuck":
+		if err := wantArgs(rest, 0, 0, "stuck [--older-than DURATION]"); err != nil {
+			return err
+		}
+		return c.withAdmin(ctx, c.stuck)
 	case "dead":
 		return c.dead(ctx, rest)
 	case "help":
@@ -345,6 +353,33 @@ func (c *command) groups(ctx context.Context, a *admin.Admin, topic string) erro
 			fmt.Fprintf(w, "%s\t%s\t%s ago\t%s\t%d+%d\t%s\t%s\t%s\t%s\n", h.Group, state, age(h.SinceHeartbeat),
 				count(h.Unread), h.LeasedBatches, h.LeasedRetries, count(h.Waiting), count(h.DeadLetters), age(h.Lag),
 				dash(backfill(h.Backfill)))
+		}
+	})
+}
+
+// stuck prints what has waited longer than --older-than.
+func (c *command) stuck(ctx context.Context, a *admin.Admin) error {
+	s, err := a.Stuck(ctx, c.olderThan)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		Topic  string  `json:"topic"`
+		Group  string  `json:"group,omitempty"`
+		State  string  `json:"state,omitempty"`
+		Oldest float64 `json:"oldest_seconds"`
+	}
+	rows := []row{}
+	for _, t := range s.Topics {
+		rows = append(rows, row{Topic: t.Name, Oldest: t.OldestReady.Seconds()})
+	}
+	for _, h := range s.Groups {
+		rows = append(rows, row{Topic: h.Topic, Group: h.Group, State: string(h.State), Oldest: h.Lag.Seconds()})
+	}
+	return c.print(rows, func(w io.Writer) {
+		fmt.Fprintln(w, "TOPIC\tGROUP\tSTATE\tOLDEST WAITING")
+		for _, r := range rows {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Topic, dash(r.Group), dash(r.State), age(time.Duration(r.Oldest*float64(time.Second))))
 		}
 	})
 }

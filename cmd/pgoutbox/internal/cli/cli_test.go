@@ -133,6 +133,11 @@ func TestOperatorCommands(t *testing.T) {
 	require.EqualValues(t, 1, *topics[1].Ready)
 	require.EqualValues(t, 1, *topics[1].DeadLetters)
 
+	r = run(t, db.DSN, "stuck", schema, "--older-than", "0s", "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"topic": "orders"`, "its ready message has waited more than 0s")
+	failsWith(t, run(t, db.DSN, "stuck", "--older-than", "soon", schema), 2, "older-than")
+
 	r = run(t, db.DSN, "topics", schema)
 	require.Zero(t, r.code, r.stderr)
 	require.Contains(t, r.stdout, "TOPIC")
