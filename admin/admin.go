@@ -17,6 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,6 +71,14 @@ func New(client *outbox.Client, opts Options) (*Admin, error) {
 // CountLimit is where the Admin's counts stop: a count equal to it means
 // "at least that many".
 func (a *Admin) CountLimit() int { return a.limit }
+
+// FormatCount prints a count the Admin read: "10000+" at CountLimit.
+func (a *Admin) FormatCount(n int64) string {
+	if n >= int64(a.limit) {
+		return strconv.FormatInt(n, 10) + "+"
+	}
+	return strconv.FormatInt(n, 10)
+}
 
 // Topic is a topic's configuration and backlog.
 type Topic struct {
@@ -159,20 +168,21 @@ func (a *Admin) groupNames(ctx context.Context, topic string) ([]string, error) 
 // Groups reads the health of every group subscribed to a PUB_SUB topic,
 // by name, cancelled ones last.
 func (a *Admin) Groups(ctx context.Context, topic string) ([]consumergroup.Health, error) {
-	cfg, err := a.topicConfig(ctx, topic)
+	t, err := a.Topic(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Semantics != outbox.PubSub {
-		return nil, fmt.Errorf("%w: %q is a %s topic; it has no groups", outbox.ErrWrongSemantics, topic, cfg.Semantics)
+	if t.Semantics != outbox.PubSub {
+		return nil, fmt.Errorf("%w: %q is a %s topic; it has no groups", outbox.ErrWrongSemantics, topic, t.Semantics)
 	}
-	names, err := a.groupNames(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]consumergroup.Health, 0, len(names))
-	for _, name := range names {
-		h, err := a.Group(ctx, topic, name)
+	return a.healths(ctx, t)
+}
+
+// healths reads the health of each of t's groups.
+func (a *Admin) healths(ctx context.Context, t Topic) ([]consumergroup.Health, error) {
+	out := make([]consumergroup.Health, 0, len(t.Groups))
+	for _, name := range t.Groups {
+		h, err := a.Group(ctx, t.Name, name)
 		if err != nil {
 			return nil, err
 		}
@@ -183,11 +193,11 @@ func (a *Admin) Groups(ctx context.Context, topic string) ([]consumergroup.Healt
 
 // Group reads one group's health.
 func (a *Admin) Group(ctx context.Context, topic, group string) (consumergroup.Health, error) {
-	g, err := a.group(ctx, topic, group)
+	g, err := a.groupValue(ctx, topic, group)
 	if err != nil {
 		return consumergroup.Health{}, err
 	}
-	return g.Health(ctx, a.limit)
+	return g.Health(ctx, a.limit) // ErrNotFound for a group that has no subscription
 }
 
 // NearTimeout lists the ACTIVE groups, of every PUB_SUB topic, whose last
@@ -200,11 +210,11 @@ func (a *Admin) NearTimeout(ctx context.Context) ([]consumergroup.Health, error)
 	}
 	var out []consumergroup.Health
 	for _, t := range topics {
-		for _, name := range t.Groups {
-			h, err := a.Group(ctx, t.Name, name)
-			if err != nil {
-				return nil, err
-			}
+		hs, err := a.healths(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range hs {
 			if h.NearTimeout() {
 				out = append(out, h)
 			}
@@ -306,6 +316,18 @@ func (a *Admin) queueTopic(ctx context.Context, topic string) (outbox.TopicConfi
 // group returns a Group value (never started) for a group subscribed to
 // a PUB_SUB topic, or an error wrapping ErrNotFound.
 func (a *Admin) group(ctx context.Context, topic, group string) (*consumergroup.Group, error) {
+	g, err := a.groupValue(ctx, topic, group)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := g.State(ctx); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// groupValue is group without the check that the group is subscribed.
+func (a *Admin) groupValue(ctx context.Context, topic, group string) (*consumergroup.Group, error) {
 	if err := consumergroup.ValidateGroup(group); err != nil {
 		return nil, err
 	}
@@ -316,14 +338,7 @@ func (a *Admin) group(ctx context.Context, topic, group string) (*consumergroup.
 	if cfg.Semantics != outbox.PubSub {
 		return nil, fmt.Errorf("%w: %q is a %s topic; it has no groups", outbox.ErrWrongSemantics, topic, cfg.Semantics)
 	}
-	g, err := consumergroup.New(a.pool, consumergroup.Config{Topic: topic, Group: group, Client: a.client})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := g.State(ctx); err != nil {
-		return nil, err
-	}
-	return g, nil
+	return consumergroup.New(a.pool, consumergroup.Config{Topic: topic, Group: group, Client: a.client})
 }
 
 func (a *Admin) withGroup(ctx context.Context, topic, group string, f func(*consumergroup.Group, context.Context) error) error {
@@ -383,11 +398,11 @@ func (a *Admin) Stuck(ctx context.Context, olderThan time.Duration) (Stuck, erro
 			}
 			continue
 		}
-		for _, name := range t.Groups {
-			h, err := a.Group(ctx, t.Name, name)
-			if err != nil {
-				return s, err
-			}
+		hs, err := a.healths(ctx, t)
+		if err != nil {
+			return s, err
+		}
+		for _, h := range hs {
 			if h.Lag > olderThan {
 				s.Groups = append(s.Groups, h)
 			}

@@ -112,7 +112,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 		cfg.Logger = slog.Default()
 	}
 	u := &ui{cfg: cfg, pages: map[string]*template.Template{}, cache: cache{entries: map[string]cached{}, ttl: cfg.CacheFor}}
-	funcs := template.FuncMap{"path": u.path, "age": age, "count": u.count, "join": strings.Join}
+	funcs := template.FuncMap{"path": u.path, "age": age, "count": cfg.Admin.FormatCount, "join": strings.Join}
 	for _, page := range []string{"topics", "topic", "group", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
@@ -237,12 +237,4 @@ func age(d time.Duration) string {
 		return d.Round(time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
-}
-
-// count prints a bounded count: the limit means "at least".
-func (u *ui) count(n int64) string {
-	if n >= int64(u.cfg.Admin.CountLimit()) {
-		return fmt.Sprintf("%d+", n)
-	}
-	return fmt.Sprint(n)
 }

@@ -59,7 +59,10 @@ func New(tp trace.TracerProvider) *Tracer {
 	return &Tracer{tracer: tp.Tracer("github.com/pgoutbox/pgoutbox")}
 }
 
-func (t *Tracer) start(ctx context.Context, op, opType, topic string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+// start starts the span "{op} {topic}" with the messaging attributes
+// every span has, attrs, and opts.
+func (t *Tracer) start(ctx context.Context, op, opType, topic string, kind trace.SpanKind, attrs []attribute.KeyValue,
+	opts ...trace.SpanStartOption) (context.Context, trace.Span) {
 	if !t.recording() {
 		// Nothing records: keep ctx (and its span context, which a
 		// send still carries) without the cost of a span.
@@ -67,7 +70,8 @@ func (t *Tracer) start(ctx context.Context, op, opType, topic string, kind trace
 	}
 	attrs = append(attrs, keySystem.String(System), keyDestination.String(topic), keyOperationType.String(opType),
 		keyOperationName.String(op))
-	return t.tracer.Start(ctx, op+" "+topic, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+	opts = append(opts, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+	return t.tracer.Start(ctx, op+" "+topic, opts...)
 }
 
 // recording reports whether the provider records spans.
@@ -82,7 +86,7 @@ func (t *Tracer) Send(ctx context.Context, topic string, n int) (context.Context
 	if n > 1 {
 		attrs = append(attrs, keyBatchCount.Int(n))
 	}
-	return t.start(ctx, "send", "send", topic, trace.SpanKindProducer, attrs...)
+	return t.start(ctx, "send", "send", topic, trace.SpanKindProducer, attrs)
 }
 
 // Inject returns headers with ctx's trace context added, or headers itself
@@ -113,13 +117,11 @@ func (t *Tracer) Received(ctx context.Context, topic, group string, n int, start
 	if !t.recording() || n == 0 {
 		return
 	}
-	attrs := []attribute.KeyValue{keyBatchCount.Int(n), keySystem.String(System), keyDestination.String(topic),
-		keyOperationType.String("receive"), keyOperationName.String("receive")}
+	attrs := []attribute.KeyValue{keyBatchCount.Int(n)}
 	if group != "" {
 		attrs = append(attrs, keyConsumerGroup.String(group))
 	}
-	_, span := t.tracer.Start(ctx, "receive "+topic, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attrs...), trace.WithTimestamp(start))
+	_, span := t.start(ctx, "receive", "receive", topic, trace.SpanKindConsumer, attrs, trace.WithTimestamp(start))
 	span.End()
 }
 
@@ -134,7 +136,7 @@ func (t *Tracer) Process(ctx context.Context, topic, group string, id int64, att
 	if group != "" {
 		attrs = append(attrs, keyConsumerGroup.String(group))
 	}
-	return t.start(ctx, "process", "process", topic, trace.SpanKindConsumer, attrs...)
+	return t.start(ctx, "process", "process", topic, trace.SpanKindConsumer, attrs)
 }
 
 // ProcessBatch starts the span of a batch handler's call for messages of
@@ -149,10 +151,8 @@ func (t *Tracer) ProcessBatch(ctx context.Context, topic, group string, headers 
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
-	attrs := []attribute.KeyValue{keyBatchCount.Int(len(headers)), keyConsumerGroup.String(group), keySystem.String(System),
-		keyDestination.String(topic), keyOperationType.String("process"), keyOperationName.String("process")}
-	return t.tracer.Start(ctx, "process "+topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...),
-		trace.WithLinks(links...))
+	attrs := []attribute.KeyValue{keyBatchCount.Int(len(headers)), keyConsumerGroup.String(group)}
+	return t.start(ctx, "process", "process", topic, trace.SpanKindConsumer, attrs, trace.WithLinks(links...))
 }
 
 // Deliver starts the span of the router's HTTP call for message id of
@@ -168,7 +168,7 @@ func (t *Tracer) Deliver(ctx context.Context, topic, id string, carrier map[stri
 		return ctx, noop.Span{}
 	}
 	ctx = t.prop.Extract(ctx, propagation.MapCarrier(carrier))
-	ctx, span := t.start(ctx, "deliver", "send", topic, trace.SpanKindClient, keyMessageID.String(id))
+	ctx, span := t.start(ctx, "deliver", "send", topic, trace.SpanKindClient, []attribute.KeyValue{keyMessageID.String(id)})
 	t.prop.Inject(ctx, propagation.HeaderCarrier(req))
 	return ctx, span
 }

@@ -304,7 +304,7 @@ func (c *command) topics(ctx context.Context, a *admin.Admin) error {
 		for i, t := range topics {
 			ready, scheduled, oldest, dead := "-", "-", "-", "-"
 			if t.Semantics == outbox.Queue {
-				ready, scheduled, dead = count(t.Ready), count(t.Scheduled), count(t.DeadLetters)
+				ready, scheduled, dead = a.FormatCount(t.Ready), a.FormatCount(t.Scheduled), a.FormatCount(t.DeadLetters)
 				oldest = age(t.OldestReady)
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Semantics, dash(string(t.Tracking)), t.Ordered,
@@ -351,7 +351,7 @@ func (c *command) groups(ctx context.Context, a *admin.Admin, topic string) erro
 				state += " (near timeout)"
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s ago\t%s\t%d+%d\t%s\t%s\t%s\t%s\n", h.Group, state, age(h.SinceHeartbeat),
-				count(h.Unread), h.LeasedBatches, h.LeasedRetries, count(h.Waiting), count(h.DeadLetters), age(h.Lag),
+				a.FormatCount(h.Unread), h.LeasedBatches, h.LeasedRetries, a.FormatCount(h.Waiting), a.FormatCount(h.DeadLetters), age(h.Lag),
 				dash(backfill(h.Backfill)))
 		}
 	})
@@ -498,14 +498,6 @@ func (c *command) listDead(ctx context.Context, a *admin.Admin, topic, group str
 			fmt.Fprintln(w)
 		}
 	})
-}
-
-// count prints a bounded count: the limit means "at least".
-func count(n int64) string {
-	if n >= admin.DefaultCountLimit {
-		return fmt.Sprintf("%d+", n)
-	}
-	return strconv.FormatInt(n, 10)
 }
 
 func age(d time.Duration) string {
