@@ -128,12 +128,14 @@ func (g *Group) DiscardDeadLetters(ctx context.Context, ids ...int64) (int64, er
 			return err
 		}
 		n = int64(len(gone))
-		if n == 0 || topic.Tracking == outbox.Offset {
+		if n == 0 || (topic.Tracking == outbox.Offset && !topic.ModeChanging) {
 			return nil // Offset records nothing per message: the group's position is past it
 		}
 		// Completed, so that cleanup may delete the message (a dead letter
-		// not yet completed by maintenance would otherwise hold it).
-		tracker, err := pubsub.New(topic.Tracking, g.schema)
+		// not yet completed by maintenance would otherwise hold it), by
+		// its own record: the topic's mode may have changed since it was
+		// read.
+		tracker, err := pubsub.NewMixed(topic.Tracking, g.schema)
 		if err != nil {
 			return err
 		}

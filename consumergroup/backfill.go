@@ -127,7 +127,7 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 		take++
 	}
 	args := append([]any{g.cfg.Topic, b.from, b.upto, b.afterXID, b.afterID, take}, catchupFor(g.subRow).binds()...)
-	args = append(args, g.stream.bit, g.sub.ID)
+	args = append(args, g.tracking().stream.bit, g.sub.ID)
 	start := time.Now()
 	got, err := r.readRows(ctx, tx, g.q.CatchupRows, args...)
 	if err != nil {

@@ -78,7 +78,8 @@ func (r *runner) ackRetries(ids []int64) {
 			}
 			slices.Sort(held)
 			done = len(held)
-			return g.tracker.Complete(ctx, tx, g.sub, held)
+			t := g.tracking()
+			return t.tracker.Complete(ctx, tx, t.sub, held)
 		})
 	})
 	if err != nil {
@@ -109,7 +110,8 @@ func (r *runner) completeBatch(b *batch) {
 				// Every group locks message rows in ascending id order, so
 				// groups completing the same rows never deadlock.
 				slices.Sort(b.acked)
-				if err := g.tracker.Complete(ctx, tx, g.sub, b.acked); err != nil {
+				t := g.tracking()
+				if err := t.tracker.Complete(ctx, tx, t.sub, b.acked); err != nil {
 					return err
 				}
 			}

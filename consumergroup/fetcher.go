@@ -128,17 +128,20 @@ func (r *runner) anyWork() (bool, error) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(r.fetchCtx, 30*time.Second)
 	defer cancel()
-	args := append([]any{g.sub.ID, g.cfg.Topic}, g.stream.binds()...)
-	var status string
-	var work bool
-	err := g.pool.QueryRow(ctx, g.q.AnyWork, append(args, g.now())...).Scan(&status, &work)
+	args := append([]any{g.sub.ID, g.cfg.Topic}, g.tracking().stream.binds()...)
+	var status, mode string
+	var bit int
+	var mixing, work bool
+	err := g.pool.QueryRow(ctx, g.q.AnyWork, append(args, g.now())...).Scan(&status, &bit, &mode, &mixing, &work)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return true, nil // the subscription is gone: the full look says so
 	}
 	if err != nil {
 		return true, err
 	}
-	return work || State(status) != Active, nil
+	// A change of tracking makes the answer stale: look again in full.
+	changed, err := g.setTracking(bit, outbox.TrackingMode(mode), mixing)
+	return work || changed || State(status) != Active, err
 }
 
 // position is the group's offsets row.
@@ -201,12 +204,17 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		}
 		p.backfill = &b
 	}
-	var status, snapshot string
-	err = tx.QueryRow(ctx, g.q.FetchState, g.sub.ID).Scan(&status, &snapshot)
+	var status, snapshot, mode string
+	var bit int
+	var mixing bool
+	err = tx.QueryRow(ctx, g.q.FetchState, g.sub.ID).Scan(&status, &snapshot, &bit, &mode, &mixing)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)
 	}
 	if err != nil {
+		return 0, fmt.Errorf("read state: %w", err)
+	}
+	if _, err := g.setTracking(bit, outbox.TrackingMode(mode), mixing); err != nil {
 		return 0, fmt.Errorf("read state: %w", err)
 	}
 	switch State(status) {
@@ -281,7 +289,7 @@ func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("take over batch: %w", err)
 	}
-	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, g.stream.binds()...)
+	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, g.tracking().stream.binds()...)
 	args = append(args, catchupFor(g.subRow).binds()...)
 	args = append(args, prev, cur, afterXID, afterID, lastXID, lastID, member, catchup)
 	var moved int64
@@ -389,7 +397,7 @@ func (r *runner) nextRows(ctx context.Context, tx pgx.Tx, p position, snapshot s
 	if p.pairCur != nil {
 		pr.cur, pr.afterXID, pr.afterID = *p.pairCur, *p.resumeXID, *p.resumeID
 	}
-	args := append([]any{g.cfg.Topic, pr.prev, pr.cur, pr.afterXID, pr.afterID, limit}, g.stream.binds()...)
+	args := append([]any{g.cfg.Topic, pr.prev, pr.cur, pr.afterXID, pr.afterID, limit}, g.tracking().stream.binds()...)
 	got, err := r.readRows(ctx, tx, g.q.FetchRows, args...)
 	if err != nil {
 		return pr, fmt.Errorf("fetch rows: %w", err)

@@ -38,6 +38,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,13 +82,13 @@ type Group struct {
 	testBatchFinished func(batchID int64) // see runner.testBatchFinished
 
 	// Set by Start, read-only afterwards.
-	opts    SubscriptionOptions
-	topic   outbox.TopicConfig
-	tracker pubsub.Tracker
-	sub     pubsub.Subscription
-	subRow  subscription
-	stream  streamArgs
-	run     *runner
+	opts   SubscriptionOptions
+	topic  outbox.TopicConfig
+	sub    pubsub.Subscription // the bit may change: see tracking
+	subRow subscription
+	run    *runner
+
+	track atomic.Pointer[tracking] // set by Start and each look
 }
 
 // New returns an instance of group cfg.Group on cfg.Topic. Add members,
@@ -267,8 +268,8 @@ func (g *Group) startRun(ctx context.Context, opts SubscriptionOptions, run cont
 	}
 	g.topic, g.subRow = reg.topic, reg.sub
 	g.sub = reg.sub.ref(g.cfg.Topic, g.cfg.Group)
-	g.stream = streamFor(g.topic.Tracking, reg.sub)
-	if g.tracker, err = pubsub.New(g.topic.Tracking, g.schema); err != nil {
+	g.track.Store(nil)
+	if _, err := g.setTracking(reg.sub.bit, g.topic.Tracking, g.topic.ModeChanging); err != nil {
 		return err
 	}
 	r, err := g.newRunner()
@@ -334,7 +335,12 @@ func (g *Group) Err() error {
 }
 
 // Subscription returns the group's subscription (valid after Start).
-func (g *Group) Subscription() pubsub.Subscription { return g.sub }
+func (g *Group) Subscription() pubsub.Subscription {
+	if t := g.track.Load(); t != nil {
+		return t.sub
+	}
+	return g.sub
+}
 
 // State reads the subscription's current state.
 func (g *Group) State(ctx context.Context) (State, error) {

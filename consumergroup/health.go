@@ -86,12 +86,12 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 	}
 	sub.status, sub.kind = State(status), Position(kind)
 	h.State, h.HeartbeatTimeout = sub.status, time.Duration(timeoutSecs*float64(time.Second))
-	stream := streamFor(topic.Tracking, sub)
+	stream := streamFor(topic.Tracking, topic.ModeChanging, sub)
 	doneBit, doneSub := int64(0), int64(-1)
-	switch topic.Tracking {
-	case outbox.Bitmap:
+	if topic.Tracking == outbox.Bitmap || topic.ModeChanging {
 		doneBit = mask(sub.bit)
-	case outbox.Counter:
+	}
+	if topic.Tracking == outbox.Counter || topic.ModeChanging {
 		doneSub = sub.id
 	}
 	args := append([]any{sub.id, g.cfg.Topic}, stream.binds()...)

@@ -47,6 +47,45 @@ type streamArgs struct {
 
 func (s streamArgs) binds() []any { return []any{s.bit, s.subID, s.all, s.from, s.fromID} }
 
+// tracking is how an instance reads and records its group's messages. A
+// change of the topic's tracking mode changes it (and may give the group a
+// bit): each look reads it again (see setTracking), before it reads
+// messages, so a batch is always completed by a tracker that knows how
+// its messages are tracked.
+type tracking struct {
+	sub     pubsub.Subscription
+	stream  streamArgs
+	tracker pubsub.Tracker
+	mode    outbox.TrackingMode
+	mixing  bool
+}
+
+// tracking returns the instance's current tracking (after Start).
+func (g *Group) tracking() *tracking { return g.track.Load() }
+
+// setTracking records how the group tracks messages, as the database
+// says: the group's bit (-1: none), the topic's mode, and whether it is
+// mixing modes. It reports whether that changed.
+func (g *Group) setTracking(bit int, mode outbox.TrackingMode, mixing bool) (bool, error) {
+	cur := g.track.Load()
+	if cur != nil && cur.sub.Bit == bit && cur.mode == mode && cur.mixing == mixing {
+		return false, nil
+	}
+	tracker, err := pubsub.ForTopic(outbox.TopicConfig{Tracking: mode, ModeChanging: mixing}, g.schema)
+	if err != nil {
+		return false, err
+	}
+	row := g.subRow
+	row.bit = bit
+	g.track.Store(&tracking{sub: row.ref(g.cfg.Topic, g.cfg.Group), stream: streamFor(mode, mixing, row),
+		tracker: tracker, mode: mode, mixing: mixing})
+	if cur != nil {
+		g.logger.Info("pgoutbox: the topic's tracking mode changed", slog.String("mode", string(mode)),
+			slog.Bool("mixing", mixing), slog.Int("bit", bit))
+	}
+	return true, nil
+}
+
 // subscription is a group's subscription row, as a lifecycle change reads it.
 type subscription struct {
 	id     int64
@@ -312,9 +351,11 @@ func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, o
 	if err != nil {
 		return err
 	}
-	if topic.Tracking == outbox.Offset {
+	if topic.Tracking == outbox.Offset && !topic.ModeChanging {
 		// Its claims kept what it had not read (within ZombieTTL), and its
-		// position reads everything: nothing to catch up.
+		// position reads everything: nothing to catch up. (While the
+		// mode changes, rows written under Bitmap or Counter mode while
+		// it was DEAD do not require it: the backfill reads them.)
 		g.logger.Warn("pgoutbox: consumer group came back from DEAD; it continues from its position")
 		return nil
 	}
@@ -341,19 +382,24 @@ func (g *Group) resurrect(ctx context.Context, opts SubscriptionOptions) error {
 // streamFor says which rows of its snapshot pairs a group handles: those
 // that require it, plus, for starts before the subscription, the old ones
 // its start position selects. Offset mode has no required sets: a group's
-// position alone decides.
-func streamFor(mode outbox.TrackingMode, sub subscription) streamArgs {
+// position alone decides. While the topic's mode changes (mixing, see
+// pubsub.Mixed), rows may require the group by bit or by id, and rows
+// written in Offset mode by neither: a group that started now reads every
+// row after its position (all of which require it, or were written in
+// Offset mode), and one that started earlier also those its start
+// selects, as in Offset mode.
+func streamFor(mode outbox.TrackingMode, mixing bool, sub subscription) streamArgs {
 	s := streamArgs{}
-	switch mode {
-	case outbox.Bitmap:
+	if mode == outbox.Bitmap || mixing {
 		s.bit = mask(sub.bit)
-	case outbox.Counter:
+	}
+	if mode == outbox.Counter || mixing {
 		id := sub.id
 		s.subID = &id
 	}
 	switch sub.kind {
 	case StartNow:
-		s.all = mode == outbox.Offset
+		s.all = mode == outbox.Offset || mixing
 	case StartBeginning:
 		s.all = true
 	case StartTimestamp:

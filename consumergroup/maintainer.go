@@ -199,7 +199,7 @@ func (m *Maintainer) forgetPending(ctx context.Context, db beginQuerier, topic s
 // in progress) is never stripped. When a pass finds nothing, forgetting
 // is done (and a CANCELLED group's bit is free).
 func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.TopicConfig, id int64) error {
-	tracker, err := pubsub.New(topic.Tracking, m.schema)
+	tracker, err := pubsub.ForTopic(topic, m.schema)
 	if err != nil {
 		return err
 	}
@@ -245,15 +245,16 @@ func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.T
 // (it is listed and replayed from its copy). Cleanup calls it first.
 func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) error {
 	t, err := m.client.Topic(ctx, topic)
-	if err != nil || t.Semantics != outbox.PubSub || t.Tracking == outbox.Offset {
+	if err != nil || t.Semantics != outbox.PubSub || (t.Tracking == outbox.Offset && !t.ModeChanging) {
 		return err // Offset records nothing per message: its positions pass them
 	}
-	tracker, err := pubsub.New(t.Tracking, m.schema)
+	tracker, err := pubsub.NewMixed(t.Tracking, m.schema) // by each message's own record: t may be stale
+
 	if err != nil {
 		return err
 	}
 	return pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, m.q.DeadLettersToComplete, topic, string(t.Tracking))
+		rows, err := tx.Query(ctx, m.q.DeadLettersToComplete, topic)
 		if err != nil {
 			return err
 		}
@@ -300,10 +301,6 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 	if t.Semantics != outbox.PubSub {
 		return 0, fmt.Errorf("%w: %q", outbox.ErrWrongSemantics, topic)
 	}
-	tracker, err := pubsub.New(t.Tracking, m.schema)
-	if err != nil {
-		return 0, err
-	}
 	if err := m.CompleteDeadLetters(ctx, topic); err != nil {
 		return 0, fmt.Errorf("consumergroup: cleanup of %q: %w", topic, err)
 	}
@@ -314,11 +311,27 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 		if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
 			return err
 		}
-		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention + delay, ZeroSubscription: t.ZeroSubscriptionRetention + delay}
-		if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, topic, t.Tracking, keep); err != nil {
+		// Read under the lock: a change of tracking mode waits for it.
+		t, err := m.client.LoadTopic(ctx, tx, topic)
+		if err != nil {
 			return err
 		}
-		n, err = tracker.Cleanup(ctx, tx, topic, keep, limit)
+		tracker, err := pubsub.ForTopic(t, m.schema)
+		if err != nil {
+			return err
+		}
+		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention + delay, ZeroSubscription: t.ZeroSubscriptionRetention + delay}
+		if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, t, keep); err != nil {
+			return err
+		}
+		if n, err = tracker.Cleanup(ctx, tx, topic, keep, limit); err != nil || !t.ModeChanging {
+			return err
+		}
+		over, err := pubsub.EndModeChange(ctx, tx, m.schema, topic)
+		if over {
+			m.logger.Info("pgoutbox: the tracking mode change is complete: no message written under the earlier mode is left",
+				slog.String("topic", topic), slog.String("mode", string(t.Tracking)))
+		}
 		return err
 	})
 	if err != nil {
@@ -347,12 +360,16 @@ func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi
 	if t.Semantics != outbox.PubSub {
 		return false, nil
 	}
-	tracker, err := pubsub.New(t.Tracking, m.schema)
-	if err != nil {
-		return false, err
-	}
 	if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
 		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
+	}
+	// Read under the lock: a change of tracking mode waits for it.
+	if t, err = m.client.LoadTopic(ctx, tx, topic); err != nil {
+		return false, err
+	}
+	tracker, err := pubsub.ForTopic(t, m.schema)
+	if err != nil {
+		return false, err
 	}
 	keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention, ZeroSubscription: t.ZeroSubscriptionRetention}
 	held, err := tracker.Holds(ctx, tx, topic, keep, lo, hi, sealed)
@@ -388,7 +405,7 @@ func (m *Maintainer) CapRetention(ctx context.Context, topic string, limit int) 
 		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, m.mq.RetentionCap, topic, below, keep.Now, t.MaxRetention.Microseconds(), limit, string(t.Tracking))
+		rows, err := tx.Query(ctx, m.mq.RetentionCap, topic, below, keep.Now, t.MaxRetention.Microseconds(), limit)
 		if err != nil {
 			return err
 		}

@@ -31,7 +31,8 @@ var (
 	// ErrInvalidTransition: a state change the subscription state machine forbids.
 	ErrInvalidTransition = errors.New("consumergroup: invalid subscription state transition")
 	// ErrTooManyGroups: a 65th group on a Bitmap topic (or no bit is free yet).
-	ErrTooManyGroups = errors.New("consumergroup: no free bitmap bit on topic (at most 64 groups)")
+	// It is outbox.ErrTooManyGroups.
+	ErrTooManyGroups = outbox.ErrTooManyGroups
 	// ErrNotStarted: an operation on a group that has no subscription yet.
 	ErrNotStarted = errors.New("consumergroup: group not started")
 	// ErrSubscriptionGone: the group's subscription row was deleted while

@@ -67,6 +67,7 @@ func (s *Service) cleanup(ctx context.Context, j *job, r *Report) error {
 type pubsubTopic struct {
 	name, mode   string
 	maxRetention time.Duration
+	dedupe       bool // messages may have Counter dedupe rows (Counter mode, or a mode change)
 }
 
 func (s *Service) pubsubTopics(ctx context.Context) ([]pubsubTopic, error) {

@@ -260,7 +260,7 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 				holder = t.name
 				return errKept
 			}
-			counter = counter || t.mode == string(outbox.Counter)
+			counter = counter || t.dedupe
 		}
 		if counter {
 			if _, err := tx.Exec(ctx, s.pq.ForgetCompletions(p.id)); err != nil {
@@ -318,6 +318,7 @@ func (s *Service) partitionTopics(ctx context.Context, db queryer, p partition) 
 		t := pubsubTopic{name: name}
 		if cfg, err := s.cfg.Client.Topic(ctx, name); err == nil {
 			t.mode = string(cfg.Tracking)
+			t.dedupe = cfg.Tracking == outbox.Counter || cfg.ModeChanging
 		}
 		out = append(out, t)
 	}

@@ -173,16 +173,24 @@ func (c *Client) now() *time.Time {
 // A topic's semantics are fixed by its first configuration: producers
 // write a configured QUEUE topic's messages without reading its
 // configuration again, so changing Queue to PubSub (or back) fails with
-// ErrInvalidConfig. A PUB_SUB topic's tracking mode can change only while
-// no group is subscribed and no message of the topic is stored (cancel the
-// groups and let cleanup empty the topic first); otherwise ConfigureTopic
-// fails with ErrInvalidConfig and changes nothing. To decide that, it waits
-// for the topic's producer transactions and subscription changes in
-// flight, and for the open transactions that sent to the topic before its
-// first configuration (so do not configure a topic from a goroutine whose
-// own transaction sent to it and is still open). Configure topics before
-// sending to them: sends to a topic that was never configured read the
-// topic table every time.
+// ErrInvalidConfig.
+//
+// A PUB_SUB topic's tracking mode may change at any time, with groups
+// and producers running, and nothing is lost or delivered twice: the
+// messages written from then on carry the new mode's completion record,
+// and those already stored keep theirs. Until cleanup has deleted the
+// last of those (TopicConfig.ModeChanging), groups and cleanup read each
+// message's own record, which costs a statement more per completed batch.
+// A change to Bitmap gives every group a bit; with more than 64 groups it
+// fails with ErrTooManyGroups and changes nothing. A Bitmap topic that
+// needs a 65th group moves to Counter (or Offset) this way.
+//
+// ConfigureTopic waits for the topic's producer transactions and
+// subscription changes in flight, and for the open transactions that sent
+// to the topic before its first configuration (so do not configure a
+// topic from a goroutine whose own transaction sent to it and is still
+// open). Configure topics before sending to them: sends to a topic that
+// was never configured read the topic table every time.
 func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -201,8 +209,20 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	var tag pgconn.CommandTag
 	var wasConfigured bool
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if cfg.Tracking == Bitmap {
+			// Groups that may get a bit, locked before the topic, as
+			// the groups' state changes lock them.
+			if _, err := tx.Exec(ctx, c.sql.LockBitless, cfg.Name); err != nil {
+				return err
+			}
+		}
 		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
 			return err
+		}
+		if cfg.Semantics == PubSub {
+			if err := c.prepareModeChange(ctx, tx, cfg); err != nil {
+				return err
+			}
 		}
 		if cfg.Semantics == PubSub || cfg.Ordered {
 			// Sends before the topic's first configuration wrote QUEUE
@@ -232,6 +252,9 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			cfg.Ordered, orderedDeadLetters)
 		return err
 	})
+	if errors.Is(err, ErrTooManyGroups) {
+		return fmt.Errorf("outbox: configure topic %q: %w; choose Counter or Offset", cfg.Name, err)
+	}
 	if errors.Is(err, errQueuedMessages) {
 		return fmt.Errorf("%w: topic %q has QUEUE messages (sent before it was configured); consume or delete them before configuring it PubSub or ordered",
 			ErrInvalidConfig, cfg.Name)
@@ -248,7 +271,7 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			return fmt.Errorf("%w: topic %q: whether a topic is ordered never changes once configured (it is %s)",
 				ErrInvalidConfig, cfg.Name, map[bool]string{true: "ordered", false: "not ordered"}[current.Ordered])
 		}
-		return fmt.Errorf("%w: topic %q has subscribed groups or stored messages; its tracking mode can change only when it has neither", ErrInvalidConfig, cfg.Name)
+		return fmt.Errorf("%w: topic %q cannot take this configuration", ErrInvalidConfig, cfg.Name)
 	}
 	if cfg.Ordered && cfg.Semantics == Queue && !wasConfigured {
 		return c.markOrdered(ctx, cfg.Name, true)
@@ -281,6 +304,29 @@ func (c *Client) markOrdered(ctx context.Context, topic string, waitForSends boo
 		return fmt.Errorf("outbox: mark messages of ordered topic %q: %w", topic, err)
 	}
 	return nil
+}
+
+// prepareModeChange locks the row of PUB_SUB topic cfg (see
+// sqlq.lockTopicRow) and, when its tracking mode changes to Bitmap, gives
+// its groups bits.
+func (c *Client) prepareModeChange(ctx context.Context, tx pgx.Tx, cfg TopicConfig) error {
+	var current string
+	err := tx.QueryRow(ctx, c.sql.LockTopicRow, cfg.Name).Scan(&current)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (current == string(cfg.Tracking) || cfg.Tracking != Bitmap)) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var short int64
+	if err := tx.QueryRow(ctx, c.sql.AssignBits, cfg.Name).Scan(&short); err != nil {
+		return err
+	}
+	if short > 0 {
+		return fmt.Errorf("%w: %d more groups than free bits", ErrTooManyGroups, short)
+	}
+	_, err = tx.Exec(ctx, c.sql.ResetSubscribedBits, cfg.Name)
+	return err
 }
 
 // errQueuedMessages: a topic about to become PUB_SUB has QUEUE messages.
@@ -334,12 +380,12 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 		zeroRetention, idempotencyWindow               int64
 		maxRetention, zombieTTL                        int64
 		maxAttempts                                    int
-		block, ordered                                 bool
+		block, ordered, modeChanging                   bool
 		orderedDeadLetters                             string
 	)
 	err := db.QueryRow(ctx, c.sql.SelectTopic, name).Scan(&semantics, &tracking, &retention, &maxAttempts,
 		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block, &idempotencyWindow, &maxRetention, &zombieTTL,
-		&ordered, &orderedDeadLetters)
+		&ordered, &orderedDeadLetters, &modeChanging)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return TopicConfig{Name: name}.WithDefaults(), nil
 	}
@@ -364,5 +410,6 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 		Ordered:                        ordered,
 		OrderedDeadLetters:             DeadLetterPolicy(orderedDeadLetters),
 		Configured:                     true,
+		ModeChanging:                   modeChanging,
 	}, nil
 }

@@ -42,6 +42,11 @@ var (
 	// ErrNoSubscriptions: a send to a PUB_SUB topic configured with
 	// BlockWritesOnZeroSubscriptions while no group is subscribed.
 	ErrNoSubscriptions = errors.New("outbox: topic has no subscriptions and blocks writes")
+	// ErrTooManyGroups: a Bitmap topic has no free bit for a group (at
+	// most 64 groups): a 65th group subscribing, or a change to Bitmap
+	// mode of a topic with more than 64 groups. Change the topic to
+	// Counter or Offset mode instead (see Client.ConfigureTopic).
+	ErrTooManyGroups = errors.New("outbox: no free bitmap bit on topic (at most 64 groups)")
 	// ErrNotFound: no such topic, group, subscription or message (e.g.
 	// replaying a dead letter that is not one).
 	ErrNotFound = errors.New("outbox: not found")

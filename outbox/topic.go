@@ -86,7 +86,9 @@ type TopicConfig struct {
 	// Semantics: Queue or PubSub. Defaults to Queue.
 	Semantics Semantics
 	// Tracking is the completion tracking mode of a PubSub topic; it must be
-	// empty for a Queue topic. Defaults to Offset for PubSub topics.
+	// empty for a Queue topic. Defaults to Offset for PubSub topics. It
+	// may change at any time, with groups and producers running (see
+	// Client.ConfigureTopic).
 	Tracking TrackingMode
 	// Retention is how long completed PUB_SUB messages are kept. QUEUE
 	// messages are deleted when acked, so it has no effect there.
@@ -173,6 +175,12 @@ type TopicConfig struct {
 	// Configured reports whether the topic has a stored configuration (it
 	// is set by Client.Topic; ConfigureTopic ignores it).
 	Configured bool
+	// ModeChanging reports that the topic's tracking mode changed while
+	// messages were stored, and some written under an earlier mode may
+	// still be: until cleanup finds none left, groups and cleanup read
+	// each message's own completion record. It is set by Client.Topic;
+	// ConfigureTopic ignores it.
+	ModeChanging bool
 }
 
 // WithDefaults returns c with its zero fields filled in.

@@ -10,6 +10,11 @@
 //     what it finished, and the topic watermark (the least position of the
 //     subscribed groups) says what every group finished.
 //
+// A topic's mode may change while messages are stored: each message keeps
+// the record of the mode it was written under, and until none written
+// under an earlier mode is left, the Mixed tracker reads each message's
+// own.
+//
 // Package consumergroup drives the trackers; most programs never call this
 // package directly.
 package pubsub
@@ -22,6 +27,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -99,6 +105,27 @@ type Tracker interface {
 	// sealed. It errs on the side of holding (a backfill holds ranges past
 	// its start's xmin). Run it like Cleanup.
 	Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error)
+}
+
+// ForTopic returns the tracker for topic: its mode's, or, while messages
+// written under an earlier mode may be stored (topic.ModeChanging),
+// Mixed.
+func ForTopic(topic outbox.TopicConfig, schema string) (Tracker, error) {
+	if topic.ModeChanging {
+		return NewMixed(topic.Tracking, schema)
+	}
+	return New(topic.Tracking, schema)
+}
+
+// NewMixed returns the Mixed tracker of a topic whose mode is now mode.
+// It handles messages of every mode: a caller that read the topic's
+// configuration outside its transaction uses it to complete messages
+// that a mode change may have raced.
+func NewMixed(mode outbox.TrackingMode, schema string) (*Mixed, error) {
+	if _, err := New(mode, schema); err != nil {
+		return nil, err
+	}
+	return &Mixed{q: sqlq.ForPubSub(schema), mode: mode}, nil
 }
 
 // New returns the tracker for mode, using the statements for schema.
@@ -284,4 +311,90 @@ func snapshotOrNull(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// Mixed tracks a topic whose mode changed while messages were stored:
+// each message by the record it carries (required bits: Bitmap; required
+// count: Counter; neither: Offset). Completing a batch costs a statement
+// per record kind a group can have.
+type Mixed struct {
+	q    *sqlq.PubSub
+	mode outbox.TrackingMode
+}
+
+// Mode implements Tracker: the mode new messages are written under.
+func (m *Mixed) Mode() outbox.TrackingMode { return m.mode }
+
+// Complete implements Tracker: the group's bit on Bitmap messages (when
+// it has one), a dedupe row and count on Counter messages; Offset
+// messages need nothing.
+func (m *Mixed) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
+	if sub.Mask() != 0 {
+		if _, err := exec(ctx, tx, "bitmap complete", m.q.BitmapComplete, ids, sub.Mask()); err != nil {
+			return err
+		}
+	}
+	_, err := exec(ctx, tx, "counter complete", m.q.CounterCompleteTracked, ids, sub.ID)
+	return err
+}
+
+// Completed implements Tracker.
+func (m *Mixed) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
+	done, err := idSet(ctx, db, "counter completed", m.q.CounterCompleted, ids, sub.ID)
+	if err != nil || sub.Mask() == 0 {
+		return done, err
+	}
+	bits, err := idSet(ctx, db, "bitmap completed", m.q.BitmapCompleted, ids, sub.Mask())
+	for id := range bits {
+		done[id] = true
+	}
+	return done, err
+}
+
+// Forget implements Tracker: Bitmap and Counter messages as their
+// trackers forget them.
+func (m *Mixed) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {
+	var n int64
+	if sub.Mask() != 0 {
+		var err error
+		if n, err = (&Bitmap{q: m.q}).Forget(ctx, tx, sub, cancelled, limit); err != nil || n >= int64(limit) {
+			return n, err
+		}
+	}
+	c, err := (&Counter{q: m.q}).Forget(ctx, tx, sub, cancelled, limit)
+	return n + c, err
+}
+
+// Cleanup implements Tracker: each message as its own mode's cleanup
+// would delete it (keep.Watermark for Offset messages).
+func (m *Mixed) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, m.q.MixedCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
+		keep.ZeroSubscription.Microseconds(), snapshotOrNull(keep.Watermark), keep.below()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("pubsub: cleanup: %w", err)
+	}
+	return n, nil
+}
+
+// Holds implements Tracker: a message of the range its own record says is
+// unfinished holds it.
+func (m *Mixed) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
+	wm, err := watermark(ctx, db, m.q, topic, true)
+	if err != nil {
+		return false, err
+	}
+	return holds(ctx, db, m.q.MixedHeld, topic, keep, lo, hi, sealed, snapshotOrNull(wm))
+}
+
+// EndModeChange tells whether topic's mode change is over, and if so
+// records it: no message written under an earlier mode is stored. Run it
+// like Cleanup (holding the topic's lock in shared mode).
+func EndModeChange(ctx context.Context, db DB, schema, topic string) (bool, error) {
+	schema, err := ident.Schema(schema)
+	if err != nil {
+		return false, err
+	}
+	n, err := exec(ctx, db, "end mode change", sqlq.ForPubSub(schema).ModeChangeOver, topic)
+	return n > 0, err
 }

@@ -106,13 +106,15 @@ type Bounds struct {
 	Below string
 }
 
-// CleanupBounds computes the bounds of a cleanup pass of topic (tracked in
-// mode) that deletes rows older than keep's retentions, and records the
-// watermark. In Offset mode a DEAD group's position counts while its
+// CleanupBounds computes the bounds of a cleanup pass of topic that
+// deletes rows older than keep's retentions, and records the watermark.
+// In Offset mode (and while a topic's mode changes, which may leave
+// Offset messages stored) a DEAD group's position counts while its
 // claims stand; in the other modes the rows a DEAD group owes still
 // require it, one by one, so its position does not bound the scan (the
 // messages written after it died need it no more).
-func CleanupBounds(ctx context.Context, db DB, schema, topic string, mode outbox.TrackingMode, keep Retention) (Bounds, error) {
+func CleanupBounds(ctx context.Context, db DB, schema string, t outbox.TopicConfig, keep Retention) (Bounds, error) {
+	topic := t.Name
 	schema, err := ident.Schema(schema)
 	if err != nil {
 		return Bounds{}, err
@@ -126,7 +128,7 @@ func CleanupBounds(ctx context.Context, db DB, schema, topic string, mode outbox
 	if keep.Now != nil {
 		now = *keep.Now
 	}
-	if b.Watermark, err = watermark(ctx, db, q, topic, mode == outbox.Offset); err != nil {
+	if b.Watermark, err = watermark(ctx, db, q, topic, t.Tracking == outbox.Offset || t.ModeChanging); err != nil {
 		return Bounds{}, err
 	}
 	if b.Watermark != "" {

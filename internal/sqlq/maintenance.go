@@ -53,12 +53,12 @@ const pubSubTopics = `
 SELECT topic, tracking_mode, (extract(epoch FROM max_retention) * 1e6)::bigint
 FROM {{schema}}.outbox_topics WHERE semantics = 'PUB_SUB' ORDER BY topic`
 
-// retentionCap deletes up to $5 rows of topic $1 (mode $6) below xid $2
-// written before $3 less $4 microseconds, whoever still holds them, and
-// counts for each group that holds claims the rows it had not finished:
-// Bitmap, its required bit without its done bit; Counter, a required id
-// without a dedupe row; Offset, a row its committed position does not
-// see. The first row is the number deleted, under an empty group name.
+// retentionCap deletes up to $5 rows of topic $1 below xid $2 written
+// before $3 less $4 microseconds, whoever still holds them, and counts for
+// each group that holds claims the rows it had not finished, by each
+// row's own record (see mixedCleanup): Bitmap, its required bit without
+// its done bit; Counter, a required id without a dedupe row; Offset, a row
+// its committed position does not see. The first row is the number deleted, under an empty group name.
 const retentionCap = `
 WITH gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
@@ -66,7 +66,7 @@ WITH gone AS (
         WHERE o.topic = $1 AND o.xid < $2::text::xid8
               AND o.created_at < coalesce($3::timestamptz, now()) - $4 * interval '1 microsecond'
         ORDER BY o.xid, o.id LIMIT $5 FOR UPDATE SKIP LOCKED)
-    RETURNING id, xid, required_bits, done_bits, required_ids
+    RETURNING id, xid, required_bits, done_bits, required_ids, required_count
 ), dedupe AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
     RETURNING message_id, subscription_id
@@ -75,10 +75,10 @@ WITH gone AS (
     FROM gone
     JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.topic = $1 AND ` + holdsClaims + `
     JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id
-    WHERE CASE $6::text
-          WHEN 'BITMAP' THEN s.bit IS NOT NULL AND coalesce(gone.required_bits, 0) & (1::bigint << s.bit) <> 0
+    WHERE CASE
+          WHEN gone.required_bits IS NOT NULL THEN s.bit IS NOT NULL AND gone.required_bits & (1::bigint << s.bit) <> 0
                              AND coalesce(gone.done_bits, 0) & (1::bigint << s.bit) = 0
-          WHEN 'COUNTER' THEN s.id = ANY(gone.required_ids)
+          WHEN gone.required_count IS NOT NULL THEN s.id = ANY(gone.required_ids)
                               AND NOT EXISTS (SELECT 1 FROM dedupe AS d WHERE d.message_id = gone.id AND d.subscription_id = s.id)
           ELSE NOT pg_visible_in_snapshot(gone.xid, coalesce(p.backfill_from,
                    (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1),

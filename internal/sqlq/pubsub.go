@@ -49,6 +49,7 @@ type PubSub struct {
 	CounterForgetCandidates                                                   string
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark             string
 	BitmapHeld, CounterHeld, OffsetHeld                                       string
+	MixedHeld, MixedCleanup, CounterCompleteTracked, ModeChangeOver           string
 	RetentionFrontier, SnapshotXmax                                           string
 }
 
@@ -131,6 +132,10 @@ func ForPubSub(schema string) *PubSub {
 		BitmapHeld:              q(partitionHeld(unfinishedInRange(bitmapDone))),
 		CounterHeld:             q(partitionHeld(unfinishedInRange(counterDone))),
 		OffsetHeld:              q(partitionHeld(beforeWatermark)),
+		MixedHeld:               q(partitionHeld(unfinishedInRange(mixedDone("$8")))),
+		MixedCleanup:            q(mixedCleanup),
+		CounterCompleteTracked:  q(counterCompleteTracked),
+		ModeChangeOver:          q(modeChangeOver),
 		UpsertWatermark:         q(upsertWatermark),
 		RetentionFrontier:       q(retentionFrontier),
 		SnapshotXmax:            q(snapshotXmax),
@@ -399,9 +404,17 @@ SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscr
 
 // fetchState runs after lockOffset: a state change holds the offsets row
 // while it commits, so this read is current until the fetch commits.
+// It also reads how the group tracks messages (see trackingState).
 const fetchState = `
-SELECT subscription_status, pg_current_snapshot()::text
-FROM {{schema}}.outbox_topic_subscriptions WHERE id = $1`
+SELECT s.subscription_status, pg_current_snapshot()::text, ` + trackingState + `
+FROM {{schema}}.outbox_topic_subscriptions AS s JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
+WHERE s.id = $1`
+
+// trackingState is how subscription s of topic t tracks messages: its
+// bit (-1: none), the topic's mode, and whether messages written under an
+// earlier mode may be stored. A change of the topic's mode changes them.
+const trackingState = `coalesce(s.bit, -1) AS bit, coalesce(t.tracking_mode, '') AS tracking_mode,
+       t.mode_changed_below IS NOT NULL AS mode_changing`
 
 // catchupRows reads the next rows of a pending backfill: the rows of pair
 // ($2 from, $3 upto) after ($4, $5), in commit order, of the group's start
@@ -585,7 +598,8 @@ LIMIT $6`
 }
 
 // anyWork tells an idle instance of subscription $1 (topic $2, stream
-// $3..$7, now $8) whether a full look could find anything: its state, and
+// $3..$7, now $8) whether a full look could find anything: its state and
+// how it tracks messages (see trackingState), and
 // whether it is in the middle of a pair or a backfill, has a batch whose
 // lease ran out, a retry that is due, leased past its lease or a dead
 // letter without its copy, or a message its position has not seen. One
@@ -594,12 +608,14 @@ LIMIT $6`
 // work.
 var anyWork = `
 WITH p AS (
-    SELECT s.subscription_status, f.position, f.pair_cur IS NOT NULL OR f.backfill_upto IS NOT NULL AS busy
+    SELECT s.subscription_status, f.position, f.pair_cur IS NOT NULL OR f.backfill_upto IS NOT NULL AS busy,
+           ` + trackingState + `
     FROM {{schema}}.outbox_subscription_offsets AS f
     JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = f.subscription_id
+    JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
     WHERE f.subscription_id = $1
 )
-SELECT p.subscription_status,
+SELECT p.subscription_status, p.bit, p.tracking_mode, p.mode_changing,
        p.busy
        OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches
                   WHERE subscription_id = $1 AND lease_until < coalesce($8::timestamptz, now()))
@@ -645,9 +661,9 @@ DELETE FROM {{schema}}.outbox_group_retries AS r
 WHERE r.subscription_id = $1 AND r.payload IS NULL
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o WHERE o.id = r.message_id)`
 
-// deadLettersToComplete: per subscription of topic $1 (mode $2), the
-// dead letters with a copy whose message is stored and not completed by
-// the group: completing them lets cleanup delete the message (the dead
+// deadLettersToComplete: per subscription of topic $1, the dead letters
+// with a copy whose message is stored and not completed by the group (by
+// the message's own record: see mixedCleanup): completing them lets cleanup delete the message (the dead
 // letter stays, with its copy).
 const deadLettersToComplete = `
 SELECT r.subscription_id, coalesce(s.bit, -1), array_agg(r.message_id ORDER BY r.message_id)
@@ -655,11 +671,12 @@ FROM {{schema}}.outbox_group_retries AS r
 JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
 JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
 WHERE s.topic = $1 AND r.status = 'DEAD_LETTER' AND r.payload IS NOT NULL
-      AND CASE $2::text
-          WHEN 'BITMAP' THEN s.bit IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) = 0
-          WHEN 'COUNTER' THEN NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                                          WHERE c.message_id = o.id AND c.subscription_id = s.id)
-          ELSE false END
+      AND CASE WHEN o.required_bits IS NOT NULL
+               THEN s.bit IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) = 0
+               WHEN o.required_count IS NOT NULL
+               THEN NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                                WHERE c.message_id = o.id AND c.subscription_id = s.id)
+               ELSE false END -- Offset: the group's position passes it
 GROUP BY r.subscription_id, s.bit`
 
 // copyDeadLetters gives the dead letters of subscription $1 (of every
@@ -1038,10 +1055,19 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
 // redelivered message is never counted twice; a row the group was
 // forgotten on meanwhile is not counted (the condition is re-checked on the
 // row version the update locks).
-const counterComplete = `
+var counterComplete = counterCompleteOf(`SELECT unnest($1::bigint[]), $2`)
+
+// counterCompleteTracked is counterComplete for a topic whose tracking
+// mode changed: only the messages ids $1 that carry a Counter record get a
+// dedupe row.
+var counterCompleteTracked = counterCompleteOf(`SELECT o.id, $2 FROM {{schema}}.outbox_published AS o
+    WHERE o.id = ANY($1::bigint[]) AND o.required_count IS NOT NULL`)
+
+func counterCompleteOf(source string) string {
+	return `
 WITH fresh AS (
     INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
-    SELECT unnest($1::bigint[]), $2
+    ` + source + `
     ON CONFLICT DO NOTHING
     RETURNING message_id
 ), locked AS ( -- rows locked in id order by every group, as in bitmapComplete
@@ -1052,6 +1078,7 @@ WITH fresh AS (
 UPDATE {{schema}}.outbox_published AS o
 SET completed_count = o.completed_count + CASE WHEN $2 = ANY(o.required_ids) THEN 1 ELSE 0 END
 FROM locked WHERE o.id = locked.id AND o.xid = locked.xid`
+}
 
 const counterCompleted = `
 SELECT message_id FROM {{schema}}.outbox_consumer_groups
@@ -1079,7 +1106,9 @@ WHERE o.id = ANY($1::bigint[]) AND $2::bigint = ANY(o.required_ids)
 
 // counterDone is true for a row o of a Counter topic every required group
 // completed.
-const counterDone = `coalesce(o.completed_count, 0) >= coalesce(o.required_count, 0)`
+// A row without a Counter record (written under another mode, see
+// mixedCleanup) is never done by it.
+const counterDone = `o.required_count IS NOT NULL AND coalesce(o.completed_count, 0) >= o.required_count`
 
 const counterCleanup = `
 WITH gone AS (
@@ -1152,6 +1181,57 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
                    ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
 	retention + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)`
+
+// ---------------------------------------------------------------- mixed
+
+// A topic whose tracking mode changed stores messages written under
+// several modes. Each row says which by the columns it carries:
+// required_bits (Bitmap), required_count (Counter), or neither (Offset);
+// mixedDone judges a row o by its own (watermark $wm, NULL when no group
+// holds claims, for Offset rows), and zeroFloor says how the
+// rows no group required go.
+func mixedDone(wm string) string {
+	return `CASE WHEN o.required_bits IS NOT NULL THEN ` + bitmapDone + `
+                       WHEN o.required_count IS NOT NULL THEN ` + counterDone + `
+                       ELSE ` + wm + `::pg_snapshot IS NULL OR pg_visible_in_snapshot(o.xid, ` + wm + `::pg_snapshot) END`
+}
+
+// mixedCleanup is the cleanup of a topic whose tracking mode changed, with
+// offsetCleanup's parameters: each row goes by its own record, as
+// bitmapCleanup, counterCleanup or offsetCleanup would delete it.
+const mixedCleanup = `
+WITH gone AS (
+    DELETE FROM {{schema}}.outbox_published WHERE id IN (
+        SELECT o.id FROM {{schema}}.outbox_published AS o
+        WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
+              AND CASE WHEN o.required_bits IS NOT NULL
+                       THEN ` + bitmapDone + ` AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)
+                       WHEN o.required_count IS NOT NULL
+                       THEN ` + counterDone + ` AND (o.required_count > 0 OR ` + pastZeroFloor + `)
+                       WHEN $6::pg_snapshot IS NULL THEN ` + pastZeroFloor + `
+                       ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
+	retention + `
+        ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
+      AND CASE WHEN required_bits IS NOT NULL THEN coalesce(done_bits, 0) & required_bits = required_bits
+               WHEN required_count IS NOT NULL THEN coalesce(completed_count, 0) >= required_count
+               ELSE true END -- re-checked on the locked row version
+    RETURNING id
+), dedupe AS (
+    DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone`
+
+// pastZeroFloor: row o is older than the zero-subscription floor $5.
+const pastZeroFloor = `o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'`
+
+// modeChangeOver ends topic $1's mode change once no message written
+// before it is stored. Run it holding the topic's lock in shared mode (a
+// later change waits for it).
+const modeChangeOver = `
+UPDATE {{schema}}.outbox_topics AS t SET mode_changed_below = NULL
+WHERE t.topic = $1 AND t.mode_changed_below IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o
+                      WHERE o.topic = t.topic AND o.xid < t.mode_changed_below)`
 
 // retentionFrontier is the xid of topic $1's first row (in xid order) below
 // $2 written at or after $3: the rows before it were written earlier, so a

@@ -31,6 +31,8 @@ type Outbox struct {
 	SelectSemantics                                string
 	Insert, InsertNotify, SelectIdempotent         string
 	LockTopic, AnyQueued, UpsertTopic, SelectTopic string
+	LockTopicRow, AssignBits, ResetSubscribedBits  string
+	LockBitless                                    string
 	Claim, ClaimOrdered                            string
 	Ack, Settle, ExtendLease, ExtendLeases         string
 	ListDeadLetters, ReplayDeadLetters             string
@@ -63,6 +65,10 @@ func For(schema string) *Outbox {
 		LockTopic:                    r.Replace(lockTopicExclusive),
 		AnyQueued:                    r.Replace(anyQueued),
 		UpsertTopic:                  r.Replace(upsertTopic),
+		LockTopicRow:                 r.Replace(lockTopicRow),
+		LockBitless:                  r.Replace(lockBitless),
+		AssignBits:                   r.Replace(assignBits),
+		ResetSubscribedBits:          r.Replace(resetSubscribedBits),
 		SelectTopic:                  r.Replace(selectTopic),
 		Claim:                        r.Replace(claim),
 		ClaimOrdered:                 r.Replace(claimOrdered),
@@ -370,17 +376,56 @@ ON CONFLICT (topic) DO UPDATE SET
     max_retention = excluded.max_retention,
     zombie_ttl = excluded.zombie_ttl,
     ordered_dead_letters = excluded.ordered_dead_letters,
+    -- A change of tracking mode: every message written under the old one
+    -- has an xid below this (the producers that read the old mode hold
+    -- the topic's lock, which ConfigureTopic waited for).
+    mode_changed_below = CASE WHEN outbox_topics.tracking_mode IS DISTINCT FROM excluded.tracking_mode
+                              THEN greatest(outbox_topics.mode_changed_below, pg_snapshot_xmax(pg_current_snapshot()))
+                              ELSE outbox_topics.mode_changed_below END,
     updated_at = now()
 -- Semantics and ordering never change (producers rely on them, see
--- insertQueued and insertOrdered); the
--- tracking mode is fixed while any group is subscribed or any message of
--- the topic is stored (its rows carry the old mode's completion columns,
--- which the new mode's cleanup would never read).
-WHERE outbox_topics.semantics = excluded.semantics AND outbox_topics.ordered = excluded.ordered
-  AND (outbox_topics.tracking_mode IS NOT DISTINCT FROM excluded.tracking_mode
-       OR (NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions s
-                       WHERE s.topic = excluded.topic AND s.subscription_status <> 'CANCELLED')
-           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published p WHERE p.topic = excluded.topic)))`
+-- insertQueued and insertOrdered).
+WHERE outbox_topics.semantics = excluded.semantics AND outbox_topics.ordered = excluded.ordered`
+
+// lockTopicRow follows lockTopicExclusive when a PUB_SUB topic's tracking
+// mode may change: it reads the current mode and locks the row, so that a
+// producer statement that waited for the topic's lock re-reads the row
+// (and writes the new mode's columns), as for a change of the subscribed
+// set (see insertPublished).
+const lockTopicRow = `
+SELECT coalesce(tracking_mode, '') FROM {{schema}}.outbox_topics WHERE topic = $1 FOR UPDATE`
+
+// lockBitless locks the subscriptions of topic $1 that assignBits may
+// give a bit, in id order.
+const lockBitless = `
+SELECT id FROM {{schema}}.outbox_topic_subscriptions
+WHERE topic = $1 AND bit IS NULL AND subscription_status <> 'CANCELLED'
+ORDER BY id FOR UPDATE`
+
+// assignBits gives every subscription of topic $1 that may still read
+// (not CANCELLED) and has no bit one of the free bits, lowest first, and
+// returns how many it could not give one (none free).
+const assignBits = `
+WITH free AS (
+    SELECT b, row_number() OVER (ORDER BY b) AS n FROM generate_series(0, 63) AS b
+    WHERE b NOT IN (SELECT bit FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND bit IS NOT NULL)
+), need AS (
+    SELECT id, row_number() OVER (ORDER BY id) AS n FROM {{schema}}.outbox_topic_subscriptions
+    WHERE topic = $1 AND bit IS NULL AND subscription_status <> 'CANCELLED'
+), assigned AS (
+    UPDATE {{schema}}.outbox_topic_subscriptions AS s SET bit = free.b
+    FROM need JOIN free USING (n) WHERE s.id = need.id
+    RETURNING s.id
+)
+SELECT (SELECT count(*) FROM need) - (SELECT count(*) FROM assigned)`
+
+// resetSubscribedBits recomputes the bits of topic $1's subscribed set
+// (after assignBits).
+const resetSubscribedBits = `
+UPDATE {{schema}}.outbox_topics AS t
+SET subscribed_bits = coalesce((SELECT bit_or(1::bigint << s.bit) FROM {{schema}}.outbox_topic_subscriptions AS s
+                                WHERE s.topic = t.topic AND s.id = ANY(t.subscribed_ids) AND s.bit IS NOT NULL), 0)
+WHERE t.topic = $1`
 
 const selectTopic = `
 SELECT semantics, coalesce(tracking_mode, ''),
@@ -393,7 +438,7 @@ SELECT semantics, coalesce(tracking_mode, ''),
        (extract(epoch FROM idempotency_window) * 1e6)::bigint,
        (extract(epoch FROM max_retention) * 1e6)::bigint,
        (extract(epoch FROM zombie_ttl) * 1e6)::bigint,
-       ordered, coalesce(ordered_dead_letters, '')
+       ordered, coalesce(ordered_dead_letters, ''), mode_changed_below IS NOT NULL
 FROM {{schema}}.outbox_topics WHERE topic = $1`
 
 // A QUEUE message is pending while lease_owner is NULL and leased while it
