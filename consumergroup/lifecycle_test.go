@@ -136,24 +136,6 @@ func TestDeadLettersOfAnUnstartedGroup(t *testing.T) {
 	require.EqualValues(t, 1, n)
 }
 
-// A topic's tracking mode cannot change while messages of the old mode are
-// stored: no cleanup could ever delete them.
-func TestTrackingModeChangeRefusedWhileMessagesStored(t *testing.T) {
-	t.Parallel()
-	b := setup(t, outbox.Bitmap)
-	ctx := context.Background()
-	ids := b.send(t, 1, 2, 3)
-	err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: outbox.Counter})
-	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
-	topic, err := b.client.Topic(ctx, b.topic)
-	require.NoError(t, err)
-	require.Equal(t, outbox.Bitmap, topic.Tracking, "nothing changed")
-
-	_, err = b.db.Pool.Exec(ctx, `DELETE FROM `+b.db.Table("outbox_published")+` WHERE id = ANY($1)`, ids)
-	require.NoError(t, err)
-	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: outbox.Counter}))
-}
-
 // A handler that ignores its context past HandlerTimeout costs one retry
 // of its message; the instance's other messages, and its Stop, go on.
 func TestHungHandlerIsAbandoned(t *testing.T) {
