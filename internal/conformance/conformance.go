@@ -307,6 +307,13 @@ func (e *Env) committed(ids []int64, seqs []int) {
 	}
 }
 
+// committedCount is how many messages were committed so far.
+func (e *Env) committedCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.sent)
+}
+
 // OpenTx sends n messages in a transaction on a connection of its own and
 // leaves it open; commit commits it and returns the messages' ids.
 func (e *Env) OpenTx(t testing.TB, n int) (commit func() []int64) {

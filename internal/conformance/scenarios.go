@@ -40,6 +40,7 @@ var scenarios = []scenario{
 	{"XidsCrossAPowerOfTen", true, xidsCrossAPowerOfTen},
 	{"LongTransactionsElsewhere", false, longTransactions},
 	{"BackfillBesideNewMessagesAndAKill", true, backfillBesideNew},
+	{"TrackingModeChangesUnderLoad", true, modeChangesUnderLoad},
 }
 
 // Run runs every scenario that applies to s, each in a database of its own.
@@ -228,6 +229,50 @@ func twoInstances(t *testing.T, s *Subject) {
 		e.WaitDelivered(t, g, sent.Committed, 60*time.Second)
 		e.Check(t, g, sent.Committed, sent.RolledBack)
 	}
+}
+
+// modeChangesUnderLoad: two groups run two instances each (each on a pool
+// of its own) while producers commit out of order, cleanup deletes what
+// is finished at once and partitions are dropped; meanwhile the topic's
+// tracking mode changes twice, through the other two modes. Every group
+// receives every message once, and once all is delivered, cleanup deletes
+// every message (each was recorded as completed) and the change ends.
+func modeChangesUnderLoad(t *testing.T, s *Subject) {
+	e := newEnv(t, s, shortRetention)
+	groups := []string{"g1", "g2"}
+	for _, g := range groups {
+		for _, i := range []string{"a", "b"} {
+			e.StartInstance(t, e.instancePool(t), Spec{Group: g, Instance: g + "-" + i, BatchSize: 20}, nil)
+		}
+	}
+	e.cleaner(t)
+	const messages = 2000
+	wait := e.ProduceAsync(t, ProduceOptions{Workers: 8, Messages: messages, PerTx: 3, Hold: 3 * time.Millisecond, Rollback: 10})
+	ctx := context.Background()
+	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter, outbox.Offset} {
+		if mode == s.Tracking {
+			continue
+		}
+		at := e.committedCount() + messages/4
+		pgtest.Eventually(t, 30*time.Second, "more messages sent", func() bool { return e.committedCount() >= at })
+		tc := e.Topic
+		tc.Tracking = mode
+		require.NoError(t, e.Client.ConfigureTopic(ctx, tc))
+	}
+	require.Less(t, e.committedCount(), messages*9/10, "the producers were still sending after the last change")
+	sent := wait()
+	for _, g := range groups {
+		e.WaitDelivered(t, g, sent.Committed, 60*time.Second)
+		e.Check(t, g, sent.Committed, sent.RolledBack)
+	}
+	pgtest.Eventually(t, 60*time.Second, "cleanup deleting every message and ending the change", func() bool {
+		tc, err := e.Client.Topic(ctx, e.Topic.Name)
+		require.NoError(t, err)
+		var stored bool
+		require.NoError(t, e.DB.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.DB.Table("outbox_published")+` WHERE topic = $1)`,
+			e.Topic.Name).Scan(&stored))
+		return !stored && !tc.ModeChanging
+	})
 }
 
 // instancePool opens a small pool of its own for one instance (another
