@@ -550,12 +550,11 @@ func TestBusyNotifyInterval(t *testing.T) {
 	require.Equal(t, 3, count(), "the first send after a pause")
 }
 
-// A tracking mode cannot change under a send in flight: ConfigureTopic
-// waits for the topic's open producer transactions, then sees their
-// messages and refuses. (It used to decide on what its statement saw
-// before it waited for the topic row, change the mode, and leave the
-// message with the old mode's columns, which no cleanup ever deletes.)
-func TestTrackingModeDoesNotChangeUnderASendInFlight(t *testing.T) {
+// A change of tracking mode waits for the topic's sends in flight: their
+// messages keep the old mode's record, and every later one carries the
+// new mode's. (Had it decided on what its statement saw before it waited,
+// the message in flight would carry a record the topic no longer expects.)
+func TestTrackingModeChangeWaitsForASendInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
@@ -564,7 +563,7 @@ func TestTrackingModeDoesNotChangeUnderASendInFlight(t *testing.T) {
 	tx, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	_, err = b.producer.Send(ctx, tx, seqMessage("events", 1))
+	inFlight, err := b.producer.Send(ctx, tx, seqMessage("events", 1))
 	require.NoError(t, err)
 
 	changed := make(chan error, 1)
@@ -579,13 +578,26 @@ func TestTrackingModeDoesNotChangeUnderASendInFlight(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	select {
 	case err := <-changed:
-		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+		require.NoError(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("ConfigureTopic still waits after the send committed")
 	}
+	later, err := b.producer.Send(ctx, b.db.Pool, seqMessage("events", 2))
+	require.NoError(t, err)
+
 	topic, err := b.client.Topic(ctx, "events")
 	require.NoError(t, err)
-	require.Equal(t, outbox.Counter, topic.Tracking)
+	require.Equal(t, outbox.Bitmap, topic.Tracking)
+	require.True(t, topic.ModeChanging)
+	var counterRecord, below bool
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT o.required_count IS NOT NULL AND o.required_bits IS NULL, o.xid < t.mode_changed_below
+		FROM `+b.db.Table("outbox_published")+` AS o JOIN `+b.db.Table("outbox_topics")+` AS t ON t.topic = o.topic WHERE o.id = $1`,
+		inFlight).Scan(&counterRecord, &below))
+	require.True(t, counterRecord, "the message in flight keeps the Counter record")
+	require.True(t, below, "and sorts below the change")
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT required_bits IS NOT NULL AND required_count IS NULL FROM `+
+		b.db.Table("outbox_published")+` WHERE id = $1`, later).Scan(&counterRecord))
+	require.True(t, counterRecord, "a later message carries the Bitmap record")
 }
 
 // A topic that received messages before its first configuration holds
