@@ -235,6 +235,51 @@ func (a *Admin) ResumeGroup(ctx context.Context, topic, group string) error {
 	return a.withGroup(ctx, topic, group, (*consumergroup.Group).Resume)
 }
 
+// ResurrectGroup brings a DEAD group back, with a backfill of what it had
+// not completed or, without, from now: what it owed then waits for it no
+// more (see consumergroup.Group.Resurrect). It fails with
+// consumergroup.ErrInvalidTransition unless the group is DEAD.
+func (a *Admin) ResurrectGroup(ctx context.Context, topic, group string, backfill bool) error {
+	return a.withGroup(ctx, topic, group, func(g *consumergroup.Group, ctx context.Context) error {
+		return g.Resurrect(ctx, backfill)
+	})
+}
+
+// ForceComplete gives up a group's messages written more than olderThan
+// ago that it has not completed, so that they no longer hold cleanup back,
+// and returns how many it gave up (see consumergroup.Group.ForceComplete).
+func (a *Admin) ForceComplete(ctx context.Context, topic, group string, olderThan time.Duration) (int64, error) {
+	g, err := a.group(ctx, topic, group)
+	if err != nil {
+		return 0, err
+	}
+	return g.ForceComplete(ctx, olderThan)
+}
+
+// ChangeMode changes a PUB_SUB topic's tracking mode with its groups and
+// producers running; its other settings stay (see
+// outbox.Client.ConfigureTopic). Change the mode the services configure
+// the topic with too: a ConfigureTopic with the old one changes it back.
+func (a *Admin) ChangeMode(ctx context.Context, topic string, mode outbox.TrackingMode) error {
+	cfg, err := a.topicConfig(ctx, topic)
+	if err != nil {
+		return err
+	}
+	if cfg.Semantics != outbox.PubSub {
+		return fmt.Errorf("%w: %q is a %s topic; it has no tracking mode", outbox.ErrWrongSemantics, topic, cfg.Semantics)
+	}
+	cfg.Tracking = mode
+	return a.client.ConfigureTopic(ctx, cfg)
+}
+
+// Inconsistencies reports, per topic and kind, stored messages whose
+// completion record does not add up, counting at most CountLimit of each
+// (see consumergroup.Maintainer.Inconsistencies). It reads the whole
+// table.
+func (a *Admin) Inconsistencies(ctx context.Context) ([]consumergroup.Inconsistency, error) {
+	return a.maint.Inconsistencies(ctx, a.limit)
+}
+
 // CancelGroup ends a group's subscription for good; its name stays taken
 // until RemoveGroup (see consumergroup.Group.Cancel).
 func (a *Admin) CancelGroup(ctx context.Context, topic, group string) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -203,3 +204,214 @@ func (g *Group) BlockedGroups(ctx context.Context, limit int) ([]outbox.BlockedG
 	}
 	return out, nil
 }
+
+// Resurrect brings a DEAD group back. With backfill it is Resume: the
+// group's new messages flow at once, and a backfill delivers beside them,
+// up to MaxBackfill, every stored message it had not completed. Without,
+// the group starts from now: the messages it had not completed when it
+// died and those written while it was DEAD are not delivered to it and
+// wait for it no more (cleanup may delete them once the other groups are
+// done); its retries and dead letters stay. It fails with
+// ErrInvalidTransition unless the group is DEAD, and works on a Group
+// value that was never started.
+func (g *Group) Resurrect(ctx context.Context, backfill bool) error {
+	if !backfill {
+		if err := g.releaseOwed(ctx); err != nil {
+			return err
+		}
+	}
+	return g.changeTx(ctx, func(tx pgx.Tx) error {
+		sub, err := g.selectSubscription(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if sub == nil {
+			return fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
+		}
+		if sub.status != Dead {
+			return fmt.Errorf("%w: %s → %s by resurrection (group %q); only a DEAD group comes back", ErrInvalidTransition, sub.status, Active, g.cfg.Group)
+		}
+		if backfill {
+			return g.resurrectTx(ctx, tx, sub, g.subscriptionOptions())
+		}
+		return g.resurrectFromNowTx(ctx, tx, sub)
+	})
+}
+
+// releaseOwed drops the DEAD group from every stored message it had not
+// completed, in batches, each under the subscription row's lock: a DEAD
+// group requires no message written since it died, so afterwards none
+// waits for it.
+func (g *Group) releaseOwed(ctx context.Context) error {
+	topic, err := g.client.Topic(ctx, g.cfg.Topic)
+	if err != nil {
+		return err
+	}
+	if topic.Semantics != outbox.PubSub {
+		return fmt.Errorf("%w: %q is a %s topic", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
+	}
+	tracker, err := pubsub.NewMixed(topic.Tracking, g.schema) // by each message's own record
+	if err != nil {
+		return err
+	}
+	for {
+		var n int64
+		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+			sub, err := g.selectSubscription(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if sub == nil {
+				return fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
+			}
+			if sub.status != Dead {
+				return fmt.Errorf("%w: %s → %s by resurrection (group %q); only a DEAD group comes back", ErrInvalidTransition, sub.status, Active, g.cfg.Group)
+			}
+			n, err = tracker.Forget(ctx, tx, sub.ref(g.cfg.Topic, g.cfg.Group), false, forgetBatch)
+			return err
+		})
+		if err != nil || n == 0 {
+			return err
+		}
+	}
+}
+
+// resurrectFromNowTx makes DEAD subscription sub ACTIVE and subscribed
+// again, its stream starting now (see Resurrect). sub is locked.
+func (g *Group) resurrectFromNowTx(ctx context.Context, tx pgx.Tx, sub *subscription) error {
+	if err := g.lockOffset(ctx, tx, sub.id); err != nil {
+		return err
+	}
+	if err := g.lockTopic(ctx, tx); err != nil {
+		return err
+	}
+	for _, step := range []struct {
+		sql  string
+		args []any
+	}{
+		{g.q.SetStatus, []any{sub.id, string(Active)}},
+		{g.q.AddSubscribed, []any{g.cfg.Topic, mask(sub.bit), sub.id}},
+		{g.q.ResurrectFromNow, []any{sub.id}},
+	} {
+		if _, err := tx.Exec(ctx, step.sql, step.args...); err != nil {
+			return fmt.Errorf("consumergroup: resurrect: %w", err)
+		}
+	}
+	g.logger.Warn("pgoutbox: consumer group came back from DEAD without a backfill; it starts from now, and what it had not completed is not delivered to it")
+	return nil
+}
+
+// ForceComplete gives up the group's messages written more than olderThan
+// ago that it has not completed, so they no longer hold cleanup back: the
+// group's retries and dead letters of them are dropped, each stored one
+// is recorded as completed by the group, and its read position moves past
+// those it had not read (when no batch of it is open: it is meant for a
+// group that holds old messages back, DEAD within its ZombieTTL, PAUSED
+// or stuck; a group whose instances are busy may still receive those its
+// position had not passed). A retry an instance is handling is left
+// alone. It returns how many retries, dead letters and per-message
+// records it gave up (Offset mode records nothing per message: there the
+// moved position alone lets its messages go). It works on a Group value
+// that was never started.
+func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("%w: negative age %s", outbox.ErrInvalidConfig, olderThan)
+	}
+	topic, err := g.client.Topic(ctx, g.cfg.Topic)
+	if err != nil {
+		return 0, err
+	}
+	if topic.Semantics != outbox.PubSub {
+		return 0, fmt.Errorf("%w: %q is a %s topic", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
+	}
+	tracker, err := pubsub.NewMixed(topic.Tracking, g.schema) // by each message's own record
+	if err != nil {
+		return 0, err
+	}
+	var sub pubsub.Subscription
+	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+		s, err := g.selectSubscription(ctx, tx)
+		if s == nil && err == nil {
+			err = fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
+		}
+		if err == nil {
+			sub = s.ref(g.cfg.Topic, g.cfg.Group)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	var xmax string
+	var cutoff time.Time
+	if err := g.pool.QueryRow(ctx, g.q.SnapshotXmax).Scan(&xmax, &cutoff); err != nil {
+		return 0, fmt.Errorf("consumergroup: force complete: %w", err)
+	}
+	if now := g.now(); now != nil {
+		cutoff = *now
+	}
+	cutoff = cutoff.Add(-olderThan)
+	var total, retries int64
+	// complete runs sql, which returns message ids, and records them as
+	// completed by the group in the same transaction.
+	complete := func(sql string, args ...any) ([]int64, error) {
+		var ids []int64
+		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, sql, args...)
+			if err != nil {
+				return err
+			}
+			if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(ids) == 0 {
+				return err
+			}
+			slices.Sort(ids)
+			return tracker.Complete(ctx, tx, sub, ids)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("consumergroup: force complete: %w", err)
+		}
+		total += int64(len(ids))
+		return ids, nil
+	}
+	for {
+		ids, err := complete(g.q.ForceCompleteRetries, sub.ID, cutoff, forceBatch)
+		if err != nil {
+			return total, err
+		}
+		retries += int64(len(ids))
+		if len(ids) < forceBatch {
+			break
+		}
+	}
+	for after := int64(0); ; {
+		ids, err := complete(g.q.ForceCompleteRows, g.cfg.Topic, cutoff, sub.Mask(), sub.ID, after, forceBatch)
+		if err != nil {
+			return total, err
+		}
+		if len(ids) < forceBatch {
+			break
+		}
+		after = ids[len(ids)-1]
+	}
+	// Its position passes them too, where it can (no batch open): the
+	// scan bound of cleanup, and in Offset mode the watermark, go by it.
+	var moved bool
+	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+		if err := g.lockOffset(ctx, tx, sub.ID); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, g.q.ForceAdvance, sub.ID, g.cfg.Topic, cutoff)
+		moved = tag.RowsAffected() > 0
+		return err
+	})
+	if err != nil {
+		return total, fmt.Errorf("consumergroup: force complete: %w", err)
+	}
+	g.logger.Warn("pgoutbox: messages force-completed for the group; it will not receive them",
+		slog.Int64("messages", total), slog.Int64("retries_and_dead_letters", retries), slog.Time("written_before", cutoff),
+		slog.Bool("position_moved", moved))
+	return total, nil
+}
+
+// forceBatch is how many messages one ForceComplete statement takes.
+const forceBatch = 1000

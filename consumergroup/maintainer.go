@@ -465,3 +465,54 @@ func (m *Maintainer) RemoveGroup(ctx context.Context, topic, group string) error
 		slog.String("was", string(before)))
 	return nil
 }
+
+// Inconsistency is a kind of stored PUB_SUB message whose completion
+// record does not add up (see Maintainer.Inconsistencies).
+type Inconsistency struct {
+	Topic string
+	// Kind is InconsistentCount, InconsistentGroup or InconsistentMode.
+	Kind string
+	// Messages is how many such messages the topic stores, at most the
+	// limit Inconsistencies was given.
+	Messages int64
+	// FirstID is the lowest such message's id.
+	FirstID int64
+}
+
+// Kinds of Inconsistency.
+const (
+	// InconsistentCount: a Counter record counts more completions than it
+	// requires groups, or requires another number of groups than it lists.
+	InconsistentCount = "COUNT"
+	// InconsistentGroup: a message requires a group (by id or bit) that
+	// has no subscription left that could complete it, so cleanup would
+	// keep it until the topic's MaxRetention.
+	InconsistentGroup = "GROUP"
+	// InconsistentMode: a message carries another tracking mode's record
+	// than its topic's while no change of mode is under way.
+	InconsistentMode = "MODE"
+)
+
+// Inconsistencies reads every stored PUB_SUB message and reports, per
+// topic and kind, those whose completion record does not add up (counting
+// at most limit of each). None should exist: each is a bug or a hand edit
+// of the tables, and holds its message back from cleanup or lets it go
+// early. It reads the whole table: run it by hand or rarely, not per
+// scrape.
+func (m *Maintainer) Inconsistencies(ctx context.Context, limit int) ([]Inconsistency, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("%w: limit %d: must be at least 1", outbox.ErrInvalidConfig, limit)
+	}
+	rows, err := m.pool.Query(ctx, m.q.Inconsistencies, limit)
+	if err != nil {
+		return nil, fmt.Errorf("consumergroup: inconsistencies: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Inconsistency, error) {
+		var i Inconsistency
+		return i, row.Scan(&i.Topic, &i.Kind, &i.Messages, &i.FirstID)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumergroup: inconsistencies: %w", err)
+	}
+	return out, nil
+}

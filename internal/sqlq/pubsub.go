@@ -40,9 +40,12 @@ type PubSub struct {
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetries, ExtendLeases string
 
 	// Administration.
-	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters string
-	BlockedMessageGroups, BlockedGroupsSummary             string
-	GroupHealthHead, GroupHealth                           string
+	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters    string
+	BlockedMessageGroups, BlockedGroupsSummary                string
+	GroupHealthHead, GroupHealth                              string
+	ResurrectFromNow, ForceCompleteRetries, ForceCompleteRows string
+	ForceAdvance                                              string
+	Inconsistencies                                           string
 
 	BitmapComplete, BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup string
 	CounterComplete, CounterCompleted                                         string
@@ -117,6 +120,11 @@ func ForPubSub(schema string) *PubSub {
 		BlockedGroupsSummary: q(blockedGroupsSummary),
 		GroupHealthHead:      q(groupHealthHead),
 		GroupHealth:          q(groupHealth),
+		ResurrectFromNow:     q(resurrectFromNow),
+		ForceCompleteRetries: q(forceCompleteRetries),
+		ForceCompleteRows:    q(forceCompleteRows),
+		ForceAdvance:         q(forceAdvance),
+		Inconsistencies:      q(inconsistencies),
 
 		BitmapComplete:          q(bitmapComplete),
 		BitmapCompleted:         q(bitmapCompleted),
@@ -256,6 +264,96 @@ SET backfill_from = CASE WHEN o.backfill_upto IS NOT NULL THEN o.backfill_from E
     backfill_total = 0, backfill_done = 0, backfill_started_at = now(), backfill_ended_at = NULL, backfill_outcome = NULL,
     position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
 WHERE o.subscription_id = $1`
+
+// resurrectFromNow prepares a group that comes back without a backfill:
+// its stream starts now, a backfill it left unfinished ends (SKIPPED),
+// and its open batches are dropped (their messages, like every other it
+// had not completed, were released before: see Group.Resurrect). Its
+// retries and dead letters stay.
+const resurrectFromNow = `
+WITH batches AS (
+    DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1
+)
+UPDATE {{schema}}.outbox_subscription_offsets
+SET backfill_from = NULL, backfill_upto = NULL, backfill_xid = NULL, backfill_id = NULL, backfill_left = 0,
+    backfill_ended_at = CASE WHEN backfill_upto IS NOT NULL AND backfill_ended_at IS NULL THEN now() ELSE backfill_ended_at END,
+    backfill_outcome = CASE WHEN backfill_upto IS NOT NULL AND backfill_ended_at IS NULL THEN 'SKIPPED' ELSE backfill_outcome END,
+    position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
+WHERE subscription_id = $1`
+
+// forceCompleteRetries deletes up to $3 retries and dead letters of
+// subscription $1 (not leased: an instance is handling those) of messages
+// written before $2, returning their message ids.
+const forceCompleteRetries = `
+DELETE FROM {{schema}}.outbox_group_retries WHERE (subscription_id, message_id) IN (
+    SELECT r.subscription_id, r.message_id FROM {{schema}}.outbox_group_retries AS r
+    LEFT JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
+    WHERE r.subscription_id = $1 AND r.status <> 'PROCESSING' AND coalesce(o.created_at, r.created_at) < $2
+    ORDER BY r.message_id LIMIT $3 FOR UPDATE OF r SKIP LOCKED)
+RETURNING message_id`
+
+// forceCompleteRows lists up to $6 stored messages of topic $1 with ids
+// above $5 written before $2 that require subscription $4 (by bit $3 or
+// by id) and that it has not completed, in id order.
+const forceCompleteRows = `
+SELECT o.id FROM {{schema}}.outbox_published AS o
+WHERE o.topic = $1 AND o.id > $5 AND o.created_at < $2 AND o.status = 'PUBLISHED'
+      AND ((o.required_bits & $3::bigint <> 0 AND coalesce(o.done_bits, 0) & $3::bigint = 0)
+           OR ($4::bigint = ANY(o.required_ids)
+               AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                               WHERE c.message_id = o.id AND c.subscription_id = $4` + perRow + `)))
+ORDER BY o.id LIMIT $6`
+
+// forceAdvance moves subscription $1's read position past the messages
+// of topic $2 written before $3 that it has not read, when it can without
+// reading anything twice: with no batch open and no snapshot pair in
+// progress. The new position sees every xid below X, the lesser of the
+// database's xmin (every xid below it has ended) and the first xid, in
+// commit order, of a message it has not read written at or after $3; it
+// moves only when X is past the position's xmax, so it sees all the old
+// position saw. It returns whether it moved.
+var forceAdvance = `
+UPDATE {{schema}}.outbox_subscription_offsets AS f
+SET position = (x.x::text || ':' || x.x::text || ':')::pg_snapshot, updated_at = now()
+FROM (SELECT least(pg_snapshot_xmin(pg_current_snapshot()),
+                   (SELECT u.xid FROM (` + unseenRows("o.xid, o.id", "o.topic = $2 AND o.created_at >= $3", "p.position", "'0'::xid8", "-1", "1") + `) AS u
+                    ORDER BY u.xid, u.id LIMIT 1)) AS x
+      FROM {{schema}}.outbox_subscription_offsets AS p WHERE p.subscription_id = $1) AS x
+WHERE f.subscription_id = $1 AND f.pair_cur IS NULL AND x.x > pg_snapshot_xmax(f.position)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches AS b WHERE b.subscription_id = $1)`
+
+// inconsistencies reads every stored PUB_SUB message (up to $1 per topic
+// and kind are counted) and reports, per topic, the messages whose
+// completion record does not add up: COUNT, a Counter record whose count
+// is not its number of required groups, or which counts more completions
+// than it requires; GROUP, a message that requires a group (by id or
+// bit) that no longer has a subscription that may complete it; MODE, a
+// record of another mode than the topic's while no mode change is under
+// way. None should ever exist: each is a bug, or a hand edit.
+const inconsistencies = `
+WITH bad AS (
+    SELECT o.topic, o.id, CASE
+        WHEN o.required_count IS NOT NULL
+             AND (o.required_count <> cardinality(o.required_ids) OR o.completed_count > o.required_count) THEN 'COUNT'
+        WHEN o.required_ids IS NOT NULL
+             AND EXISTS (SELECT 1 FROM unnest(o.required_ids) AS r(id)
+                         WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions AS s
+                                           WHERE s.id = r.id AND s.topic = o.topic
+                                                 AND (s.subscription_status <> 'CANCELLED' OR s.forget_pending))) THEN 'GROUP'
+        WHEN o.required_bits IS NOT NULL
+             AND o.required_bits & ~(SELECT coalesce(bit_or(1::bigint << s.bit), 0) FROM {{schema}}.outbox_topic_subscriptions AS s
+                                     WHERE s.topic = o.topic AND s.bit IS NOT NULL) <> 0 THEN 'GROUP'
+        WHEN t.mode_changed_below IS NULL
+             AND ((t.tracking_mode = 'BITMAP') <> (o.required_bits IS NOT NULL)
+                  OR (t.tracking_mode = 'COUNTER') <> (o.required_count IS NOT NULL)) THEN 'MODE'
+        END AS kind
+    FROM {{schema}}.outbox_published AS o
+    JOIN {{schema}}.outbox_topics AS t ON t.topic = o.topic
+    WHERE t.semantics = 'PUB_SUB'
+), ranked AS (
+    SELECT topic, kind, id, row_number() OVER (PARTITION BY topic, kind ORDER BY id) AS n FROM bad WHERE kind IS NOT NULL
+)
+SELECT topic, kind, count(*), min(id) FROM ranked WHERE n <= $1 GROUP BY topic, kind ORDER BY topic, kind`
 
 const subscriptionStatus = `
 SELECT id, subscription_status FROM {{schema}}.outbox_topic_subscriptions

@@ -37,8 +37,12 @@ const usage = `usage:
   pgoutbox [flags] topics
   pgoutbox [flags] groups TOPIC
   pgoutbox [flags] group pause|resume|cancel|remove TOPIC GROUP
+  pgoutbox [flags] group resurrect TOPIC GROUP [--no-backfill]
+  pgoutbox [flags] group force-complete TOPIC GROUP --older-than DURATION
   pgoutbox [flags] dead list|replay|purge TOPIC [GROUP] [ID ...]
+  pgoutbox [flags] mode migrate TOPIC bitmap|counter|offset
   pgoutbox [flags] stuck [--older-than 1h]
+  pgoutbox [flags] check      (exits 1 when a stored message's completion record does not add up)
 flags: --dsn URL (default $DATABASE_URL) --schema NAME --json --payloads --after ID --limit N --from VERSION
        --group NAME (dead: a group whose name is a number) --all (dead purge: every one) --yes (migrate down)`
 
@@ -80,7 +84,9 @@ type command struct {
 	dsn, schema    string
 	groupFlag      string        // dead: --group
 	all            bool          // dead purge: every dead letter there
-	olderThan      time.Duration // stuck: the bound
+	olderThan      time.Duration // stuck, group force-complete: the bound
+	olderThanSet   bool          // --older-than was given
+	noBackfill     bool          // group resurrect: from now
 	yes            bool          // migrate down: yes, drop the tables
 	json, payloads bool
 	after          int64
@@ -103,6 +109,7 @@ func (c *command) parse(args []string) ([]string, error) {
 	fs.BoolVar(&c.all, "all", false, "")
 	fs.DurationVar(&c.olderThan, "older-than", time.Hour, "")
 	fs.BoolVar(&c.yes, "yes", false, "")
+	fs.BoolVar(&c.noBackfill, "no-backfill", false, "")
 	var words []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -111,6 +118,7 @@ func (c *command) parse(args []string) ([]string, error) {
 			}
 			return nil, usagef("%v; run pgoutbox help", err)
 		}
+		fs.Visit(func(f *flag.Flag) { c.olderThanSet = c.olderThanSet || f.Name == "older-than" })
 		if fs.NArg() == 0 {
 			break
 		}
@@ -156,6 +164,13 @@ func (c *command) run(ctx context.Context, args []string) error {
 		return c.withAdmin(ctx, c.stuck)
 	case "dead":
 		return c.dead(ctx, rest)
+	case "mode":
+		return c.mode(ctx, rest)
+	case "check":
+		if err := wantArgs(rest, 0, 0, "check"); err != nil {
+			return err
+		}
+		return c.withAdmin(ctx, c.check)
 	case "help":
 		_, err := fmt.Fprintln(c.out, usage)
 		return err
@@ -396,17 +411,26 @@ func backfill(p consumergroup.BackfillProgress) string {
 }
 
 func (c *command) group(ctx context.Context, args []string) error {
-	const form = "group pause|resume|cancel|remove TOPIC GROUP"
+	const form = "group pause|resume|cancel|remove|resurrect|force-complete TOPIC GROUP"
 	if err := wantArgs(args, 3, 3, form); err != nil {
 		return err
 	}
 	ops := map[string]func(*admin.Admin, context.Context, string, string) error{
 		"pause": (*admin.Admin).PauseGroup, "resume": (*admin.Admin).ResumeGroup,
 		"cancel": (*admin.Admin).CancelGroup, "remove": (*admin.Admin).RemoveGroup,
+		"resurrect": func(a *admin.Admin, ctx context.Context, topic, group string) error {
+			return a.ResurrectGroup(ctx, topic, group, !c.noBackfill)
+		},
+	}
+	if args[0] == "force-complete" {
+		return c.forceComplete(ctx, args[1], args[2])
 	}
 	op, ok := ops[args[0]]
 	if !ok {
 		return usagef("usage: pgoutbox %s", form)
+	}
+	if c.noBackfill && args[0] != "resurrect" {
+		return usagef("--no-backfill goes with group resurrect only")
 	}
 	return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error {
 		if err := op(a, ctx, args[1], args[2]); err != nil {
@@ -416,6 +440,84 @@ func (c *command) group(ctx context.Context, args []string) error {
 			fmt.Fprintf(w, "%s: group %s of %s\n", args[0], args[2], args[1])
 		})
 	})
+}
+
+// forceComplete gives up a group's messages older than --older-than,
+// which must be given (a default would give up messages by accident).
+func (c *command) forceComplete(ctx context.Context, topic, group string) error {
+	if !c.olderThanSet {
+		return usagef("group force-complete gives messages up for good: say which with --older-than DURATION")
+	}
+	if c.olderThan < 0 {
+		return usagef("--older-than %s: must not be negative", c.olderThan)
+	}
+	return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error {
+		n, err := a.ForceComplete(ctx, topic, group, c.olderThan)
+		if err != nil {
+			return err
+		}
+		return c.print(map[string]any{"topic": topic, "group": group, "completed": n}, func(w io.Writer) {
+			fmt.Fprintf(w, "force-completed %d messages of group %s of %s\n", n, group, topic)
+		})
+	})
+}
+
+// mode changes a topic's tracking mode online.
+func (c *command) mode(ctx context.Context, args []string) error {
+	const form = "mode migrate TOPIC bitmap|counter|offset"
+	if err := wantArgs(args, 3, 3, form); err != nil || args[0] != "migrate" {
+		return usagef("usage: pgoutbox %s", form)
+	}
+	mode := outbox.TrackingMode(strings.ToUpper(args[2]))
+	switch mode {
+	case outbox.Bitmap, outbox.Counter, outbox.Offset:
+	default:
+		return usagef("%q is not a tracking mode (bitmap, counter or offset)", args[2])
+	}
+	return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error {
+		if err := a.ChangeMode(ctx, args[1], mode); err != nil {
+			return err
+		}
+		return c.print(map[string]string{"topic": args[1], "mode": string(mode)}, func(w io.Writer) {
+			fmt.Fprintf(w, "topic %s now tracks new messages in %s mode; stored ones keep theirs until cleanup deletes them\n", args[1], mode)
+			fmt.Fprintln(w, "configure the topic with this mode in your services too: a ConfigureTopic with the old one changes it back")
+		})
+	})
+}
+
+// errInconsistent makes check exit 1 once it printed what it found.
+var errInconsistent = errors.New("stored messages whose completion record does not add up (see above)")
+
+// check prints the stored messages whose completion record does not add up.
+func (c *command) check(ctx context.Context, a *admin.Admin) error {
+	found, err := a.Inconsistencies(ctx)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		Topic    string `json:"topic"`
+		Kind     string `json:"kind"`
+		Messages string `json:"messages"`
+		FirstID  int64  `json:"first_id"`
+	}
+	rows := []row{}
+	for _, i := range found {
+		rows = append(rows, row{Topic: i.Topic, Kind: i.Kind, Messages: a.FormatCount(i.Messages), FirstID: i.FirstID})
+	}
+	err = c.print(rows, func(w io.Writer) {
+		if len(rows) == 0 {
+			fmt.Fprintln(w, "every stored message's completion record adds up")
+			return
+		}
+		fmt.Fprintln(w, "TOPIC\tKIND\tMESSAGES\tFIRST ID")
+		for _, r := range rows {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", r.Topic, r.Kind, r.Messages, r.FirstID)
+		}
+	})
+	if err == nil && len(rows) > 0 {
+		err = errInconsistent
+	}
+	return err
 }
 
 func (c *command) dead(ctx context.Context, args []string) error {
