@@ -196,6 +196,62 @@ func TestOperatorCommands(t *testing.T) {
 	require.Empty(t, dls)
 }
 
+// mode migrate, group resurrect and force-complete, and check, with
+// their refusals.
+func TestModeAndRepairCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue}))
+	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client})
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
+	require.NoError(t, g.Pause(ctx))
+	require.NoError(t, g.Stop(ctx))
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	ids, err := producer.SendBatch(ctx, db.Pool, []outbox.Message{{Topic: "events", Payload: json.RawMessage(`{}`)}, {Topic: "events", Payload: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	schema := "--schema=" + db.Schema
+
+	r := run(t, db.DSN, "mode", "migrate", "events", "counter", schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "COUNTER mode")
+	topic, err := client.Topic(ctx, "events")
+	require.NoError(t, err)
+	require.Equal(t, outbox.Counter, topic.Tracking)
+	require.True(t, topic.ModeChanging, "two Bitmap messages are stored")
+	failsWith(t, run(t, db.DSN, "mode", "migrate", "events", "sideways", schema), 2, `"sideways" is not a tracking mode`)
+	failsWith(t, run(t, db.DSN, "mode", "migrate", "nope", "offset", schema), 3, "not found")
+	failsWith(t, run(t, db.DSN, "mode", "migrate", "orders", "offset", schema), 2, "QUEUE")
+	failsWith(t, run(t, db.DSN, "mode", "switch", "events", "offset", schema), 2, "usage")
+
+	r = run(t, db.DSN, "check", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.Equal(t, "[]\n", r.stdout)
+
+	failsWith(t, run(t, db.DSN, "group", "resurrect", "events", "billing", schema), 2, "only a DEAD group")
+	failsWith(t, run(t, db.DSN, "group", "pause", "events", "billing", "--no-backfill", schema), 2, "--no-backfill")
+	failsWith(t, run(t, db.DSN, "group", "force-complete", "events", "billing", schema), 2, "--older-than")
+	failsWith(t, run(t, db.DSN, "group", "force-complete", "events", "nobody", "--older-than", "0s", schema), 3, "nobody")
+	r = run(t, db.DSN, "group", "force-complete", "events", "billing", "--older-than", "0s", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	var forced struct{ Completed int64 }
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &forced))
+	require.EqualValues(t, 2, forced.Completed, "the paused group's two messages")
+
+	_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("outbox_published")+` SET required_bits = 128 WHERE id = $1`, ids[0])
+	require.NoError(t, err)
+	r = run(t, db.DSN, "check", schema)
+	require.Equal(t, 1, r.code, "inconsistencies found: %s", r.stderr)
+	require.Contains(t, r.stdout, "GROUP")
+	require.Contains(t, r.stderr, "does not add up")
+}
+
 // The installed binary's exit status and stderr, as a script sees them.
 func TestBinary(t *testing.T) {
 	t.Parallel()
