@@ -292,6 +292,7 @@ type topicView struct {
 	Name        string   `json:"name"`
 	Semantics   string   `json:"semantics"`
 	Tracking    string   `json:"tracking,omitempty"`
+	Changing    bool     `json:"mode_changing,omitempty"` // messages of an earlier mode are still stored
 	Ordered     bool     `json:"ordered"`
 	Groups      []string `json:"groups,omitempty"`
 	Ready       *int64   `json:"ready,omitempty"`
@@ -307,7 +308,8 @@ func (c *command) topics(ctx context.Context, a *admin.Admin) error {
 	}
 	views := make([]topicView, len(topics))
 	for i, t := range topics {
-		v := topicView{Name: t.Name, Semantics: string(t.Semantics), Tracking: string(t.Tracking), Ordered: t.Ordered, Groups: t.Groups}
+		v := topicView{Name: t.Name, Semantics: string(t.Semantics), Tracking: string(t.Tracking), Changing: t.ModeChanging,
+			Ordered: t.Ordered, Groups: t.Groups}
 		if t.Semantics == outbox.Queue {
 			age := t.OldestReady.Seconds()
 			v.Ready, v.Scheduled, v.OldestReady, v.DeadLetters = &t.Ready, &t.Scheduled, &age, &t.DeadLetters
@@ -322,7 +324,11 @@ func (c *command) topics(ctx context.Context, a *admin.Admin) error {
 				ready, scheduled, dead = a.FormatCount(t.Ready), a.FormatCount(t.Scheduled), a.FormatCount(t.DeadLetters)
 				oldest = age(t.OldestReady)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Semantics, dash(string(t.Tracking)), t.Ordered,
+			tracking := dash(string(t.Tracking))
+			if t.ModeChanging {
+				tracking += " (changing)"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Semantics, tracking, t.Ordered,
 				ready, scheduled, oldest, dead, dash(strings.Join(views[i].Groups, ",")))
 		}
 	})
