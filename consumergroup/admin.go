@@ -221,21 +221,31 @@ func (g *Group) Resurrect(ctx context.Context, backfill bool) error {
 		}
 	}
 	return g.changeTx(ctx, func(tx pgx.Tx) error {
-		sub, err := g.selectSubscription(ctx, tx)
+		sub, err := g.deadSubscription(ctx, tx)
 		if err != nil {
 			return err
-		}
-		if sub == nil {
-			return fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
-		}
-		if sub.status != Dead {
-			return fmt.Errorf("%w: %s → %s by resurrection (group %q); only a DEAD group comes back", ErrInvalidTransition, sub.status, Active, g.cfg.Group)
 		}
 		if backfill {
 			return g.resurrectTx(ctx, tx, sub, g.subscriptionOptions())
 		}
 		return g.resurrectFromNowTx(ctx, tx, sub)
 	})
+}
+
+// deadSubscription reads and locks the group's subscription, which must
+// be DEAD.
+func (g *Group) deadSubscription(ctx context.Context, tx pgx.Tx) (*subscription, error) {
+	sub, err := g.selectSubscription(ctx, tx)
+	switch {
+	case err != nil:
+		return nil, err
+	case sub == nil:
+		return nil, fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
+	case sub.status != Dead:
+		return nil, fmt.Errorf("%w: %s → %s by resurrection (group %q); only a DEAD group comes back",
+			ErrInvalidTransition, sub.status, Active, g.cfg.Group)
+	}
+	return sub, nil
 }
 
 // releaseOwed drops the DEAD group from every stored message it had not
@@ -257,15 +267,9 @@ func (g *Group) releaseOwed(ctx context.Context) error {
 	for {
 		var n int64
 		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-			sub, err := g.selectSubscription(ctx, tx)
+			sub, err := g.deadSubscription(ctx, tx)
 			if err != nil {
 				return err
-			}
-			if sub == nil {
-				return fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
-			}
-			if sub.status != Dead {
-				return fmt.Errorf("%w: %s → %s by resurrection (group %q); only a DEAD group comes back", ErrInvalidTransition, sub.status, Active, g.cfg.Group)
 			}
 			n, err = tracker.Forget(ctx, tx, sub.ref(g.cfg.Topic, g.cfg.Group), false, forgetBatch)
 			return err
