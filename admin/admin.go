@@ -257,19 +257,9 @@ func (a *Admin) ForceComplete(ctx context.Context, topic, group string, olderTha
 }
 
 // ChangeMode changes a PUB_SUB topic's tracking mode with its groups and
-// producers running; its other settings stay (see
-// outbox.Client.ConfigureTopic). Change the mode the services configure
-// the topic with too: a ConfigureTopic with the old one changes it back.
+// producers running (see outbox.Client.ChangeTrackingMode).
 func (a *Admin) ChangeMode(ctx context.Context, topic string, mode outbox.TrackingMode) error {
-	cfg, err := a.topicConfig(ctx, topic)
-	if err != nil {
-		return err
-	}
-	if cfg.Semantics != outbox.PubSub {
-		return fmt.Errorf("%w: %q is a %s topic; it has no tracking mode", outbox.ErrWrongSemantics, topic, cfg.Semantics)
-	}
-	cfg.Tracking = mode
-	return a.client.ConfigureTopic(ctx, cfg)
+	return a.client.ChangeTrackingMode(ctx, topic, mode)
 }
 
 // Inconsistencies reports, per topic and kind, stored messages whose

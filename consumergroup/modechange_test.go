@@ -105,7 +105,7 @@ func modeChangeUnderLoad(t *testing.T, from, to outbox.TrackingMode) {
 		}()
 	}
 	pgtest.Eventually(t, 30*time.Second, "the first messages handled", func() bool { return recorders["g2"].distinct() >= total/6 })
-	require.NoError(t, b.client.ConfigureTopic(ctx, topic(to)))
+	require.NoError(t, b.client.ChangeTrackingMode(ctx, b.topic, to))
 	cfg, err := b.client.Topic(ctx, b.topic)
 	require.NoError(t, err)
 	require.Equal(t, to, cfg.Tracking)
@@ -187,12 +187,11 @@ func TestBitmapTopicWith64GroupsMovesToCounter(t *testing.T) {
 	require.ErrorIs(t, group(64).Start(ctx, consumergroup.FromNow()), outbox.ErrTooManyGroups)
 	b.send(t, 1, 2, 3)
 
-	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+	require.NoError(t, b.client.ChangeTrackingMode(ctx, b.topic, outbox.Counter))
 	g64 := group(64)
 	start(t, g64, consumergroup.FromNow())
 	b.send(t, 4, 5)
-	err = b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: outbox.Bitmap})
-	require.ErrorIs(t, err, outbox.ErrTooManyGroups)
+	require.ErrorIs(t, b.client.ChangeTrackingMode(ctx, b.topic, outbox.Bitmap), outbox.ErrTooManyGroups)
 	cfg, err := b.client.Topic(ctx, b.topic)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Counter, cfg.Tracking, "nothing changed")

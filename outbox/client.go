@@ -175,15 +175,12 @@ func (c *Client) now() *time.Time {
 // configuration again, so changing Queue to PubSub (or back) fails with
 // ErrInvalidConfig.
 //
-// A PUB_SUB topic's tracking mode may change at any time, with groups
-// and producers running, and nothing is lost or delivered twice: the
-// messages written from then on carry the new mode's completion record,
-// and those already stored keep theirs. Until cleanup has deleted the
-// last of those (TopicConfig.ModeChanging), groups and cleanup read each
-// message's own record, which costs a statement more per completed batch.
-// A change to Bitmap gives every group a bit; with more than 64 groups it
-// fails with ErrTooManyGroups and changes nothing. A Bitmap topic that
-// needs a 65th group moves to Counter (or Offset) this way.
+// A PUB_SUB topic's tracking mode is set by its configuration while the
+// topic has no group subscribed and no message stored. Once it has, the
+// mode changes only by ChangeTrackingMode, an operation of its own: a
+// ConfigureTopic naming another mode keeps the topic's (and logs a
+// warning), so the releases of a service that a rolling deploy runs side
+// by side never change it back and forth.
 //
 // ConfigureTopic waits for the topic's producer transactions and
 // subscription changes in flight, and for the open transactions that sent
@@ -208,20 +205,22 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	}
 	var tag pgconn.CommandTag
 	var wasConfigured bool
+	var kept, asked TrackingMode // a topic in use keeps its mode
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		if cfg.Tracking == Bitmap {
-			// Groups that may get a bit, locked before the topic, as
-			// the groups' state changes lock them.
-			if _, err := tx.Exec(ctx, c.sql.LockBitless, cfg.Name); err != nil {
-				return err
-			}
-		}
 		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
 			return err
 		}
 		if cfg.Semantics == PubSub {
-			if err := c.prepareModeChange(ctx, tx, cfg); err != nil {
+			var current string
+			var inUse bool
+			err := tx.QueryRow(ctx, c.sql.TrackingInUse, cfg.Name).Scan(&current, &inUse)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return err
+			}
+			if inUse && current != "" && current != string(cfg.Tracking) {
+				kept, asked = TrackingMode(current), cfg.Tracking
+				s := current
+				tracking = &s
 			}
 		}
 		if cfg.Semantics == PubSub || cfg.Ordered {
@@ -252,9 +251,6 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			cfg.Ordered, orderedDeadLetters)
 		return err
 	})
-	if errors.Is(err, ErrTooManyGroups) {
-		return fmt.Errorf("outbox: configure topic %q: %w; choose Counter or Offset", cfg.Name, err)
-	}
 	if errors.Is(err, errQueuedMessages) {
 		return fmt.Errorf("%w: topic %q has QUEUE messages (sent before it was configured); consume or delete them before configuring it PubSub or ordered",
 			ErrInvalidConfig, cfg.Name)
@@ -273,8 +269,76 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		}
 		return fmt.Errorf("%w: topic %q cannot take this configuration", ErrInvalidConfig, cfg.Name)
 	}
+	if kept != "" {
+		c.logger.Warn("pgoutbox: the topic's tracking mode is not the configured one; it keeps its own (change it with ChangeTrackingMode or pgoutbox mode migrate)",
+			slog.String("topic", cfg.Name), slog.String("mode", string(kept)), slog.String("configured", string(asked)))
+	}
 	if cfg.Ordered && cfg.Semantics == Queue && !wasConfigured {
 		return c.markOrdered(ctx, cfg.Name, true)
+	}
+	return nil
+}
+
+// ChangeTrackingMode changes a PUB_SUB topic's tracking mode with its
+// groups and producers running; nothing is lost or delivered twice. It
+// waits for the topic's producer transactions in flight: their messages
+// keep the old mode's completion record, and every later one carries the
+// new mode's. Until cleanup has deleted the last message written under
+// an earlier mode (TopicConfig.ModeChanging), groups and cleanup read each
+// message's own record, which costs up to two statements more per
+// completed batch, and a dedupe row per group for each message written in
+// Offset mode; running group instances pick the change up at their next
+// look. A change to Bitmap gives every group a bit, and fails with
+// ErrTooManyGroups (changing nothing) when more than 64 need one: a Bitmap
+// topic that reaches 64 groups moves to Counter this way instead of being
+// rebuilt. An unknown topic fails with ErrNotFound, a QUEUE topic with
+// ErrWrongSemantics. Configure the topic with the new mode in your
+// services too: until then ConfigureTopic logs a warning (and keeps it).
+func (c *Client) ChangeTrackingMode(ctx context.Context, topic string, mode TrackingMode) error {
+	if err := ValidateTopic(topic); err != nil {
+		return err
+	}
+	switch mode {
+	case Bitmap, Counter, Offset:
+	default:
+		return fmt.Errorf("%w: unknown tracking mode %q", ErrInvalidConfig, mode)
+	}
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		// Like a change of the subscribed set: the topic's lock, waiting
+		// for its producers, then its row, so that a producer statement
+		// that waited re-reads it (see sqlq.insertPublished).
+		if _, err := tx.Exec(ctx, c.sql.LockTopic, topic); err != nil {
+			return err
+		}
+		var semantics, current string
+		err := tx.QueryRow(ctx, c.sql.LockTopicRow, topic).Scan(&semantics, &current)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+		case err != nil:
+			return err
+		case Semantics(semantics) != PubSub:
+			return fmt.Errorf("%w: %q is a %s topic; it has no tracking mode", ErrWrongSemantics, topic, semantics)
+		case current == string(mode):
+			return nil
+		}
+		if mode == Bitmap {
+			var short int64
+			if err := tx.QueryRow(ctx, c.sql.AssignBits, topic).Scan(&short); err != nil {
+				return err
+			}
+			if short > 0 {
+				return fmt.Errorf("%w: %d more groups than free bits; choose Counter or Offset", ErrTooManyGroups, short)
+			}
+			if _, err := tx.Exec(ctx, c.sql.ResetSubscribedBits, topic); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, c.sql.ChangeTracking, topic, string(mode))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: change tracking mode of %q: %w", topic, err)
 	}
 	return nil
 }
@@ -304,29 +368,6 @@ func (c *Client) markOrdered(ctx context.Context, topic string, waitForSends boo
 		return fmt.Errorf("outbox: mark messages of ordered topic %q: %w", topic, err)
 	}
 	return nil
-}
-
-// prepareModeChange locks the row of PUB_SUB topic cfg (see
-// sqlq.lockTopicRow) and, when its tracking mode changes to Bitmap, gives
-// its groups bits.
-func (c *Client) prepareModeChange(ctx context.Context, tx pgx.Tx, cfg TopicConfig) error {
-	var current string
-	err := tx.QueryRow(ctx, c.sql.LockTopicRow, cfg.Name).Scan(&current)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (current == string(cfg.Tracking) || cfg.Tracking != Bitmap)) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var short int64
-	if err := tx.QueryRow(ctx, c.sql.AssignBits, cfg.Name).Scan(&short); err != nil {
-		return err
-	}
-	if short > 0 {
-		return fmt.Errorf("%w: %d more groups than free bits", ErrTooManyGroups, short)
-	}
-	_, err = tx.Exec(ctx, c.sql.ResetSubscribedBits, cfg.Name)
-	return err
 }
 
 // errQueuedMessages: a topic about to become PUB_SUB has QUEUE messages.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/clocktest"
+	"github.com/pgoutbox/pgoutbox/internal/testlog"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -568,7 +569,7 @@ func TestTrackingModeChangeWaitsForASendInFlight(t *testing.T) {
 
 	changed := make(chan error, 1)
 	go func() {
-		changed <- b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap})
+		changed <- b.client.ChangeTrackingMode(ctx, "events", outbox.Bitmap)
 	}()
 	select {
 	case err := <-changed:
@@ -598,6 +599,43 @@ func TestTrackingModeChangeWaitsForASendInFlight(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT required_bits IS NOT NULL AND required_count IS NULL FROM `+
 		b.db.Table("outbox_published")+` WHERE id = $1`, later).Scan(&counterRecord))
 	require.True(t, counterRecord, "a later message carries the Bitmap record")
+}
+
+// ConfigureTopic sets the tracking mode of a topic not in use, and keeps
+// that of a topic in use (two releases of a service configuring it
+// differently must not change it back and forth): the other settings
+// apply, and a warning says so. ChangeTrackingMode refuses bad input.
+func TestConfigureTopicKeepsTheModeOfATopicInUse(t *testing.T) {
+	t.Parallel()
+	var logs testlog.Buffer
+	b := setup(t, outbox.Config{Logger: logs.Logger()})
+	ctx := context.Background()
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	topic, err := b.client.Topic(ctx, "events")
+	require.NoError(t, err)
+	require.Equal(t, outbox.Bitmap, topic.Tracking, "not in use: it changes")
+	require.Empty(t, logs.Lines("level=WARN"))
+
+	_, err = b.producer.Send(ctx, b.db.Pool, seqMessage("events", 1))
+	require.NoError(t, err)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset, MaxAttempts: 7}))
+	topic, err = b.client.Topic(ctx, "events")
+	require.NoError(t, err)
+	require.Equal(t, outbox.Bitmap, topic.Tracking, "in use: it keeps its mode")
+	require.Equal(t, 7, topic.MaxAttempts, "and takes the other settings")
+	require.False(t, topic.ModeChanging)
+	require.Len(t, logs.Lines("level=WARN"), 1)
+	require.Contains(t, logs.Lines("level=WARN")[0], "configured=OFFSET")
+
+	require.ErrorIs(t, b.client.ChangeTrackingMode(ctx, "events", "SIDEWAYS"), outbox.ErrInvalidConfig)
+	require.ErrorIs(t, b.client.ChangeTrackingMode(ctx, "nope", outbox.Offset), outbox.ErrNotFound)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs", Semantics: outbox.Queue}))
+	require.ErrorIs(t, b.client.ChangeTrackingMode(ctx, "jobs", outbox.Offset), outbox.ErrWrongSemantics)
+	require.NoError(t, b.client.ChangeTrackingMode(ctx, "events", outbox.Bitmap), "already: nothing to do")
+	topic, err = b.client.Topic(ctx, "events")
+	require.NoError(t, err)
+	require.False(t, topic.ModeChanging)
 }
 
 // A topic that received messages before its first configuration holds

@@ -255,9 +255,7 @@ func modeChangesUnderLoad(t *testing.T, s *Subject) {
 		}
 		at := e.committedCount() + messages/4
 		pgtest.Eventually(t, 30*time.Second, "more messages sent", func() bool { return e.committedCount() >= at })
-		tc := e.Topic
-		tc.Tracking = mode
-		require.NoError(t, e.Client.ConfigureTopic(ctx, tc))
+		require.NoError(t, e.Client.ChangeTrackingMode(ctx, e.Topic.Name, mode))
 	}
 	require.Less(t, e.committedCount(), messages*9/10, "the producers were still sending after the last change")
 	sent := wait()

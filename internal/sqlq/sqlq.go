@@ -32,7 +32,7 @@ type Outbox struct {
 	Insert, InsertNotify, SelectIdempotent         string
 	LockTopic, AnyQueued, UpsertTopic, SelectTopic string
 	LockTopicRow, AssignBits, ResetSubscribedBits  string
-	LockBitless                                    string
+	TrackingInUse, ChangeTracking                  string
 	Claim, ClaimOrdered                            string
 	Ack, Settle, ExtendLease, ExtendLeases         string
 	ListDeadLetters, ReplayDeadLetters             string
@@ -66,7 +66,8 @@ func For(schema string) *Outbox {
 		AnyQueued:                    r.Replace(anyQueued),
 		UpsertTopic:                  r.Replace(upsertTopic),
 		LockTopicRow:                 r.Replace(lockTopicRow),
-		LockBitless:                  r.Replace(lockBitless),
+		TrackingInUse:                r.Replace(trackingInUse),
+		ChangeTracking:               r.Replace(changeTracking),
 		AssignBits:                   r.Replace(assignBits),
 		ResetSubscribedBits:          r.Replace(resetSubscribedBits),
 		SelectTopic:                  r.Replace(selectTopic),
@@ -364,7 +365,6 @@ VALUES ($1, $2, $3, $4 * interval '1 microsecond', $5, $6 * interval '1 microsec
         $14, $15)
 ON CONFLICT (topic) DO UPDATE SET
     semantics = excluded.semantics,
-    tracking_mode = excluded.tracking_mode,
     retention = excluded.retention,
     max_attempts = excluded.max_attempts,
     backoff_initial = excluded.backoff_initial,
@@ -376,31 +376,43 @@ ON CONFLICT (topic) DO UPDATE SET
     max_retention = excluded.max_retention,
     zombie_ttl = excluded.zombie_ttl,
     ordered_dead_letters = excluded.ordered_dead_letters,
-    -- A change of tracking mode: every message written under the old one
-    -- has an xid below this (the producers that read the old mode hold
-    -- the topic's lock, which ConfigureTopic waited for).
-    mode_changed_below = CASE WHEN outbox_topics.tracking_mode IS DISTINCT FROM excluded.tracking_mode
-                              THEN greatest(outbox_topics.mode_changed_below, pg_snapshot_xmax(pg_current_snapshot()))
-                              ELSE outbox_topics.mode_changed_below END,
+    -- A topic in use keeps its mode (ConfigureTopic passes it): only an
+    -- unused one changes here, and a change of mode of a topic in use is
+    -- changeTracking's.
+    tracking_mode = excluded.tracking_mode,
     updated_at = now()
 -- Semantics and ordering never change (producers rely on them, see
 -- insertQueued and insertOrdered).
 WHERE outbox_topics.semantics = excluded.semantics AND outbox_topics.ordered = excluded.ordered`
 
-// lockTopicRow follows lockTopicExclusive when a PUB_SUB topic's tracking
-// mode may change: it reads the current mode and locks the row, so that a
+// lockTopicRow follows lockTopicExclusive in a change of tracking mode:
+// it reads the topic's semantics and mode and locks its row, so that a
 // producer statement that waited for the topic's lock re-reads the row
 // (and writes the new mode's columns), as for a change of the subscribed
 // set (see insertPublished).
 const lockTopicRow = `
-SELECT coalesce(tracking_mode, '') FROM {{schema}}.outbox_topics WHERE topic = $1 FOR UPDATE`
+SELECT semantics, coalesce(tracking_mode, '') FROM {{schema}}.outbox_topics WHERE topic = $1 FOR UPDATE`
 
-// lockBitless locks the subscriptions of topic $1 that assignBits may
-// give a bit, in id order.
-const lockBitless = `
-SELECT id FROM {{schema}}.outbox_topic_subscriptions
-WHERE topic = $1 AND bit IS NULL AND subscription_status <> 'CANCELLED'
-ORDER BY id FOR UPDATE`
+// trackingInUse reads topic $1's mode and whether the topic is in use: a
+// group subscribed (not CANCELLED) or a message stored. (After
+// lockTopicExclusive: nothing in flight.)
+const trackingInUse = `
+SELECT coalesce(t.tracking_mode, ''),
+       EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions AS s
+               WHERE s.topic = t.topic AND s.subscription_status <> 'CANCELLED')
+       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS p WHERE p.topic = t.topic)
+FROM {{schema}}.outbox_topics AS t WHERE t.topic = $1`
+
+// changeTracking sets topic $1's mode to $2 (after lockTopicRow): every
+// message written under the old one has an xid below the current
+// snapshot's xmax (the producers that read the old mode held the topic's
+// lock, which the change waited for), which mode_changed_below keeps
+// until cleanup finds none left.
+const changeTracking = `
+UPDATE {{schema}}.outbox_topics
+SET tracking_mode = $2, updated_at = now(),
+    mode_changed_below = greatest(mode_changed_below, pg_snapshot_xmax(pg_current_snapshot()))
+WHERE topic = $1`
 
 // assignBits gives every subscription of topic $1 that may still read
 // (not CANCELLED) and has no bit one of the free bits, lowest first, and

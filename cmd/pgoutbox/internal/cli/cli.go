@@ -486,7 +486,7 @@ func (c *command) mode(ctx context.Context, args []string) error {
 		}
 		return c.print(map[string]string{"topic": args[1], "mode": string(mode)}, func(w io.Writer) {
 			fmt.Fprintf(w, "topic %s now tracks new messages in %s mode; stored ones keep theirs until cleanup deletes them\n", args[1], mode)
-			fmt.Fprintln(w, "configure the topic with this mode in your services too: a ConfigureTopic with the old one changes it back")
+			fmt.Fprintln(w, "configure the topic with this mode in your services too (until then they log a warning at start)")
 		})
 	})
 }
