@@ -129,13 +129,14 @@ func (g *Group) DiscardDeadLetters(ctx context.Context, ids ...int64) (int64, er
 			return err
 		}
 		n = int64(len(gone))
-		if n == 0 || (topic.Tracking == outbox.Offset && !topic.ModeChanging) {
-			return nil // Offset records nothing per message: the group's position is past it
+		if n == 0 {
+			return nil
 		}
 		// Completed, so that cleanup may delete the message (a dead letter
 		// not yet completed by maintenance would otherwise hold it), by
-		// its own record: the topic's mode may have changed since it was
-		// read.
+		// its own record (none for an Offset message: the group's
+		// position is past it): the topic's mode may have changed since
+		// it was read.
 		tracker, err := pubsub.NewMixed(topic.Tracking, g.schema)
 		if err != nil {
 			return err
@@ -230,6 +231,22 @@ func (g *Group) Resurrect(ctx context.Context, backfill bool) error {
 		}
 		return g.resurrectFromNowTx(ctx, tx, sub)
 	})
+}
+
+// subscriptionRef reads the group's subscription (ErrNotFound: none).
+func (g *Group) subscriptionRef(ctx context.Context) (pubsub.Subscription, error) {
+	var sub pubsub.Subscription
+	err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+		s, err := g.selectSubscription(ctx, tx)
+		if s == nil && err == nil {
+			err = fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
+		}
+		if err == nil {
+			sub = s.ref(g.cfg.Topic, g.cfg.Group)
+		}
+		return err
+	})
+	return sub, err
 }
 
 // deadSubscription reads and locks the group's subscription, which must
@@ -332,20 +349,6 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 	if err != nil {
 		return 0, err
 	}
-	var sub pubsub.Subscription
-	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-		s, err := g.selectSubscription(ctx, tx)
-		if s == nil && err == nil {
-			err = fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
-		}
-		if err == nil {
-			sub = s.ref(g.cfg.Topic, g.cfg.Group)
-		}
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
 	var xmax string
 	var cutoff time.Time
 	if err := g.pool.QueryRow(ctx, g.q.SnapshotXmax).Scan(&xmax, &cutoff); err != nil {
@@ -355,6 +358,20 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 		cutoff = *now
 	}
 	cutoff = cutoff.Add(-olderThan)
+	// Where the position may move to is decided first: every message it
+	// will pass has committed by then, so the passes below see each one,
+	// with the group's bit as it is by then.
+	sub, err := g.subscriptionRef(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var target string
+	if err := g.pool.QueryRow(ctx, g.q.ForceTarget, sub.ID, g.cfg.Topic, cutoff).Scan(&target); err != nil {
+		return 0, fmt.Errorf("consumergroup: force complete: %w", err)
+	}
+	if sub, err = g.subscriptionRef(ctx); err != nil {
+		return 0, err
+	}
 	var total, retries int64
 	// complete runs sql, which returns message ids, and records them as
 	// completed by the group in the same transaction.
@@ -404,7 +421,7 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 		if err := g.lockOffset(ctx, tx, sub.ID); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, g.q.ForceAdvance, sub.ID, g.cfg.Topic, cutoff)
+		tag, err := tx.Exec(ctx, g.q.ForceAdvance, sub.ID, target)
 		moved = tag.RowsAffected() > 0
 		return err
 	})

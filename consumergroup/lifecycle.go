@@ -351,11 +351,11 @@ func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, o
 	if err != nil {
 		return err
 	}
-	if topic.Tracking == outbox.Offset && !topic.ModeChanging {
+	if topic.Tracking == outbox.Offset {
 		// Its claims kept what it had not read (within ZombieTTL), and its
-		// position reads everything: nothing to catch up. (While the
-		// mode changes, rows written under Bitmap or Counter mode while
-		// it was DEAD do not require it: the backfill reads them.)
+		// position reads everything (while a change from Bitmap or
+		// Counter mode is under way too, see streamFor): nothing to catch
+		// up.
 		g.logger.Warn("pgoutbox: consumer group came back from DEAD; it continues from its position")
 		return nil
 	}

@@ -229,3 +229,75 @@ func TestBitmapTopicWith64GroupsMovesToCounter(t *testing.T) {
 		return b.count(t, "topic = $1", b.topic) == 0 && !cfg.ModeChanging
 	})
 }
+
+// A group that dies twice while an Offset topic changes to Counter mode,
+// the second time in the middle of the backfill its first return started,
+// receives every message once: the messages written in Offset mode record
+// nothing of their own, and the second backfill, which reads again from
+// where the first began, skips those the group completed.
+func TestDeadTwiceDuringAModeChangeFromOffset(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Offset)
+	ctx := context.Background()
+	other := newRecorder()
+	og := b.newGroup(t, "other")
+	require.NoError(t, og.AddConsumer("m", other.handler, nil))
+	start(t, og, consumergroup.FromNow())
+	r := newRecorder()
+	run := func() *consumergroup.Group {
+		g := b.newGroup(t, "twice")
+		require.NoError(t, g.AddConsumer("m", r.handler, nil))
+		opts := consumergroup.FromNow()
+		opts.BackfillBatchSize, opts.BackfillRate = 2, 10 // a backfill of 20 takes two seconds
+		require.NoError(t, g.Start(ctx, opts))
+		return g
+	}
+	require.NoError(t, run().Stop(ctx))
+	b.sendRange(t, 0, 20) // Offset messages it owes
+	require.NoError(t, b.client.ChangeTrackingMode(ctx, b.topic, outbox.Counter))
+	b.makeDead(t, "twice")
+	b.sendRange(t, 20, 30) // Counter messages written while it was DEAD
+
+	g := run() // back, with a backfill of 0..29
+	b.sendRange(t, 30, 40)
+	pgtest.Eventually(t, 10*time.Second, "the stream and part of the backfill", func() bool {
+		return r.has(39) && r.distinct() >= 15
+	})
+	require.NoError(t, g.Stop(ctx))
+	require.Less(t, r.distinct(), 40, "the backfill is still under way")
+	b.makeDead(t, "twice")
+	b.sendRange(t, 40, 45)
+	g = run()
+	pgtest.Eventually(t, 20*time.Second, "every message", func() bool { return r.distinct() == 45 })
+	require.NoError(t, g.Stop(ctx))
+	require.Zero(t, r.dups(), "duplicates:\n%s", r.duplicates())
+}
+
+// While a Bitmap topic changes to Counter, a group DEAD within its
+// ZombieTTL holds what it owes and nothing more: cleanup deletes the
+// messages written since it died, as it would in either mode.
+func TestModeChangeCleanupPassesADeadGroup(t *testing.T) {
+	t.Parallel()
+	b := setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
+		Retention: time.Microsecond, ZeroSubscriptionRetention: time.Microsecond})
+	ctx := context.Background()
+	other := newRecorder()
+	og := b.newGroup(t, "other")
+	require.NoError(t, og.AddConsumer("m", other.handler, nil))
+	start(t, og, consumergroup.FromNow())
+	dead := b.newGroup(t, "dead")
+	require.NoError(t, dead.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	require.NoError(t, dead.Start(ctx, consumergroup.FromNow()))
+	require.NoError(t, dead.Stop(ctx))
+	owed := b.send(t, 1, 2, 3)
+	b.makeDead(t, "dead")
+	require.NoError(t, b.client.ChangeTrackingMode(ctx, b.topic, outbox.Counter))
+	b.send(t, 4, 5, 6)
+	pgtest.Eventually(t, 10*time.Second, "the other group handling 1..6", func() bool { return other.distinct() == 6 })
+	pgtest.Eventually(t, 10*time.Second, "cleanup deleting 4..6", func() bool {
+		_, err := og.Cleanup(ctx, 100)
+		require.NoError(t, err)
+		return b.count(t, "topic = $1", b.topic) == 3
+	})
+	require.Equal(t, 3, b.count(t, "topic = $1 AND id = ANY($2)", b.topic, owed), "what the DEAD group owes stays")
+}

@@ -326,15 +326,21 @@ type Mixed struct {
 func (m *Mixed) Mode() outbox.TrackingMode { return m.mode }
 
 // Complete implements Tracker: the group's bit on Bitmap messages (when
-// it has one), a dedupe row and count on Counter messages; Offset
-// messages need nothing.
+// it has one), a dedupe row and count on Counter messages. Offset
+// messages need nothing while the topic is in Offset mode; in the others
+// each gets a dedupe row, so that a backfill (the way a DEAD group comes
+// back there) skips those the group completed.
 func (m *Mixed) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
 	if sub.Mask() != 0 {
 		if _, err := exec(ctx, tx, "bitmap complete", m.q.BitmapComplete, ids, sub.Mask()); err != nil {
 			return err
 		}
 	}
-	_, err := exec(ctx, tx, "counter complete", m.q.CounterCompleteTracked, ids, sub.ID)
+	sql := m.q.CounterCompleteUnbitted
+	if m.mode == outbox.Offset {
+		sql = m.q.CounterCompleteTracked
+	}
+	_, err := exec(ctx, tx, "counter complete", sql, ids, sub.ID)
 	return err
 }
 

@@ -131,11 +131,22 @@ func CleanupBounds(ctx context.Context, db DB, schema string, t outbox.TopicConf
 	if b.Watermark, err = watermark(ctx, db, q, topic, t.Tracking == outbox.Offset || t.ModeChanging); err != nil {
 		return Bounds{}, err
 	}
+	bound := b.Watermark
+	if t.ModeChanging && t.Tracking != outbox.Offset {
+		// The Offset messages of a change are judged by the watermark
+		// above, DEAD groups included; the scan goes as far as Bitmap and
+		// Counter mode's, past a DEAD group's position.
+		if bound, err = watermark(ctx, db, q, topic, false); err != nil {
+			return Bounds{}, err
+		}
+	}
 	if b.Watermark != "" {
 		if _, err := exec(ctx, db, "record watermark", q.UpsertWatermark, topic, b.Watermark); err != nil {
 			return Bounds{}, err
 		}
-		b.Below = strings.SplitN(b.Watermark, ":", 3)[1] // its xmax: rows from it on are not visible in it
+	}
+	if bound != "" {
+		b.Below = strings.SplitN(bound, ":", 3)[1] // its xmax: rows from it on are not visible in it
 	}
 	if b.Below, err = frontier(ctx, db, q, topic, b.Below, now.Add(-min(keep.Completed, keep.ZeroSubscription))); err != nil {
 		return Bounds{}, err

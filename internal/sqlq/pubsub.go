@@ -44,7 +44,7 @@ type PubSub struct {
 	BlockedMessageGroups, BlockedGroupsSummary                string
 	GroupHealthHead, GroupHealth                              string
 	ResurrectFromNow, ForceCompleteRetries, ForceCompleteRows string
-	ForceAdvance                                              string
+	ForceTarget, ForceAdvance                                 string
 	Inconsistencies                                           string
 
 	BitmapComplete, BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup string
@@ -53,6 +53,7 @@ type PubSub struct {
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark             string
 	BitmapHeld, CounterHeld, OffsetHeld                                       string
 	MixedHeld, MixedCleanup, CounterCompleteTracked, ModeChangeOver           string
+	CounterCompleteUnbitted                                                   string
 	RetentionFrontier, SnapshotXmax                                           string
 }
 
@@ -123,6 +124,7 @@ func ForPubSub(schema string) *PubSub {
 		ResurrectFromNow:     q(resurrectFromNow),
 		ForceCompleteRetries: q(forceCompleteRetries),
 		ForceCompleteRows:    q(forceCompleteRows),
+		ForceTarget:          q(forceTarget),
 		ForceAdvance:         q(forceAdvance),
 		Inconsistencies:      q(inconsistencies),
 
@@ -143,6 +145,7 @@ func ForPubSub(schema string) *PubSub {
 		MixedHeld:               q(partitionHeld(unfinishedInRange(mixedDone("$8")))),
 		MixedCleanup:            q(mixedCleanup),
 		CounterCompleteTracked:  q(counterCompleteTracked),
+		CounterCompleteUnbitted: q(counterCompleteUnbitted),
 		ModeChangeOver:          q(modeChangeOver),
 		UpsertWatermark:         q(upsertWatermark),
 		RetentionFrontier:       q(retentionFrontier),
@@ -304,22 +307,26 @@ WHERE o.topic = $1 AND o.id > $5 AND o.created_at < $2 AND o.status = 'PUBLISHED
                                WHERE c.message_id = o.id AND c.subscription_id = $4` + perRow + `)))
 ORDER BY o.id LIMIT $6`
 
-// forceAdvance moves subscription $1's read position past the messages
-// of topic $2 written before $3 that it has not read, when it can without
-// reading anything twice: with no batch open and no snapshot pair in
-// progress. The new position sees every xid below X, the lesser of the
+// forceTarget is where ForceComplete may move subscription $1's read
+// position to pass the messages of topic $2 written before $3 that it has
+// not read: a snapshot that sees every xid below X, the lesser of the
 // database's xmin (every xid below it has ended) and the first xid, in
-// commit order, of a message it has not read written at or after $3; it
-// moves only when X is past the position's xmax, so it sees all the old
-// position saw. It returns whether it moved.
-var forceAdvance = `
+// commit order, of a message it has not read written at or after $3. X is
+// returned as text.
+var forceTarget = `
+SELECT least(pg_snapshot_xmin(pg_current_snapshot()),
+             (SELECT u.xid FROM (` + unseenRows("o.xid, o.id", "o.topic = $2 AND o.created_at >= $3", "p.position", "'0'::xid8", "-1", "1") + `) AS u
+              ORDER BY u.xid, u.id LIMIT 1))::text
+FROM {{schema}}.outbox_subscription_offsets AS p WHERE p.subscription_id = $1`
+
+// forceAdvance moves subscription $1's read position to see every xid
+// below $2 (forceTarget's), when it can without reading anything twice:
+// no batch open, no snapshot pair in progress, and $2 past the position's
+// xmax (so the new position sees all the old one saw).
+const forceAdvance = `
 UPDATE {{schema}}.outbox_subscription_offsets AS f
-SET position = (x.x::text || ':' || x.x::text || ':')::pg_snapshot, updated_at = now()
-FROM (SELECT least(pg_snapshot_xmin(pg_current_snapshot()),
-                   (SELECT u.xid FROM (` + unseenRows("o.xid, o.id", "o.topic = $2 AND o.created_at >= $3", "p.position", "'0'::xid8", "-1", "1") + `) AS u
-                    ORDER BY u.xid, u.id LIMIT 1)) AS x
-      FROM {{schema}}.outbox_subscription_offsets AS p WHERE p.subscription_id = $1) AS x
-WHERE f.subscription_id = $1 AND f.pair_cur IS NULL AND x.x > pg_snapshot_xmax(f.position)
+SET position = ($2 || ':' || $2 || ':')::pg_snapshot, updated_at = now()
+WHERE f.subscription_id = $1 AND f.pair_cur IS NULL AND $2::xid8 > pg_snapshot_xmax(f.position)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches AS b WHERE b.subscription_id = $1)`
 
 // inconsistencies reads every stored PUB_SUB message (up to $1 per topic
@@ -1161,6 +1168,15 @@ var counterComplete = counterCompleteOf(`SELECT unnest($1::bigint[]), $2`)
 var counterCompleteTracked = counterCompleteOf(`SELECT o.id, $2 FROM {{schema}}.outbox_published AS o
     WHERE o.id = ANY($1::bigint[]) AND o.required_count IS NOT NULL`)
 
+// counterCompleteUnbitted is counterCompleteTracked that also gives a
+// dedupe row to the messages written in Offset mode, which record nothing
+// of their own: a topic that changed from Offset to Bitmap or Counter
+// mode resurrects its DEAD groups with a backfill, which then skips those
+// the group completed (see pubsub.Mixed). Cleanup deletes the rows with
+// their messages.
+var counterCompleteUnbitted = counterCompleteOf(`SELECT o.id, $2 FROM {{schema}}.outbox_published AS o
+    WHERE o.id = ANY($1::bigint[]) AND o.required_bits IS NULL`)
+
 func counterCompleteOf(source string) string {
 	return `
 WITH fresh AS (
@@ -1170,7 +1186,7 @@ WITH fresh AS (
     RETURNING message_id
 ), locked AS ( -- rows locked in id order by every group, as in bitmapComplete
     SELECT o.id, o.xid FROM {{schema}}.outbox_published AS o
-    WHERE o.id IN (SELECT message_id FROM fresh)
+    WHERE o.id IN (SELECT message_id FROM fresh) AND o.required_count IS NOT NULL
     ORDER BY o.id FOR UPDATE
 )
 UPDATE {{schema}}.outbox_published AS o
