@@ -161,6 +161,30 @@ func (c *Client) Ack(ctx context.Context, ds ...*Delivery) error {
 	return nil
 }
 
+// AckTx deletes handled message d inside tx, the caller's transaction
+// that holds the handler's own writes: they and the ack commit together,
+// or neither does. So a handler whose effects are writes to this database
+// has them exactly once. It checks that d's lease still stands (the
+// message was not claimed again since): if not, it returns ErrLeaseLost
+// and the caller must roll tx back, so that only the redelivery's effects
+// remain. Call it last in tx: the message's row stays locked until tx
+// ends (a claim passes over it meanwhile). A consumer's handler that acked
+// in its transaction returns nil; the consumer's own ack then finds
+// nothing left to do.
+func (c *Client) AckTx(ctx context.Context, tx Executor, d *Delivery) error {
+	if tx == nil {
+		return fmt.Errorf("%w: AckTx of message %d", ErrNilExecutor, d.ID)
+	}
+	tag, err := tx.Exec(ctx, c.sql.Ack, []int64{d.ID}, []int32{int32(d.Attempt)})
+	if err != nil {
+		return fmt.Errorf("outbox: ack: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: message %d attempt %d", ErrLeaseLost, d.ID, d.Attempt)
+	}
+	return nil
+}
+
 // Retry ends d's lease and makes the message available again after delay
 // (or dead-letters it when that was its last attempt), recording reason.
 func (c *Client) Retry(ctx context.Context, d *Delivery, delay time.Duration, reason string) error {
