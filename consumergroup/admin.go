@@ -237,10 +237,7 @@ func (g *Group) Resurrect(ctx context.Context, backfill bool) error {
 func (g *Group) subscriptionRef(ctx context.Context) (pubsub.Subscription, error) {
 	var sub pubsub.Subscription
 	err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-		s, err := g.selectSubscription(ctx, tx)
-		if s == nil && err == nil {
-			err = fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
-		}
+		s, err := g.foundSubscription(ctx, tx)
 		if err == nil {
 			sub = s.ref(g.cfg.Topic, g.cfg.Group)
 		}
@@ -249,20 +246,40 @@ func (g *Group) subscriptionRef(ctx context.Context) (pubsub.Subscription, error
 	return sub, err
 }
 
+// foundSubscription is selectSubscription that fails with ErrNotFound
+// when the group has none.
+func (g *Group) foundSubscription(ctx context.Context, tx pgx.Tx) (*subscription, error) {
+	sub, err := g.selectSubscription(ctx, tx)
+	if err == nil && sub == nil {
+		err = fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
+	}
+	return sub, err
+}
+
 // deadSubscription reads and locks the group's subscription, which must
 // be DEAD.
 func (g *Group) deadSubscription(ctx context.Context, tx pgx.Tx) (*subscription, error) {
-	sub, err := g.selectSubscription(ctx, tx)
-	switch {
-	case err != nil:
-		return nil, err
-	case sub == nil:
-		return nil, fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
-	case sub.status != Dead:
-		return nil, fmt.Errorf("%w: %s → %s by resurrection (group %q); only a DEAD group comes back",
+	sub, err := g.foundSubscription(ctx, tx)
+	if err == nil && sub.status != Dead {
+		err = fmt.Errorf("%w: %s → %s by resurrection (group %q); only a DEAD group comes back",
 			ErrInvalidTransition, sub.status, Active, g.cfg.Group)
 	}
-	return sub, nil
+	return sub, err
+}
+
+// mixedTracker returns the tracker that completes and forgets the
+// group's messages by each one's own record, whatever mode the topic had
+// when each was written (an operator's action reads the topic's mode
+// outside its transactions: a change may race it).
+func (g *Group) mixedTracker(ctx context.Context) (*pubsub.Mixed, error) {
+	topic, err := g.client.Topic(ctx, g.cfg.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if topic.Semantics != outbox.PubSub {
+		return nil, fmt.Errorf("%w: %q is a %s topic", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
+	}
+	return pubsub.NewMixed(topic.Tracking, g.schema)
 }
 
 // releaseOwed drops the DEAD group from every stored message it had not
@@ -270,14 +287,7 @@ func (g *Group) deadSubscription(ctx context.Context, tx pgx.Tx) (*subscription,
 // group requires no message written since it died, so afterwards none
 // waits for it.
 func (g *Group) releaseOwed(ctx context.Context) error {
-	topic, err := g.client.Topic(ctx, g.cfg.Topic)
-	if err != nil {
-		return err
-	}
-	if topic.Semantics != outbox.PubSub {
-		return fmt.Errorf("%w: %q is a %s topic", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
-	}
-	tracker, err := pubsub.NewMixed(topic.Tracking, g.schema) // by each message's own record
+	tracker, err := g.mixedTracker(ctx)
 	if err != nil {
 		return err
 	}
@@ -338,14 +348,7 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 	if olderThan < 0 {
 		return 0, fmt.Errorf("%w: negative age %s", outbox.ErrInvalidConfig, olderThan)
 	}
-	topic, err := g.client.Topic(ctx, g.cfg.Topic)
-	if err != nil {
-		return 0, err
-	}
-	if topic.Semantics != outbox.PubSub {
-		return 0, fmt.Errorf("%w: %q is a %s topic", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
-	}
-	tracker, err := pubsub.NewMixed(topic.Tracking, g.schema) // by each message's own record
+	tracker, err := g.mixedTracker(ctx)
 	if err != nil {
 		return 0, err
 	}

@@ -86,16 +86,15 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 	}
 	sub.status, sub.kind = State(status), Position(kind)
 	h.State, h.HeartbeatTimeout = sub.status, time.Duration(timeoutSecs*float64(time.Second))
+	// The completions it looks for are those of the records its stream
+	// reads by: its bit, its subscription id.
 	stream := streamFor(topic.Tracking, topic.ModeChanging, sub)
-	doneBit, doneSub := int64(0), int64(-1)
-	if topic.Tracking == outbox.Bitmap || topic.ModeChanging {
-		doneBit = mask(sub.bit)
-	}
-	if topic.Tracking == outbox.Counter || topic.ModeChanging {
-		doneSub = sub.id
+	doneSub := int64(-1)
+	if stream.subID != nil {
+		doneSub = *stream.subID
 	}
 	args := append([]any{sub.id, g.cfg.Topic}, stream.binds()...)
-	args = append(args, doneBit, doneSub, limit, sub.status != Dead)
+	args = append(args, stream.bit, doneSub, limit, sub.status != Dead)
 	var oldestUnread, oldestRetry *time.Time
 	var now time.Time
 	err = g.pool.QueryRow(ctx, g.q.GroupHealth, args...).Scan(&h.Unread, &oldestUnread, &h.LeasedBatches,

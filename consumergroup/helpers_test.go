@@ -166,3 +166,24 @@ func start(t *testing.T, g *consumergroup.Group, opts consumergroup.Subscription
 		_ = g.Stop(ctx)
 	})
 }
+
+// startRecording starts an instance of group name, from now, whose
+// handler records into r; it is stopped when the test ends.
+func (b *bundle) startRecording(t *testing.T, name string, r *recorder) *consumergroup.Group {
+	t.Helper()
+	g := b.newGroup(t, name)
+	require.NoError(t, g.AddConsumer("m", r.handler, nil))
+	start(t, g, consumergroup.FromNow())
+	return g
+}
+
+// subscribe registers group name from now and stops the instance that
+// did: the group is subscribed (ACTIVE) and reads nothing.
+func (b *bundle) subscribe(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	g := b.newGroup(t, name)
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
+	require.NoError(t, g.Stop(ctx))
+}

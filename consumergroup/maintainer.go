@@ -249,7 +249,6 @@ func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) erro
 		return err // Offset records nothing per message: its positions pass them
 	}
 	tracker, err := pubsub.NewMixed(t.Tracking, m.schema) // by each message's own record: t may be stale
-
 	if err != nil {
 		return err
 	}
@@ -327,8 +326,10 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 		if n, err = tracker.Cleanup(ctx, tx, topic, keep, limit); err != nil || !t.ModeChanging {
 			return err
 		}
-		over, err := pubsub.EndModeChange(ctx, tx, m.schema, topic)
-		if over {
+		// The change is over once no message written under an earlier
+		// mode is left (a later change waits for the lock this holds).
+		over, err := tx.Exec(ctx, m.q.ModeChangeOver, topic)
+		if err == nil && over.RowsAffected() > 0 {
 			m.logger.Info("pgoutbox: the tracking mode change is complete: no message written under the earlier mode is left",
 				slog.String("topic", topic), slog.String("mode", string(t.Tracking)))
 		}

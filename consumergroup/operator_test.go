@@ -25,15 +25,9 @@ func TestResurrectWithAndWithoutBackfill(t *testing.T) {
 				Retention: time.Microsecond, ZeroSubscriptionRetention: time.Microsecond})
 			ctx := context.Background()
 			other := newRecorder()
-			og := b.newGroup(t, "other")
-			require.NoError(t, og.AddConsumer("m", other.handler, nil))
-			start(t, og, consumergroup.FromNow())
-			for _, name := range []string{"with", "without"} {
-				g := b.newGroup(t, name)
-				require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
-				require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
-				require.NoError(t, g.Stop(ctx))
-			}
+			og := b.startRecording(t, "other", other)
+			b.subscribe(t, "with")
+			b.subscribe(t, "without")
 			b.send(t, 1, 2, 3) // owed by both
 			b.makeDead(t, "with")
 			b.makeDead(t, "without")
@@ -57,9 +51,7 @@ func TestResurrectWithAndWithoutBackfill(t *testing.T) {
 
 			recs := map[string]*recorder{"with": newRecorder(), "without": newRecorder()}
 			for name, r := range recs {
-				g := b.newGroup(t, name)
-				require.NoError(t, g.AddConsumer("m", r.handler, nil))
-				start(t, g, consumergroup.FromNow())
+				b.startRecording(t, name, r)
 			}
 			b.send(t, 6)
 			pgtest.Eventually(t, 10*time.Second, "both receiving 6, with its backfill of 1..5", func() bool {
@@ -87,9 +79,7 @@ func TestForceComplete(t *testing.T) {
 				Retention: time.Microsecond, ZeroSubscriptionRetention: time.Microsecond})
 			ctx := context.Background()
 			other, held := newRecorder(), newRecorder()
-			og := b.newGroup(t, "other")
-			require.NoError(t, og.AddConsumer("m", other.handler, nil))
-			start(t, og, consumergroup.FromNow())
+			b.startRecording(t, "other", other)
 			g := b.newGroup(t, "held")
 			require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
 				if p, _ := outbox.Decode[seqPayload](d); p.Seq == 0 {
@@ -142,10 +132,7 @@ func TestInconsistencies(t *testing.T) {
 	b := setup(t, outbox.Counter)
 	ctx := context.Background()
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "bits", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
-	g := b.newGroup(t, "g")
-	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
-	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
-	require.NoError(t, g.Stop(ctx))
+	b.subscribe(t, "g")
 	maint, err := consumergroup.NewMaintainer(b.db.Pool, b.client)
 	require.NoError(t, err)
 	ids := b.send(t, 1, 2, 3, 4, 5)

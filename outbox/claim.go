@@ -147,18 +147,25 @@ func (c *Client) takeBackExpired(ctx context.Context, t TopicConfig, out []claim
 
 // Ack deletes handled messages.
 func (c *Client) Ack(ctx context.Context, ds ...*Delivery) error {
+	lost, err := c.ack(ctx, c.pool, ds...)
+	if err == nil && lost > 0 {
+		err = fmt.Errorf("%w: %d of %d acks", ErrLeaseLost, lost, len(ds))
+	}
+	return err
+}
+
+// ack deletes the messages of ds whose leases still stand, with db (the
+// pool, or a caller's transaction), and returns how many did not.
+func (c *Client) ack(ctx context.Context, db Executor, ds ...*Delivery) (int, error) {
 	ids, attempts := make([]int64, len(ds)), make([]int32, len(ds))
 	for i, d := range ds {
 		ids[i], attempts[i] = d.ID, int32(d.Attempt)
 	}
-	tag, err := c.pool.Exec(ctx, c.sql.Ack, ids, attempts)
+	tag, err := db.Exec(ctx, c.sql.Ack, ids, attempts)
 	if err != nil {
-		return fmt.Errorf("outbox: ack: %w", err)
+		return 0, fmt.Errorf("outbox: ack: %w", err)
 	}
-	if int(tag.RowsAffected()) < len(ds) {
-		return fmt.Errorf("%w: %d of %d acks", ErrLeaseLost, len(ds)-int(tag.RowsAffected()), len(ds))
-	}
-	return nil
+	return len(ds) - int(tag.RowsAffected()), nil
 }
 
 // AckTx deletes handled message d inside tx, the caller's transaction
@@ -175,14 +182,11 @@ func (c *Client) AckTx(ctx context.Context, tx Executor, d *Delivery) error {
 	if tx == nil {
 		return fmt.Errorf("%w: AckTx of message %d", ErrNilExecutor, d.ID)
 	}
-	tag, err := tx.Exec(ctx, c.sql.Ack, []int64{d.ID}, []int32{int32(d.Attempt)})
-	if err != nil {
-		return fmt.Errorf("outbox: ack: %w", err)
+	lost, err := c.ack(ctx, tx, d)
+	if err == nil && lost > 0 {
+		err = fmt.Errorf("%w: message %d attempt %d", ErrLeaseLost, d.ID, d.Attempt)
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: message %d attempt %d", ErrLeaseLost, d.ID, d.Attempt)
-	}
-	return nil
+	return err
 }
 
 // Retry ends d's lease and makes the message available again after delay

@@ -205,7 +205,7 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	}
 	var tag pgconn.CommandTag
 	var wasConfigured bool
-	var kept, asked TrackingMode // a topic in use keeps its mode
+	var kept TrackingMode // a topic in use keeps its mode
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
 			return err
@@ -218,9 +218,7 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 				return err
 			}
 			if inUse && current != "" && current != string(cfg.Tracking) {
-				kept, asked = TrackingMode(current), cfg.Tracking
-				s := current
-				tracking = &s
+				kept, tracking = TrackingMode(current), &current
 			}
 		}
 		if cfg.Semantics == PubSub || cfg.Ordered {
@@ -271,7 +269,7 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	}
 	if kept != "" {
 		c.logger.Warn("pgoutbox: the topic's tracking mode is not the configured one; it keeps its own (change it with ChangeTrackingMode or pgoutbox mode migrate)",
-			slog.String("topic", cfg.Name), slog.String("mode", string(kept)), slog.String("configured", string(asked)))
+			slog.String("topic", cfg.Name), slog.String("mode", string(kept)), slog.String("configured", string(cfg.Tracking)))
 	}
 	if cfg.Ordered && cfg.Semantics == Queue && !wasConfigured {
 		return c.markOrdered(ctx, cfg.Name, true)
@@ -298,9 +296,7 @@ func (c *Client) ChangeTrackingMode(ctx context.Context, topic string, mode Trac
 	if err := ValidateTopic(topic); err != nil {
 		return err
 	}
-	switch mode {
-	case Bitmap, Counter, Offset:
-	default:
+	if !mode.known() {
 		return fmt.Errorf("%w: unknown tracking mode %q", ErrInvalidConfig, mode)
 	}
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {

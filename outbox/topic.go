@@ -34,6 +34,9 @@ const (
 	Offset TrackingMode = "OFFSET"
 )
 
+// known reports whether m is one of the tracking modes.
+func (m TrackingMode) known() bool { return m == Bitmap || m == Counter || m == Offset }
+
 // DeadLetterPolicy says what an ordered topic does with a message group
 // whose oldest message was dead-lettered.
 type DeadLetterPolicy string
@@ -214,9 +217,7 @@ func (c TopicConfig) validate() error {
 			return fmt.Errorf("%w: topic %q: a QUEUE topic has no tracking mode (got %q)", ErrInvalidConfig, c.Name, c.Tracking)
 		}
 	case PubSub:
-		switch c.Tracking {
-		case Bitmap, Counter, Offset:
-		default:
+		if !c.Tracking.known() {
 			return fmt.Errorf("%w: topic %q: unknown tracking mode %q", ErrInvalidConfig, c.Name, c.Tracking)
 		}
 	default:

@@ -27,7 +27,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -391,16 +390,4 @@ func (m *Mixed) Holds(ctx context.Context, db DB, topic string, keep Retention, 
 		return false, err
 	}
 	return holds(ctx, db, m.q.MixedHeld, topic, keep, lo, hi, sealed, snapshotOrNull(wm))
-}
-
-// EndModeChange tells whether topic's mode change is over, and if so
-// records it: no message written under an earlier mode is stored. Run it
-// like Cleanup (holding the topic's lock in shared mode).
-func EndModeChange(ctx context.Context, db DB, schema, topic string) (bool, error) {
-	schema, err := ident.Schema(schema)
-	if err != nil {
-		return false, err
-	}
-	n, err := exec(ctx, db, "end mode change", sqlq.ForPubSub(schema).ModeChangeOver, topic)
-	return n > 0, err
 }

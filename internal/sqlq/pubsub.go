@@ -1137,6 +1137,11 @@ const retention = `
                       WHERE s.topic = o.topic AND ` + holdsClaims + `
                             AND b.backfill_from IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, b.backfill_from))`
 
+// pastZeroFloor: row o is older than the zero-subscription floor ($5
+// microseconds before now, $2), as every cleanup asks of the rows no group
+// required.
+const pastZeroFloor = `o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'`
+
 // bitmapDone is true for a row o of a Bitmap topic every required group
 // completed.
 const bitmapDone = `coalesce(o.done_bits, 0) & o.required_bits = o.required_bits`
@@ -1149,7 +1154,7 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
           AND ` + bitmapDone + `
-          AND (o.required_bits <> 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
+          AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)` +
 	retention + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
   AND coalesce(done_bits, 0) & required_bits = required_bits -- re-checked on the row version the delete locks`
@@ -1230,7 +1235,7 @@ WITH gone AS (
         SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
               AND ` + counterDone + `
-              AND (o.required_count > 0 OR o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond')` +
+              AND (o.required_count > 0 OR ` + pastZeroFloor + `)` +
 	retention + `
         ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
       AND coalesce(completed_count, 0) >= coalesce(required_count, 0) -- re-checked on the locked row version
@@ -1291,7 +1296,7 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
           AND CASE WHEN $6::pg_snapshot IS NULL
-                   THEN o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'
+                   THEN ` + pastZeroFloor + `
                    ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
 	retention + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)`
@@ -1334,9 +1339,6 @@ WITH gone AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
 )
 SELECT count(*) FROM gone`
-
-// pastZeroFloor: row o is older than the zero-subscription floor $5.
-const pastZeroFloor = `o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'`
 
 // modeChangeOver ends topic $1's mode change once no message written
 // before it is stored. Run it holding the topic's lock in shared mode (a
