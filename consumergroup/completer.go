@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
+	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
 // The completer: one goroutine per instance, writing outcomes in the order
@@ -106,17 +107,25 @@ func (r *runner) completeBatch(b *batch) {
 			if tag.RowsAffected() == 0 {
 				return errBatchLost
 			}
+			t := g.tracking()
 			if len(b.acked) > 0 {
 				// Every group locks message rows in ascending id order, so
 				// groups completing the same rows never deadlock.
 				slices.Sort(b.acked)
-				t := g.tracking()
 				if err := t.tracker.Complete(ctx, tx, t.sub, b.acked); err != nil {
 					return err
 				}
 			}
 			if len(retries) > 0 {
-				return r.insertRetries(ctx, tx, retries)
+				if err := r.insertRetries(ctx, tx, t, retries); err != nil {
+					return err
+				}
+			}
+			if inTx := b.handledInTx(); len(inTx) > 0 && t.mode == outbox.Offset && !t.mixing {
+				// The records AckTx wrote for a takeover are not needed once
+				// the batch is done.
+				_, err := tx.Exec(ctx, g.q.ForgetHandled, g.sub.ID, inTx)
+				return err
 			}
 			return nil
 		})
@@ -136,13 +145,13 @@ func (r *runner) completeBatch(b *batch) {
 
 var errBatchLost = errors.New("batch taken over")
 
-func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, fs []failure) error {
+func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, t *tracking, fs []failure) error {
 	n := len(fs)
 	ids, attempts, delays, dead, errs := make([]int64, n), make([]int32, n), make([]int64, n), make([]bool, n), make([]string, n)
 	for i, f := range fs {
 		ids[i], attempts[i], delays[i], dead[i], errs[i] = f.id, int32(f.attempts), f.delay.Microseconds(), f.dead, f.err
 	}
-	if _, err := tx.Exec(ctx, r.g.q.InsertRetries, r.g.sub.ID, ids, attempts, delays, dead, r.g.now(), errs); err != nil {
+	if _, err := tx.Exec(ctx, r.g.q.InsertRetries, r.g.sub.ID, ids, attempts, delays, dead, r.g.now(), errs, t.sub.Mask()); err != nil {
 		return err
 	}
 	if slices.Contains(dead, true) {

@@ -176,6 +176,7 @@ func untried(j *job) failure {
 // last message is done.
 func (r *runner) record(j *job, o outcome, f failure) {
 	defer r.window.Handled()
+	r.settled(j)
 	if j.batch == nil {
 		r.finished <- settled{retry: &retryOut{outcome: o, f: f}}
 		return

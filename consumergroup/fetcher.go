@@ -289,7 +289,12 @@ func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("take over batch: %w", err)
 	}
-	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, g.tracking().stream.binds()...)
+	stream := g.tracking().stream
+	if stream.subID == nil { // the move skips the messages a handler acked in its transaction (see AckTx)
+		id := g.sub.ID
+		stream.subID = &id
+	}
+	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, stream.binds()...)
 	args = append(args, catchupFor(g.subRow).binds()...)
 	args = append(args, prev, cur, afterXID, afterID, lastXID, lastID, member, catchup)
 	var moved int64
@@ -477,6 +482,7 @@ func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID
 func (r *runner) dispatch(jobs []*job) {
 	g := r.g
 	r.window.Claimed(len(jobs))
+	r.handOut(jobs)
 	g.metrics.delivered.Add(context.Background(), int64(len(jobs)))
 	g.tracer.Received(context.Background(), g.cfg.Topic, g.cfg.Group, len(jobs), r.lastFullLook)
 	if g.topic.Ordered {

@@ -47,6 +47,9 @@ type runner struct {
 	window  *pipeline.Window         // what the instance holds, and when it fetches next
 	held    held                     // leases being worked on (own mutex)
 
+	inflightMu sync.Mutex
+	inflight   map[*outbox.Delivery]*job // handed out and not yet recorded (see Group.AckTx)
+
 	// testBatchFinished, when set (tests), is called by the completer
 	// after a batch's outcome was written and before it leaves held.
 	testBatchFinished func(batchID int64)
@@ -109,6 +112,7 @@ type batch struct {
 	remaining atomic.Int64
 	mu        sync.Mutex // guards the outcome lists
 	acked     []int64
+	ackedInTx []int64   // acked in handlers' transactions (see Group.AckTx)
 	failed    []failure // to retry or dead-letter
 	released  []failure // never handled (stopping): handed back
 }
@@ -198,7 +202,7 @@ func (h *held) snapshot() (batches, retries []int64) {
 }
 
 func (g *Group) newRunner() (*runner, error) {
-	r := &runner{g: g, slots: map[*slot]struct{}{}, testBatchFinished: g.testBatchFinished, throttle: newThrottle(g.opts)}
+	r := &runner{g: g, slots: map[*slot]struct{}{}, inflight: map[*outbox.Delivery]*job{}, testBatchFinished: g.testBatchFinished, throttle: newThrottle(g.opts)}
 	r.held.batches, r.held.retries = map[int64]bool{}, map[int64]struct{}{}
 	members := g.members
 	r.members.Store(&members)

@@ -38,6 +38,7 @@ type PubSub struct {
 
 	// Completing.
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetries, ExtendLeases string
+	HoldBatch, TakeRetry, RecordHandled, ForgetHandled                   string
 
 	// Administration.
 	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters    string
@@ -113,6 +114,10 @@ func ForPubSub(schema string) *PubSub {
 		SettleRetry:   q(settleRetry),
 		DeleteRetries: q(deleteRetries),
 		ExtendLeases:  q(extendGroupLeases),
+		HoldBatch:     q(holdBatch),
+		TakeRetry:     q(takeRetry),
+		RecordHandled: q(recordHandled),
+		ForgetHandled: q(forgetHandled),
 
 		ListDeadLetters:      q(listGroupDeadLetters),
 		ReplayDeadLetters:    q(replayGroupDeadLetters),
@@ -957,7 +962,11 @@ const finishBatch = `DELETE FROM {{schema}}.outbox_group_batches WHERE id = $1 A
 
 // insertRetries parks failed messages of a batch (retry after a delay or
 // dead-letter), and messages a stopping instance never handled (attempts
-// given back, available at once).
+// given back, available at once), except those the group ($8: its bit,
+// 0 for none) recorded as completed: a handler that acked in its own
+// transaction (see Group.AckTx) and then failed, or overran its timeout,
+// has its message done. It runs after finishBatch, whose delete waited
+// for such a transaction to end.
 const insertRetries = `
 INSERT INTO {{schema}}.outbox_group_retries
     (subscription_id, message_id, status, attempts, available_at, last_error, dead_lettered_at, failing_since)
@@ -966,6 +975,10 @@ SELECT $1, r.message_id, CASE WHEN r.dead THEN 'DEAD_LETTER' ELSE 'RETRY' END, r
        CASE WHEN r.dead THEN coalesce($6::timestamptz, now()) END,
        CASE WHEN r.err <> '' THEN coalesce($6::timestamptz, now()) END
 FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::bool[], $7::text[]) AS r(message_id, attempts, delay_us, dead, err)
+WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                  WHERE c.message_id = r.message_id AND c.subscription_id = $1)
+  AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o
+                  WHERE o.id = r.message_id AND o.done_bits & $8::bigint <> 0)
 ON CONFLICT (subscription_id, message_id) DO NOTHING`
 
 // settleRetry ends a retry delivery that did not succeed: retry after $4
@@ -989,6 +1002,33 @@ const deleteRetries = `
 DELETE FROM {{schema}}.outbox_group_retries
 WHERE subscription_id = $1 AND message_id = ANY($2::bigint[]) AND lease_owner = $3 AND status = 'PROCESSING'
 RETURNING message_id`
+
+// holdBatch checks, in a handler's transaction, that member $2 still
+// holds batch $1 (Group.AckTx): the row is locked FOR KEY SHARE until the
+// transaction ends, so a takeover (FOR UPDATE SKIP LOCKED) passes over it
+// and finishBatch waits, while the lease keeper's update (which changes
+// no key) goes on.
+const holdBatch = `SELECT 1 FROM {{schema}}.outbox_group_batches WHERE id = $1 AND member = $2 FOR KEY SHARE`
+
+// takeRetry ends retry delivery $4 (its attempt) of message $2 held by
+// member $3, in a handler's transaction (Group.AckTx); no row means its
+// lease was lost.
+const takeRetry = `
+DELETE FROM {{schema}}.outbox_group_retries
+WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING' AND attempts = $4`
+
+// recordHandled records that subscription $1 completed message $2 where
+// its mode records nothing per message (Offset), so that a takeover of
+// its batch, or a failure written after it, skips the message (see
+// notCompleted and insertRetries).
+const recordHandled = `
+INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id) VALUES ($2, $1)
+ON CONFLICT DO NOTHING`
+
+// forgetHandled drops the records of recordHandled once their batch ($2
+// ids) completed: nothing reads them after that.
+const forgetHandled = `
+DELETE FROM {{schema}}.outbox_consumer_groups WHERE subscription_id = $1 AND message_id = ANY($2::bigint[])`
 
 // extendGroupLeases keeps the leases of the batches ($3) and retry deliveries
 // ($4) that member $2 is still working on, in one statement. It returns

@@ -1,0 +1,114 @@
+package consumergroup
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// AckTx records message d as handled by the group inside tx, the caller's
+// transaction that holds the handler's own writes: they and the group's
+// completion commit together, or neither does. So a handler whose effects
+// are writes to this database has them exactly once, whatever crashes,
+// lease expiries or redeliveries happen around it.
+//
+// Call it from the handler d was given to, last in tx, just before the
+// commit, and return nil after the commit (or the error, after a
+// rollback). It checks that this instance still holds d's lease: a batch
+// or retry taken over by another instance since (the lease ran out) makes
+// it return outbox.ErrLeaseLost, and the caller must roll tx back so that
+// only the redelivery's effects remain. From then until tx ends it holds
+// the lease's row locked: a takeover passes over it, and the lease
+// keeper's renewal of a retry delivery waits for it.
+//
+// What it writes, per tracking mode: the group's bit (Bitmap), the dedupe
+// row and count (Counter), or one dedupe row per message (Offset, which
+// otherwise records nothing per message; the row is deleted when the
+// message's batch completes, or with the message). The instance's own
+// completion afterwards finds the message done, and a takeover of its
+// batch, or a failure recorded after it, skips it. A message delivered as
+// a retry (and every message of an ordered group) has its retry row
+// deleted instead, in tx.
+//
+// d must be a delivery this Group value handed to its handler, not yet
+// returned: otherwise AckTx returns outbox.ErrLeaseLost too.
+func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error {
+	if tx == nil {
+		return fmt.Errorf("%w: AckTx of message %d", outbox.ErrNilExecutor, d.ID)
+	}
+	g.mu.Lock()
+	r := g.run
+	g.mu.Unlock()
+	var j *job
+	if r != nil {
+		j = r.handedOut(d)
+	}
+	if j == nil {
+		return fmt.Errorf("%w: message %d is not being handled by this instance", outbox.ErrLeaseLost, d.ID)
+	}
+	t := g.tracking()
+	ids := []int64{d.ID}
+	if j.batch == nil {
+		tag, err := tx.Exec(ctx, g.q.TakeRetry, g.sub.ID, d.ID, g.cfg.InstanceID, d.Attempt)
+		if err != nil {
+			return fmt.Errorf("consumergroup: ack: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("%w: message %d attempt %d", outbox.ErrLeaseLost, d.ID, d.Attempt)
+		}
+		return t.tracker.Complete(ctx, tx, t.sub, ids)
+	}
+	tag, err := tx.Exec(ctx, g.q.HoldBatch, j.batch.id, g.cfg.InstanceID)
+	if err != nil {
+		return fmt.Errorf("consumergroup: ack: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: message %d: its batch was taken over", outbox.ErrLeaseLost, d.ID)
+	}
+	if err := t.tracker.Complete(ctx, tx, t.sub, ids); err != nil {
+		return err
+	}
+	if t.mode == outbox.Offset { // after Complete: a Counter message of a mode change is counted there
+		if _, err := tx.Exec(ctx, g.q.RecordHandled, g.sub.ID, d.ID); err != nil {
+			return fmt.Errorf("consumergroup: ack: %w", err)
+		}
+		j.batch.mu.Lock()
+		j.batch.ackedInTx = append(j.batch.ackedInTx, d.ID)
+		j.batch.mu.Unlock()
+	}
+	return nil
+}
+
+// handOut lists jobs as handed to handlers, for AckTx.
+func (r *runner) handOut(jobs []*job) {
+	r.inflightMu.Lock()
+	defer r.inflightMu.Unlock()
+	for _, j := range jobs {
+		r.inflight[j.d] = j
+	}
+}
+
+// handedOut returns the job of a delivery being handled, or nil.
+func (r *runner) handedOut(d *outbox.Delivery) *job {
+	r.inflightMu.Lock()
+	defer r.inflightMu.Unlock()
+	return r.inflight[d]
+}
+
+// settled ends a job's listing: its outcome is being recorded.
+func (r *runner) settled(j *job) {
+	r.inflightMu.Lock()
+	delete(r.inflight, j.d)
+	r.inflightMu.Unlock()
+}
+
+// handledInTx returns the messages of the batch acked in handlers'
+// transactions.
+func (b *batch) handledInTx() []int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ackedInTx
+}
