@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -121,7 +120,7 @@ func withParam(dsn, key, value string) string {
 
 // record writes a handling to the ledger. Handlers call it before they
 // return nil, so the ledger holds exactly the successful handlings.
-func record(ctx context.Context, db *pgxpool.Pool, schema, group, instance string, d *outbox.Delivery) error {
+func record(ctx context.Context, db outbox.Executor, schema, group, instance string, d *outbox.Delivery) error {
 	p, err := outbox.Decode[Payload](d)
 	if err != nil {
 		return outbox.Permanent(err)

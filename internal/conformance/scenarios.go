@@ -2,7 +2,11 @@ package conformance
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,6 +45,7 @@ var scenarios = []scenario{
 	{"LongTransactionsElsewhere", false, longTransactions},
 	{"BackfillBesideNewMessagesAndAKill", true, backfillBesideNew},
 	{"TrackingModeChangesUnderLoad", true, modeChangesUnderLoad},
+	{"AckInTxExactlyOnceThroughKills", false, exactlyOnceThroughKills},
 }
 
 // Run runs every scenario that applies to s, each in a database of its own.
@@ -58,6 +63,9 @@ func Run(t *testing.T, s *Subject) {
 		}
 		if s.Router && sc.name == "BackfillBesideNewMessagesAndAKill" {
 			continue // a group source runs the group's own backfill: the group subjects cover it
+		}
+		if s.Router && sc.name == "AckInTxExactlyOnceThroughKills" {
+			continue // a receiver's effects are beyond the router's transaction
 		}
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
@@ -711,4 +719,50 @@ func backfillBesideNew(t *testing.T, s *Subject) {
 			e.DB.Table("outbox_subscription_offsets")).Scan(&outcome))
 		return outcome == consumergroup.BackfillDone
 	})
+}
+
+// ExactlyOnceMessagesEnv names the environment variable that sets how
+// many messages AckInTxExactlyOnceThroughKills sends (2,000 by default).
+const ExactlyOnceMessagesEnv = "PGOUTBOX_EXACTLY_ONCE_MESSAGES"
+
+// exactlyOnceThroughKills: handlers record their effect and ack in one
+// transaction, in two processes that are killed (SIGKILL) at random
+// moments, mid-transaction among others, and replaced, over and over:
+// every message has exactly one effect, and some were redelivered (the
+// kills did land while messages were in flight).
+func exactlyOnceThroughKills(t *testing.T, s *Subject) {
+	n := 2000
+	if v, err := strconv.Atoi(os.Getenv(ExactlyOnceMessagesEnv)); err == nil && v > 0 {
+		n = v
+	}
+	e := newEnv(t, s, nil)
+	started := 0
+	spec := func() ChildSpec {
+		started++
+		return ChildSpec{Spec: Spec{Group: "g1", Instance: fmt.Sprintf("child-%d", started), Concurrency: 4, BatchSize: 20},
+			Slow: 10 * time.Millisecond, AckInTx: true}
+	}
+	children := []*Child{e.StartChild(t, spec()), e.StartChild(t, spec())}
+	ids := e.Send(t, n)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+	kills := 0
+	deadline := time.Now().Add(5 * time.Minute)
+	for len(e.missing(t, "g1", ids)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+		i := rng.IntN(len(children))
+		children[i].Kill()
+		<-children[i].Exited()
+		kills++
+		children[i] = e.StartChild(t, spec())
+	}
+	e.WaitDelivered(t, "g1", ids, 60*time.Second)
+	time.Sleep(200 * time.Millisecond) // room for a wrong redelivery to show
+	e.CheckNoDuplicates(t, "g1")
+	e.Check(t, "g1", ids, nil)
+	var redelivered int
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM `+e.DB.Table("conformance_ledger")+` WHERE attempt > 1`).Scan(&redelivered))
+	t.Logf("%d messages, %d kills, %d handled after a lost attempt", n, kills, redelivered)
+	require.GreaterOrEqual(t, kills, 2)
+	require.Positive(t, redelivered, "no kill landed while a message was in flight")
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -191,6 +192,10 @@ type ChildSpec struct {
 	// CrashOnSeq makes the process exit at once (status 3) when it
 	// handles the message with this seq.
 	CrashOnSeq int
+	// AckInTx: the handler records its handling in the ledger and acks
+	// the message in one transaction (Client.AckTx, Group.AckTx), Slow
+	// spent inside it.
+	AckInTx bool
 }
 
 // IsChild reports whether this test binary was started as a child process
@@ -206,7 +211,11 @@ func ChildMain() {
 		os.Exit(2)
 	}
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, cs.DSN)
+	dsn := cs.DSN
+	if cs.AckInTx { // each handler holds a connection for its transaction
+		dsn = withParam(dsn, "pool_max_conns", "12")
+	}
+	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child pool:", err)
 		os.Exit(2)
@@ -224,6 +233,8 @@ func ChildMain() {
 	e := &Env{Client: client, Topic: topic, Subject: s}
 	e.DB = &pgtest.DB{Pool: pool, Schema: cs.Schema, DSN: cs.DSN}
 	spec := cs.Spec.withDefaults()
+	started := make(chan struct{})
+	var ackTx func(context.Context, pgx.Tx, *outbox.Delivery) error // set before started closes
 	h := func(ctx context.Context, d *outbox.Delivery) error {
 		p, err := outbox.Decode[Payload](d)
 		if err != nil {
@@ -231,6 +242,16 @@ func ChildMain() {
 		}
 		if cs.CrashOnSeq != 0 && p.Seq == cs.CrashOnSeq {
 			os.Exit(3)
+		}
+		if cs.AckInTx {
+			<-started
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if err := record(ctx, tx, cs.Schema, spec.Group, spec.Instance, d); err != nil {
+					return err
+				}
+				time.Sleep(cs.Slow)
+				return ackTx(ctx, tx, d)
+			})
 		}
 		if cs.Slow > 0 {
 			select {
@@ -246,6 +267,12 @@ func ChildMain() {
 		fmt.Fprintln(os.Stderr, "child start:", err)
 		os.Exit(2)
 	}
+	if g, ok := in.(GroupInstance); ok {
+		ackTx = g.AckTx
+	} else {
+		ackTx = func(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error { return client.AckTx(ctx, tx, d) }
+	}
+	close(started)
 	fmt.Println("ready")
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM)
