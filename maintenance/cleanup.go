@@ -18,7 +18,7 @@ import (
 //   - QUEUE and group dead letters past DeadLetterRetention (group dead
 //     letters first get a copy of their message, so none is lost with its
 //     message row);
-//   - expired idempotency keys;
+//   - expired idempotency keys and inbox keys (package inbox);
 //   - Counter dedupe rows whose message is gone (a sweep over the table,
 //     one batch per pass).
 //
@@ -51,6 +51,7 @@ func (s *Service) cleanup(ctx context.Context, j *job, r *Report) error {
 		{"outbox_dead_letters", s.q.ExpireDeadLetters, []any{s.cfg.DeadLetterRetention.Microseconds()}},
 		{"outbox_group_retries", s.q.ExpireGroupDeadLetters, []any{s.cfg.DeadLetterRetention.Microseconds()}},
 		{"outbox_idempotency_keys", s.q.ExpireIdempotencyKeys, []any{s.cfg.Client.Now()}},
+		{"outbox_inbox", s.q.ExpireInbox, []any{s.cfg.Client.Now()}},
 	} {
 		n, err := s.drain(ctx, j, func(ctx context.Context, limit int) (int64, error) {
 			tag, err := s.pool.Exec(ctx, d.query, append(d.args, limit)...)

@@ -20,7 +20,7 @@ const (
 	// than its timeout plus a minute.
 	DefaultDeadGroupInterval = time.Minute
 	// DefaultCleanupInterval is how often finished messages, expired dead
-	// letters and idempotency keys are deleted. Each pass drains what is
+	// letters, idempotency keys and inbox keys are deleted. Each pass drains what is
 	// due, batch after batch, so the interval bounds how long a deletable
 	// row waits, not how many go.
 	DefaultCleanupInterval = 5 * time.Minute
@@ -72,7 +72,7 @@ type Config struct {
 	DeadGroupInterval time.Duration
 	// CleanupInterval: how often PUB_SUB messages every group finished,
 	// messages past a topic's MaxRetention, expired dead letters and
-	// idempotency keys are deleted. Defaults to DefaultCleanupInterval.
+	// idempotency keys and inbox keys are deleted. Defaults to DefaultCleanupInterval.
 	CleanupInterval time.Duration
 	// SubscriptionCleanupInterval: how often old CANCELLED and DEAD
 	// subscriptions are deleted. Defaults to

@@ -16,7 +16,7 @@ type Maintenance struct {
 	ExpireDeadLetters, ExpireGroupDeadLetters                 string
 	ExpireIdempotencyKeys, CounterOrphans                     string
 	CancelledSubscriptions, DeleteSubscription, DeadGroupsDue string
-	CopyDeadLetters                                           string
+	CopyDeadLetters, ExpireInbox                              string
 }
 
 // ForMaintenance returns the statements for schema (already validated).
@@ -35,6 +35,7 @@ func ForMaintenance(schema string) *Maintenance {
 		DeleteSubscription:     r.Replace(deleteSubscription),
 		DeadGroupsDue:          r.Replace(deadGroupsDue),
 		CopyDeadLetters:        r.Replace(copyDeadLetters),
+		ExpireInbox:            r.Replace(expireInbox),
 	}
 }
 
