@@ -35,6 +35,15 @@ import (
 //
 // d must be a delivery this Group value handed to its handler, not yet
 // returned: otherwise AckTx returns outbox.ErrLeaseLost too.
+//
+// tx must be READ COMMITTED (PostgreSQL's default): under REPEATABLE READ
+// or SERIALIZABLE the lease keeper's renewals and other groups'
+// completions make it fail with serialization errors. From AckTx on, tx
+// may sit idle for at most 10 s (idle_in_transaction_session_timeout, as
+// the group's own transactions): a process frozen before its commit then
+// loses its connection and its locks rather than holding the group up. A
+// handler acking several messages in one transaction (a BatchHandler)
+// acks them in ascending id order, as every completion locks rows.
 func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error {
 	if tx == nil {
 		return fmt.Errorf("%w: AckTx of message %d", outbox.ErrNilExecutor, d.ID)

@@ -3,6 +3,7 @@ package consumergroup_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,7 +39,14 @@ func (e *effects) apply(ctx context.Context, g *consumergroup.Group, d *outbox.D
 		if _, err := tx.Exec(ctx, `INSERT INTO `+e.table+` VALUES ($1, $2)`, d.ID, holder); err != nil {
 			return err
 		}
-		return g.AckTx(ctx, tx, d)
+		if err := g.AckTx(ctx, tx, d); err != nil {
+			return err
+		}
+		var idle string
+		if err := tx.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&idle); err != nil || idle != "10s" {
+			return fmt.Errorf("the transaction's idle timeout after AckTx is %q (%v), not 10s", idle, err)
+		}
+		return nil
 	})
 }
 

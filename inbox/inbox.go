@@ -36,9 +36,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bits-and-blooms/bloom/v3"
 	"github.com/jackc/pgx/v5"
@@ -55,8 +57,10 @@ const (
 	// DefaultRetention is how long a key is kept: a redelivery later than
 	// this takes effect again. It should outlast the longest time a
 	// message can be redelivered after it was handled (a topic's leases
-	// and retries, and how long dead letters wait for a replay).
-	DefaultRetention = 7 * 24 * time.Hour
+	// and retries, and how long dead letters wait for a replay): this one
+	// outlasts the maintenance service's DefaultDeadLetterRetention (14
+	// days).
+	DefaultRetention = 15 * 24 * time.Hour
 	// DefaultFilterCapacity is how many keys a filter generation holds at
 	// DefaultFalsePositiveRate (about 1.2 MB each); two generations are
 	// kept, the newest and the one before.
@@ -66,11 +70,16 @@ const (
 	DefaultFalsePositiveRate = 0.01
 )
 
-// MaxKeyBytes is the longest key an inbox records.
-const MaxKeyBytes = 512
+// MaxKeyBytes is the longest key an inbox records, and MaxNameBytes the
+// longest inbox name.
+const (
+	MaxKeyBytes  = 512
+	MaxNameBytes = 200
+)
 
-// ErrInvalidKey: Config.Key returned an empty key or one longer than
-// MaxKeyBytes. The message is not handled.
+// ErrInvalidKey: Config.Key returned an empty key, one longer than
+// MaxKeyBytes, or one PostgreSQL cannot store as text (invalid UTF-8, a
+// NUL byte). The message is not handled.
 var ErrInvalidKey = errors.New("inbox: invalid key")
 
 // Handler does a message's work in tx, the inbox's transaction, which
@@ -118,8 +127,8 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	check := cfgcheck.New("inbox")
-	if c.Name == "" {
-		check.Failf("Name", "is empty")
+	if c.Name == "" || len(c.Name) > MaxNameBytes || !storable(c.Name) {
+		check.Failf("Name", "%q is empty, longer than %d bytes, or not storable text", c.Name, MaxNameBytes)
 	}
 	check.Positive("Retention", c.Retention)
 	if c.FalsePositiveRate <= 0 || c.FalsePositiveRate >= 1 {
@@ -179,8 +188,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 // failed.
 func (in *Inbox) Handle(ctx context.Context, d *outbox.Delivery, h Handler) (bool, error) {
 	key := in.cfg.Key(d)
-	if key == "" || len(key) > MaxKeyBytes {
-		return false, fmt.Errorf("%w: message %d: key of %d bytes", ErrInvalidKey, d.ID, len(key))
+	if key == "" || len(key) > MaxKeyBytes || !storable(key) {
+		return false, fmt.Errorf("%w: message %d: key %q", ErrInvalidKey, d.ID, key)
 	}
 	if in.filter == nil || in.filter.mayContain(key) {
 		in.lookups.Add(1)
@@ -248,6 +257,9 @@ func (in *Inbox) Stats() Stats {
 	}
 	return s
 }
+
+// storable reports whether PostgreSQL can store s as text.
+func storable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 func (in *Inbox) now() *time.Time {
 	if in.cfg.Clock == nil {

@@ -308,5 +308,11 @@ func TestInboxRefusals(t *testing.T) {
 	require.NoError(t, err)
 	_, err = in.Handle(ctx, &outbox.Delivery{ID: 1}, e.effect("x"))
 	require.ErrorIs(t, err, inbox.ErrInvalidKey)
+	for _, key := range []string{"nul\x00", "\xff\xfe"} {
+		_, err = in.Handle(ctx, &outbox.Delivery{ID: 1, Headers: map[string]string{"order": key}}, e.effect("x"))
+		require.ErrorIs(t, err, inbox.ErrInvalidKey)
+	}
+	_, err = inbox.New(ctx, e.db.Pool, inbox.Config{Name: "bad\x00name", Schema: e.db.Schema})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 	require.Empty(t, e.effectsOf(t))
 }

@@ -761,7 +761,10 @@ SET status = CASE WHEN attempts >= $3 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
     last_error = 'lease expired (member ' || coalesce(lease_owner, '?') || ')',
     lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, $2::timestamptz, now()),
     lease_owner = NULL, lease_until = NULL
-WHERE subscription_id = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())`
+WHERE subscription_id = $1 AND message_id = ANY (ARRAY(
+    SELECT message_id FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())
+    FOR UPDATE SKIP LOCKED))` // a locked row is being acked in a handler's transaction (see takeRetry)
 
 // deleteOrphanRetries drops retries of messages that no longer exist
 // (deleted while the group was DEAD, or by the retention cap) of which the
@@ -1008,14 +1011,26 @@ RETURNING message_id`
 // transaction ends, so a takeover (FOR UPDATE SKIP LOCKED) passes over it
 // and finishBatch waits, while the lease keeper's update (which changes
 // no key) goes on.
-const holdBatch = `SELECT 1 FROM {{schema}}.outbox_group_batches WHERE id = $1 AND member = $2 FOR KEY SHARE`
+//
+// Both statements AckTx runs first also bound how long the caller's
+// transaction may sit idle from then on (idleAfterAck), as the group's own
+// transactions are bound (a frozen process would otherwise keep those
+// rows locked until it died).
+const holdBatch = idleAfterAck + `
+SELECT 1 FROM {{schema}}.outbox_group_batches AS b, idle WHERE b.id = $1 AND b.member = $2 AND idle.v IS NOT NULL
+FOR KEY SHARE OF b`
+
+// idleAfterAck sets idle_in_transaction_session_timeout to 10 s for the
+// rest of the transaction (see holdBatch).
+const idleAfterAck = `WITH idle AS (SELECT set_config('idle_in_transaction_session_timeout', '10s', true) AS v)`
 
 // takeRetry ends retry delivery $4 (its attempt) of message $2 held by
 // member $3, in a handler's transaction (Group.AckTx); no row means its
 // lease was lost.
-const takeRetry = `
+const takeRetry = idleAfterAck + `
 DELETE FROM {{schema}}.outbox_group_retries
-WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING' AND attempts = $4`
+WHERE subscription_id = $1 AND message_id = $2 AND lease_owner = $3 AND status = 'PROCESSING' AND attempts = $4
+      AND (SELECT v FROM idle) IS NOT NULL`
 
 // recordHandled records that subscription $1 completed message $2 where
 // its mode records nothing per message (Offset), so that a takeover of
@@ -1042,7 +1057,10 @@ WITH b AS (
 ), r AS (
     UPDATE {{schema}}.outbox_group_retries
     SET lease_until = coalesce($5::timestamptz, now()) + $6 * interval '1 microsecond'
-    WHERE subscription_id = $1 AND lease_owner = $2 AND status = 'PROCESSING' AND message_id = ANY($4::bigint[])
+    WHERE subscription_id = $1 AND message_id = ANY (ARRAY(
+        SELECT message_id FROM {{schema}}.outbox_group_retries
+        WHERE subscription_id = $1 AND lease_owner = $2 AND status = 'PROCESSING' AND message_id = ANY($4::bigint[])
+        FOR UPDATE SKIP LOCKED)) -- a locked row is being acked in a handler's transaction (see takeRetry)
     RETURNING message_id
 )
 SELECT 'batch', id FROM b UNION ALL SELECT 'retry', message_id FROM r`
