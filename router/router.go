@@ -426,6 +426,9 @@ func (r *Router) applyPools(cfgs []PoolConfig) {
 		if len(r.pools) >= r.cfg.PoolWarningThreshold {
 			r.warn.add(WarnPoolLimit, SeverityWarn, "", fmt.Sprintf("%d pools, warning threshold %d", len(r.pools)+1, r.cfg.PoolWarningThreshold))
 		}
+		if !r.live {
+			continue // Start creates it; a pool made now would have workers nothing stops
+		}
 		r.pools[code] = newPool(r, c)
 	}
 }
@@ -591,6 +594,13 @@ func (r *Router) defaultPool() *pool {
 		return p
 	}
 	p := newPool(r, PoolConfig{Code: DefaultPoolCode, Concurrency: DefaultPoolConcurrency})
+	if !r.live {
+		// The run is over (a source's Run outlived Stop's deadline): a
+		// drained pool refuses the message, which is nacked, and starts no
+		// worker that nothing would stop.
+		p.running = false
+		return p
+	}
 	r.pools[DefaultPoolCode] = p
 	return p
 }
