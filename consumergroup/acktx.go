@@ -21,8 +21,8 @@ import (
 // or retry taken over by another instance since (the lease ran out) makes
 // it return outbox.ErrLeaseLost, and the caller must roll tx back so that
 // only the redelivery's effects remain. From then until tx ends it holds
-// the lease's row locked: a takeover passes over it, and the lease
-// keeper's renewal of a retry delivery waits for it.
+// the lease's row locked: a takeover, and the reaping or renewal of a
+// retry delivery's lease, pass over it.
 //
 // What it writes, per tracking mode: the group's bit (Bitmap), the dedupe
 // row and count (Counter), or one dedupe row per message (Offset, which

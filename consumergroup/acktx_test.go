@@ -88,7 +88,6 @@ func ackTxAfterTheLeaseWasLost(t *testing.T, mode outbox.TrackingMode, asRetry b
 	clock := clocktest.New(time.Now())
 	b := setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
 		Lease: 30 * time.Second, BackoffInitial: time.Second, BackoffMax: time.Second})
-	ctx := context.Background()
 	fx := newEffects(t, b)
 
 	// The stale instance works through a pool the test closes: from then
@@ -117,9 +116,7 @@ func ackTxAfterTheLeaseWasLost(t *testing.T, mode outbox.TrackingMode, asRetry b
 	b.sendRange(t, 0, n)
 	if asRetry {
 		pgtest.Eventually(t, 10*time.Second, "first attempts failed", func() bool {
-			var retries int
-			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_group_retries")+` WHERE status = 'RETRY'`).Scan(&retries))
-			return retries == n
+			return b.countIn(t, "outbox_group_retries", "status = 'RETRY'") == n
 		})
 		clock.Advance(2 * time.Second) // past the backoff
 	}
@@ -181,7 +178,6 @@ func handlersAckInTheirTransactions(t *testing.T, mode outbox.TrackingMode, orde
 	const n = 600
 	b := setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode, Ordered: ordered,
 		BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
-	ctx := context.Background()
 	fx := newEffects(t, b)
 	var mu sync.Mutex
 	calls := map[int64]int{}
@@ -246,13 +242,10 @@ func handlersAckInTheirTransactions(t *testing.T, mode outbox.TrackingMode, orde
 		require.Equal(t, 1, calls[id], "message %d acked and committed, then failed: not redelivered", id)
 	}
 	require.Positive(t, rolledBack.Load())
-	var pending, records int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_group_retries")).Scan(&pending))
-	require.Zero(t, pending, "nothing left to retry")
+	require.Zero(t, b.countIn(t, "outbox_group_retries", "true"), "nothing left to retry")
 	if mode == outbox.Offset {
 		pgtest.Eventually(t, 10*time.Second, "no per-message record left", func() bool {
-			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_consumer_groups")).Scan(&records))
-			return records == 0
+			return b.countIn(t, "outbox_consumer_groups", "true") == 0
 		})
 	}
 }

@@ -72,8 +72,14 @@ func (b *bundle) sendRange(t *testing.T, from, to int) {
 
 func (b *bundle) count(t *testing.T, where string, args ...any) int {
 	t.Helper()
+	return b.countIn(t, "outbox_published", where, args...)
+}
+
+// countIn counts the rows of one of pgoutbox's tables that match where.
+func (b *bundle) countIn(t *testing.T, table, where string, args ...any) int {
+	t.Helper()
 	var n int
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.db.Table("outbox_published")+" WHERE "+where, args...).Scan(&n))
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.db.Table(table)+" WHERE "+where, args...).Scan(&n))
 	return n
 }
 

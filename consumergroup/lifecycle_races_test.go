@@ -224,17 +224,14 @@ func TestCompletionWhileForgottenIsRemembered(t *testing.T) {
 	require.NoError(t, err)
 	close(release)
 	pgtest.Eventually(t, 5*time.Second, "batch completed", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_group_batches")).Scan(&n))
-		return n == 0
+		return b.countIn(t, "outbox_group_batches", "true") == 0
 	})
 	require.NoError(t, tx.Commit(ctx))
 
 	time.Sleep(time.Second) // backfill and fetches run
 	_, err = admin.Cleanup(ctx, 1000)
 	require.NoError(t, err)
-	var retries int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_group_retries")).Scan(&retries))
+	retries := b.countIn(t, "outbox_group_retries", "true")
 	t.Logf("deliveries of seq 0: %d, retries: %d", r.count[ids[0]], retries)
 	require.Zero(t, b.count(t, "required_bits & $1 <> 0 AND done_bits & $1 = 0", g.Subscription().Mask()),
 		"a handled message must not stay required by the group with nothing left to deliver it (never cleaned up)")

@@ -20,9 +20,9 @@ const (
 	// than its timeout plus a minute.
 	DefaultDeadGroupInterval = time.Minute
 	// DefaultCleanupInterval is how often finished messages, expired dead
-	// letters, idempotency keys and inbox keys are deleted. Each pass drains what is
-	// due, batch after batch, so the interval bounds how long a deletable
-	// row waits, not how many go.
+	// letters, idempotency keys and inbox keys are deleted. Each pass
+	// drains what is due, batch after batch, so the interval bounds how
+	// long a deletable row waits, not how many go.
 	DefaultCleanupInterval = 5 * time.Minute
 	// DefaultSubscriptionCleanupInterval is how often CANCELLED and DEAD
 	// subscriptions past SubscriptionRetention are deleted.
@@ -71,8 +71,9 @@ type Config struct {
 	// HeartbeatTimeout. Defaults to DefaultDeadGroupInterval.
 	DeadGroupInterval time.Duration
 	// CleanupInterval: how often PUB_SUB messages every group finished,
-	// messages past a topic's MaxRetention, expired dead letters and
-	// idempotency keys and inbox keys are deleted. Defaults to DefaultCleanupInterval.
+	// messages past a topic's MaxRetention, expired dead letters,
+	// idempotency keys and inbox keys are deleted. Defaults to
+	// DefaultCleanupInterval.
 	CleanupInterval time.Duration
 	// SubscriptionCleanupInterval: how often old CANCELLED and DEAD
 	// subscriptions are deleted. Defaults to

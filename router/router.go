@@ -416,8 +416,8 @@ func (r *Router) applyPools(cfgs []PoolConfig) {
 		}
 	}
 	for code, c := range want {
-		if _, ok := r.pools[code]; ok {
-			continue
+		if _, ok := r.pools[code]; ok || !r.live {
+			continue // a pool made outside a run would have workers nothing stops: Start makes it
 		}
 		if len(r.pools) >= r.cfg.MaxPools {
 			r.warn.add(WarnPoolLimit, SeverityCritical, code, fmt.Sprintf("pool %q not created: %d pools is the maximum", code, r.cfg.MaxPools))
@@ -425,9 +425,6 @@ func (r *Router) applyPools(cfgs []PoolConfig) {
 		}
 		if len(r.pools) >= r.cfg.PoolWarningThreshold {
 			r.warn.add(WarnPoolLimit, SeverityWarn, "", fmt.Sprintf("%d pools, warning threshold %d", len(r.pools)+1, r.cfg.PoolWarningThreshold))
-		}
-		if !r.live {
-			continue // Start creates it; a pool made now would have workers nothing stops
 		}
 		r.pools[code] = newPool(r, c)
 	}
