@@ -1,0 +1,117 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/relay"
+)
+
+// The relay publishes each message once, with its headers, the relay's
+// own and Nats-Msg-Id, each message group's in commit order.
+func TestRelayPublishesInOrderWithHeaders(t *testing.T) {
+	e := newEnv(t, orderedTopic, eventsStream)
+	r := e.startRelay(t, relay.Config{})
+	p, _ := json.Marshal(seq{Group: "g0", Seq: 0})
+	_, err := e.producer.Send(context.Background(), e.db.Pool, outbox.Message{Topic: e.topic, Group: "g0", Payload: p,
+		CorrelationID: "c-1", Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "Tenant": "acme"}})
+	require.NoError(t, err)
+	e.sendGroups(t, 10, 50, 37, 0, nil)
+	// seq 0 of g0 went twice: the first message above and the first of
+	// sendGroups; count it as its own group for the order check.
+	pgtest.Eventually(t, 30*time.Second, "all relayed", func() bool { return e.streamCount(t) >= 501 && drained(t, r) })
+	got := e.readStream(t)
+	require.Len(t, got, 501)
+	first := got[0]
+	require.Equal(t, "events.g0", first.subject)
+	require.Equal(t, "acme", first.header.Get("Tenant"))
+	require.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", first.header.Get("traceparent"))
+	require.Equal(t, "c-1", first.header.Get(relay.HeaderCorrelationID))
+	require.Equal(t, "events", first.header.Get(relay.HeaderTopic))
+	require.Equal(t, "g0", first.header.Get(relay.HeaderMessageGroup))
+	require.Equal(t, "events:"+first.header.Get(relay.HeaderID), first.header.Get(jetstream.MsgIDHeader))
+	_, err = time.Parse(time.RFC3339Nano, first.header.Get(relay.HeaderCreatedAt))
+	require.NoError(t, err)
+	checkStream(t, got[1:], 10, 50)
+}
+
+// Must show: 20,000 messages over 200 message groups, relayed by two
+// instances while the NATS server is killed and restarted twice and one
+// instance is killed: every message in the stream once, each message
+// group in commit order, nothing left unrelayed.
+func TestRelayThroughServerAndRelayKills(t *testing.T) {
+	total := 20_000
+	if v, err := strconv.Atoi(os.Getenv("PGOUTBOX_RELAY_MESSAGES")); err == nil && v > 0 {
+		total = v
+	}
+	const groups = 200
+	perGroup := total / groups
+	e := newEnv(t, orderedTopic, eventsStream)
+	counting := &countingPublisher{Publisher: e.publisher(t, relay.JetStreamConfig{AckTimeout: time.Second})}
+	r := e.startRelay(t, relay.Config{Publisher: counting})
+	victim := e.startChild(t, "events.{message_group}")
+
+	var faults sync.WaitGroup
+	var step atomic.Int32
+	e.sendGroups(t, groups, perGroup, 50, 12*time.Second, func(sent int) {
+		switch {
+		case step.Load() == 0 && sent >= total/4:
+			step.Store(1)
+			t.Logf("killing the NATS server at %d sent", sent)
+			e.nats.Kill()
+			faults.Add(1)
+			go func() { defer faults.Done(); time.Sleep(1500 * time.Millisecond); e.nats.Restart() }()
+		case step.Load() == 1 && sent >= total/2:
+			step.Store(2)
+			t.Logf("killing a relay instance at %d sent", sent)
+			victim.kill()
+		case step.Load() == 2 && sent >= 3*total/4:
+			faults.Wait()
+			step.Store(3)
+			t.Logf("killing the NATS server again at %d sent", sent)
+			e.nats.Kill()
+			faults.Add(1)
+			go func() { defer faults.Done(); time.Sleep(1500 * time.Millisecond); e.nats.Restart() }()
+		}
+	})
+	faults.Wait()
+	require.EqualValues(t, 3, step.Load(), "every fault was injected")
+	pgtest.Eventually(t, 3*time.Minute, "every message relayed", func() bool {
+		return e.streamCount(t) >= total && drained(t, r)
+	})
+	got := e.readStream(t)
+	checkStream(t, got, groups, perGroup)
+	require.Len(t, got, total, "messages in the stream")
+	dead, err := r.Group().DeadLetters(context.Background(), 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, dead)
+	require.Positive(t, counting.failed.Load(), "publishes failed while the server was down (the kills landed in flight)")
+	t.Logf("%d messages; %d publishes failed and were retried", total, counting.failed.Load())
+}
+
+// countingPublisher counts failed publishes.
+type countingPublisher struct {
+	relay.Publisher
+	failed atomic.Int64
+}
+
+func (c *countingPublisher) Publish(ctx context.Context, msgs []relay.Message) []error {
+	errs := c.Publisher.Publish(ctx, msgs)
+	for _, err := range errs {
+		if err != nil {
+			c.failed.Add(1)
+		}
+	}
+	return errs
+}
