@@ -10,9 +10,9 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgfind"
 )
 
-// Proxy forwards TCP connections to the test server and can be taken down
-// (every connection cut, new ones refused) and up again: a database that
-// becomes unreachable, for one pool only.
+// Proxy forwards TCP connections to the test server (or another target)
+// and can be taken down (every connection cut, new ones refused) and up
+// again: a database that becomes unreachable, for one pool only.
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -31,11 +31,18 @@ func NewProxy(tb testing.TB) *Proxy {
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
+	return NewProxyTo(tb, net.JoinHostPort(host, strconv.Itoa(int(port))))
+}
+
+// NewProxyTo starts a proxy to any TCP server (a NATS server, say),
+// closed when the test ends.
+func NewProxyTo(tb testing.TB, target string) *Proxy {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("pgtest: proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, target: net.JoinHostPort(host, strconv.Itoa(int(port))), conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	tb.Cleanup(func() {
@@ -45,6 +52,9 @@ func NewProxy(tb testing.TB) *Proxy {
 	})
 	return p
 }
+
+// Addr is the proxy's address (host:port).
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // DSN returns dsn (a test database's) pointed at the proxy.
 func (p *Proxy) DSN(tb testing.TB, db *DB) string {
