@@ -35,14 +35,23 @@ type env struct {
 	producer *outbox.Producer
 	topic    string
 	nats     *natstest.Server
-	nc       *nats.Conn
-	js       jetstream.JetStream
+	// auth is how the test's own connections authenticate.
+	auth relay.NATSConfig
+	nc   *nats.Conn
+	js   jetstream.JetStream
 }
 
 // newEnv configures tc (PUB_SUB, Offset, ordered unless set otherwise by
 // the caller) and starts a NATS server with the stream EVENTS on
 // "events.>" (unless noStream).
 func newEnv(t *testing.T, tc outbox.TopicConfig, stream *jetstream.StreamConfig) *env {
+	t.Helper()
+	return newEnvOn(t, tc, stream, natstest.Options{})
+}
+
+// newEnvOn is newEnv with a NATS server configured by opts, which the
+// test's own connections authenticate to as auth says.
+func newEnvOn(t *testing.T, tc outbox.TopicConfig, stream *jetstream.StreamConfig, opts natstest.Options, auth ...relay.NATSConfig) *env {
 	t.Helper()
 	db := pgtest.NewDB(t)
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
@@ -52,7 +61,10 @@ func newEnv(t *testing.T, tc outbox.TopicConfig, stream *jetstream.StreamConfig)
 	tc.Name = "events"
 	tc.Semantics = outbox.PubSub
 	require.NoError(t, client.ConfigureTopic(context.Background(), tc))
-	e := &env{db: db, client: client, producer: producer, topic: tc.Name, nats: natstest.Start(t, natstest.Options{})}
+	e := &env{db: db, client: client, producer: producer, topic: tc.Name, nats: natstest.Start(t, opts)}
+	if len(auth) > 0 {
+		e.auth = auth[0]
+	}
 	e.nc, e.js = e.connect(t)
 	if stream != nil {
 		e.ensureStream(t, *stream)
@@ -68,7 +80,9 @@ var eventsStream = &jetstream.StreamConfig{Name: streamName, Subjects: []string{
 
 func (e *env) connect(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := relay.Connect(relay.NATSConfig{URL: e.nats.URL()})
+	cfg := e.auth
+	cfg.URL = e.nats.URL()
+	nc, err := relay.Connect(cfg)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)

@@ -46,6 +46,13 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []error
 }
 
+// PublisherFunc is a function that is a Publisher: a test's stand-in, or a
+// wrapper around another Publisher.
+type PublisherFunc func(ctx context.Context, msgs []Message) []error
+
+// Publish calls f.
+func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) []error { return f(ctx, msgs) }
+
 // Errors a Publisher reports, classified by what the relay does next.
 var (
 	// ErrRejected: the broker refuses the message for itself (it is too

@@ -33,7 +33,9 @@ func Gauges(t testing.TB, r sdkmetric.Reader) map[string]Gauge {
 	return gauges
 }
 
-// Points collects r and returns every data point of every gauge, by name.
+// Points collects r and returns every data point of every gauge, by name;
+// also of every int64 counter (its sum) and every float64 histogram (its
+// count of recordings).
 func Points(t testing.TB, r sdkmetric.Reader) map[string][]Gauge {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
@@ -51,6 +53,14 @@ func Points(t testing.TB, r sdkmetric.Reader) map[string][]Gauge {
 			case metricdata.Gauge[float64]:
 				for _, p := range d.DataPoints {
 					points[m.Name] = append(points[m.Name], Gauge{Value: p.Value, Attrs: p.Attributes})
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					points[m.Name] = append(points[m.Name], Gauge{Value: float64(p.Value), Attrs: p.Attributes})
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					points[m.Name] = append(points[m.Name], Gauge{Value: float64(p.Count), Attrs: p.Attributes})
 				}
 			}
 		}
