@@ -31,8 +31,9 @@ type Server struct {
 	port   int
 	config string
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
 }
 
 // Options configure a server beyond the defaults.
@@ -89,7 +90,7 @@ func (s *Server) Kill() {
 		return
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
@@ -113,13 +114,21 @@ func (s *Server) Restart() {
 	if err := cmd.Start(); err != nil {
 		s.tb.Fatalf("natstest: start %s: %v", s.bin, err)
 	}
-	s.cmd = cmd
+	s.cmd, s.exited = cmd, make(chan struct{})
+	go func(exited chan struct{}) { _ = cmd.Wait(); close(exited) }(s.exited)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.port), time.Second)
 		if err == nil {
 			c.Close()
 			return
+		}
+		select {
+		case <-s.exited:
+			out, _ := os.ReadFile(logPath)
+			s.cmd = nil
+			s.tb.Fatalf("natstest: nats-server exited:\n%s", out)
+		default:
 		}
 		if time.Now().After(deadline) {
 			out, _ := os.ReadFile(logPath)
