@@ -148,7 +148,7 @@ func TestNothingAckedWhileTheServerIsDown(t *testing.T) {
 	pgtest.Eventually(t, 30*time.Second, "the first messages relayed", func() bool { return drained(t, r) })
 	e.nats.Kill()
 	e.sendGroups(t, 3, 10, 10, 0, nil) // seq 0..9 again: the order check below starts at the second round
-	time.Sleep(7 * time.Second)         // past the handler's timeout (the topic's 3 s lease), twice
+	time.Sleep(7 * time.Second)        // past the handler's timeout (the topic's 3 s lease), twice
 	h, err := r.Group().Health(context.Background(), 1000)
 	require.NoError(t, err)
 	require.EqualValues(t, 30, h.Unread+h.Waiting+h.LeasedRetries, "nothing acked while the server is down")
