@@ -264,6 +264,16 @@ type Config struct {
 	// Concurrency is the most handlers this instance runs at once.
 	// Defaults to DefaultConcurrency.
 	Concurrency int
+	// ConcurrentBatches is, for an instance with a batch handler (see
+	// SetBatchHandler), how many batches it hands out at once, each to a
+	// call of its own: it holds up to BatchSize × ConcurrentBatches
+	// messages. The calls finish in any order, so on a topic that is not
+	// ordered a message group's messages in two batches may be handled
+	// out of order (an ordered topic never hands out two messages of one
+	// message group at once). Defaults to 0: the instance holds
+	// BatchSize + Concurrency messages, as one with members does (a full
+	// batch at a time, and smaller ones beside it).
+	ConcurrentBatches int
 	// PollInterval bounds how long an idle instance waits before looking
 	// for messages when no notification woke it. Defaults to DefaultPollInterval.
 	PollInterval time.Duration
@@ -323,6 +333,7 @@ func (c Config) validate() error {
 	check := cfgcheck.New(fmt.Sprintf("group %q of %q", c.Group, c.Topic))
 	check.Count("BatchSize", c.BatchSize, 1)
 	check.Count("Concurrency", c.Concurrency, 1)
+	check.Count("ConcurrentBatches", c.ConcurrentBatches, 0)
 	check.AtLeast("PollInterval", c.PollInterval, time.Millisecond)
 	check.AtLeast("HeartbeatInterval", c.HeartbeatInterval, 10*time.Millisecond)
 	if c.HeartbeatTimeout <= c.HeartbeatInterval {

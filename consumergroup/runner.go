@@ -217,6 +217,9 @@ func (g *Group) newRunner() (*runner, error) {
 		r.hbPool, r.ownHBPool = p, true
 	}
 	capacity := pipeline.Capacity(g.cfg.BatchSize, g.cfg.Concurrency, g.topic.Ordered)
+	if g.batchHandler != nil && g.cfg.ConcurrentBatches > 0 {
+		capacity = g.cfg.BatchSize * g.cfg.ConcurrentBatches
+	}
 	r.jobs = make(chan *job, capacity)
 	r.finished = make(chan settled, capacity)
 	r.window = pipeline.NewWindow(capacity, g.cfg.BatchSize)

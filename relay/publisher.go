@@ -16,8 +16,10 @@ type Message struct {
 	DedupID string
 	// Subject is where the message goes, rendered from Config.Subject.
 	Subject string
-	// Key is the message's message group (outbox.Message.Group), "" for
-	// none. Messages with the same Key are stored in the order given.
+	// Key is the message's message group (outbox.Message.Group) on an
+	// ordered topic, "" for none (and on a topic that is not ordered,
+	// where no order is kept). Messages with the same Key are stored in
+	// the order given.
 	Key string
 	// Headers are the message's headers as sent, with the trace context
 	// and the relay's own headers (HeaderTopic and the rest) added.

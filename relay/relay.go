@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +26,10 @@ const (
 	// DefaultRetryInitial is the wait before a failed publish is tried
 	// again; each further failure doubles it, up to DefaultRetryMax.
 	DefaultRetryInitial = 100 * time.Millisecond
+	// DefaultConcurrentBatches is how many batches a relay instance
+	// publishes at once (consumergroup.Config.ConcurrentBatches): while
+	// JetStream confirms one batch, the next ones are read and sent.
+	DefaultConcurrentBatches = 4
 	// DefaultRetryMax caps the wait between publishes of a message that
 	// keeps failing.
 	DefaultRetryMax = 5 * time.Second
@@ -44,9 +49,10 @@ var (
 type Config struct {
 	// Consumer configures the consumer group the relay reads the topic
 	// with. Its Topic (a PUB_SUB topic) is required; its Group defaults
-	// to DefaultGroup. Its other fields are as documented there: the
-	// BatchSize is the most messages one Publish call gets, Concurrency
-	// the most calls at once.
+	// to DefaultGroup, its ConcurrentBatches to DefaultConcurrentBatches.
+	// Its other fields are as documented there: BatchSize is the most
+	// messages one Publish call gets, ConcurrentBatches the most calls at
+	// once.
 	Consumer consumergroup.Config
 	// Publisher stores the messages in the broker. Required.
 	Publisher Publisher
@@ -84,6 +90,7 @@ type Relay struct {
 	pool    *pgxpool.Pool
 	group   *consumergroup.Group
 	subject subjectTemplate
+	ordered atomic.Bool // the topic is ordered: messages carry their message group as Key
 	logger  *slog.Logger
 	events  *ratelog.Log
 	metrics *metrics
@@ -101,6 +108,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("%w: negative RetryInitial or RetryMax", ErrInvalidConfig)
 	}
 	cfg.Consumer.Group = cmp.Or(cfg.Consumer.Group, DefaultGroup)
+	cfg.Consumer.ConcurrentBatches = cmp.Or(cfg.Consumer.ConcurrentBatches, DefaultConcurrentBatches)
 	cfg.Subject = cmp.Or(cfg.Subject, DefaultSubject)
 	cfg.RetryInitial = cmp.Or(cfg.RetryInitial, DefaultRetryInitial)
 	cfg.RetryMax = max(cmp.Or(cfg.RetryMax, DefaultRetryMax), cfg.RetryInitial)
@@ -151,6 +159,7 @@ func (r *Relay) Start(ctx context.Context, opts consumergroup.SubscriptionOption
 	if tc.Configured && tc.Semantics == outbox.PubSub && !tc.Ordered && !r.cfg.AllowUnordered {
 		return fmt.Errorf("%w: %q (set outbox.TopicConfig.Ordered, or relay.Config.AllowUnordered)", ErrUnorderedTopic, tc.Name)
 	}
+	r.ordered.Store(tc.Ordered)
 	if err := r.group.Start(ctx, opts); err != nil {
 		return err
 	}
@@ -303,13 +312,16 @@ func (r *Relay) message(d *outbox.Delivery, subject string) Message {
 	if d.CorrelationID != "" {
 		h[HeaderCorrelationID] = d.CorrelationID
 	}
-	return Message{
+	m := Message{
 		ID:        d.ID,
 		DedupID:   r.cfg.DedupPrefix + d.Topic + ":" + id,
 		Subject:   subject,
-		Key:       d.Group,
 		Headers:   h,
 		Payload:   d.Payload,
 		CreatedAt: d.CreatedAt,
 	}
+	if r.ordered.Load() { // elsewhere no order is kept anyway: nothing waits for another message
+		m.Key = d.Group
+	}
+	return m
 }

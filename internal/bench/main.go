@@ -38,7 +38,7 @@ import (
 
 const schema = "bench_pgoutbox"
 
-var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "DROP": 100_000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000, "W5": 0, "SKEW": 0, "ADMIN": 1_000_000}
+var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000, "CLEANUP": 20000, "DROP": 100_000, "BACKFILL": 100_000, "BACKFILL_OLTP": 1_000_000, "W5": 0, "SKEW": 0, "ADMIN": 1_000_000, "RELAY": 50_000}
 
 type config struct {
 	system, dsn, workload, mode string
@@ -58,6 +58,8 @@ type config struct {
 	fillfactor                  int
 	noHold, ordered             bool
 	msgGroups                   int
+	natsURL                     string
+	latencySeconds              int
 }
 
 func main() {
@@ -82,7 +84,7 @@ func main() {
 func parseFlags() *config {
 	c := &config{system: "pgoutbox"}
 	flag.StringVar(&c.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/bench?sslmode=disable", "PostgreSQL connection string")
-	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | W5 held xmin (see w5.go) | SKEW hot and cold topic (see skew.go) | CLEANUP | BACKFILL (see maintenance.go) | DROP (see drop.go) | ADMIN (see admin.go) | BACKFILL_OLTP (see oltp.go)")
+	flag.StringVar(&c.workload, "workload", "W1", "W1 produce | W2 queue drain | W3 fan-out drain | W4 latency | RELAY to NATS JetStream (see relay.go) | W5 held xmin (see w5.go) | SKEW hot and cold topic (see skew.go) | CLEANUP | BACKFILL (see maintenance.go) | DROP (see drop.go) | ADMIN (see admin.go) | BACKFILL_OLTP (see oltp.go)")
 	flag.IntVar(&c.n, "n", 0, "messages (0 = workload default)")
 	flag.IntVar(&c.workers, "workers", 8, "producer goroutines (W1) / consumer concurrency (W2, W4)")
 	flag.IntVar(&c.batch, "batch", 0, "W2, W4: the consumer's BatchSize (0 = library default)")
@@ -106,6 +108,8 @@ func parseFlags() *config {
 	flag.BoolVar(&c.ordered, "ordered", false, "W2, W3: the topic is ordered (TopicConfig.Ordered): each message group's messages one at a time")
 	flag.BoolVar(&c.noHold, "no-hold", false, "W5: hold no transaction (a steady run; the table stats still come at each third's end)")
 	flag.IntVar(&c.fillfactor, "fillfactor", 0, "experiment: set outbox_published's fillfactor after the migrations (0 = as migrated)")
+	flag.StringVar(&c.natsURL, "nats", "nats://127.0.0.1:4222", "RELAY: the NATS server (with JetStream)")
+	flag.IntVar(&c.latencySeconds, "latency-seconds", 10, "RELAY: how long messages are sent at -rate for the latency measurement")
 	flag.Parse()
 	c.workload = strings.ToUpper(c.workload)
 	if c.mode != "" {
@@ -133,6 +137,9 @@ func parseFlags() *config {
 }
 
 func run(ctx context.Context, c *config) error {
+	if c.workload == "RELAY" && c.mode == "" {
+		c.mode = "offset"
+	}
 	if (c.workload == "W3" || c.workload == "CLEANUP" || c.workload == "DROP" || c.workload == "BACKFILL" || c.workload == "BACKFILL_OLTP" || c.workload == "ADMIN") && c.mode == "" {
 		unsupported(c, c.workload+" needs -mode bitmap, counter or offset")
 	}
@@ -182,6 +189,8 @@ func run(ctx context.Context, c *config) error {
 		return b.w2(ctx)
 	case "W3":
 		return b.w3(ctx)
+	case "RELAY":
+		return b.relay(ctx)
 	case "DROP":
 		return b.drop(ctx)
 	case "ADMIN":
@@ -304,77 +313,9 @@ func (b *bench) w3(ctx context.Context) error {
 	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: mode, Ordered: b.c.ordered}); err != nil {
 		return err
 	}
-	fetches := &fetchRecorder{}
-	newGroup := func(i int, tr *tracker) (*consumergroup.Group, error) {
-		g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema,
-			Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool, MeterProvider: fetches})
-		if err != nil {
-			return nil, err
-		}
-		return g, g.AddConsumer("c", tr.handler, nil)
-	}
-	// Subscribe every group first, so the preloaded messages require them.
-	for i := range b.c.groups {
-		g, err := newGroup(i, newTracker(b.c.n))
-		if err != nil {
-			return err
-		}
-		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
-			return err
-		}
-		if err := g.Stop(ctx); err != nil {
-			return err
-		}
-	}
-	if err := b.preload(ctx, topic); err != nil {
+	elapsed, fetches, err := b.drainGroups(ctx, topic, b.c.groups)
+	if err != nil {
 		return err
-	}
-	trs := make([]*tracker, b.c.groups)
-	groups := make([]*consumergroup.Group, b.c.groups)
-	for i := range groups {
-		trs[i] = newTracker(b.c.n)
-		g, err := newGroup(i, trs[i])
-		if err != nil {
-			return err
-		}
-		groups[i] = g
-	}
-	start := time.Now()
-	for _, g := range groups {
-		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
-			return err
-		}
-	}
-	logf("W3: %d groups started in %v", len(groups), time.Since(start).Round(time.Millisecond))
-	for i, tr := range trs {
-		for tr.distinct() < b.c.n {
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("group %d: %d of %d handled: %w", i, tr.distinct(), b.c.n, ctx.Err())
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}
-	for { // every batch's completion committed
-		var open int
-		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.outbox_group_batches`).Scan(&open); err != nil {
-			return err
-		}
-		if open == 0 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	elapsed := time.Since(start)
-	for _, g := range groups {
-		if err := g.Stop(context.Background()); err != nil {
-			return err
-		}
-	}
-	for i, tr := range trs {
-		if err := tr.check(fmt.Sprintf("W3 group g%d", i)); err != nil {
-			return err
-		}
 	}
 	s := elapsed.Seconds()
 	res := result{System: b.c.system, Workload: b.c.workload, N: b.c.n, Seconds: round(s, 4),
@@ -385,6 +326,85 @@ func (b *bench) w3(ctx context.Context) error {
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
 	return nil
+}
+
+// drainGroups subscribes nGroups groups g0, g1, … to topic (configured),
+// preloads -n messages, then starts the groups with handlers that only
+// record, and returns how long they took to handle and complete them all.
+func (b *bench) drainGroups(ctx context.Context, topic string, nGroups int) (time.Duration, *fetchRecorder, error) {
+	fetches := &fetchRecorder{}
+	newGroup := func(i int, tr *tracker) (*consumergroup.Group, error) {
+		g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: fmt.Sprintf("g%d", i), Schema: schema,
+			Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool, MeterProvider: fetches})
+		if err != nil {
+			return nil, err
+		}
+		return g, g.AddConsumer("c", tr.handler, nil)
+	}
+	// Subscribe every group first, so the preloaded messages require them.
+	for i := range nGroups {
+		g, err := newGroup(i, newTracker(b.c.n))
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+			return 0, nil, err
+		}
+		if err := g.Stop(ctx); err != nil {
+			return 0, nil, err
+		}
+	}
+	if err := b.preload(ctx, topic); err != nil {
+		return 0, nil, err
+	}
+	trs := make([]*tracker, nGroups)
+	groups := make([]*consumergroup.Group, nGroups)
+	for i := range groups {
+		trs[i] = newTracker(b.c.n)
+		g, err := newGroup(i, trs[i])
+		if err != nil {
+			return 0, nil, err
+		}
+		groups[i] = g
+	}
+	start := time.Now()
+	for _, g := range groups {
+		if err := g.Start(ctx, consumergroup.FromNow()); err != nil {
+			return 0, nil, err
+		}
+	}
+	logf("W3: %d groups started in %v", len(groups), time.Since(start).Round(time.Millisecond))
+	for i, tr := range trs {
+		for tr.distinct() < b.c.n {
+			select {
+			case <-ctx.Done():
+				return 0, nil, fmt.Errorf("group %d: %d of %d handled: %w", i, tr.distinct(), b.c.n, ctx.Err())
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	for { // every batch's completion committed
+		var open int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.outbox_group_batches`).Scan(&open); err != nil {
+			return 0, nil, err
+		}
+		if open == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	for _, g := range groups {
+		if err := g.Stop(context.Background()); err != nil {
+			return 0, nil, err
+		}
+	}
+	for i, tr := range trs {
+		if err := tr.check(fmt.Sprintf("%s group g%d", topic, i)); err != nil {
+			return 0, nil, err
+		}
+	}
+	return elapsed, fetches, nil
 }
 
 // w4: messages produced at a fixed rate while the consumer runs; latency
