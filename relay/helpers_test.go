@@ -1,16 +1,11 @@
 package relay_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/childproc"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -318,48 +314,9 @@ func childMain() {
 	select {}
 }
 
-// child is a relay instance in a process of its own.
-type child struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	once sync.Once
-}
-
 // startChild starts a relay instance in a child process, killed when the
 // test ends, and waits until it started.
-func (e *env) startChild(t *testing.T, subject string) *child {
+func (e *env) startChild(t *testing.T, subject string) *childproc.Child {
 	t.Helper()
-	b, err := json.Marshal(childSpec{DSN: e.db.DSN, Schema: e.db.Schema, Topic: e.topic, NATSURL: e.nats.URL(), Subject: subject})
-	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	c := &child{cmd: cmd, done: make(chan struct{})}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.TrimSpace(sc.Text()) == "ready" {
-				close(ready)
-			}
-		}
-	}()
-	go func() { _ = cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() { c.kill(); <-c.done })
-	select {
-	case <-ready:
-	case <-c.done:
-		t.Fatal("relay child process exited before it started")
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay child process did not start within 30s")
-	}
-	return c
-}
-
-// kill kills the process with SIGKILL: nothing it held is released.
-func (c *child) kill() {
-	c.once.Do(func() { _ = c.cmd.Process.Signal(syscall.SIGKILL) })
+	return childproc.Start(t, childEnv, childSpec{DSN: e.db.DSN, Schema: e.db.Schema, Topic: e.topic, NATSURL: e.nats.URL(), Subject: subject})
 }

@@ -77,7 +77,7 @@ func TestRelayThroughServerAndRelayKills(t *testing.T) {
 		case step.Load() == 1 && sent >= total/2:
 			step.Store(2)
 			t.Logf("killing a relay instance at %d sent", sent)
-			victim.kill()
+			victim.Kill()
 		case step.Load() == 2 && sent >= 3*total/4:
 			faults.Wait()
 			step.Store(3)

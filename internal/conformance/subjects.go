@@ -1,15 +1,12 @@
 package conformance
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/childproc"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -286,12 +284,10 @@ func ChildMain() {
 	os.Exit(0)
 }
 
-// Child is an instance running in a process of its own.
-type Child struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-}
+// Child is an instance running in a process of its own: Kill, Freeze
+// (SIGSTOP: it holds its connections and leases but does nothing, like a
+// process stuck in a long GC pause or a VM that was suspended) and Thaw it.
+type Child = childproc.Child
 
 // StartChild starts an instance of the subject in a new process (this test
 // binary, see ChildMain) and waits until it runs. The process is killed
@@ -305,46 +301,5 @@ func (e *Env) StartChild(t testing.TB, cs ChildSpec) *Child {
 			e.receiver.setBehaviour(func(context.Context, *outbox.Delivery, int) error { time.Sleep(slow); return nil })
 		}
 	}
-	b, err := json.Marshal(cs)
-	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	c := &Child{cmd: cmd, done: make(chan struct{})}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.TrimSpace(sc.Text()) == "ready" {
-				close(ready)
-			}
-		}
-	}()
-	go func() { c.err = cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() { c.Kill(); <-c.done })
-	select {
-	case <-ready:
-	case <-c.done:
-		t.Fatalf("child process exited before it started: %v", c.err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("child process did not start within 30s")
-	}
-	return c
+	return childproc.Start(t, childEnv, cs)
 }
-
-// Kill kills the process (SIGKILL): nothing it held is released.
-func (c *Child) Kill() { _ = c.cmd.Process.Signal(syscall.SIGKILL) }
-
-// Freeze stops the process (SIGSTOP) until Thaw: it holds its connections
-// and leases but does nothing, like a process stuck in a long GC pause or
-// a VM that was suspended.
-func (c *Child) Freeze() { _ = c.cmd.Process.Signal(syscall.SIGSTOP) }
-
-// Thaw continues a frozen process.
-func (c *Child) Thaw() { _ = c.cmd.Process.Signal(syscall.SIGCONT) }
-
-// Exited returns a channel closed when the process has exited.
-func (c *Child) Exited() <-chan struct{} { return c.done }
