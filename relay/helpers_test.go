@@ -273,6 +273,9 @@ const childEnv = "PGOUTBOX_RELAY_TEST_CHILD"
 // childSpec is what a child process relays.
 type childSpec struct {
 	DSN, Schema, Topic, NATSURL, Subject string
+	// Hang: the child's relay publishes its first batch, then hangs
+	// before it can ack it (until it is killed).
+	Hang bool
 }
 
 // childMain runs a relay instance as spec says, prints "ready" once it
@@ -298,9 +301,17 @@ func childMain() {
 	if err != nil {
 		os.Exit(2)
 	}
+	var p relay.Publisher = pub
+	if cs.Hang {
+		p = relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) []error {
+			_ = pub.Publish(ctx, msgs)
+			fmt.Fprintln(os.Stderr, "published", len(msgs))
+			select {} // killed here, between the publish and the ack
+		})
+	}
 	r, err := relay.New(pool, relay.Config{
 		Consumer:  consumergroup.Config{Topic: cs.Topic, Schema: cs.Schema},
-		Publisher: pub, Subject: cs.Subject, RetryMax: 500 * time.Millisecond,
+		Publisher: p, Subject: cs.Subject, RetryMax: 500 * time.Millisecond,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child relay:", err)
@@ -316,7 +327,8 @@ func childMain() {
 
 // startChild starts a relay instance in a child process, killed when the
 // test ends, and waits until it started.
-func (e *env) startChild(t *testing.T, subject string) *childproc.Child {
+func (e *env) startChild(t *testing.T, subject string, hang bool) *childproc.Child {
 	t.Helper()
-	return childproc.Start(t, childEnv, childSpec{DSN: e.db.DSN, Schema: e.db.Schema, Topic: e.topic, NATSURL: e.nats.URL(), Subject: subject})
+	return childproc.Start(t, childEnv, childSpec{DSN: e.db.DSN, Schema: e.db.Schema, Topic: e.topic, NATSURL: e.nats.URL(),
+		Subject: subject, Hang: hang})
 }

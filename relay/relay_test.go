@@ -62,7 +62,7 @@ func TestRelayThroughServerAndRelayKills(t *testing.T) {
 	e := newEnv(t, orderedTopic, eventsStream)
 	counting := &countingPublisher{Publisher: e.publisher(t, relay.JetStreamConfig{AckTimeout: time.Second})}
 	r := e.startRelay(t, relay.Config{Publisher: counting})
-	victim := e.startChild(t, "events.{message_group}")
+	victim := e.startChild(t, "events.{message_group}", false)
 
 	var faults sync.WaitGroup
 	var step atomic.Int32
@@ -156,4 +156,27 @@ func TestRelayOrderThroughConnectionCuts(t *testing.T) {
 	require.Len(t, got, groups*perGroup)
 	require.Positive(t, counting.failed.Load(), "publishes failed on the cuts")
 	t.Logf("%d connection cuts; %d publishes failed and were retried", n, counting.failed.Load())
+}
+
+// A relay killed after JetStream stored a batch and before its ack: the
+// batch's lease runs out, another instance publishes it again, and
+// JetStream drops every message of it as a duplicate (Nats-Msg-Id within
+// the window).
+func TestRelayKilledBetweenPublishAndAck(t *testing.T) {
+	e := newEnv(t, orderedTopic, eventsStream)
+	hanging := e.startChild(t, "events.{message_group}", true)
+	e.sendGroups(t, 5, 20, 100, 0, nil)
+	pgtest.Eventually(t, 30*time.Second, "the hanging relay published", func() bool { return e.streamCount(t) > 0 })
+	hanging.Kill()
+	<-hanging.Exited()
+	time.Sleep(200 * time.Millisecond) // what it sent before it died is stored
+	published := e.streamCount(t)
+	pub := e.publisher(t, relay.JetStreamConfig{AckTimeout: time.Second})
+	r := e.startRelay(t, relay.Config{Publisher: pub})
+	pgtest.Eventually(t, time.Minute, "relayed by the survivor", func() bool { return drained(t, r) })
+	got := e.readStream(t)
+	checkStream(t, got, 5, 20)
+	require.Len(t, got, 100)
+	require.EqualValues(t, published, pub.Stats().Duplicates, "the hanging relay's messages, published again, dropped as duplicates")
+	t.Logf("%d messages published before the kill were republished and dropped", published)
 }
