@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -203,4 +204,19 @@ func TestNewRefusals(t *testing.T) {
 	require.ErrorIs(t, err, relay.ErrInvalidConfig)
 	_, err = relay.Connect(relay.NATSConfig{Token: "t", User: "u"})
 	require.ErrorIs(t, err, relay.ErrInvalidConfig)
+}
+
+// EnsureStream gives a stream the relay's duplicate window unless one is
+// set, and updates an existing stream.
+func TestEnsureStreamSetsTheDuplicateWindow(t *testing.T) {
+	e := newEnv(t, orderedTopic, nil)
+	ctx := context.Background()
+	s, err := relay.EnsureStream(ctx, e.js, jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}})
+	require.NoError(t, err)
+	require.Equal(t, relay.DefaultDuplicateWindow, s.CachedInfo().Config.Duplicates)
+	s, err = relay.EnsureStream(ctx, e.js, jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}, Duplicates: time.Hour})
+	require.NoError(t, err)
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, time.Hour, info.Config.Duplicates)
 }
