@@ -22,7 +22,10 @@
 // Each message is published to the subject Config.Subject renders for it,
 // with its payload, its headers as sent (among them the trace context of
 // its send: traceparent, tracestate) and the relay's own: HeaderTopic,
-// HeaderID, HeaderMessageGroup, HeaderCorrelationID, HeaderCreatedAt. Its
+// HeaderID, HeaderMessageGroup, HeaderCorrelationID, HeaderCreatedAt. A
+// sender's headers that start with "Nats-" are JetStream's own (they would
+// tell the stream to expect a sequence, or to roll it up) and are not
+// forwarded. Its
 // Nats-Msg-Id is Config.DedupPrefix + "{topic}:{id}", the same for every
 // publish of it by any instance, so JetStream stores a republish within
 // the stream's duplicate window as nothing new.
@@ -69,15 +72,19 @@
 //     messages again; JetStream drops them as duplicates within the window.
 //   - JetStream refuses a message for itself (bigger than the stream's
 //     MaxMsgSize or the server's max_payload), or its subject is not
-//     valid: it is dead-lettered at once with the reason (ErrRejected,
-//     ErrInvalidSubject); on an ordered topic its message group then waits
-//     as the topic's OrderedDeadLetters says.
-//   - No stream captures the subject, or the relay's user may not publish
-//     to it: a configuration fault (ErrMisconfigured). The relay retries
-//     with backoff, logs an ERROR (at most once a minute) and counts it in
-//     pgoutbox.relay.failures{reason="misconfigured"}, and dead-letters
-//     nothing; once the stream or permission exists, everything flows, in
-//     order.
+//     valid (longer than MaxSubjectLength, too: a server closes a
+//     connection that sends one): it is dead-lettered at once with the
+//     reason (ErrRejected, ErrInvalidSubject); on an ordered topic its
+//     message group then waits as the topic's OrderedDeadLetters says.
+//   - No stream captures the subject, the relay's user may not publish
+//     to it, or the connection was closed for good (its authorization
+//     expired): a configuration fault (ErrMisconfigured). The relay
+//     retries with backoff, counts it in
+//     pgoutbox.relay.failures{reason="misconfigured"}, logs a warning, and
+//     an ERROR (at most once a minute) once it lasted 5 s (JetStream
+//     answers "no responders" for a moment while it starts), and
+//     dead-letters nothing; once the stream or permission exists,
+//     everything flows, in order.
 //
 // # The duplicate window
 //

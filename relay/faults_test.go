@@ -59,16 +59,20 @@ func TestRejectedMessagesAreDeadLetteredWithTheReason(t *testing.T) {
 	e.send(t, "big", 2, 10, nil)
 	tooBigForServer := e.send(t, "huge", 0, 20000, nil)
 	badSubject := e.send(t, "bad", 0, 10, map[string]string{"region": "eu west"})
+	// Longer than a NATS server's protocol line: it would close the
+	// connection for every message group.
+	longSubject := e.send(t, "long", 0, 10, map[string]string{"region": strings.Repeat("a", 5000)})
 	for s := range 3 {
 		e.send(t, "fine", s, 10, map[string]string{"region": "eu"})
 	}
-	pgtest.Eventually(t, 30*time.Second, "three dead letters", func() bool { return len(deadLetters(t, r)) == 3 })
+	pgtest.Eventually(t, 30*time.Second, "four dead letters", func() bool { return len(deadLetters(t, r)) == 4 })
 	pgtest.Eventually(t, 30*time.Second, "the other groups relayed", func() bool { return e.streamCount(t) == 4 })
 	dead := deadLetters(t, r)
 	require.Contains(t, dead[tooBigForStream], "rejected by the broker")
 	require.Contains(t, dead[tooBigForStream], "message size exceeds maximum")
 	require.Contains(t, dead[tooBigForServer], "maximum payload exceeded")
 	require.Contains(t, dead[badSubject], "invalid subject")
+	require.Contains(t, dead[longSubject], "invalid subject")
 	var subjects []string
 	for _, m := range e.readStream(t) {
 		subjects = append(subjects, m.subject+"#"+string(rune('0'+m.seq.Seq)))
@@ -162,6 +166,17 @@ func TestNothingAckedWhileTheServerIsDown(t *testing.T) {
 	require.Empty(t, deadLetters(t, r))
 }
 
+// A connection closed for good is a configuration fault: retried, and an
+// error, never a dead letter.
+func TestClosedConnectionIsMisconfigured(t *testing.T) {
+	e := newEnv(t, orderedTopic, eventsStream)
+	nc, _ := e.connect(t)
+	pub := e.publisher(t, relay.JetStreamConfig{Conn: nc})
+	nc.Close()
+	errs := pub.Publish(context.Background(), []relay.Message{{ID: 1, DedupID: "events:1", Subject: "events.a", Payload: []byte("{}")}})
+	require.ErrorIs(t, errs[0], relay.ErrMisconfigured)
+}
+
 // A topic that is not ordered needs AllowUnordered.
 func TestUnorderedTopicNeedsAllowUnordered(t *testing.T) {
 	e := newEnv(t, outbox.TopicConfig{Tracking: outbox.Offset}, eventsStream)
@@ -191,6 +206,7 @@ func TestNewRefusals(t *testing.T) {
 		"wildcard":           {Consumer: consumergroup.Config{Topic: "t"}, Publisher: pub, Subject: "a.*.{topic}"},
 		"empty token":        {Consumer: consumergroup.Config{Topic: "t"}, Publisher: pub, Subject: "a..{topic}"},
 		"negative retry":     {Consumer: consumergroup.Config{Topic: "t"}, Publisher: pub, RetryInitial: -1},
+		"handler timeout":    {Consumer: consumergroup.Config{Topic: "t", HandlerTimeout: 500 * time.Millisecond}, Publisher: pub},
 		"no topic (a group)": {Publisher: pub},
 	} {
 		_, err := relay.New(db.Pool, cfg)

@@ -179,7 +179,10 @@ func (p *JetStreamPublisher) Publish(ctx context.Context, msgs []Message) []erro
 		p.mu.Lock()
 		p.waiting[nm] = pendingPublish{to: results, idx: i}
 		p.mu.Unlock()
-		opts := []jetstream.PublishOpt{jetstream.WithMsgID(msgs[i].DedupID)}
+		// A full window of pending publishes waits at most stallWait
+		// for room, then fails (and is retried): Publish must return
+		// soon after ctx ends.
+		opts := []jetstream.PublishOpt{jetstream.WithMsgID(msgs[i].DedupID), jetstream.WithStallWait(stallWait)}
 		if p.cfg.Stream != "" {
 			opts = append(opts, jetstream.WithExpectStream(p.cfg.Stream))
 		}
@@ -259,6 +262,10 @@ func (p *JetStreamPublisher) classify(m Message, err error) error {
 		}
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		return fmt.Errorf("%w: no stream captures subject %q: %v", ErrMisconfigured, m.Subject, err)
+	case p.cfg.Conn.IsClosed():
+		// A closed connection never reconnects (the server refused it
+		// for good: authorization expired, a protocol violation).
+		return fmt.Errorf("%w: the NATS connection is closed; make a new one: %v", ErrMisconfigured, err)
 	case errors.Is(err, jetstream.ErrAsyncPublishTimeout):
 		// A publish the server refused for permissions gets no reply;
 		// the connection reports the violation on its own.
@@ -269,6 +276,9 @@ func (p *JetStreamPublisher) classify(m Message, err error) error {
 	}
 	return err
 }
+
+// stallWait bounds a publish's wait for room under MaxPending.
+const stallWait = 100 * time.Millisecond
 
 // jsErrCodeStreamNotMatch is JetStream's "expected stream does not match".
 const jsErrCodeStreamNotMatch jetstream.ErrorCode = 10060

@@ -72,6 +72,11 @@ func Connect(cfg NATSConfig) (*nats.Conn, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			logger.Info("pgoutbox: NATS connection restored", slog.String("url", nc.ConnectedUrlRedacted()))
 		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			if err := nc.LastError(); err != nil { // not closed by its owner
+				logger.Error("pgoutbox: NATS connection closed; it will not reconnect", slog.Any("error", err))
+			}
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			events.Log(slog.LevelError, "nats-error|"+err.Error(), "pgoutbox: NATS reported an error", slog.Any("error", err))
 		}),

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +30,10 @@ const (
 	// publishes at once (consumergroup.Config.ConcurrentBatches): while
 	// JetStream confirms one batch, the next ones are read and sent.
 	DefaultConcurrentBatches = 4
+	// MinHandlerTimeout is the least Consumer.HandlerTimeout a relay
+	// takes: a batch's publishes need time to be confirmed, and a call
+	// that overran it would spend an attempt.
+	MinHandlerTimeout = time.Second
 	// DefaultRetryMax caps the wait between publishes of a message that
 	// keeps failing.
 	DefaultRetryMax = 5 * time.Second
@@ -91,6 +95,9 @@ type Relay struct {
 	group   *consumergroup.Group
 	subject subjectTemplate
 	ordered atomic.Bool // the topic is ordered: messages carry their message group as Key
+	// misconfiguredSince is when publishes began failing for a
+	// configuration fault without one succeeding since (unix ns, 0: none).
+	misconfiguredSince atomic.Int64
 	logger  *slog.Logger
 	events  *ratelog.Log
 	metrics *metrics
@@ -106,6 +113,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	}
 	if cfg.RetryInitial < 0 || cfg.RetryMax < 0 {
 		return nil, fmt.Errorf("%w: negative RetryInitial or RetryMax", ErrInvalidConfig)
+	}
+	if t := cfg.Consumer.HandlerTimeout; t != 0 && t < MinHandlerTimeout {
+		return nil, fmt.Errorf("%w: Consumer.HandlerTimeout %v is below %v: too short to publish a batch", ErrInvalidConfig, t, MinHandlerTimeout)
 	}
 	cfg.Consumer.Group = cmp.Or(cfg.Consumer.Group, DefaultGroup)
 	cfg.Consumer.ConcurrentBatches = cmp.Or(cfg.Consumer.ConcurrentBatches, DefaultConcurrentBatches)
@@ -246,6 +256,11 @@ func (r *Relay) publishBatch(ctx context.Context, ds []*outbox.Delivery) []error
 			}
 		}
 		r.metrics.published(ctx, now, stored)
+		if misconfigured > 0 {
+			r.misconfiguredSince.CompareAndSwap(0, now.UnixNano())
+		} else if len(stored) > 0 {
+			r.misconfiguredSince.Store(0)
+		}
 		msgs, at = msgs[:0], at[:0]
 		for k, m := range retry {
 			if m.Key != "" && rejected[m.Key] {
@@ -274,6 +289,10 @@ func (r *Relay) publishBatch(ctx context.Context, ds []*outbox.Delivery) []error
 	return results
 }
 
+// misconfiguredGrace is how long a configuration fault lasts before the
+// relay logs it as an error (a warning before).
+const misconfiguredGrace = 5 * time.Second
+
 // heldBack is the result of a message behind one of its message group that
 // was dead-lettered in the same batch: it comes back, without spending an
 // attempt, once that one is recorded.
@@ -290,18 +309,35 @@ func (r *Relay) reportFailure(ctx context.Context, err error, transient, misconf
 	attrs := []slog.Attr{slog.String("topic", r.cfg.Consumer.Topic), slog.String("group", r.cfg.Consumer.Group),
 		slog.Int("waiting", waiting), slog.Duration("retry_in", delay), slog.String("error", err.Error())}
 	if misconfigured > 0 {
-		r.events.Log(slog.LevelError, "relay-misconfigured|"+subject,
+		// JetStream answers "no responders" for a while as it starts: an
+		// error only once the fault outlasts that.
+		level, kind := slog.LevelWarn, "relay-misconfigured|"
+		if since := r.misconfiguredSince.Load(); since != 0 && time.Since(time.Unix(0, since)) >= misconfiguredGrace {
+			level, kind = slog.LevelError, "relay-misconfigured-error|"
+		}
+		r.events.Log(level, kind+subject,
 			"pgoutbox: relay cannot publish: the destination is missing or not permitted; retrying", attrs...)
 		return
 	}
 	r.events.Log(slog.LevelWarn, "relay-transient|"+subject, "pgoutbox: relay publish failed; retrying", attrs...)
 }
 
+// isJetStreamHeader reports whether a header is one of JetStream's own
+// (Nats-Msg-Id, Nats-Expected-Last-Sequence, Nats-Rollup, ...), which tell
+// the stream what to do with the message: a sender's are not forwarded.
+func isJetStreamHeader(name string) bool {
+	return len(name) >= len("Nats-") && strings.EqualFold(name[:len("Nats-")], "Nats-")
+}
+
 // message is d as the Publisher gets it: the message's headers, with its
 // trace context as sent, and the relay's own.
 func (r *Relay) message(d *outbox.Delivery, subject string) Message {
 	h := make(map[string]string, len(d.Headers)+5)
-	maps.Copy(h, d.Headers)
+	for k, v := range d.Headers {
+		if !isJetStreamHeader(k) {
+			h[k] = v
+		}
+	}
 	id := strconv.FormatInt(d.ID, 10)
 	h[HeaderTopic] = d.Topic
 	h[HeaderID] = id

@@ -109,17 +109,29 @@ func (t subjectTemplate) render(d *outbox.Delivery, consumerGroup string) (strin
 	}
 	s := b.String()
 	if err := validSubject(s); err != nil {
+		if len(s) > 100 {
+			s = s[:100] + "..."
+		}
 		return "", fmt.Errorf("%w: %q: %v", ErrInvalidSubject, s, err)
 	}
 	return s, nil
 }
 
+// MaxSubjectLength is the longest subject the relay publishes to. A
+// NATS server refuses a longer protocol line than 4,096 bytes (subject,
+// reply subject and sizes) by closing the connection, so a message whose
+// subject is longer is dead-lettered with ErrInvalidSubject instead.
+const MaxSubjectLength = 1024
+
 // validSubject reports whether s can be published to: dot-separated
 // tokens, none empty, no wildcard token, no white space or control
-// characters.
+// characters, at most MaxSubjectLength bytes.
 func validSubject(s string) error {
 	if s == "" {
 		return errors.New("empty")
+	}
+	if len(s) > MaxSubjectLength {
+		return fmt.Errorf("%d bytes, more than %d", len(s), MaxSubjectLength)
 	}
 	for _, tok := range strings.Split(s, ".") {
 		switch tok {
