@@ -98,9 +98,9 @@ type Relay struct {
 	// misconfiguredSince is when publishes began failing for a
 	// configuration fault without one succeeding since (unix ns, 0: none).
 	misconfiguredSince atomic.Int64
-	logger  *slog.Logger
-	events  *ratelog.Log
-	metrics *metrics
+	logger             *slog.Logger
+	events             *ratelog.Log
+	metrics            *metrics
 }
 
 // New returns a relay instance; Start starts it.
