@@ -264,15 +264,17 @@ type Config struct {
 	// Concurrency is the most handlers this instance runs at once.
 	// Defaults to DefaultConcurrency.
 	Concurrency int
-	// ConcurrentBatches is, for an instance with a batch handler (see
-	// SetBatchHandler), how many batches it hands out at once, each to a
-	// call of its own: it holds up to BatchSize × ConcurrentBatches
-	// messages. The calls finish in any order, so on a topic that is not
-	// ordered a message group's messages in two batches may be handled
-	// out of order (an ordered topic never hands out two messages of one
-	// message group at once). Defaults to 0: the instance holds
-	// BatchSize + Concurrency messages, as one with members does (a full
-	// batch at a time, and smaller ones beside it).
+	// ConcurrentBatches lets an instance with a batch handler (see
+	// SetBatchHandler) hold up to BatchSize × ConcurrentBatches messages,
+	// so it fetches further batches while the handler works on earlier
+	// ones, each in a call of its own: ConcurrentBatches full batches at
+	// once (more calls when batches are not full). The calls finish in
+	// any order, so on a topic that is not ordered a message group's
+	// messages in two batches may be handled out of order (an ordered
+	// topic never hands out two messages of one message group at once).
+	// Defaults to 0: the instance holds BatchSize + Concurrency messages,
+	// as one with members does (a full batch at a time, and smaller ones
+	// beside it).
 	ConcurrentBatches int
 	// PollInterval bounds how long an idle instance waits before looking
 	// for messages when no notification woke it. Defaults to DefaultPollInterval.

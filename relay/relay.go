@@ -26,7 +26,7 @@ const (
 	// DefaultRetryInitial is the wait before a failed publish is tried
 	// again; each further failure doubles it, up to DefaultRetryMax.
 	DefaultRetryInitial = 100 * time.Millisecond
-	// DefaultConcurrentBatches is how many batches a relay instance
+	// DefaultConcurrentBatches is how many full batches a relay instance
 	// publishes at once (consumergroup.Config.ConcurrentBatches): while
 	// JetStream confirms one batch, the next ones are read and sent.
 	DefaultConcurrentBatches = 4
