@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
 // Defaults of JetStreamConfig.
@@ -148,21 +150,12 @@ func (p *JetStreamPublisher) Publish(ctx context.Context, msgs []Message) []erro
 	// next[i] is the message after msgs[i] with its key (-1: none);
 	// the first of each key, and every message without one, go at once.
 	next := make([]int, len(msgs))
-	last := map[string]int{}
-	var first []int
-	for i, m := range msgs {
-		next[i] = -1
-		if m.Key == "" {
-			first = append(first, i)
-			continue
-		}
-		if prev, ok := last[m.Key]; ok {
-			next[prev] = i
-		} else {
-			first = append(first, i)
-		}
-		last[m.Key] = i
+	order := make([]int, len(msgs))
+	for i := range msgs {
+		next[i], order[i] = -1, i
 	}
+	first := pipeline.Runs(order, func(i int) (string, int64) { return msgs[i].Key, int64(i) },
+		func(prev, n int) { next[prev] = n })
 
 	inFlight := 0
 	finish := func(i int, err error) {

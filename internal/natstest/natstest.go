@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgfind"
 )
 
 // EnvBinary names the nats-server binary to run, overriding the search.
@@ -64,7 +66,11 @@ func Start(tb testing.TB, opts Options) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{tb: tb, bin: bin, dir: tb.TempDir(), port: freePort(tb), config: opts.Config}
+	port, err := pgfind.FreePort()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := &Server{tb: tb, bin: bin, dir: tb.TempDir(), port: port, config: opts.Config}
 	cfg := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream { store_dir: %q }\n%s\n", s.port, filepath.Join(s.dir, "js"), opts.Config)
 	if err := os.WriteFile(filepath.Join(s.dir, "nats.conf"), []byte(cfg), 0o600); err != nil {
 		tb.Fatal(err)
@@ -136,15 +142,4 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// freePort returns a loopback port nothing listens on now.
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

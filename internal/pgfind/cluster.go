@@ -44,7 +44,9 @@ func versionOf(binDir string) int {
 	return v
 }
 
-func freePort() (int, error) {
+// FreePort returns a loopback port nothing listens on now, for a server a
+// test starts.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -77,7 +79,7 @@ func startCluster(ctx context.Context) (*cluster, error) {
 		}
 		prefix = []string{"runuser", "-u", "postgres", "--"}
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -336,12 +335,10 @@ func PgBouncer(tb testing.TB, db *DB, settings ...string) string {
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	listenPort, err := pgfind.FreePort()
 	if err != nil {
 		tb.Fatalf("pgtest: free port: %v", err)
 	}
-	listenPort := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
 	dir, err := os.MkdirTemp("", "pgbouncer")
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
