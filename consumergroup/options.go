@@ -24,8 +24,9 @@ var (
 	ErrLastMember = errors.New("consumergroup: cannot remove the last member of a started group")
 	// ErrDuplicateMember: AddConsumer with an id already in the group.
 	ErrDuplicateMember = errors.New("consumergroup: duplicate member id")
-	// ErrUnknownMember: RemoveConsumer with an id not in the group.
-	ErrUnknownMember = errors.New("consumergroup: unknown member id")
+	// ErrUnknownMember: RemoveConsumer with an id not in the group. It
+	// matches outbox.ErrNotFound too.
+	ErrUnknownMember = cfgcheck.NotFound("consumergroup: unknown member id")
 	// ErrInvalidGroup: empty, too long or badly formed group name.
 	ErrInvalidGroup = errors.New("consumergroup: invalid group name")
 	// ErrInvalidTransition: a state change the subscription state machine forbids.
@@ -36,8 +37,9 @@ var (
 	// ErrNotStarted: an operation on a group that has no subscription yet.
 	ErrNotStarted = errors.New("consumergroup: group not started")
 	// ErrSubscriptionGone: the group's subscription row was deleted while
-	// an instance ran; the instance stopped (see Group.Err).
-	ErrSubscriptionGone = errors.New("consumergroup: subscription no longer exists")
+	// an instance ran; the instance stopped (see Group.Err). It matches
+	// outbox.ErrNotFound too.
+	ErrSubscriptionGone = cfgcheck.NotFound("consumergroup: subscription no longer exists")
 	// ErrCancelled: the group's subscription was cancelled (by this or
 	// another instance, or an operator) while an instance ran; the
 	// instance stopped (see Group.Err).

@@ -48,16 +48,11 @@ var (
 	// Counter or Offset mode instead (see Client.ConfigureTopic).
 	ErrTooManyGroups = errors.New("outbox: no free bitmap bit on topic (at most 64 groups)")
 	// ErrNotFound: no such topic, group, subscription or message (e.g.
-	// replaying a dead letter that is not one).
-	ErrNotFound = errors.New("outbox: not found")
+	// replaying a dead letter that is not one). Every package's "not
+	// found" errors match it.
+	ErrNotFound = cfgcheck.ErrNotFound
 	// ErrUnknownTopic: an operation needs a configured topic (a PUB_SUB
 	// subscription, for one) and the topic was never configured. It
 	// matches ErrNotFound too.
-	ErrUnknownTopic error = &notFound{"outbox: unknown topic"}
+	ErrUnknownTopic = cfgcheck.NotFound("outbox: unknown topic")
 )
-
-// notFound is a sentinel that also matches ErrNotFound.
-type notFound struct{ msg string }
-
-func (e *notFound) Error() string { return e.msg }
-func (e *notFound) Unwrap() error { return ErrNotFound }

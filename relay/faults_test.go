@@ -211,6 +211,9 @@ func TestNewRefusals(t *testing.T) {
 	} {
 		_, err := relay.New(db.Pool, cfg)
 		require.Error(t, err, name)
+		if name != "no topic (a group)" {
+			require.ErrorIs(t, err, outbox.ErrInvalidConfig, name) // one sentinel for every package
+		}
 	}
 	_, err := relay.New(db.Pool, relay.Config{Consumer: consumergroup.Config{Topic: "t"}, Publisher: pub, Subject: "a.{nope}"})
 	require.ErrorIs(t, err, relay.ErrInvalidSubject)

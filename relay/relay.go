@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -41,12 +42,14 @@ const (
 
 // Errors of New and Start.
 var (
-	// ErrInvalidConfig reports a Config that cannot work.
-	ErrInvalidConfig = errors.New("relay: invalid config")
+	// ErrInvalidConfig reports a Config that cannot work. It is
+	// outbox.ErrInvalidConfig: errors.Is matches either.
+	ErrInvalidConfig = outbox.ErrInvalidConfig
 	// ErrUnorderedTopic: the topic is not ordered, so a message group's
 	// messages could reach the broker out of commit order. Configure the
 	// topic with outbox.TopicConfig.Ordered, or set Config.AllowUnordered.
-	ErrUnorderedTopic = errors.New("relay: topic is not ordered")
+	// It also matches ErrInvalidConfig.
+	ErrUnorderedTopic = cfgcheck.Invalid("relay: topic is not ordered")
 )
 
 // Config configures one relay instance.
@@ -105,17 +108,20 @@ type Relay struct {
 
 // New returns a relay instance; Start starts it.
 func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
+	c := cfgcheck.New("relay")
 	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+		c.Failf("pool", "is nil")
 	}
 	if cfg.Publisher == nil {
-		return nil, fmt.Errorf("%w: Publisher is required", ErrInvalidConfig)
+		c.Failf("Publisher", "is required")
 	}
-	if cfg.RetryInitial < 0 || cfg.RetryMax < 0 {
-		return nil, fmt.Errorf("%w: negative RetryInitial or RetryMax", ErrInvalidConfig)
+	c.NotNegative("RetryInitial", cfg.RetryInitial)
+	c.NotNegative("RetryMax", cfg.RetryMax)
+	if t := cfg.Consumer.HandlerTimeout; t != 0 {
+		c.AtLeast("Consumer.HandlerTimeout", t, MinHandlerTimeout) // shorter is too short to publish a batch
 	}
-	if t := cfg.Consumer.HandlerTimeout; t != 0 && t < MinHandlerTimeout {
-		return nil, fmt.Errorf("%w: Consumer.HandlerTimeout %v is below %v: too short to publish a batch", ErrInvalidConfig, t, MinHandlerTimeout)
+	if err := c.Err(); err != nil {
+		return nil, err
 	}
 	cfg.Consumer.Group = cmp.Or(cfg.Consumer.Group, DefaultGroup)
 	cfg.Consumer.ConcurrentBatches = cmp.Or(cfg.Consumer.ConcurrentBatches, DefaultConcurrentBatches)
@@ -124,7 +130,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	cfg.RetryMax = max(cmp.Or(cfg.RetryMax, DefaultRetryMax), cfg.RetryInitial)
 	subject, err := parseSubject(cfg.Subject)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: relay: Subject: %w", ErrInvalidConfig, err)
 	}
 	group, err := consumergroup.New(pool, cfg.Consumer)
 	if err != nil {

@@ -39,7 +39,8 @@ var (
 	// ErrInvalidConfig.
 	ErrInvalidAllowedHost = errors.New("router: allow-list entry is not a host or host:port")
 	// ErrUnknownSource: RemoveSource of a source the router does not run.
-	ErrUnknownSource = errors.New("router: unknown source")
+	// It matches outbox.ErrNotFound too.
+	ErrUnknownSource = cfgcheck.NotFound("router: unknown source")
 )
 
 // Pool and routing defaults: the values Config's zero fields take.

@@ -1,5 +1,7 @@
-// Package cfgcheck holds the library's configuration errors and a small
-// checker that names the field a bad value is in.
+// Package cfgcheck holds the sentinel errors every package of the library
+// shares (each package's ErrInvalidConfig, ErrAlreadyStarted and
+// ErrNotFound is one of these) and a small checker that names the field a
+// bad value is in.
 package cfgcheck
 
 import (
@@ -15,7 +17,29 @@ var (
 	// ErrAlreadyStarted: Start on something that already started. Every
 	// package's "already started" error is this one.
 	ErrAlreadyStarted = errors.New("pgoutbox: already started")
+	// ErrNotFound: no such topic, group, subscription, member, source or
+	// message. Every package's "not found" error is this one, or one made
+	// by NotFound.
+	ErrNotFound = errors.New("outbox: not found")
 )
+
+// NotFound returns a sentinel of its own, with message msg, that also
+// matches ErrNotFound: a package can name what was not found (an unknown
+// topic, member, source) while callers branch on ErrNotFound alone.
+func NotFound(msg string) error { return &kind{msg, ErrNotFound} }
+
+// Invalid returns a sentinel of its own, with message msg, that also
+// matches ErrInvalidConfig.
+func Invalid(msg string) error { return &kind{msg, ErrInvalidConfig} }
+
+// kind is a sentinel that is also an instance of a broader one.
+type kind struct {
+	msg   string
+	broad error
+}
+
+func (e *kind) Error() string { return e.msg }
+func (e *kind) Unwrap() error { return e.broad }
 
 // Checker keeps the first bad value it was shown. Its methods check a
 // value already defaulted: zero has been replaced where zero means "the
