@@ -26,6 +26,10 @@ import (
 // ones than this code needs. Run migrations.Up first.
 var ErrNotMigrated = migrations.ErrNotMigrated
 
+// ErrNoConnection: the database cannot be reached or refuses the
+// connection. The error names the address, database and user tried.
+var ErrNoConnection = migrations.ErrNoConnection
+
 // Config configures a Client. Every component created from the client
 // (consumers, consumer groups, routers) takes these settings.
 type Config struct {

@@ -1,13 +1,18 @@
 package pgoutbox_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgfind"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
 // The quick start program and a runnable godoc example build in a module
@@ -43,4 +48,31 @@ func TestExamplesBuildInAnotherModule(t *testing.T) {
 	}
 	run("mod", "tidy")
 	run("vet", "./...") // builds the program and type-checks the example
+}
+
+// The quick start says which database it uses, and where that choice came
+// from, so a user who set DATABASE_URL sees it was read. A database that
+// cannot be reached is named as such, with its address.
+func TestQuickstartSaysWhichDatabase(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	cfg, err := pgx.ParseConfig(db.DSN)
+	require.NoError(t, err)
+	run := func(dsn string) (string, error) {
+		cmd := exec.Command("go", "run", "./examples/quickstart")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run(db.DSN)
+	require.NoError(t, err, out)
+	require.Contains(t, out, fmt.Sprintf("database %q at %s:%d (DATABASE_URL)", db.Name, cfg.Host, cfg.Port))
+	require.NotContains(t, out, "set DATABASE_URL")
+
+	port, err := pgfind.FreePort()
+	require.NoError(t, err)
+	out, err = run(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/shop?sslmode=disable", port))
+	require.Error(t, err)
+	require.Contains(t, out, fmt.Sprintf(`cannot connect to the database at 127.0.0.1:%d (database "shop", user "postgres")`, port))
+	require.NotContains(t, out, "migrations")
 }

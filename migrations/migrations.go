@@ -59,6 +59,27 @@ var ErrPooledConnection = errors.New("pgoutbox migrations: need a direct or sess
 // version table is marked dirty; an operator has to repair it by hand.
 var ErrDirty = errors.New("pgoutbox migrations: database is dirty")
 
+// ErrNoConnection is returned when the database cannot be reached or
+// refuses the connection (nothing listens at the address, a name that does
+// not resolve, a password or TLS setting the server refuses). The error
+// names the address, database and user it tried, and wraps the driver's
+// error (a *pgconn.ConnectError).
+var ErrNoConnection = errors.New("pgoutbox: cannot connect to the database")
+
+// connectionError is err, said as ErrNoConnection with the address cfg
+// names, when err is a failure to connect; otherwise it is nil.
+func connectionError(err error, cfg *pgconn.Config) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	where := cfg.Host
+	if !strings.HasPrefix(where, "/") { // a Unix socket directory has no port
+		where = fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)
+	}
+	return fmt.Errorf("%w at %s (database %q, user %q): %w", ErrNoConnection, where, cfg.Database, cfg.User, err)
+}
+
 // Config says where the tables live.
 type Config struct {
 	// Schema holds pgoutbox's tables. It is created when missing.
@@ -145,7 +166,10 @@ func Check(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w (schema %q: no migration applied)", ErrNotMigrated, schema)
 	case err != nil:
-		return fmt.Errorf("pgoutbox migrations: read version: %w", err)
+		if cerr := connectionError(err, &pool.Config().ConnConfig.Config); cerr != nil {
+			return cerr
+		}
+		return fmt.Errorf("pgoutbox: read the schema's migration version: %w", err)
 	case dirty:
 		return fmt.Errorf("%w: %w at version %d in schema %q", ErrNotMigrated, ErrDirty, version, schema)
 	case version < Latest():
@@ -200,6 +224,9 @@ func run(ctx context.Context, base *pgxpool.Config, cfg Config, step func(*migra
 	if err != nil {
 		if strings.Contains(err.Error(), "unsupported startup parameter") {
 			return fmt.Errorf("%w: %w", ErrPooledConnection, err)
+		}
+		if cerr := connectionError(err, &pcfg.ConnConfig.Config); cerr != nil {
+			return cerr
 		}
 		return fmt.Errorf("pgoutbox migrations: connect: %w", err)
 	}

@@ -2,13 +2,16 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/pgfind"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 )
@@ -132,4 +135,28 @@ func TestSQLForOtherTools(t *testing.T) {
 	require.Contains(t, upgrade, "CREATE SCHEMA IF NOT EXISTS")
 	_, err = migrations.SQL("Bad-Name", 0)
 	require.ErrorIs(t, err, migrations.ErrInvalidSchema)
+}
+
+// A server that cannot be reached is said to be one, with the address,
+// database and user tried: not as a migration or version problem.
+func TestUnreachableDatabaseIsNamed(t *testing.T) {
+	t.Parallel()
+	port, err := pgfind.FreePort() // nothing listens there
+	require.NoError(t, err)
+	dsn := fmt.Sprintf("postgres://app@127.0.0.1:%d/shop?sslmode=disable&connect_timeout=5", port)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	want := fmt.Sprintf(`cannot connect to the database at 127.0.0.1:%d (database "shop", user "app")`, port)
+	for name, err := range map[string]error{
+		"Up":    migrations.Up(ctx, pool, migrations.Config{}),
+		"UpDSN": migrations.UpDSN(ctx, dsn, migrations.Config{}),
+		"Check": migrations.Check(ctx, pool, migrations.Config{}),
+	} {
+		require.ErrorIs(t, err, migrations.ErrNoConnection, name)
+		require.ErrorContains(t, err, want, name)
+		var ce *pgconn.ConnectError
+		require.ErrorAs(t, err, &ce, name) // the driver's error stays in the chain
+	}
 }

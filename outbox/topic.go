@@ -90,8 +90,10 @@ type TopicConfig struct {
 	Semantics Semantics
 	// Tracking is the completion tracking mode of a PubSub topic; it must be
 	// empty for a Queue topic. Defaults to Offset for PubSub topics. It
-	// may change at any time, with groups and producers running (see
-	// Client.ConfigureTopic).
+	// is set by the topic's first configuration: once the topic has groups
+	// or messages, ConfigureTopic keeps its mode (and logs a warning when
+	// it names another). Change it with Client.ChangeTrackingMode, which
+	// works with groups and producers running.
 	Tracking TrackingMode
 	// Retention is how long completed PUB_SUB messages are kept. QUEUE
 	// messages are deleted when acked, so it has no effect there.

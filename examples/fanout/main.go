@@ -9,7 +9,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,13 +42,17 @@ func main() {
 func run(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	url := cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	url, from := os.Getenv("DATABASE_URL"), "DATABASE_URL"
+	if url == "" {
+		url, from = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "the local server; set DATABASE_URL to use another"
+	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	fmt.Fprintf(os.Stderr, "database %s (set DATABASE_URL to use another)\n", pool.Config().ConnConfig.Database)
+	cc := pool.Config().ConnConfig
+	fmt.Fprintf(os.Stderr, "database %q at %s:%d (%s)\n", cc.Database, cc.Host, cc.Port, from)
 
 	// A fresh schema per run keeps the example repeatable.
 	schema := fmt.Sprintf("fanout_%d", time.Now().UnixNano())

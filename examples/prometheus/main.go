@@ -13,7 +13,6 @@ package main
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -51,12 +50,17 @@ func main() {
 
 func run(ctx context.Context, addr string, once bool) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	url := cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	url, from := os.Getenv("DATABASE_URL"), "DATABASE_URL"
+	if url == "" {
+		url, from = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "the local server; set DATABASE_URL to use another"
+	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	cc := pool.Config().ConnConfig
+	fmt.Fprintf(os.Stderr, "database %q at %s:%d (%s)\n", cc.Database, cc.Host, cc.Port, from)
 	const schema = "prometheus_example"
 	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema, Logger: logger}); err != nil {
 		return err

@@ -10,7 +10,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -78,13 +77,17 @@ func run(ctx context.Context) error {
 	defer srv.Close()
 	target := "http://" + ln.Addr().String() + "/events"
 
-	url := cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	url, from := os.Getenv("DATABASE_URL"), "DATABASE_URL"
+	if url == "" {
+		url, from = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "the local server; set DATABASE_URL to use another"
+	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	fmt.Fprintf(os.Stderr, "database %s (set DATABASE_URL to use another)\n", pool.Config().ConnConfig.Database)
+	cc := pool.Config().ConnConfig
+	fmt.Fprintf(os.Stderr, "database %q at %s:%d (%s)\n", cc.Database, cc.Host, cc.Port, from)
 	schema := fmt.Sprintf("router_example_%d", time.Now().UnixNano())
 	defer pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
 	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
