@@ -105,13 +105,9 @@ type Topic struct {
 
 // Topics lists the configured topics, by name.
 func (a *Admin) Topics(ctx context.Context) ([]Topic, error) {
-	rows, err := a.pool.Query(ctx, a.q.TopicNames)
+	names, err := a.topicNames(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("admin: list topics: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("admin: list topics: %w", err)
+		return nil, err
 	}
 	topics := make([]Topic, 0, len(names))
 	for _, name := range names {
@@ -145,6 +141,19 @@ func (a *Admin) Topic(ctx context.Context, name string) (Topic, error) {
 		t.OldestReady = max(now.Sub(*oldest), 0)
 	}
 	return t, nil
+}
+
+// topicNames lists the configured topics' names, in order.
+func (a *Admin) topicNames(ctx context.Context) ([]string, error) {
+	rows, err := a.pool.Query(ctx, a.q.TopicNames)
+	if err != nil {
+		return nil, fmt.Errorf("admin: list topics: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("admin: list topics: %w", err)
+	}
+	return names, nil
 }
 
 // topicConfig loads a configured topic, or fails with ErrNotFound.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/blockedtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -253,21 +254,6 @@ func TestStuck(t *testing.T) {
 	require.Empty(t, s.Groups)
 }
 
-// sendGroups sends n messages to topic in each message group, the groups
-// in the order given.
-func (e *env) sendGroups(t *testing.T, topic string, groups ...any) {
-	t.Helper()
-	var msgs []outbox.Message
-	for i := 0; i < len(groups); i += 2 {
-		for n := range groups[i+1].(int) {
-			msgs = append(msgs, outbox.Message{Topic: topic, Group: groups[i].(string),
-				Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, n))})
-		}
-	}
-	_, err := e.producer.SendBatch(context.Background(), e.db.Pool, msgs)
-	require.NoError(t, err)
-}
-
 // byGroup indexes blocked message groups by name.
 func byGroup(bs []outbox.BlockedGroup) map[string]outbox.BlockedGroup {
 	out := map[string]outbox.BlockedGroup{}
@@ -285,96 +271,58 @@ func byGroup(bs []outbox.BlockedGroup) map[string]outbox.BlockedGroup {
 func TestBlockedGroups(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t, admin.Options{},
-		outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue, Ordered: true},
-		outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter, Ordered: true},
-		outbox.TopicConfig{Name: "plain", Semantics: outbox.Queue})
-	e.sendGroups(t, "orders", "cust-99", 3, "cust-5", 2, "cust-1", 1)
-	heads, err := e.client.Claim(ctx, "orders", "operator", 10)
+	f := blockedtest.New(t, outbox.TopicConfig{Name: "plain", Semantics: outbox.Queue})
+	adm, err := admin.New(f.Client, admin.Options{})
 	require.NoError(t, err)
-	require.Len(t, heads, 3, "one head per message group")
-	for _, d := range heads {
-		switch d.Group {
-		case "cust-99":
-			require.NoError(t, e.client.DeadLetter(ctx, d, "no such customer"))
-		case "cust-5":
-			require.NoError(t, e.client.Retry(ctx, d, time.Hour, "downstream down"))
-		default:
-			require.NoError(t, e.client.Ack(ctx, d))
-		}
-	}
-	blocked, err := e.admin.BlockedGroups(ctx, "orders", "", 0)
+
+	blocked, err := adm.BlockedGroups(ctx, "orders", "", 0)
 	require.NoError(t, err)
 	require.Len(t, blocked, 2)
 	got := byGroup(blocked)
+	require.Equal(t, f.DeadHead, got["cust-99"].HeadID)
 	require.True(t, got["cust-99"].DeadLettered)
 	require.Equal(t, 2, got["cust-99"].Behind)
-	require.Equal(t, "no such customer", got["cust-99"].LastError)
+	require.Equal(t, blockedtest.QueueDeadError, got["cust-99"].LastError)
+	require.Equal(t, f.RetryHead, got["cust-5"].HeadID)
 	require.False(t, got["cust-5"].DeadLettered)
 	require.Equal(t, 1, got["cust-5"].Behind)
 	require.Equal(t, 1, got["cust-5"].Attempts)
-	require.Equal(t, "downstream down", got["cust-5"].LastError)
+	require.Equal(t, blockedtest.RetryError, got["cust-5"].LastError)
 	require.False(t, got["cust-5"].Since.IsZero())
 
-	g, err := consumergroup.New(e.db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: e.client,
-		PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second, HeartbeatTimeout: time.Minute})
-	require.NoError(t, err)
-	require.NoError(t, g.AddConsumer("m", func(_ context.Context, d *outbox.Delivery) error {
-		switch d.Group {
-		case "cust-99":
-			return outbox.Permanent(errors.New("no such customer"))
-		case "cust-5":
-			return outbox.RetryAfter(time.Hour, errors.New("downstream down"))
-		}
-		return nil
-	}, nil))
-	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = g.Stop(ctx)
-	})
-	e.sendGroups(t, "events", "cust-99", 3, "cust-5", 2, "cust-1", 1)
-	pgtest.Eventually(t, 30*time.Second, "two message groups blocked, the third done", func() bool {
-		bs, err := e.admin.BlockedGroups(ctx, "events", "billing", 0)
-		require.NoError(t, err)
-		h, err := e.admin.Group(ctx, "events", "billing")
-		require.NoError(t, err)
-		return len(bs) == 2 && h.Unread == 0 && h.LeasedBatches+h.LeasedRetries == 0
-	})
-	blocked, err = e.admin.BlockedGroups(ctx, "events", "billing", 0)
+	blocked, err = adm.BlockedGroups(ctx, "events", "billing", 0)
 	require.NoError(t, err)
 	got = byGroup(blocked)
 	require.True(t, got["cust-99"].DeadLettered)
 	require.Equal(t, 2, got["cust-99"].Behind)
+	require.Contains(t, got["cust-99"].LastError, blockedtest.GroupDeadError)
 	require.Equal(t, 1, got["cust-5"].Behind)
-	h, err := e.admin.Group(ctx, "events", "billing")
+	h, err := adm.Group(ctx, "events", "billing")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, h.Waiting, "only cust-5's head failed and waits for a retry")
 	require.EqualValues(t, 3, h.Queued, "queued behind the two heads, never tried")
 	require.EqualValues(t, 1, h.DeadLetters)
 
-	all, err := e.admin.Blocked(ctx, 0)
+	all, err := adm.Blocked(ctx, 0)
 	require.NoError(t, err)
-	require.Len(t, all, 4)
 	where := map[string]int{}
 	for _, b := range all {
 		where[b.Topic+"/"+b.ConsumerGroup+"/"+b.Group]++
 	}
 	require.Equal(t, map[string]int{"orders//cust-99": 1, "orders//cust-5": 1, "events/billing/cust-99": 1, "events/billing/cust-5": 1}, where)
 
-	none, err := e.admin.BlockedGroups(ctx, "plain", "", 0)
+	none, err := adm.BlockedGroups(ctx, "plain", "", 0)
 	require.NoError(t, err)
 	require.Empty(t, none, "a topic that is not ordered has none")
-	_, err = e.admin.BlockedGroups(ctx, "events", "", 0)
+	_, err = adm.BlockedGroups(ctx, "events", "", 0)
 	require.ErrorIs(t, err, outbox.ErrWrongSemantics, "a PUB_SUB topic's are its groups'")
-	_, err = e.admin.BlockedGroups(ctx, "orders", "billing", 0)
+	_, err = adm.BlockedGroups(ctx, "orders", "billing", 0)
 	require.ErrorIs(t, err, outbox.ErrWrongSemantics, "a QUEUE topic has no groups")
-	_, err = e.admin.BlockedGroups(ctx, "nope", "", 0)
+	_, err = adm.BlockedGroups(ctx, "nope", "", 0)
 	require.ErrorIs(t, err, outbox.ErrNotFound)
-	_, err = e.admin.BlockedGroups(ctx, "events", "nobody", 0)
+	_, err = adm.BlockedGroups(ctx, "events", "nobody", 0)
 	require.ErrorIs(t, err, outbox.ErrNotFound)
-	_, err = e.admin.BlockedGroups(ctx, "orders", "", -1)
+	_, err = adm.BlockedGroups(ctx, "orders", "", -1)
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 }
 

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -51,13 +49,9 @@ type Blocked struct {
 // up to limit (outbox.DefaultBlockedGroupsPage when 0) of each, the
 // longest blocked first.
 func (a *Admin) Blocked(ctx context.Context, limit int) ([]Blocked, error) {
-	rows, err := a.pool.Query(ctx, a.q.TopicNames)
+	names, err := a.topicNames(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("admin: list topics: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("admin: list topics: %w", err)
+		return nil, err
 	}
 	var out []Blocked
 	add := func(topic, group string) error {

@@ -658,15 +658,16 @@ func (c *command) dead(ctx context.Context, args []string) error {
 			if op == "purge" {
 				f = a.PurgeDeadLetters
 			}
+			done := map[string]string{"replay": "replayed", "purge": "purged"}[op]
 			n, err := f(ctx, topic, group, ids...)
 			if err != nil && n > 0 { // the others were done: say so
-				err = fmt.Errorf("%sed %d; %w", op, n, err)
+				err = fmt.Errorf("%s %d; %w", done, n, err)
 			}
 			if err != nil {
 				return err
 			}
-			return c.print(map[string]any{"topic": topic, "group": group, op + "ed": n}, func(w io.Writer) {
-				fmt.Fprintf(w, "%sed %d dead letters\n", op, n)
+			return c.print(map[string]any{"topic": topic, "group": group, done: n}, func(w io.Writer) {
+				fmt.Fprintf(w, "%s %d dead letters\n", done, n)
 			})
 		})
 	default:

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/cmd/pgoutbox/internal/cli"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/blockedtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -280,19 +280,6 @@ func TestBinary(t *testing.T) {
 	require.Contains(t, string(out), "pgoutbox [flags] migrate up|down|version|sql")
 }
 
-// sendGroup sends n messages to topic in message group group.
-func sendGroup(t *testing.T, db *pgtest.DB, topic, group string, n int) {
-	t.Helper()
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
-	require.NoError(t, err)
-	msgs := make([]outbox.Message, n)
-	for i := range msgs {
-		msgs[i] = outbox.Message{Topic: topic, Group: group, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
-	}
-	_, err = producer.SendBatch(context.Background(), db.Pool, msgs)
-	require.NoError(t, err)
-}
-
 // pgoutbox blocked lists the message groups ordered topics and groups are
 // held back on (every one, a topic's or a group's), with the head, its
 // attempts and last error, since when, and how many wait behind it; and
@@ -300,49 +287,8 @@ func sendGroup(t *testing.T, db *pgtest.DB, topic, group string, n int) {
 // retry.
 func TestBlockedCommand(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.NewDB(t)
-	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
-	require.NoError(t, err)
-	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue, Ordered: true}))
-	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub,
-		Tracking: outbox.Counter, Ordered: true}))
-	sendGroup(t, db, "orders", "cust-99", 3)
-	sendGroup(t, db, "orders", "cust-1", 1)
-	heads, err := client.Claim(ctx, "orders", "operator", 10)
-	require.NoError(t, err)
-	require.Len(t, heads, 2)
-	var deadHead int64
-	for _, d := range heads {
-		if d.Group == "cust-99" {
-			deadHead = d.ID
-			require.NoError(t, client.DeadLetter(ctx, d, "no such customer"))
-		} else {
-			require.NoError(t, client.Ack(ctx, d))
-		}
-	}
-	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client,
-		PollInterval: 20 * time.Millisecond})
-	require.NoError(t, err)
-	require.NoError(t, g.AddConsumer("m", func(_ context.Context, d *outbox.Delivery) error {
-		if d.Group == "cust-99" {
-			return outbox.Permanent(errors.New("account closed"))
-		}
-		return nil
-	}, nil))
-	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = g.Stop(ctx)
-	})
-	sendGroup(t, db, "events", "cust-99", 3)
-	sendGroup(t, db, "events", "cust-1", 2)
-	pgtest.Eventually(t, 30*time.Second, "the group blocked on cust-99, done with cust-1", func() bool {
-		h, err := g.Health(ctx, 0)
-		require.NoError(t, err)
-		return h.DeadLetters == 1 && h.Unread == 0 && h.LeasedBatches+h.LeasedRetries == 0
-	})
+	f := blockedtest.New(t)
+	db := f.DB
 	schema := "--schema=" + db.Schema
 
 	type row struct {
@@ -359,36 +305,41 @@ func TestBlockedCommand(t *testing.T) {
 	require.Zero(t, r.code, r.stderr)
 	var rows []row
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows))
-	require.Len(t, rows, 2, r.stdout)
-	require.Equal(t, row{Topic: "orders", MessageGroup: "cust-99", HeadID: deadHead, Attempts: 1, LastError: "no such customer",
-		Since: rows[1].Since, DeadLettered: true, Behind: 2}, rows[1])
-	require.Equal(t, "events", rows[0].Topic)
-	require.Equal(t, "billing", rows[0].Group)
-	require.Equal(t, "cust-99", rows[0].MessageGroup)
-	require.Contains(t, rows[0].LastError, "account closed")
-	require.Equal(t, 2, rows[0].Behind)
-	require.False(t, rows[0].Since.IsZero())
+	require.Len(t, rows, 4, r.stdout)
+	where := map[string]row{}
+	for _, r := range rows {
+		require.False(t, r.Since.IsZero())
+		where[r.Topic+"/"+r.Group+"/"+r.MessageGroup] = r
+	}
+	dead := where["orders//cust-99"]
+	require.Equal(t, row{Topic: "orders", MessageGroup: "cust-99", HeadID: f.DeadHead, Attempts: 1,
+		LastError: blockedtest.QueueDeadError, Since: dead.Since, DeadLettered: true, Behind: 2}, dead)
+	require.Equal(t, f.RetryHead, where["orders//cust-5"].HeadID)
+	require.Equal(t, 1, where["orders//cust-5"].Behind)
+	require.Contains(t, where["events/billing/cust-99"].LastError, blockedtest.GroupDeadError)
+	require.Equal(t, 2, where["events/billing/cust-99"].Behind)
+	require.Contains(t, where["events/billing/cust-5"].LastError, blockedtest.RetryError)
 
 	r = run(t, db.DSN, "blocked", "orders", schema)
 	require.Zero(t, r.code, r.stderr)
 	require.Contains(t, r.stdout, "MESSAGE GROUP")
 	require.Contains(t, r.stdout, "cust-99")
-	require.Contains(t, r.stdout, "no such customer")
-	require.NotContains(t, r.stdout, "account closed", "only the topic named")
+	require.Contains(t, r.stdout, blockedtest.QueueDeadError)
+	require.NotContains(t, r.stdout, blockedtest.GroupDeadError, "only the topic named")
 	r = run(t, db.DSN, "blocked", "events", "billing", schema, "--json")
 	require.Zero(t, r.code, r.stderr)
-	require.Contains(t, r.stdout, "account closed")
-	require.NotContains(t, r.stdout, "no such customer")
+	require.Contains(t, r.stdout, blockedtest.GroupDeadError)
+	require.NotContains(t, r.stdout, blockedtest.QueueDeadError)
 	r = run(t, db.DSN, "blocked", "events", schema, "--json")
 	require.Zero(t, r.code, r.stderr)
-	require.Contains(t, r.stdout, "account closed", "a PUB_SUB topic's: every group's")
+	require.Contains(t, r.stdout, blockedtest.GroupDeadError, "a PUB_SUB topic's: every group's")
 
 	r = run(t, db.DSN, "groups", "events", schema, "--json")
 	require.Zero(t, r.code, r.stderr)
 	var groups []struct{ Waiting, Queued int64 }
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &groups))
-	require.Equal(t, []struct{ Waiting, Queued int64 }{{Waiting: 0, Queued: 2}}, groups,
-		"nothing failed but the dead letter: the two behind it are queued, not retries")
+	require.Equal(t, []struct{ Waiting, Queued int64 }{{Waiting: 1, Queued: 3}}, groups,
+		"cust-5's head waits for a retry; the three behind the heads are queued, not retries")
 	r = run(t, db.DSN, "groups", "events", schema)
 	require.Zero(t, r.code, r.stderr)
 	require.Contains(t, r.stdout, "QUEUED")
@@ -397,6 +348,13 @@ func TestBlockedCommand(t *testing.T) {
 	failsWith(t, run(t, db.DSN, "blocked", "events", "nobody", schema), 3, "nobody")
 	failsWith(t, run(t, db.DSN, "blocked", "orders", "billing", schema), 2, "QUEUE")
 	failsWith(t, run(t, db.DSN, "blocked", "a", "b", "c", schema), 2, "usage")
+
+	r = run(t, db.DSN, "dead", "purge", "orders", fmt.Sprint(f.DeadHead), schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.JSONEq(t, `{"topic": "orders", "group": "", "purged": 1}`, r.stdout)
+	r = run(t, db.DSN, "blocked", "orders", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.NotContains(t, r.stdout, "cust-99", "the dead letter purged, cust-99 goes on")
 }
 
 // Values the API refuses are refused here too, before anything is read:
