@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -54,17 +55,23 @@ func (u *ui) blocked(ctx context.Context) ([]admin.Blocked, error) {
 	return out, err
 }
 
-// topicBlocked reads the blocked message groups of a PUB_SUB topic's
-// groups.
-func (u *ui) topicBlocked(ctx context.Context, topic string) ([]admin.Blocked, error) {
-	all, err := u.blocked(ctx)
+// topicBlocked reads the blocked message groups of each of a PUB_SUB
+// topic's groups.
+func (u *ui) topicBlocked(ctx context.Context, t admin.Topic) ([]admin.Blocked, error) {
 	var out []admin.Blocked
-	for _, b := range all {
-		if b.Topic == topic {
-			out = append(out, b)
+	for _, group := range t.Groups {
+		bs, err := u.blockedGroups(ctx, t.Name, group, blockedPage)
+		if errors.Is(err, outbox.ErrNotFound) {
+			continue // removed since the topic was read
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range bs {
+			out = append(out, admin.Blocked{Topic: t.Name, ConsumerGroup: group, BlockedGroup: b})
 		}
 	}
-	return out, err
+	return out, nil
 }
 
 // blockedGroups reads a QUEUE topic's blocked message groups (group ""),
@@ -265,7 +272,7 @@ func (u *ui) topicPage(w http.ResponseWriter, r *http.Request) {
 	if t.Semantics == outbox.PubSub {
 		data["Groups"], err = u.groups(r.Context(), name)
 		if err == nil && t.Ordered {
-			data["Blocked"], err = u.topicBlocked(r.Context(), name)
+			data["Blocked"], err = u.topicBlocked(r.Context(), t)
 		}
 	} else {
 		data["DeadLetters"], err = u.deadLetters(r.Context(), name, "", 0, deadLetterPage)
@@ -297,10 +304,12 @@ func (u *ui) groupPage(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
-	blocked, err := u.blockedGroups(r.Context(), topic, group, blockedPage)
-	if err != nil {
-		u.pageError(w, r, err)
-		return
+	var blocked []outbox.BlockedGroup
+	if t.Ordered {
+		if blocked, err = u.blockedGroups(r.Context(), topic, group, blockedPage); err != nil {
+			u.pageError(w, r, err)
+			return
+		}
 	}
 	u.render(w, r, "group", http.StatusOK, map[string]any{"Title": group + " on " + topic, "Health": h, "DeadLetters": dls,
 		"TopicName": topic, "GroupName": group, "Ordered": t.Ordered, "Blocked": blocked})
@@ -480,14 +489,25 @@ func (u *ui) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if s := q.Get("limit"); s != "" {
-		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > 1000 {
-			u.apiError(w, r, fmt.Errorf("%w: limit=%q: 1 to 1000", errBadInput, s))
-			return
-		}
+	if limit, err = queryLimit(q, limit); err != nil {
+		u.apiError(w, r, err)
+		return
 	}
 	v, err := u.deadLetters(r.Context(), r.PathValue("topic"), q.Get("group"), after, limit)
 	reply(u, w, r, v, err)
+}
+
+// queryLimit reads a list's ?limit= (1 to 1000), def when it has none.
+func queryLimit(q url.Values, def int) (int, error) {
+	s := q.Get("limit")
+	if s == "" {
+		return def, nil
+	}
+	limit, err := strconv.Atoi(s)
+	if err != nil || limit < 1 || limit > 1000 {
+		return 0, fmt.Errorf("%w: limit=%q: 1 to 1000", errBadInput, s)
+	}
+	return limit, nil
 }
 
 // actionRequest is the body of a dead-letter action.
@@ -533,13 +553,10 @@ func (u *ui) apiBlocked(w http.ResponseWriter, r *http.Request) {
 
 func (u *ui) apiTopicBlocked(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit := blockedPage
-	if s := q.Get("limit"); s != "" {
-		var err error
-		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > 1000 {
-			u.apiError(w, r, fmt.Errorf("%w: limit=%q: 1 to 1000", errBadInput, s))
-			return
-		}
+	limit, err := queryLimit(q, blockedPage)
+	if err != nil {
+		u.apiError(w, r, err)
+		return
 	}
 	v, err := u.blockedGroups(r.Context(), r.PathValue("topic"), q.Get("group"), limit)
 	reply(u, w, r, v, err)
