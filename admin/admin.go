@@ -1,6 +1,7 @@
 // Package admin lets an operator see and steer topics and consumer groups
 // by name, from any process: list topics with their backlog, list groups
-// with their health and lag, pause, resume, cancel or remove a group, and
+// with their health and lag, list the message groups an ordered topic or
+// group is held back on, pause, resume, cancel or remove a group, and
 // list, replay or purge dead letters. It changes nothing a running
 // consumer must be told about: every instance of a group follows its state
 // within its poll interval.
@@ -16,6 +17,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -86,9 +88,13 @@ type Topic struct {
 	// Groups names the groups subscribed to a PUB_SUB topic, cancelled
 	// ones last (see Admin.Groups for their health).
 	Groups []string
-	// Ready counts a QUEUE topic's messages deliverable now, Scheduled
-	// those leased or due later (a delay or a retry's backoff).
-	Ready, Scheduled int64
+	// Ready counts a QUEUE topic's messages deliverable now (on an
+	// ordered topic, those of a blocked message group too: see
+	// Admin.BlockedGroups), Scheduled those due later (a delay or a
+	// retry's backoff) and Leased those a consumer holds. Scheduled and
+	// Leased are told apart among the CountLimit due soonest: past that
+	// they add up to CountLimit.
+	Ready, Scheduled, Leased int64
 	// OldestReady is how long the oldest deliverable message of a QUEUE
 	// topic has been waiting (0 when none is).
 	OldestReady time.Duration
@@ -99,13 +105,9 @@ type Topic struct {
 
 // Topics lists the configured topics, by name.
 func (a *Admin) Topics(ctx context.Context) ([]Topic, error) {
-	rows, err := a.pool.Query(ctx, a.q.TopicNames)
+	names, err := a.topicNames(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("admin: list topics: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("admin: list topics: %w", err)
+		return nil, err
 	}
 	topics := make([]Topic, 0, len(names))
 	for _, name := range names {
@@ -131,7 +133,7 @@ func (a *Admin) Topic(ctx context.Context, name string) (Topic, error) {
 	}
 	var oldest *time.Time
 	var now time.Time
-	err = a.pool.QueryRow(ctx, a.q.QueueStats, name, a.limit).Scan(&t.Ready, &t.Scheduled, &t.DeadLetters, &oldest, &now)
+	err = a.pool.QueryRow(ctx, a.q.QueueStats, name, a.limit).Scan(&t.Ready, &t.Scheduled, &t.Leased, &t.DeadLetters, &oldest, &now)
 	if err != nil {
 		return Topic{}, fmt.Errorf("admin: topic %q: %w", name, err)
 	}
@@ -139,6 +141,19 @@ func (a *Admin) Topic(ctx context.Context, name string) (Topic, error) {
 		t.OldestReady = max(now.Sub(*oldest), 0)
 	}
 	return t, nil
+}
+
+// topicNames lists the configured topics' names, in order.
+func (a *Admin) topicNames(ctx context.Context) ([]string, error) {
+	rows, err := a.pool.Query(ctx, a.q.TopicNames)
+	if err != nil {
+		return nil, fmt.Errorf("admin: list topics: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("admin: list topics: %w", err)
+	}
+	return names, nil
 }
 
 // topicConfig loads a configured topic, or fails with ErrNotFound.
@@ -224,15 +239,32 @@ func (a *Admin) NearTimeout(ctx context.Context) ([]consumergroup.Health, error)
 }
 
 // PauseGroup stops delivery to a group until ResumeGroup (see
-// consumergroup.Group.Pause).
+// consumergroup.Group.Pause). A group already PAUSED stays so, and that
+// is a success: what the operator asked for holds.
 func (a *Admin) PauseGroup(ctx context.Context, topic, group string) error {
-	return a.withGroup(ctx, topic, group, (*consumergroup.Group).Pause)
+	return a.withGroup(ctx, topic, group, alreadyOK((*consumergroup.Group).Pause, consumergroup.Paused))
 }
 
 // ResumeGroup continues a paused group, or brings a DEAD one back with a
-// backfill of what it missed (see consumergroup.Group.Resume).
+// backfill of what it missed (see consumergroup.Group.Resume). A group
+// already ACTIVE stays so, and that is a success.
 func (a *Admin) ResumeGroup(ctx context.Context, topic, group string) error {
-	return a.withGroup(ctx, topic, group, (*consumergroup.Group).Resume)
+	return a.withGroup(ctx, topic, group, alreadyOK((*consumergroup.Group).Resume, consumergroup.Active))
+}
+
+// alreadyOK is change, except that a group found in state want already
+// (change refused the transition to the state it is in) is a success.
+func alreadyOK(change func(*consumergroup.Group, context.Context) error, want consumergroup.State) func(*consumergroup.Group, context.Context) error {
+	return func(g *consumergroup.Group, ctx context.Context) error {
+		err := change(g, ctx)
+		if !errors.Is(err, consumergroup.ErrInvalidTransition) {
+			return err
+		}
+		if state, serr := g.State(ctx); serr == nil && state == want {
+			return nil
+		}
+		return err
+	}
 }
 
 // ResurrectGroup brings a DEAD group back, with a backfill of what it had
@@ -290,8 +322,11 @@ func (a *Admin) RemoveGroup(ctx context.Context, topic, group string) error {
 // DeadLetters lists dead letters after afterID (0: from the start), at
 // most limit: a QUEUE topic's when group is "", else a group's.
 func (a *Admin) DeadLetters(ctx context.Context, topic, group string, afterID int64, limit int) ([]outbox.DeadLetter, error) {
+	if afterID < 0 {
+		return nil, fmt.Errorf("%w: admin: after id %d is negative", outbox.ErrInvalidConfig, afterID)
+	}
 	if group == "" {
-		if _, err := a.queueTopic(ctx, topic); err != nil {
+		if _, err := a.queueTopic(ctx, topic, deadLettersHint); err != nil {
 			return nil, err
 		}
 		return a.client.DeadLetters(ctx, topic, afterID, limit)
@@ -310,7 +345,7 @@ func (a *Admin) DeadLetters(ctx context.Context, topic, group string, afterID in
 // others are still replayed).
 func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
 	if group == "" {
-		if _, err := a.queueTopic(ctx, topic); err != nil {
+		if _, err := a.queueTopic(ctx, topic, deadLettersHint); err != nil {
 			return 0, err
 		}
 		n, err := a.client.ReplayDeadLetters(ctx, topic, ids...)
@@ -327,7 +362,7 @@ func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids 
 // picks them.
 func (a *Admin) PurgeDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
 	if group == "" {
-		if _, err := a.queueTopic(ctx, topic); err != nil {
+		if _, err := a.queueTopic(ctx, topic, deadLettersHint); err != nil {
 			return 0, err
 		}
 		n, err := a.client.DiscardDeadLetters(ctx, topic, ids...)
@@ -340,13 +375,18 @@ func (a *Admin) PurgeDeadLetters(ctx context.Context, topic, group string, ids .
 	return g.DiscardDeadLetters(ctx, ids...)
 }
 
-func (a *Admin) queueTopic(ctx context.Context, topic string) (outbox.TopicConfig, error) {
+// queueTopic loads a QUEUE topic, or fails with ErrNotFound or, for
+// another kind, ErrWrongSemantics saying hint.
+func (a *Admin) queueTopic(ctx context.Context, topic, hint string) (outbox.TopicConfig, error) {
 	cfg, err := a.topicConfig(ctx, topic)
 	if err == nil && cfg.Semantics != outbox.Queue {
-		err = fmt.Errorf("%w: %q is a %s topic; name the group whose dead letters you mean", outbox.ErrWrongSemantics, topic, cfg.Semantics)
+		err = fmt.Errorf("%w: %q is a %s topic; %s", outbox.ErrWrongSemantics, topic, cfg.Semantics, hint)
 	}
 	return cfg, err
 }
+
+// deadLettersHint is queueTopic's hint for dead letters.
+const deadLettersHint = "name the group whose dead letters you mean"
 
 // group returns a Group value (never started) for a group subscribed to
 // a PUB_SUB topic, or an error wrapping ErrNotFound.
@@ -422,6 +462,9 @@ type Stuck struct {
 // to look at first when messages do not move.
 func (a *Admin) Stuck(ctx context.Context, olderThan time.Duration) (Stuck, error) {
 	var s Stuck
+	if olderThan < 0 {
+		return s, fmt.Errorf("%w: admin: stuck: bound %s is negative", outbox.ErrInvalidConfig, olderThan)
+	}
 	topics, err := a.Topics(ctx)
 	if err != nil {
 		return s, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/blockedtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -251,4 +252,125 @@ func TestStuck(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, s.Topics)
 	require.Empty(t, s.Groups)
+}
+
+// byGroup indexes blocked message groups by name.
+func byGroup(bs []outbox.BlockedGroup) map[string]outbox.BlockedGroup {
+	out := map[string]outbox.BlockedGroup{}
+	for _, b := range bs {
+		out[b.Group] = b
+	}
+	return out
+}
+
+// The message groups an ordered QUEUE topic and an ordered consumer group
+// are held back on are listed by name, with their head, its attempts and
+// last error, since when, and how many wait behind it; and a group's
+// Waiting counts the messages that failed and wait for a retry, not its
+// queue of messages read and not yet delivered (Queued).
+func TestBlockedGroups(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := blockedtest.New(t, outbox.TopicConfig{Name: "plain", Semantics: outbox.Queue})
+	adm, err := admin.New(f.Client, admin.Options{})
+	require.NoError(t, err)
+
+	blocked, err := adm.BlockedGroups(ctx, "orders", "", 0)
+	require.NoError(t, err)
+	require.Len(t, blocked, 2)
+	got := byGroup(blocked)
+	require.Equal(t, f.DeadHead, got["cust-99"].HeadID)
+	require.True(t, got["cust-99"].DeadLettered)
+	require.Equal(t, 2, got["cust-99"].Behind)
+	require.Equal(t, blockedtest.QueueDeadError, got["cust-99"].LastError)
+	require.Equal(t, f.RetryHead, got["cust-5"].HeadID)
+	require.False(t, got["cust-5"].DeadLettered)
+	require.Equal(t, 1, got["cust-5"].Behind)
+	require.Equal(t, 1, got["cust-5"].Attempts)
+	require.Equal(t, blockedtest.RetryError, got["cust-5"].LastError)
+	require.False(t, got["cust-5"].Since.IsZero())
+
+	blocked, err = adm.BlockedGroups(ctx, "events", "billing", 0)
+	require.NoError(t, err)
+	got = byGroup(blocked)
+	require.True(t, got["cust-99"].DeadLettered)
+	require.Equal(t, 2, got["cust-99"].Behind)
+	require.Contains(t, got["cust-99"].LastError, blockedtest.GroupDeadError)
+	require.Equal(t, 1, got["cust-5"].Behind)
+	h, err := adm.Group(ctx, "events", "billing")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, h.Waiting, "only cust-5's head failed and waits for a retry")
+	require.EqualValues(t, 3, h.Queued, "queued behind the two heads, never tried")
+	require.EqualValues(t, 1, h.DeadLetters)
+
+	all, err := adm.Blocked(ctx, 0)
+	require.NoError(t, err)
+	where := map[string]int{}
+	for _, b := range all {
+		where[b.Topic+"/"+b.ConsumerGroup+"/"+b.Group]++
+	}
+	require.Equal(t, map[string]int{"orders//cust-99": 1, "orders//cust-5": 1, "events/billing/cust-99": 1, "events/billing/cust-5": 1}, where)
+
+	none, err := adm.BlockedGroups(ctx, "plain", "", 0)
+	require.NoError(t, err)
+	require.Empty(t, none, "a topic that is not ordered has none")
+	_, err = adm.BlockedGroups(ctx, "events", "", 0)
+	require.ErrorIs(t, err, outbox.ErrWrongSemantics, "a PUB_SUB topic's are its groups'")
+	_, err = adm.BlockedGroups(ctx, "orders", "billing", 0)
+	require.ErrorIs(t, err, outbox.ErrWrongSemantics, "a QUEUE topic has no groups")
+	_, err = adm.BlockedGroups(ctx, "nope", "", 0)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = adm.BlockedGroups(ctx, "events", "nobody", 0)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = adm.BlockedGroups(ctx, "orders", "", -1)
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+}
+
+// A QUEUE topic's leased messages are counted apart from those due later.
+func TestLeasedApartFromScheduled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{}, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue})
+	e.send(t, "orders", 2, time.Hour)
+	got, err := e.admin.Topic(ctx, "orders")
+	require.NoError(t, err)
+	require.Zero(t, got.Ready)
+	require.Zero(t, got.OldestReady, "nothing is ready")
+	e.send(t, "orders", 3, 0)
+	_, err = e.client.Claim(ctx, "orders", "operator", 1)
+	require.NoError(t, err)
+	got, err = e.admin.Topic(ctx, "orders")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, got.Ready)
+	require.EqualValues(t, 2, got.Scheduled, "the delayed ones, not the leased one")
+	require.EqualValues(t, 1, got.Leased)
+}
+
+// Pausing a paused group, or resuming an active one, succeeds and changes
+// nothing; a state change that cannot be made still fails.
+func TestPauseAndResumeTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{}, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter})
+	e.startGroup(t, "events", "billing", &recorder{seen: map[int64]int{}})
+	require.NoError(t, e.admin.ResumeGroup(ctx, "events", "billing"), "already ACTIVE")
+	require.NoError(t, e.admin.PauseGroup(ctx, "events", "billing"))
+	require.NoError(t, e.admin.PauseGroup(ctx, "events", "billing"), "already PAUSED")
+	h, err := e.admin.Group(ctx, "events", "billing")
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.Paused, h.State)
+	require.NoError(t, e.admin.CancelGroup(ctx, "events", "billing"))
+	require.ErrorIs(t, e.admin.PauseGroup(ctx, "events", "billing"), consumergroup.ErrInvalidTransition)
+	require.ErrorIs(t, e.admin.ResumeGroup(ctx, "events", "billing"), consumergroup.ErrInvalidTransition)
+}
+
+// Bounds an API would refuse are refused here too, with a typed error.
+func TestNegativeBounds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{}, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue})
+	_, err := e.admin.Stuck(ctx, -time.Hour)
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	_, err = e.admin.DeadLetters(ctx, "orders", "", -5, 10)
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 }

@@ -16,9 +16,9 @@ import (
 // counts (a count at CountLimit means "at least"; nothing counts a whole
 // table):
 //
-//   - pgoutbox.queue.ready, .scheduled, .dead_letters (messages) and
-//     .oldest_ready_age (seconds), per QUEUE topic;
-//   - pgoutbox.group.unread, .waiting, .leased, .dead_letters (messages),
+//   - pgoutbox.queue.ready, .scheduled, .leased, .dead_letters (messages)
+//     and .oldest_ready_age (seconds), per QUEUE topic;
+//   - pgoutbox.group.unread, .queued, .waiting, .leased, .dead_letters (messages),
 //     .lag and .since_heartbeat (seconds), and .active (1 while ACTIVE,
 //     else 0, with the state as an attribute), per group.
 //
@@ -33,10 +33,12 @@ func (a *Admin) RegisterGauges(mp metric.MeterProvider) (metric.Registration, er
 	var all []metric.Observable
 	for _, g := range []struct{ name, desc string }{
 		{"pgoutbox.queue.ready", "Messages of a QUEUE topic deliverable now."},
-		{"pgoutbox.queue.scheduled", "Messages of a QUEUE topic leased or due later."},
+		{"pgoutbox.queue.scheduled", "Messages of a QUEUE topic due later (a delay or a retry's backoff)."},
+		{"pgoutbox.queue.leased", "Messages of a QUEUE topic a consumer holds."},
 		{"pgoutbox.queue.dead_letters", "Dead letters of a QUEUE topic."},
 		{"pgoutbox.group.unread", "Messages a consumer group has not read yet (or not finished of its current read)."},
-		{"pgoutbox.group.waiting", "Messages of a consumer group waiting for a retry (an ordered group's queued messages too)."},
+		{"pgoutbox.group.queued", "Messages a consumer group read and will deliver that have not failed (an ordered group's queue)."},
+		{"pgoutbox.group.waiting", "Messages of a consumer group that failed and wait for a retry."},
 		{"pgoutbox.group.leased", "Batches and one-by-one deliveries a consumer group's instances hold."},
 		{"pgoutbox.group.dead_letters", "Dead letters of a consumer group."},
 		{"pgoutbox.group.active", "1 while a consumer group is ACTIVE, else 0 (its state is an attribute)."},
@@ -70,6 +72,7 @@ func (a *Admin) RegisterGauges(mp metric.MeterProvider) (metric.Registration, er
 				attrs := metric.WithAttributes(topic)
 				o.ObserveInt64(ints["pgoutbox.queue.ready"], t.Ready, attrs)
 				o.ObserveInt64(ints["pgoutbox.queue.scheduled"], t.Scheduled, attrs)
+				o.ObserveInt64(ints["pgoutbox.queue.leased"], t.Leased, attrs)
 				o.ObserveInt64(ints["pgoutbox.queue.dead_letters"], t.DeadLetters, attrs)
 				o.ObserveFloat64(floats["pgoutbox.queue.oldest_ready_age"], t.OldestReady.Seconds(), attrs)
 				continue
@@ -83,6 +86,7 @@ func (a *Admin) RegisterGauges(mp metric.MeterProvider) (metric.Registration, er
 				}
 				attrs := metric.WithAttributes(topic, attribute.String("group", name))
 				o.ObserveInt64(ints["pgoutbox.group.unread"], h.Unread, attrs)
+				o.ObserveInt64(ints["pgoutbox.group.queued"], h.Queued, attrs)
 				o.ObserveInt64(ints["pgoutbox.group.waiting"], h.Waiting, attrs)
 				o.ObserveInt64(ints["pgoutbox.group.leased"], h.LeasedBatches+h.LeasedRetries, attrs)
 				o.ObserveInt64(ints["pgoutbox.group.dead_letters"], h.DeadLetters, attrs)

@@ -14,8 +14,8 @@ import (
 )
 
 // The gauges, read through an OpenTelemetry SDK reader, report the backlog
-// and the lag the test created: a QUEUE topic's ready messages and dead
-// letter, and a stopped group's unread messages and their age.
+// and the lag the test created: a QUEUE topic's ready and leased messages
+// and dead letter, and a stopped group's unread messages and their age.
 func TestGauges(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -26,6 +26,8 @@ func TestGauges(t *testing.T) {
 	claimed, err := e.client.Claim(ctx, "orders", "operator", 1)
 	require.NoError(t, err)
 	require.NoError(t, e.client.DeadLetter(ctx, claimed[0], "bad"))
+	_, err = e.client.Claim(ctx, "orders", "operator", 1)
+	require.NoError(t, err)
 	g := e.startGroup(t, "events", "billing", &recorder{seen: map[int64]int{}})
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -42,13 +44,16 @@ func TestGauges(t *testing.T) {
 		require.True(t, ok, "no %s %v in %v", name, kv, points)
 		return p.Value
 	}
-	require.EqualValues(t, 5, value("pgoutbox.queue.ready", "topic", "orders"))
+	require.EqualValues(t, 4, value("pgoutbox.queue.ready", "topic", "orders"))
+	require.EqualValues(t, 1, value("pgoutbox.queue.leased", "topic", "orders"))
+	require.Zero(t, value("pgoutbox.queue.scheduled", "topic", "orders"))
 	require.EqualValues(t, 1, value("pgoutbox.queue.dead_letters", "topic", "orders"))
 	require.GreaterOrEqual(t, value("pgoutbox.queue.oldest_ready_age", "topic", "orders"), 0.0)
 	require.EqualValues(t, 25, value("pgoutbox.group.unread", "topic", "events", "group", "billing"))
 	require.Positive(t, value("pgoutbox.group.lag", "topic", "events", "group", "billing"))
 	require.EqualValues(t, 1, value("pgoutbox.group.active", "topic", "events", "group", "billing", "state", "ACTIVE"))
 	require.Zero(t, value("pgoutbox.group.dead_letters", "topic", "events", "group", "billing"))
+	require.Zero(t, value("pgoutbox.group.queued", "topic", "events", "group", "billing"))
 
 	require.NoError(t, reg.Unregister())
 	require.Empty(t, testmetrics.Points(t, reader), "nothing reported once unregistered")

@@ -1,7 +1,8 @@
 // Package adminui is an embeddable web UI for operators, with a JSON API
 // under it: topics with their backlog, consumer groups with their state
-// and lag, dead letters (replay and purge), and router pools and
-// warnings. NewHandler returns an http.Handler to mount under Prefix:
+// and lag, the message groups ordered topics and groups are held back on,
+// dead letters (replay and purge), and router pools and warnings.
+// NewHandler returns an http.Handler to mount under Prefix:
 //
 //	ui, err := adminui.NewHandler(adminui.Config{Admin: client.Admin(), Prefix: "/pgoutbox"})
 //	mux.Handle("/pgoutbox/", requireOperator(ui)) // your authentication
@@ -11,7 +12,10 @@
 // request, reads and actions alike (actions are POSTs). Actions are
 // refused when they come from another origin (http.CrossOriginProtection),
 // so a page elsewhere cannot make an operator's browser replay or purge.
-// Message payloads and headers can hold personal data: they are shown only
+// A page's purge button asks for confirmation first. After an action the
+// page it returns to says once what it did (a banner set by the action's
+// response, not by the address, so a link cannot fake one and a reload
+// does not repeat it). Message payloads and headers can hold personal data: they are shown only
 // with Config.ShowPayloads, through Config.Redact when set.
 //
 // Every read is bounded (see package admin), and what it read is kept for
@@ -25,15 +29,22 @@
 //	GET  /api/topics/{topic}/groups               its groups' health
 //	GET  /api/topics/{topic}/groups/{group}       one group's health
 //	GET  /api/topics/{topic}/dead-letters         ?group=&after=&limit=
+//	GET  /api/topics/{topic}/blocked              ?group=&limit= blocked message groups
+//	GET  /api/blocked                             every ordered topic's and group's
 //	POST /api/topics/{topic}/dead-letters/replay  {"group": "", "ids": [], "all": false}
 //	POST /api/topics/{topic}/dead-letters/purge   {"group": "", "ids": [], "all": false}
 //	POST /api/topics/{topic}/groups/{group}/pause (and /resume)
 //	GET  /api/routers                             pools and warnings
 //
 // A dead-letter action takes the ids, or "all": true for every one there
-// (never an empty list alone). Errors are JSON {"error": "..."} with a 4xx status for bad input (400),
-// unknown names (404), a refused action (403) or a forbidden state change
-// (409).
+// (never an empty list alone); it answers {"replayed": n} or {"purged":
+// n}. Pausing a paused group, or resuming an active one, succeeds. The
+// blocked message groups of an ordered topic are a QUEUE topic's, or with
+// group= a consumer group's (see admin.Admin.BlockedGroups); their names
+// and last errors go through Config.Redact as dead letters' do. Errors
+// are JSON {"error": "..."} with a 4xx status for bad input (400),
+// unknown names (404), a refused action (403), a forbidden state change
+// (409) or a body over 1 MiB (413).
 package adminui
 
 import (
@@ -112,8 +123,9 @@ func NewHandler(cfg Config) (http.Handler, error) {
 		cfg.Logger = slog.Default()
 	}
 	u := &ui{cfg: cfg, pages: map[string]*template.Template{}, cache: cache{entries: map[string]cached{}, ttl: cfg.CacheFor}}
-	funcs := template.FuncMap{"path": u.path, "age": age, "count": cfg.Admin.FormatCount, "join": strings.Join}
-	for _, page := range []string{"topics", "topic", "group", "error"} {
+	funcs := template.FuncMap{"path": u.path, "age": age, "count": cfg.Admin.FormatCount, "join": strings.Join,
+		"routerTitle": routerTitle}
+	for _, page := range []string{"topics", "topic", "group", "confirm", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("adminui: templates: %w", err)
@@ -141,6 +153,8 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/dead-letters", u.apiDeadLetters)
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/dead-letters/{action}", u.apiDeadLettersAction)
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/groups/{group}/{action}", u.apiGroupAction)
+	mux.HandleFunc("GET "+p+"/api/topics/{topic}/blocked", u.apiTopicBlocked)
+	mux.HandleFunc("GET "+p+"/api/blocked", u.apiBlocked)
 	mux.HandleFunc("GET "+p+"/api/routers", u.apiRouters)
 
 	// Actions (every POST) from another origin are refused before they
@@ -220,6 +234,8 @@ func status(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, ErrReadOnly):
 		return http.StatusForbidden
+	case errors.Is(err, errTooLarge):
+		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, errBadInput), errors.Is(err, outbox.ErrInvalidTopic), errors.Is(err, outbox.ErrWrongSemantics),
 		errors.Is(err, outbox.ErrInvalidConfig), errors.Is(err, consumergroup.ErrInvalidGroup):
 		return http.StatusBadRequest
@@ -227,6 +243,15 @@ func status(err error) int {
 		return http.StatusConflict
 	}
 	return http.StatusInternalServerError
+}
+
+// routerTitle names router i of n: "Router" when it is the only one,
+// else "Router 1 of 2" and so on.
+func routerTitle(i, n int) string {
+	if n == 1 {
+		return "Router"
+	}
+	return fmt.Sprintf("Router %d of %d", i+1, n)
 }
 
 func age(d time.Duration) string {

@@ -20,8 +20,10 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/adminui"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/blockedtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/router"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -140,6 +142,24 @@ func TestInBrowser(t *testing.T) {
 	require.Equal(t, 1, b.count("#dead-letters tr[data-id]"))
 	require.Zero(t, b.count(fmt.Sprintf(`#dead-letters tr[data-id="%d"]`, replayed)))
 	require.Equal(t, []int64{f.dead[1]}, f.deadLetters(t), "the clicked one, and only it, was replayed")
+	require.NotContains(t, b.url(), "done", "the banner does not come from the address")
+	b.reload()
+	b.waitFor("#dead-letters")
+	require.Zero(t, b.count("#done"), "a reload does not say it again")
+
+	kept := f.dead[1]
+	b.click(fmt.Sprintf(`button.purge[data-id="%d"]`, kept))
+	b.waitFor("#confirm-purge")
+	require.Contains(t, b.text("#confirm-purge"), fmt.Sprint(kept))
+	b.click("#cancel")
+	b.waitFor("#dead-letters")
+	require.Equal(t, []int64{kept}, f.deadLetters(t), "cancelled: nothing purged")
+	b.click(fmt.Sprintf(`button.purge[data-id="%d"]`, kept))
+	b.waitFor("#confirm-purge")
+	b.click("#confirm")
+	b.waitFor("#done")
+	require.Equal(t, "purged 1 dead letters", b.text("#done"))
+	require.Empty(t, f.deadLetters(t))
 
 	b.open(srv.URL + "/ops/topics/events/groups/billing")
 	require.Equal(t, "ACTIVE", b.text("#state"))
@@ -149,11 +169,52 @@ func TestInBrowser(t *testing.T) {
 	b.waitFor("#done")
 	require.Equal(t, "PAUSED", b.text("#state"))
 	b.screenshot(filepath.Join(shots, "group.png"))
+	t.Logf("screenshots in %s", shots)
+}
+
+// In a real browser, an ordered topic's blocked message groups: listed on
+// the topics page (with a router's pools under a title that is not
+// "Router 0", and no age for the oldest ready message of a topic with
+// none ready), on the topic's page, where purging the dead letter that
+// blocks cust-99 (once confirmed) lets it go on, and on the group's page,
+// which tells its queue from its retries.
+func TestInBrowserBlockedGroups(t *testing.T) {
+	t.Parallel()
+	f := newOrderedFixture(t)
+	rt, err := router.New(router.Config{AllowedHosts: []string{"127.0.0.1"}, Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
+	require.NoError(t, err)
+	srv := f.serve(t, adminui.Config{Prefix: "/ops", Writable: true, Routers: []*router.Router{rt}})
+	b := newBrowser(t)
+
+	b.open(srv.URL + "/ops/")
+	require.Equal(t, 4, b.count("#blocked tr[data-message-group]"))
+	require.Contains(t, b.text(`#blocked tr[data-topic="orders"][data-message-group="cust-99"]`), blockedtest.QueueDeadError)
+	require.Contains(t, b.text(`#blocked tr[data-topic="events"][data-group="billing"][data-message-group="cust-99"]`),
+		blockedtest.GroupDeadError)
+	require.Equal(t, "–", b.text(`#topics tr[data-topic="later"] .oldest-ready`))
+	require.NotContains(t, b.text("main"), "Router 0")
+	require.Contains(t, b.text("main"), "Router")
+
+	b.click(`#blocked tr[data-topic="orders"][data-message-group="cust-99"] a`)
+	b.waitFor("#blocked")
+	row := fmt.Sprintf(`#blocked tr[data-head="%d"]`, f.DeadHead)
+	require.Contains(t, b.text(row), "cust-99")
+	require.Contains(t, b.text(row), "dead letter")
 	if dir := os.Getenv("PGOUTBOX_SCREENSHOTS"); dir != "" { // README's picture
-		b.open(srv.URL + "/ops/topics/orders")
 		b.screenshot(filepath.Join(dir, "adminui.png"))
 	}
-	t.Logf("screenshots in %s", shots)
+	b.click(fmt.Sprintf(`button.purge[data-id="%d"]`, f.DeadHead))
+	b.waitFor("#confirm")
+	b.click("#confirm")
+	b.waitFor("#done")
+	require.Equal(t, "purged 1 dead letters", b.text("#done"))
+	require.Zero(t, b.count(`#blocked tr[data-message-group="cust-99"]`), "cust-99 goes on")
+	require.Equal(t, 1, b.count(`#blocked tr[data-message-group="cust-5"]`), "cust-5 waits for its retry")
+
+	b.open(srv.URL + "/ops/topics/events/groups/billing")
+	require.Equal(t, "1", b.text("#waiting"), "cust-5's head waits for a retry")
+	require.Equal(t, "3", b.text("#queued"), "three wait behind the heads, never tried")
+	require.Contains(t, b.text(`#blocked tr[data-message-group="cust-99"]`), blockedtest.GroupDeadError)
 }
 
 func post(t *testing.T, srv *httptest.Server, path string, form url.Values, header http.Header) (int, string) {
@@ -188,6 +249,11 @@ func TestRefusals(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	replay := url.Values{"id": {fmt.Sprint(f.dead[0])}}
+	gone, err := consumergroup.New(f.client.Pool(), consumergroup.Config{Topic: "events", Group: "gone", Client: f.client})
+	require.NoError(t, err)
+	require.NoError(t, gone.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	require.NoError(t, gone.Start(context.Background(), consumergroup.FromNow()))
+	require.NoError(t, gone.Cancel(context.Background()))
 
 	ro := f.serve(t, adminui.Config{}, nil)
 	code, body := get(t, ro, "/topics/orders")
@@ -233,7 +299,7 @@ func TestRefusals(t *testing.T) {
 		{"/topics/orders/dead-letters/replay", url.Values{"id": {"99999999"}}, http.StatusNotFound, "not found"},
 		{"/topics/orders/dead-letters/explode", replay, http.StatusBadRequest, "unknown action"},
 		{"/topics/events/groups/nobody/pause", nil, http.StatusNotFound, "nobody"},
-		{"/topics/events/groups/billing/resume", nil, http.StatusConflict, "ACTIVE"},
+		{"/topics/events/groups/gone/resume", nil, http.StatusConflict, "CANCELLED"},
 		{"/topics/orders/groups/billing/pause", nil, http.StatusBadRequest, "QUEUE"},
 		{"/topics/orders/dead-letters/purge", nil, http.StatusBadRequest, "no dead letter named"},
 	} {
@@ -287,7 +353,11 @@ func TestRefusals(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, consumergroup.Active, state, "nothing was paused")
 
-	// The approved, same-origin action goes through.
+	// The approved, same-origin actions go through; resuming a group that
+	// is ACTIVE already is what was asked for.
+	code, _ = post(t, rw, "/topics/events/groups/billing/resume", nil, op)
+	require.Equal(t, http.StatusSeeOther, code)
+	replay.Set("confirm", "yes")
 	code, _ = post(t, rw, "/topics/orders/dead-letters/purge", replay, op)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, []int64{f.dead[1]}, f.deadLetters(t))

@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
@@ -38,6 +39,67 @@ func (u *ui) group(ctx context.Context, topic, group string) (consumergroup.Heal
 
 // deadLetterPage is the most dead letters a page or API call lists.
 const deadLetterPage = 100
+
+// blockedPage is the most blocked message groups a page lists per topic
+// or group, and an API call by default.
+const blockedPage = outbox.DefaultBlockedGroupsPage
+
+// blocked reads every ordered topic's and group's blocked message groups.
+func (u *ui) blocked(ctx context.Context) ([]admin.Blocked, error) {
+	bs, err := get(&u.cache, "blocked", func() ([]admin.Blocked, error) { return u.cfg.Admin.Blocked(ctx, blockedPage) })
+	out := make([]admin.Blocked, len(bs))
+	for i, b := range bs {
+		out[i] = b
+		out[i].BlockedGroup = u.redactBlocked(b.Topic, b.BlockedGroup)
+	}
+	return out, err
+}
+
+// topicBlocked reads the blocked message groups of each of a PUB_SUB
+// topic's groups.
+func (u *ui) topicBlocked(ctx context.Context, t admin.Topic) ([]admin.Blocked, error) {
+	var out []admin.Blocked
+	for _, group := range t.Groups {
+		bs, err := u.blockedGroups(ctx, t.Name, group, blockedPage)
+		if errors.Is(err, outbox.ErrNotFound) {
+			continue // removed since the topic was read
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range bs {
+			out = append(out, admin.Blocked{Topic: t.Name, ConsumerGroup: group, BlockedGroup: b})
+		}
+	}
+	return out, nil
+}
+
+// blockedGroups reads a QUEUE topic's blocked message groups (group ""),
+// or a group's.
+func (u *ui) blockedGroups(ctx context.Context, topic, group string, limit int) ([]outbox.BlockedGroup, error) {
+	key := fmt.Sprintf("blocked\x00%s\x00%s\x00%d", topic, group, limit)
+	bs, err := get(&u.cache, key, func() ([]outbox.BlockedGroup, error) {
+		return u.cfg.Admin.BlockedGroups(ctx, topic, group, limit)
+	})
+	out := make([]outbox.BlockedGroup, len(bs))
+	for i, b := range bs {
+		out[i] = u.redactBlocked(topic, b)
+	}
+	return out, err
+}
+
+// redactBlocked passes a blocked message group's name and last error,
+// which may hold personal data as a dead letter's do, through
+// Config.Redact as the head's dead letter.
+func (u *ui) redactBlocked(topic string, b outbox.BlockedGroup) outbox.BlockedGroup {
+	if u.cfg.Redact == nil {
+		return b
+	}
+	d := u.cfg.Redact(outbox.DeadLetter{Delivery: outbox.Delivery{ID: b.HeadID, Topic: topic, Group: b.Group},
+		LastError: b.LastError})
+	b.Group, b.LastError = d.Group, d.LastError
+	return b
+}
 
 func (u *ui) deadLetters(ctx context.Context, topic, group string, after int64, limit int) ([]admin.DeadLetterView, error) {
 	dls, err := u.cfg.Admin.DeadLetters(ctx, topic, group, after, limit)
@@ -81,10 +143,13 @@ func (u *ui) deadLetterAction(ctx context.Context, topic, action, group string, 
 		return 0, fmt.Errorf("%w: unknown action %q (replay or purge)", errBadInput, action)
 	}
 	if err != nil && n > 0 { // the others were done: say so
-		err = fmt.Errorf("%sed %d; %w", action, n, err)
+		err = fmt.Errorf("%s %d; %w", pastTense[action], n, err)
 	}
 	return n, err
 }
+
+// pastTense names what an action did.
+var pastTense = map[string]string{"replay": "replayed", "purge": "purged", "pause": "paused", "resume": "resumed"}
 
 func (u *ui) groupAction(ctx context.Context, topic, group, action string) error {
 	if !u.cfg.Writable {
@@ -120,7 +185,7 @@ func (u *ui) render(w http.ResponseWriter, r *http.Request, page string, code in
 	data["Prefix"] = u.cfg.Prefix
 	data["Writable"] = u.cfg.Writable
 	data["ShowPayloads"] = u.cfg.ShowPayloads
-	data["Done"] = doneMessage(r.URL.Query())
+	data["Done"] = u.takeFlash(w, r)
 	var buf bytes.Buffer
 	if err := u.pages[page].Execute(&buf, data); err != nil {
 		u.cfg.Logger.Error("pgoutbox admin UI: rendering a page failed", "page", page, "error", err)
@@ -132,17 +197,43 @@ func (u *ui) render(w http.ResponseWriter, r *http.Request, page string, code in
 	_, _ = buf.WriteTo(w)
 }
 
-// doneMessage is the banner after an action: built from a known action
-// and a count, so a link cannot make the page say anything else.
-func doneMessage(q url.Values) string {
-	n, err := strconv.ParseInt(q.Get("n"), 10, 64)
-	switch action := q.Get("done"); action {
+// The banner after an action (post, redirect, get): the action's
+// response sets a cookie saying what it did, and the page it redirects to
+// shows it once and clears it. A reload shows no banner, and a link
+// cannot make one (it was a query parameter: "?done=purge&n=999999" said
+// "purged 999999 dead letters").
+const flashCookie = "pgoutbox_done"
+
+// setFlash records what an action did for the next page: a known action
+// and, for dead letters, how many.
+func (u *ui) setFlash(w http.ResponseWriter, action string, n int64) {
+	http.SetCookie(w, &http.Cookie{Name: flashCookie, Value: action + "." + strconv.FormatInt(n, 10),
+		Path: u.path(), MaxAge: 60, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+}
+
+// takeFlash returns the banner of the action the request comes from, if
+// any, and clears it.
+func (u *ui) takeFlash(w http.ResponseWriter, r *http.Request) string {
+	c, err := r.Cookie(flashCookie)
+	if err != nil {
+		return ""
+	}
+	http.SetCookie(w, &http.Cookie{Name: flashCookie, Path: u.path(), MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	return doneMessage(c.Value)
+}
+
+// doneMessage is the banner of a flash value: built from a known action
+// and a count, so it says nothing else.
+func doneMessage(v string) string {
+	action, count, _ := strings.Cut(v, ".")
+	n, err := strconv.ParseInt(count, 10, 64)
+	switch action {
 	case "replay", "purge":
 		if err == nil && n >= 0 {
-			return fmt.Sprintf("%sed %d dead letters", action, n)
+			return fmt.Sprintf("%s %d dead letters", pastTense[action], n)
 		}
 	case "pause", "resume":
-		return action + "d"
+		return pastTense[action]
 	}
 	return ""
 }
@@ -161,7 +252,13 @@ func (u *ui) topicsPage(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
-	u.render(w, r, "topics", http.StatusOK, map[string]any{"Title": "Topics", "Topics": topics, "Routers": u.routers()})
+	blocked, err := u.blocked(r.Context())
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	u.render(w, r, "topics", http.StatusOK, map[string]any{"Title": "Topics", "Topics": topics, "Blocked": blocked,
+		"Routers": u.routers()})
 }
 
 func (u *ui) topicPage(w http.ResponseWriter, r *http.Request) {
@@ -171,11 +268,17 @@ func (u *ui) topicPage(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
-	data := map[string]any{"Title": name, "Topic": t, "TopicName": name, "GroupName": ""}
+	data := map[string]any{"Title": name, "Topic": t, "TopicName": name, "GroupName": "", "Ordered": t.Ordered}
 	if t.Semantics == outbox.PubSub {
 		data["Groups"], err = u.groups(r.Context(), name)
+		if err == nil && t.Ordered {
+			data["Blocked"], err = u.topicBlocked(r.Context(), t)
+		}
 	} else {
 		data["DeadLetters"], err = u.deadLetters(r.Context(), name, "", 0, deadLetterPage)
+		if err == nil {
+			data["Blocked"], err = u.blockedGroups(r.Context(), name, "", blockedPage)
+		}
 	}
 	if err != nil {
 		u.pageError(w, r, err)
@@ -196,20 +299,34 @@ func (u *ui) groupPage(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
+	t, err := u.topic(r.Context(), topic)
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	var blocked []outbox.BlockedGroup
+	if t.Ordered {
+		if blocked, err = u.blockedGroups(r.Context(), topic, group, blockedPage); err != nil {
+			u.pageError(w, r, err)
+			return
+		}
+	}
 	u.render(w, r, "group", http.StatusOK, map[string]any{"Title": group + " on " + topic, "Health": h, "DeadLetters": dls,
-		"TopicName": topic, "GroupName": group})
+		"TopicName": topic, "GroupName": group, "Ordered": t.Ordered, "Blocked": blocked})
 }
 
 // deadLettersForm handles a page's replay or purge button: the form's
 // group and ids (none: every dead letter there), then back to the page.
+// A purge first shows what it would delete and asks to confirm (a form
+// that posts again with confirm=yes).
 func (u *ui) deadLettersForm(w http.ResponseWriter, r *http.Request) {
 	topic, action := r.PathValue("topic"), r.PathValue("action")
 	if !u.cfg.Writable {
 		u.pageError(w, r, ErrReadOnly)
 		return
 	}
-	if err := r.ParseForm(); err != nil {
-		u.pageError(w, r, fmt.Errorf("%w: %v", errBadInput, err))
+	if err := parseForm(w, r); err != nil {
+		u.pageError(w, r, err)
 		return
 	}
 	ids, err := parseIDs(r.PostForm["id"])
@@ -217,26 +334,82 @@ func (u *ui) deadLettersForm(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
-	group := r.PostForm.Get("group")
-	n, err := u.deadLetterAction(r.Context(), topic, action, group, ids, r.PostForm.Get("all") == "true")
-	if err != nil {
-		u.pageError(w, r, err)
-		return
-	}
+	group, all := r.PostForm.Get("group"), r.PostForm.Get("all") == "true"
 	back := u.path("topics", topic)
 	if group != "" {
 		back = u.path("topics", topic, "groups", group)
 	}
-	http.Redirect(w, r, back+"?done="+action+"&n="+strconv.FormatInt(n, 10), http.StatusSeeOther)
+	if action == "purge" && r.PostForm.Get("confirm") != "yes" {
+		u.confirmPurge(w, r, topic, group, ids, all, back)
+		return
+	}
+	n, err := u.deadLetterAction(r.Context(), topic, action, group, ids, all)
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	u.setFlash(w, action, n)
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+// confirmPurge shows what a purge would delete, with a button that
+// purges and a link back, once the request names dead letters of a topic
+// or group that exists.
+func (u *ui) confirmPurge(w http.ResponseWriter, r *http.Request, topic, group string, ids []int64, all bool, back string) {
+	if len(ids) > 0 && all {
+		u.pageError(w, r, fmt.Errorf("%w: give ids or all, not both", errBadInput))
+		return
+	}
+	if len(ids) == 0 && !all {
+		u.pageError(w, r, fmt.Errorf("%w: no dead letter named (give ids, or all to take every one)", errBadInput))
+		return
+	}
+	if _, err := u.cfg.Admin.DeadLetters(r.Context(), topic, group, 0, 1); err != nil { // the names exist
+		u.pageError(w, r, err)
+		return
+	}
+	u.render(w, r, "confirm", http.StatusOK, map[string]any{"Title": "Purge dead letters?", "TopicName": topic,
+		"GroupName": group, "IDs": ids, "All": all, "Back": back})
 }
 
 func (u *ui) groupForm(w http.ResponseWriter, r *http.Request) {
 	topic, group, action := r.PathValue("topic"), r.PathValue("group"), r.PathValue("action")
+	if err := parseForm(w, r); err != nil {
+		u.pageError(w, r, err)
+		return
+	}
 	if err := u.groupAction(r.Context(), topic, group, action); err != nil {
 		u.pageError(w, r, err)
 		return
 	}
-	http.Redirect(w, r, u.path("topics", topic, "groups", group)+"?done="+action, http.StatusSeeOther)
+	u.setFlash(w, action, 0)
+	http.Redirect(w, r, u.path("topics", topic, "groups", group), http.StatusSeeOther)
+}
+
+// maxBody is the largest request body an action takes: a form or a JSON
+// body naming dead letters (1 MiB holds some 50,000 ids).
+const maxBody = 1 << 20
+
+// errTooLarge is the error of a request body over maxBody.
+var errTooLarge = errors.New("adminui: request body too large")
+
+// bodyError is the error of reading a request body: errTooLarge past
+// maxBody, else bad input.
+func bodyError(err error) error {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return fmt.Errorf("%w: more than %d bytes", errTooLarge, tooLarge.Limit)
+	}
+	return fmt.Errorf("%w: body: %v", errBadInput, err)
+}
+
+// parseForm parses a posted form of at most maxBody bytes.
+func parseForm(w http.ResponseWriter, r *http.Request) error {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	if err := r.ParseForm(); err != nil {
+		return bodyError(err)
+	}
+	return nil
 }
 
 func parseIDs(ss []string) ([]int64, error) {
@@ -316,14 +489,25 @@ func (u *ui) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if s := q.Get("limit"); s != "" {
-		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > 1000 {
-			u.apiError(w, r, fmt.Errorf("%w: limit=%q: 1 to 1000", errBadInput, s))
-			return
-		}
+	if limit, err = queryLimit(q, limit); err != nil {
+		u.apiError(w, r, err)
+		return
 	}
 	v, err := u.deadLetters(r.Context(), r.PathValue("topic"), q.Get("group"), after, limit)
 	reply(u, w, r, v, err)
+}
+
+// queryLimit reads a list's ?limit= (1 to 1000), def when it has none.
+func queryLimit(q url.Values, def int) (int, error) {
+	s := q.Get("limit")
+	if s == "" {
+		return def, nil
+	}
+	limit, err := strconv.Atoi(s)
+	if err != nil || limit < 1 || limit > 1000 {
+		return 0, fmt.Errorf("%w: limit=%q: 1 to 1000", errBadInput, s)
+	}
+	return limit, nil
 }
 
 // actionRequest is the body of a dead-letter action.
@@ -339,10 +523,10 @@ func (u *ui) apiDeadLettersAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req actionRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		u.apiError(w, r, fmt.Errorf("%w: body: %v", errBadInput, err))
+		u.apiError(w, r, bodyError(err))
 		return
 	}
 	for _, id := range req.IDs {
@@ -353,13 +537,29 @@ func (u *ui) apiDeadLettersAction(w http.ResponseWriter, r *http.Request) {
 	}
 	action := r.PathValue("action")
 	n, err := u.deadLetterAction(r.Context(), r.PathValue("topic"), action, req.Group, req.IDs, req.All)
-	reply(u, w, r, map[string]int64{action + "ed": n}, err)
+	reply(u, w, r, map[string]int64{pastTense[action]: n}, err)
 }
 
 func (u *ui) apiGroupAction(w http.ResponseWriter, r *http.Request) {
 	action := r.PathValue("action")
 	err := u.groupAction(r.Context(), r.PathValue("topic"), r.PathValue("group"), action)
 	reply(u, w, r, map[string]string{"done": action}, err)
+}
+
+func (u *ui) apiBlocked(w http.ResponseWriter, r *http.Request) {
+	v, err := u.blocked(r.Context())
+	reply(u, w, r, v, err)
+}
+
+func (u *ui) apiTopicBlocked(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit, err := queryLimit(q, blockedPage)
+	if err != nil {
+		u.apiError(w, r, err)
+		return
+	}
+	v, err := u.blockedGroups(r.Context(), r.PathValue("topic"), q.Get("group"), limit)
+	reply(u, w, r, v, err)
 }
 
 func (u *ui) apiRouters(w http.ResponseWriter, r *http.Request) {

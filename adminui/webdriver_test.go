@@ -168,6 +168,12 @@ func (b *browser) click(css string) {
 	b.must(b.call("POST", "/session/"+b.session+"/element/"+b.find(css)+"/click", map[string]any{}, nil))
 }
 
+// reload reloads the page, as the browser's button does.
+func (b *browser) reload() {
+	b.t.Helper()
+	b.must(b.call("POST", "/session/"+b.session+"/refresh", map[string]any{}, nil))
+}
+
 func (b *browser) url() string {
 	b.t.Helper()
 	var s string

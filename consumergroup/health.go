@@ -39,9 +39,14 @@ type Health struct {
 	// batches of the stream, and messages delivered one by one (retries,
 	// and every message of an ordered group).
 	LeasedBatches, LeasedRetries int64
-	// Waiting counts messages waiting in the group's retry table for
-	// their next attempt (an ordered group's queued messages too).
+	// Waiting counts messages that failed and wait for their next
+	// attempt (a retry).
 	Waiting int64
+	// Queued counts messages the group read and will deliver, that have
+	// not failed: an ordered group's queue (it queues what it reads and
+	// delivers each message group's oldest first), replayed dead letters,
+	// and messages a stopping instance handed back untried.
+	Queued int64
 	// DeadLetters counts the group's dead letters.
 	DeadLetters int64
 	// Lag is the age of the oldest message the group has not finished:
@@ -98,7 +103,7 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 	var oldestUnread, oldestRetry *time.Time
 	var now time.Time
 	err = g.pool.QueryRow(ctx, g.q.GroupHealth, args...).Scan(&h.Unread, &oldestUnread, &h.LeasedBatches,
-		&h.LeasedRetries, &h.Waiting, &oldestRetry, &h.DeadLetters, &now)
+		&h.LeasedRetries, &h.Waiting, &h.Queued, &oldestRetry, &h.DeadLetters, &now)
 	if err != nil {
 		return h, fmt.Errorf("consumergroup: health: %w", err)
 	}

@@ -225,7 +225,7 @@ func (e *env) streamCount(t *testing.T) int {
 }
 
 // drained reports whether the relay's group has nothing left: nothing
-// unread, waiting, leased or dead-lettered.
+// unread, queued, waiting, leased or dead-lettered.
 func drained(t *testing.T, r *relay.Relay) bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -234,7 +234,7 @@ func drained(t *testing.T, r *relay.Relay) bool {
 	if err != nil {
 		return false
 	}
-	return h.Unread == 0 && h.Waiting == 0 && h.LeasedBatches == 0 && h.LeasedRetries == 0
+	return h.Unread == 0 && h.Queued == 0 && h.Waiting == 0 && h.LeasedBatches == 0 && h.LeasedRetries == 0
 }
 
 // checkStream asserts that the stream holds each of groups×perGroup

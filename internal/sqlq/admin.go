@@ -25,12 +25,16 @@ func ForAdmin(schema string) *Admin {
 const topicNames = `SELECT topic FROM {{schema}}.outbox_topics ORDER BY topic`
 
 // queueStats measures QUEUE topic $1, each count at most $2: messages
-// deliverable now, messages leased or due later (a lease's end is its
-// available_at), dead letters, and when the oldest deliverable one became
-// deliverable. It walks the topic's priorities (one index probe each, a
-// loose index scan of the claim index) and reads each priority's range of
-// the index on either side of now: every read is a bounded range scan,
-// never a filter over the topic's whole index.
+// deliverable now, messages due later (a delay or a retry's backoff) and
+// messages leased (a lease's end is its available_at; a row is leased
+// while it has a lease owner), dead letters, and when the oldest
+// deliverable one became deliverable. It walks the topic's priorities (one
+// index probe each, a loose index scan of the claim index) and reads each
+// priority's range of the index on either side of now: every read is a
+// bounded range scan, never a filter over the topic's whole index. The
+// rows due later are told apart from the leased ones among the first $2
+// of each priority's range, the soonest due (a lease ends sooner than
+// most delays); past that, the two add up to $2.
 const queueStats = `
 WITH RECURSIVE prio AS (
     (SELECT priority FROM {{schema}}.outbox WHERE topic = $1 ORDER BY priority DESC LIMIT 1)
@@ -42,17 +46,22 @@ WITH RECURSIVE prio AS (
     SELECT (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox AS o
                                   WHERE o.topic = $1 AND o.priority = prio.priority AND o.available_at <= now()
                                   LIMIT $2) AS r) AS ready,
-           (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox AS o
-                                  WHERE o.topic = $1 AND o.priority = prio.priority AND o.available_at > now()
-                                  LIMIT $2) AS l) AS scheduled,
+           later.scheduled, later.leased,
            (SELECT min(o.available_at) FROM {{schema}}.outbox AS o
             WHERE o.topic = $1 AND o.priority = prio.priority) AS earliest
-    FROM prio WHERE prio.priority IS NOT NULL
+    FROM prio,
+         LATERAL (SELECT count(*) FILTER (WHERE l.lease_owner IS NULL) AS scheduled,
+                         count(*) FILTER (WHERE l.lease_owner IS NOT NULL) AS leased
+                  FROM (SELECT o.lease_owner FROM {{schema}}.outbox AS o
+                        WHERE o.topic = $1 AND o.priority = prio.priority AND o.available_at > now()
+                        ORDER BY o.available_at LIMIT $2) AS l) AS later
+    WHERE prio.priority IS NOT NULL
 )
 SELECT least(coalesce((SELECT sum(ready) FROM per), 0), $2)::bigint,
        least(coalesce((SELECT sum(scheduled) FROM per), 0), $2)::bigint,
+       least(coalesce((SELECT sum(leased) FROM per), 0), $2)::bigint,
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_dead_letters WHERE topic = $1 LIMIT $2) AS d),
-       (SELECT min(earliest) FROM per),
+       (SELECT min(earliest) FROM per WHERE ready > 0),
        now()`
 
 // topicGroups lists the groups subscribed to topic $1, cancelled ones

@@ -384,8 +384,11 @@ FROM {{schema}}.outbox_topic_subscriptions
 // notCompleted), each count at most $10: the committed rows its position
 // had not seen and it has not completed (their count, read in no order so
 // the count stops early, and the created_at of the first in commit order), its batches and retry deliveries under lease, its waiting
-// retries (an ordered group's queued messages among them), the
-// created_at of the oldest message it retries (the lowest id: one probe),
+// retries (messages that failed: failing_since is set), its queued
+// messages (due for a delivery that is not a retry: an ordered group's
+// queue, replayed dead letters, messages a stopping instance handed back
+// untried), the created_at of the oldest message it retries or queues
+// (the lowest id: one probe),
 // and its dead letters. The unread rows are read only when $11 is true:
 // a DEAD group is in no new message's required set, so reading its
 // stream would walk everything written since it died to find nothing.
@@ -409,7 +412,11 @@ SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = $1 AND status = 'PROCESSING' LIMIT $10) AS r),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
-                              WHERE subscription_id = $1 AND status = 'RETRY' LIMIT $10) AS r),
+                              WHERE subscription_id = $1 AND status = 'RETRY' AND failing_since IS NOT NULL
+                              LIMIT $10) AS r),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND status = 'RETRY' AND failing_since IS NULL
+                              LIMIT $10) AS r),
        (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest_retry WHERE o.topic = $2 AND o.id = oldest_retry.id),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = $1 AND status = 'DEAD_LETTER' LIMIT $10) AS r),

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -40,6 +41,7 @@ const usage = `usage:
   pgoutbox [flags] group resurrect TOPIC GROUP [--no-backfill]
   pgoutbox [flags] group force-complete TOPIC GROUP --older-than DURATION
   pgoutbox [flags] dead list|replay|purge TOPIC [GROUP] [ID ...]
+  pgoutbox [flags] blocked [TOPIC [GROUP]]   (message groups an ordered topic or group is held back on)
   pgoutbox [flags] mode migrate TOPIC bitmap|counter|offset
   pgoutbox [flags] stuck [--older-than 1h]
   pgoutbox [flags] check      (exits 1 when a stored message's completion record does not add up)
@@ -131,6 +133,12 @@ func (c *command) parse(args []string) ([]string, error) {
 	if c.limit < 1 {
 		return nil, usagef("--limit %d: must be at least 1", c.limit)
 	}
+	if c.after < 0 {
+		return nil, usagef("--after %d: must not be negative (it is a message id, 0 for the start)", c.after)
+	}
+	if c.olderThan < 0 {
+		return nil, usagef("--older-than %s: must not be negative", c.olderThan)
+	}
 	return words, nil
 }
 
@@ -164,6 +172,11 @@ func (c *command) run(ctx context.Context, args []string) error {
 		return c.withAdmin(ctx, c.stuck)
 	case "dead":
 		return c.dead(ctx, rest)
+	case "blocked":
+		if err := wantArgs(rest, 0, 2, "blocked [TOPIC [GROUP]]"); err != nil {
+			return err
+		}
+		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error { return c.blocked(ctx, a, rest) })
 	case "mode":
 		return c.mode(ctx, rest)
 	case "check":
@@ -296,8 +309,9 @@ type topicView struct {
 	Ordered     bool     `json:"ordered"`
 	Groups      []string `json:"groups,omitempty"`
 	Ready       *int64   `json:"ready,omitempty"`
-	Scheduled   *int64   `json:"scheduled,omitempty"`
-	OldestReady *float64 `json:"oldest_ready_seconds,omitempty"`
+	Scheduled   *int64   `json:"scheduled,omitempty"` // due later: a delay or a retry's backoff
+	Leased      *int64   `json:"leased,omitempty"`
+	OldestReady *float64 `json:"oldest_ready_seconds,omitempty"` // absent when nothing is ready
 	DeadLetters *int64   `json:"dead_letters,omitempty"`
 }
 
@@ -311,25 +325,31 @@ func (c *command) topics(ctx context.Context, a *admin.Admin) error {
 		v := topicView{Name: t.Name, Semantics: string(t.Semantics), Tracking: string(t.Tracking), Changing: t.ModeChanging,
 			Ordered: t.Ordered, Groups: t.Groups}
 		if t.Semantics == outbox.Queue {
-			age := t.OldestReady.Seconds()
-			v.Ready, v.Scheduled, v.OldestReady, v.DeadLetters = &t.Ready, &t.Scheduled, &age, &t.DeadLetters
+			v.Ready, v.Scheduled, v.Leased, v.DeadLetters = &t.Ready, &t.Scheduled, &t.Leased, &t.DeadLetters
+			if t.Ready > 0 {
+				age := t.OldestReady.Seconds()
+				v.OldestReady = &age
+			}
 		}
 		views[i] = v
 	}
 	return c.print(views, func(w io.Writer) {
-		fmt.Fprintln(w, "TOPIC\tSEMANTICS\tTRACKING\tORDERED\tREADY\tSCHEDULED\tOLDEST READY\tDEAD LETTERS\tGROUPS")
+		fmt.Fprintln(w, "TOPIC\tSEMANTICS\tTRACKING\tORDERED\tREADY\tSCHEDULED\tLEASED\tOLDEST READY\tDEAD LETTERS\tGROUPS")
 		for i, t := range topics {
-			ready, scheduled, oldest, dead := "-", "-", "-", "-"
+			ready, scheduled, leased, oldest, dead := "-", "-", "-", "-", "-"
 			if t.Semantics == outbox.Queue {
 				ready, scheduled, dead = a.FormatCount(t.Ready), a.FormatCount(t.Scheduled), a.FormatCount(t.DeadLetters)
-				oldest = age(t.OldestReady)
+				leased = a.FormatCount(t.Leased)
+				if t.Ready > 0 {
+					oldest = age(t.OldestReady)
+				}
 			}
 			tracking := dash(string(t.Tracking))
 			if t.ModeChanging {
 				tracking += " (changing)"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Semantics, tracking, t.Ordered,
-				ready, scheduled, oldest, dead, dash(strings.Join(views[i].Groups, ",")))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Semantics, tracking, t.Ordered,
+				ready, scheduled, leased, oldest, dead, dash(strings.Join(views[i].Groups, ",")))
 		}
 	})
 }
@@ -346,7 +366,8 @@ type groupView struct {
 	Unread           int64     `json:"unread"`
 	LeasedBatches    int64     `json:"leased_batches"`
 	LeasedRetries    int64     `json:"leased_retries"`
-	Waiting          int64     `json:"waiting"`
+	Queued           int64     `json:"queued"`  // read, to deliver, never failed (an ordered group's queue)
+	Waiting          int64     `json:"waiting"` // failed, waiting for a retry
 	DeadLetters      int64     `json:"dead_letters"`
 	Lag              float64   `json:"lag_seconds"`
 	Backfill         string    `json:"backfill,omitempty"`
@@ -362,17 +383,17 @@ func (c *command) groups(ctx context.Context, a *admin.Admin, topic string) erro
 		views[i] = groupView{Topic: h.Topic, Group: h.Group, State: string(h.State), LastHeartbeat: h.LastHeartbeat,
 			SinceHeartbeat: h.SinceHeartbeat.Seconds(), HeartbeatTimeout: h.HeartbeatTimeout.Seconds(),
 			NearTimeout: h.NearTimeout(), Unread: h.Unread, LeasedBatches: h.LeasedBatches, LeasedRetries: h.LeasedRetries,
-			Waiting: h.Waiting, DeadLetters: h.DeadLetters, Lag: h.Lag.Seconds(), Backfill: backfill(h.Backfill)}
+			Queued: h.Queued, Waiting: h.Waiting, DeadLetters: h.DeadLetters, Lag: h.Lag.Seconds(), Backfill: backfill(h.Backfill)}
 	}
 	return c.print(views, func(w io.Writer) {
-		fmt.Fprintln(w, "GROUP\tSTATE\tHEARTBEAT\tUNREAD\tLEASED\tWAITING\tDEAD LETTERS\tLAG\tBACKFILL")
+		fmt.Fprintln(w, "GROUP\tSTATE\tHEARTBEAT\tUNREAD\tQUEUED\tLEASED\tRETRIES\tDEAD LETTERS\tLAG\tBACKFILL")
 		for _, h := range hs {
 			state := string(h.State)
 			if h.NearTimeout() {
 				state += " (near timeout)"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s ago\t%s\t%d+%d\t%s\t%s\t%s\t%s\n", h.Group, state, age(h.SinceHeartbeat),
-				a.FormatCount(h.Unread), h.LeasedBatches, h.LeasedRetries, a.FormatCount(h.Waiting), a.FormatCount(h.DeadLetters), age(h.Lag),
+			fmt.Fprintf(w, "%s\t%s\t%s ago\t%s\t%s\t%d+%d\t%s\t%s\t%s\t%s\n", h.Group, state, age(h.SinceHeartbeat),
+				a.FormatCount(h.Unread), a.FormatCount(h.Queued), h.LeasedBatches, h.LeasedRetries, a.FormatCount(h.Waiting), a.FormatCount(h.DeadLetters), age(h.Lag),
 				dash(backfill(h.Backfill)))
 		}
 	})
@@ -403,6 +424,82 @@ func (c *command) stuck(ctx context.Context, a *admin.Admin) error {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Topic, dash(r.Group), dash(r.State), age(time.Duration(r.Oldest*float64(time.Second))))
 		}
 	})
+}
+
+// blockedView is a blocked message group as the command prints it.
+type blockedView struct {
+	Topic        string    `json:"topic"`
+	Group        string    `json:"group,omitempty"` // the consumer group; none on a QUEUE topic
+	MessageGroup string    `json:"message_group"`
+	HeadID       int64     `json:"head_id"`
+	Attempts     int       `json:"attempts"`
+	LastError    string    `json:"last_error"`
+	Since        time.Time `json:"since"`
+	DeadLettered bool      `json:"dead_lettered"`
+	Behind       int       `json:"behind"`
+}
+
+// blocked prints the message groups ordered topics and groups are held
+// back on: every one, a topic's (a PUB_SUB topic's: each of its groups'),
+// or a group's.
+func (c *command) blocked(ctx context.Context, a *admin.Admin, args []string) error {
+	var found []admin.Blocked
+	var err error
+	switch len(args) {
+	case 0:
+		found, err = a.Blocked(ctx, c.limit)
+	case 1:
+		found, err = c.topicBlocked(ctx, a, args[0])
+	default:
+		var bs []outbox.BlockedGroup
+		bs, err = a.BlockedGroups(ctx, args[0], args[1], c.limit)
+		for _, b := range bs {
+			found = append(found, admin.Blocked{Topic: args[0], ConsumerGroup: args[1], BlockedGroup: b})
+		}
+	}
+	if err != nil {
+		return err
+	}
+	views := make([]blockedView, len(found))
+	for i, b := range found {
+		views[i] = blockedView{Topic: b.Topic, Group: b.ConsumerGroup, MessageGroup: b.Group, HeadID: b.HeadID,
+			Attempts: b.Attempts, LastError: b.LastError, Since: b.Since, DeadLettered: b.DeadLettered, Behind: b.Behind}
+	}
+	return c.print(views, func(w io.Writer) {
+		fmt.Fprintln(w, "TOPIC\tGROUP\tMESSAGE GROUP\tHEAD\tATTEMPTS\tSINCE\tBEHIND\tLAST ERROR")
+		for _, v := range views {
+			head := strconv.FormatInt(v.HeadID, 10)
+			if v.DeadLettered {
+				head += " (dead letter)"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", v.Topic, dash(v.Group), printable(v.MessageGroup), head,
+				v.Attempts, v.Since.UTC().Format(time.RFC3339), v.Behind, oneLine(v.LastError, 60))
+		}
+	})
+}
+
+// topicBlocked lists a topic's blocked message groups: a QUEUE topic's,
+// or each of a PUB_SUB topic's groups'.
+func (c *command) topicBlocked(ctx context.Context, a *admin.Admin, topic string) ([]admin.Blocked, error) {
+	t, err := a.Topic(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	groups := []string{""}
+	if t.Semantics == outbox.PubSub {
+		groups = t.Groups
+	}
+	var out []admin.Blocked
+	for _, g := range groups {
+		bs, err := a.BlockedGroups(ctx, topic, g, c.limit)
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range bs {
+			out = append(out, admin.Blocked{Topic: topic, ConsumerGroup: g, BlockedGroup: b})
+		}
+	}
+	return out, nil
 }
 
 func backfill(p consumergroup.BackfillProgress) string {
@@ -453,9 +550,6 @@ func (c *command) group(ctx context.Context, args []string) error {
 func (c *command) forceComplete(ctx context.Context, topic, group string) error {
 	if !c.olderThanSet {
 		return usagef("group force-complete gives messages up for good: say which with --older-than DURATION")
-	}
-	if c.olderThan < 0 {
-		return usagef("--older-than %s: must not be negative", c.olderThan)
 	}
 	return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error {
 		n, err := a.ForceComplete(ctx, topic, group, c.olderThan)
@@ -535,16 +629,14 @@ func (c *command) dead(ctx context.Context, args []string) error {
 	// GROUP is the first word that is not a number; --group names one
 	// that is.
 	group := c.groupFlag
-	if len(rest) > 0 && group == "" {
-		if _, err := strconv.ParseInt(rest[0], 10, 64); err != nil {
-			group, rest = rest[0], rest[1:]
-		}
+	if len(rest) > 0 && group == "" && !isNumber(rest[0]) {
+		group, rest = rest[0], rest[1:]
 	}
 	ids := make([]int64, len(rest))
 	for i, s := range rest {
-		id, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || id < 1 {
-			return usagef("%q is not a message id", s)
+		id, err := messageID(s)
+		if err != nil {
+			return err
 		}
 		ids[i] = id
 	}
@@ -566,15 +658,16 @@ func (c *command) dead(ctx context.Context, args []string) error {
 			if op == "purge" {
 				f = a.PurgeDeadLetters
 			}
+			done := map[string]string{"replay": "replayed", "purge": "purged"}[op]
 			n, err := f(ctx, topic, group, ids...)
 			if err != nil && n > 0 { // the others were done: say so
-				err = fmt.Errorf("%sed %d; %w", op, n, err)
+				err = fmt.Errorf("%s %d; %w", done, n, err)
 			}
 			if err != nil {
 				return err
 			}
-			return c.print(map[string]any{"topic": topic, "group": group, op + "ed": n}, func(w io.Writer) {
-				fmt.Fprintf(w, "%sed %d dead letters\n", op, n)
+			return c.print(map[string]any{"topic": topic, "group": group, done: n}, func(w io.Writer) {
+				fmt.Fprintf(w, "%s %d dead letters\n", done, n)
 			})
 		})
 	default:
@@ -606,6 +699,25 @@ func (c *command) listDead(ctx context.Context, a *admin.Admin, topic, group str
 			fmt.Fprintln(w)
 		}
 	})
+}
+
+// isNumber reports whether s is written as a whole number, whatever its
+// size.
+func isNumber(s string) bool {
+	s = strings.TrimPrefix(strings.TrimPrefix(s, "-"), "+")
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// messageID reads a message id from the command line.
+func messageID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, usagef("message id %s is out of range (1 to %d)", s, int64(math.MaxInt64))
+	}
+	if err != nil || id < 1 {
+		return 0, usagef("%q is not a message id", s)
+	}
+	return id, nil
 }
 
 func age(d time.Duration) string {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/cmd/pgoutbox/internal/cli"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/blockedtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -277,4 +278,156 @@ func TestBinary(t *testing.T) {
 	out, err := exec.Command(bin, "help").Output()
 	require.NoError(t, err)
 	require.Contains(t, string(out), "pgoutbox [flags] migrate up|down|version|sql")
+}
+
+// pgoutbox blocked lists the message groups ordered topics and groups are
+// held back on (every one, a topic's or a group's), with the head, its
+// attempts and last error, since when, and how many wait behind it; and
+// groups shows an ordered group's queue apart from what waits for a
+// retry.
+func TestBlockedCommand(t *testing.T) {
+	t.Parallel()
+	f := blockedtest.New(t)
+	db := f.DB
+	schema := "--schema=" + db.Schema
+
+	type row struct {
+		Topic, Group string
+		MessageGroup string `json:"message_group"`
+		HeadID       int64  `json:"head_id"`
+		Attempts     int
+		LastError    string `json:"last_error"`
+		Since        time.Time
+		DeadLettered bool `json:"dead_lettered"`
+		Behind       int
+	}
+	r := run(t, db.DSN, "blocked", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	var rows []row
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows))
+	require.Len(t, rows, 4, r.stdout)
+	where := map[string]row{}
+	for _, r := range rows {
+		require.False(t, r.Since.IsZero())
+		where[r.Topic+"/"+r.Group+"/"+r.MessageGroup] = r
+	}
+	dead := where["orders//cust-99"]
+	require.Equal(t, row{Topic: "orders", MessageGroup: "cust-99", HeadID: f.DeadHead, Attempts: 1,
+		LastError: blockedtest.QueueDeadError, Since: dead.Since, DeadLettered: true, Behind: 2}, dead)
+	require.Equal(t, f.RetryHead, where["orders//cust-5"].HeadID)
+	require.Equal(t, 1, where["orders//cust-5"].Behind)
+	require.Contains(t, where["events/billing/cust-99"].LastError, blockedtest.GroupDeadError)
+	require.Equal(t, 2, where["events/billing/cust-99"].Behind)
+	require.Contains(t, where["events/billing/cust-5"].LastError, blockedtest.RetryError)
+
+	r = run(t, db.DSN, "blocked", "orders", schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "MESSAGE GROUP")
+	require.Contains(t, r.stdout, "cust-99")
+	require.Contains(t, r.stdout, blockedtest.QueueDeadError)
+	require.NotContains(t, r.stdout, blockedtest.GroupDeadError, "only the topic named")
+	r = run(t, db.DSN, "blocked", "events", "billing", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, blockedtest.GroupDeadError)
+	require.NotContains(t, r.stdout, blockedtest.QueueDeadError)
+	r = run(t, db.DSN, "blocked", "events", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, blockedtest.GroupDeadError, "a PUB_SUB topic's: every group's")
+
+	r = run(t, db.DSN, "groups", "events", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	var groups []struct{ Waiting, Queued int64 }
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &groups))
+	require.Equal(t, []struct{ Waiting, Queued int64 }{{Waiting: 1, Queued: 3}}, groups,
+		"cust-5's head waits for a retry; the three behind the heads are queued, not retries")
+	r = run(t, db.DSN, "groups", "events", schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "QUEUED")
+
+	failsWith(t, run(t, db.DSN, "blocked", "nope", schema), 3, "not found")
+	failsWith(t, run(t, db.DSN, "blocked", "events", "nobody", schema), 3, "nobody")
+	failsWith(t, run(t, db.DSN, "blocked", "orders", "billing", schema), 2, "QUEUE")
+	failsWith(t, run(t, db.DSN, "blocked", "a", "b", "c", schema), 2, "usage")
+
+	r = run(t, db.DSN, "dead", "purge", "orders", fmt.Sprint(f.DeadHead), schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.JSONEq(t, `{"topic": "orders", "group": "", "purged": 1}`, r.stdout)
+	r = run(t, db.DSN, "blocked", "orders", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.NotContains(t, r.stdout, "cust-99", "the dead letter purged, cust-99 goes on")
+}
+
+// Values the API refuses are refused here too, before anything is read:
+// a negative --after or --older-than, a message id out of range (not
+// taken for a group's name). Pausing a paused group succeeds. A QUEUE
+// topic's leased messages are not counted as scheduled, and a topic with
+// nothing ready shows no age for its oldest ready message.
+func TestBoundsAndCounts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue}))
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "later", Semantics: outbox.Queue}))
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
+		{Topic: "orders", Payload: json.RawMessage(`{}`)},
+		{Topic: "orders", Payload: json.RawMessage(`{}`)},
+		{Topic: "orders", Payload: json.RawMessage(`{}`), Delay: time.Hour},
+		{Topic: "later", Payload: json.RawMessage(`{}`), Delay: time.Hour},
+	})
+	require.NoError(t, err)
+	_, err = client.Claim(ctx, "orders", "operator", 1)
+	require.NoError(t, err)
+	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client})
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Stop(ctx)
+	})
+	schema := "--schema=" + db.Schema
+
+	failsWith(t, run(t, db.DSN, "dead", "list", "orders", "--after", "-5", schema), 2, "--after -5")
+	failsWith(t, run(t, db.DSN, "stuck", "--older-than", "-1h", schema), 2, "--older-than -1h0m0s")
+	failsWith(t, run(t, db.DSN, "dead", "replay", "orders", "99999999999999999999", schema), 2, "out of range")
+	failsWith(t, run(t, db.DSN, "dead", "replay", "events", "billing", "1", "99999999999999999999", schema), 2, "out of range")
+
+	for range 2 {
+		r := run(t, db.DSN, "group", "pause", "events", "billing", schema)
+		require.Zero(t, r.code, "pausing a paused group is what was asked: %s", r.stderr)
+	}
+	state, err := g.State(ctx)
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.Paused, state)
+
+	r := run(t, db.DSN, "topics", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	var topics []struct {
+		Name                     string
+		Ready, Scheduled, Leased *int64
+		OldestReady              *float64 `json:"oldest_ready_seconds"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &topics))
+	require.Len(t, topics, 3)
+	later, orders := topics[1], topics[2]
+	require.EqualValues(t, 1, *orders.Ready)
+	require.EqualValues(t, 1, *orders.Scheduled, "the delayed one; the leased one is not scheduled")
+	require.EqualValues(t, 1, *orders.Leased)
+	require.NotNil(t, orders.OldestReady)
+	require.Zero(t, *later.Ready)
+	require.Nil(t, later.OldestReady, "nothing is ready, so nothing has waited")
+	r = run(t, db.DSN, "topics", schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "LEASED")
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if strings.HasPrefix(line, "later ") {
+			require.NotContains(t, line, "0s", "no age for a topic with nothing ready: %q", line)
+		}
+	}
 }
