@@ -208,7 +208,7 @@ func TestNewClientRequiresAMigratedSchema(t *testing.T) {
 	require.ErrorIs(t, err, pgoutbox.ErrNotMigrated)
 	require.Contains(t, err.Error(), "migrations.Up")
 
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: "app"})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: "app", AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	_, err = producer.Send(ctx, empty.Pool, outbox.Message{Topic: "t", Payload: json.RawMessage(`{}`)})
 	require.ErrorIs(t, err, migrations.ErrNotMigrated)

@@ -46,6 +46,7 @@ func TestOneTraceFromSendToReceiver(t *testing.T) {
 	c, err := pgoutbox.NewClient(ctx, db.Pool, pgoutbox.Config{Schema: db.Schema, TracerProvider: tp, NoMaintenance: true})
 	require.NoError(t, err)
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset}))
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
 	rt, err := c.NewRouter(router.Config{AllowedHosts: []string{strings.TrimPrefix(srv.URL, "http://")},
 		Pools: []router.PoolConfig{{Code: "P", Concurrency: 2}}})
 	require.NoError(t, err)

@@ -103,7 +103,8 @@ type Topic struct {
 	DeadLetters int64
 }
 
-// Topics lists the configured topics, by name.
+// Topics lists the configured topics, and the topics that hold messages
+// without a configuration (Configured false), by name.
 func (a *Admin) Topics(ctx context.Context) ([]Topic, error) {
 	names, err := a.topicNames(ctx)
 	if err != nil {
@@ -120,7 +121,9 @@ func (a *Admin) Topics(ctx context.Context) ([]Topic, error) {
 	return topics, nil
 }
 
-// Topic reads one topic.
+// Topic reads one topic: a configured one, or one that holds messages
+// without a configuration (Configured false: a QUEUE topic with the
+// defaults).
 func (a *Admin) Topic(ctx context.Context, name string) (Topic, error) {
 	cfg, err := a.topicConfig(ctx, name)
 	if err != nil {
@@ -156,13 +159,19 @@ func (a *Admin) topicNames(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// topicConfig loads a configured topic, or fails with ErrNotFound.
+// topicConfig loads a configured topic, or the defaults of a topic that
+// holds messages without a configuration (Configured false), or fails
+// with ErrNotFound.
 func (a *Admin) topicConfig(ctx context.Context, name string) (outbox.TopicConfig, error) {
 	cfg, err := a.client.Topic(ctx, name)
-	if err != nil {
+	if err != nil || cfg.Configured {
 		return cfg, err
 	}
-	if !cfg.Configured {
+	var stored bool
+	if err := a.pool.QueryRow(ctx, a.q.TopicStored, name).Scan(&stored); err != nil {
+		return cfg, fmt.Errorf("admin: topic %q: %w", name, err)
+	}
+	if !stored {
 		return cfg, fmt.Errorf("%w: topic %q", outbox.ErrNotFound, name)
 	}
 	return cfg, nil

@@ -30,7 +30,7 @@ func newEnv(t *testing.T, opts admin.Options, topics ...outbox.TopicConfig) *env
 	db := pgtest.NewDB(t)
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	for _, tc := range topics {
 		require.NoError(t, client.ConfigureTopic(context.Background(), tc))
@@ -373,4 +373,42 @@ func TestNegativeBounds(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 	_, err = e.admin.DeadLetters(ctx, "orders", "", -5, 10)
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+}
+
+// Every stored message can be found: a topic that holds messages without a
+// configuration (sent by a producer that allows unconfigured topics, or
+// before such sends were refused) is listed, flagged, with its backlog and
+// dead letters, and its messages count as stuck like any topic's. A name
+// that holds nothing is still unknown.
+func TestTopicsHoldingMessagesWithoutConfiguration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{}, outbox.TopicConfig{Name: "emails"})
+	e.send(t, "emials", 3, 0)
+	claimed, err := e.client.Claim(ctx, "emials", "operator", 1)
+	require.NoError(t, err)
+	require.NoError(t, e.client.DeadLetter(ctx, claimed[0], "nobody reads this topic"))
+
+	topics, err := e.admin.Topics(ctx)
+	require.NoError(t, err)
+	require.Len(t, topics, 2)
+	require.Equal(t, "emails", topics[0].Name)
+	require.True(t, topics[0].Configured)
+	typo := topics[1]
+	require.Equal(t, "emials", typo.Name)
+	require.False(t, typo.Configured, "flagged")
+	require.Equal(t, outbox.Queue, typo.Semantics)
+	require.EqualValues(t, 2, typo.Ready)
+	require.EqualValues(t, 1, typo.DeadLetters)
+
+	stuck, err := e.admin.Stuck(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, stuck.Topics, 1)
+	require.Equal(t, "emials", stuck.Topics[0].Name)
+
+	dead, err := e.admin.DeadLetters(ctx, "emials", "", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	_, err = e.admin.Topic(ctx, "nothing.here")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
 }

@@ -47,7 +47,7 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, err)
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue}))
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
 		{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`), Group: "customer-7"},
@@ -420,4 +420,25 @@ func TestAPIAndPayloads(t *testing.T) {
 func TestConfig(t *testing.T) {
 	_, err := adminui.NewHandler(adminui.Config{})
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+}
+
+// A topic that holds messages without a configuration is on the topics
+// page, flagged, and its own page says what that means.
+func TestPagesFlagUnconfiguredTopics(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	_, err := f.admin.Topic(context.Background(), "emials")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: f.client.Schema(), AllowUnconfiguredTopics: true})
+	require.NoError(t, err)
+	_, err = producer.Send(context.Background(), f.client.Pool(), outbox.Message{Topic: "emials", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	srv := f.serve(t, adminui.Config{}, nil)
+	code, body := get(t, srv, "/")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `data-topic="emials"`)
+	require.Contains(t, body, "(unconfigured)")
+	code, body = get(t, srv, "/topics/emials")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "was never configured")
 }

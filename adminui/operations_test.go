@@ -35,7 +35,7 @@ type orderedFixture struct {
 func newOrderedFixture(t *testing.T) *orderedFixture {
 	t.Helper()
 	f := &orderedFixture{Fixture: blockedtest.New(t, outbox.TopicConfig{Name: "later", Semantics: outbox.Queue})}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: f.DB.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: f.DB.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	_, err = producer.Send(context.Background(), f.DB.Pool, outbox.Message{Topic: "later", Payload: json.RawMessage(`{}`), Delay: time.Hour})
 	require.NoError(t, err)

@@ -181,7 +181,7 @@ func runGroup(t *testing.T, mode outbox.TrackingMode, pollOnly bool, poll time.D
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema, PollOnly: pollOnly})
 	require.NoError(t, err)
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode}))
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: poll})
 	require.NoError(t, err)

@@ -37,7 +37,7 @@ func setupTopic(t *testing.T, tc outbox.TopicConfig) *bundle {
 	db := pgtest.NewDB(t)
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	require.NoError(t, client.ConfigureTopic(context.Background(), tc))
 	return &bundle{db: db, client: client, producer: producer, topic: tc.Name}

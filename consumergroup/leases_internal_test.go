@@ -26,7 +26,7 @@ func TestLeaseKeeperWarnsOnlyForRealTakeovers(t *testing.T) {
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset}))
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	logs := &testlog.Buffer{}
 	g, err := New(db.Pool, Config{Client: client, Topic: "events", Group: "g", PollInterval: 20 * time.Millisecond, BatchSize: 5,

@@ -33,7 +33,7 @@ func setup(t *testing.T, cfg outbox.Config) *env {
 	cfg.Schema = db.Schema
 	client, err := outbox.NewClient(db.Pool, cfg)
 	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, Clock: cfg.Clock})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true, Clock: cfg.Clock})
 	require.NoError(t, err)
 	e := &env{db: db, client: client, producer: producer, effects: db.Table("effects")}
 	_, err = db.Pool.Exec(context.Background(), `CREATE TABLE `+e.effects+` (message_id bigint NOT NULL, by text NOT NULL)`)

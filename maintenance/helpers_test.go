@@ -42,7 +42,7 @@ func setup(t *testing.T) *bundle {
 	l := &logs{}
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema, Logger: l.logger()})
 	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	return &bundle{db: db, client: client, producer: producer, logs: l}
 }

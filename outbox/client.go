@@ -186,8 +186,9 @@ func (c *Client) now() *time.Time {
 // subscription changes in flight, and for the open transactions that sent
 // to the topic before its first configuration (so do not configure a
 // topic from a goroutine whose own transaction sent to it and is still
-// open). Configure topics before sending to them: sends to a topic that
-// was never configured read the topic table every time.
+// open). Configure topics before sending to them: a send to a topic that
+// was never configured fails with ErrUnknownTopic (unless the producer
+// allows unconfigured topics: then it reads the topic table every time).
 func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {

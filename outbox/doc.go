@@ -15,9 +15,12 @@
 //
 // A topic's semantics are fixed by its first ConfigureTopic. A producer reads
 // them once per topic, so a configured QUEUE topic's Send is a plain
-// single-row INSERT; the messages of a PUB_SUB topic, or of a topic that was
-// never configured, are written by a statement that also reads the topic row
-// (a PUB_SUB message records the groups it needs as it is written).
+// single-row INSERT; the messages of a PUB_SUB topic are written by a
+// statement that also reads the topic row (a PUB_SUB message records the
+// groups it needs as it is written). A send to a topic that was never
+// configured fails with ErrUnknownTopic, unless
+// ProducerConfig.AllowUnconfiguredTopics makes it a QUEUE topic with the
+// defaults.
 //
 // # Consuming
 //

@@ -51,8 +51,9 @@ var (
 	// replaying a dead letter that is not one). Every package's "not
 	// found" errors match it.
 	ErrNotFound = cfgcheck.ErrNotFound
-	// ErrUnknownTopic: an operation needs a configured topic (a PUB_SUB
-	// subscription, for one) and the topic was never configured. It
-	// matches ErrNotFound too.
+	// ErrUnknownTopic: an operation needs a configured topic (a send,
+	// unless ProducerConfig.AllowUnconfiguredTopics; a PUB_SUB
+	// subscription) and the topic was never configured. It matches
+	// ErrNotFound too.
 	ErrUnknownTopic = cfgcheck.NotFound("outbox: unknown topic")
 )

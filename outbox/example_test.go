@@ -46,6 +46,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// A topic is configured before anything is sent to it (a send to a
+	// topic never configured fails with ErrUnknownTopic).
+	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders.paid"}); err != nil {
+		log.Fatal(err)
+	}
 
 	// The message is written in the same transaction as the business change.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -23,7 +23,7 @@ func TestEveryQueryExecMode(t *testing.T) {
 			ctx := context.Background()
 			client, err := outbox.NewClient(pool, outbox.Config{Schema: db.Schema})
 			require.NoError(t, err)
-			producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+			producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 			require.NoError(t, err)
 			require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "q", MaxAttempts: 2}))
 			require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "p", Semantics: outbox.PubSub, Tracking: outbox.Counter}))

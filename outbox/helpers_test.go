@@ -26,7 +26,7 @@ func setup(t *testing.T, cfg outbox.Config) *testBundle {
 	cfg.Schema = db.Schema
 	client, err := outbox.NewClient(db.Pool, cfg)
 	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, Clock: cfg.Clock})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true, Clock: cfg.Clock})
 	require.NoError(t, err)
 	return &testBundle{db: db, client: client, producer: producer}
 }

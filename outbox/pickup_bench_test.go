@@ -60,7 +60,7 @@ func benchPickup(b *testing.B, pool *pgxpool.Pool, schema string, cfg outbox.Con
 	if err != nil {
 		b.Fatal(err)
 	}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema, AllowUnconfiguredTopics: true})
 	if err != nil {
 		b.Fatal(err)
 	}

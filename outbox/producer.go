@@ -80,12 +80,21 @@ type ProducerConfig struct {
 	// system clock in the notification intervals. Defaults to nil: the
 	// database's now() and the system's clock.
 	Clock Clock
+	// AllowUnconfiguredTopics lets Send and SendBatch write to a topic that
+	// was never configured (Client.ConfigureTopic), as a QUEUE topic with
+	// the defaults. Defaults to false: such a send fails with
+	// ErrUnknownTopic, so a misspelt topic name is an error at the send
+	// instead of messages nobody reads. The admin API, the CLI's topics
+	// and the web UI list topics that hold messages without a
+	// configuration, flagged as such.
+	AllowUnconfiguredTopics bool
 }
 
 // Producer writes messages inside the caller's transaction. It holds no
 // connection and is safe for concurrent use.
 type Producer struct {
 	maxPayload int
+	anyTopic   bool // AllowUnconfiguredTopics
 	sql        *sqlq.Outbox
 	channel    string
 	notifier   *notifier
@@ -123,6 +132,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	}
 	return &Producer{
 		maxPayload: cfg.MaxPayloadBytes,
+		anyTopic:   cfg.AllowUnconfiguredTopics,
 		sql:        sqlq.For(schema),
 		channel:    NotifyChannel(schema),
 		notifier: newNotifier(cmp.Or(cfg.NotifyInterval, DefaultNotifyInterval),
@@ -135,7 +145,9 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 
 // Send writes msg with tx and returns its id. The message exists only if tx
 // commits. With an IdempotencyKey that is already present on the topic it
-// writes nothing and returns the existing message's id.
+// writes nothing and returns the existing message's id. A topic that was
+// never configured is refused with ErrUnknownTopic (unless
+// ProducerConfig.AllowUnconfiguredTopics), and tx stays usable.
 func (p *Producer) Send(ctx context.Context, tx Executor, msg Message) (id int64, err error) {
 	ctx, span := p.tracer.Send(ctx, msg.Topic, 1)
 	defer func() { tracing.Sent(span, id); tracing.End(span, err) }()
@@ -262,11 +274,13 @@ func (p *Producer) insertOne(ctx context.Context, tx Executor, query string, arg
 // reads the configuration with tx the first time, and again every
 // recheckUnconfigured while the topic is not configured, or at once when
 // fresh is set; a configured topic's semantics and ordering never change,
-// so they are not read again.
+// so they are not read again. Unless the producer allows unconfigured
+// topics, a topic that is not configured fails with ErrUnknownTopic,
+// after a fresh read (it may have been configured a moment ago).
 func (p *Producer) topicSemantics(ctx context.Context, tx Executor, topic string, fresh bool) (learnedSemantics, error) {
 	if v, ok := p.semantics.Load(topic); ok && !fresh {
 		l := v.(learnedSemantics)
-		if l.semantics != "" || time.Since(l.readAt) < recheckUnconfigured {
+		if l.semantics != "" || (p.anyTopic && time.Since(l.readAt) < recheckUnconfigured) {
 			return l, nil
 		}
 	}
@@ -280,6 +294,10 @@ func (p *Producer) topicSemantics(ctx context.Context, tx Executor, topic string
 		return learnedSemantics{}, sendError(err)
 	}
 	p.semantics.Store(topic, l)
+	if l.semantics == "" && !p.anyTopic {
+		return l, fmt.Errorf("%w: %q was never configured (configure it with ConfigureTopic, or allow unconfigured topics in ProducerConfig)",
+			ErrUnknownTopic, topic)
+	}
 	return l, nil
 }
 
@@ -326,6 +344,9 @@ func (p *Producer) sendBatch(ctx context.Context, tx Executor, msgs []Message) (
 	for i := range msgs {
 		m := &msgs[i]
 		h, err := m.validate(p.maxPayload)
+		if err == nil && !p.anyTopic && (i == 0 || m.Topic != msgs[i-1].Topic) {
+			_, err = p.topicSemantics(ctx, tx, m.Topic, false)
+		}
 		if err != nil {
 			if n > 1 {
 				return nil, fmt.Errorf("message %d: %w", i, err)

@@ -476,7 +476,7 @@ func TestNotifyInterval(t *testing.T) {
 		return got
 	}
 
-	hourly, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, NotifyInterval: time.Hour})
+	hourly, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, AllowUnconfiguredTopics: true, NotifyInterval: time.Hour})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	for i := range 8 { // concurrent first sends: one of them notifies
@@ -492,7 +492,7 @@ func TestNotifyInterval(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b", "c"}, received(), "each topic once")
 
-	silent, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, NotifyInterval: -1})
+	silent, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, AllowUnconfiguredTopics: true, NotifyInterval: -1})
 	require.NoError(t, err)
 	_, err = silent.Send(ctx, b.db.Pool, seqMessage("d", 12))
 	require.NoError(t, err)
@@ -500,7 +500,7 @@ func TestNotifyInterval(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, received())
 
-	often, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, NotifyInterval: time.Nanosecond})
+	often, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, AllowUnconfiguredTopics: true, NotifyInterval: time.Nanosecond})
 	require.NoError(t, err)
 	for i := range 3 {
 		_, err = often.Send(ctx, b.db.Pool, seqMessage("f", 14+i))
@@ -518,7 +518,7 @@ func TestBusyNotifyInterval(t *testing.T) {
 	ctx := context.Background()
 	listen := b.listen(t)
 	clock := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	p, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, Clock: clock,
+	p, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, AllowUnconfiguredTopics: true, Clock: clock,
 		NotifyInterval: time.Millisecond, BusyNotifyInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	notified := 0
@@ -682,7 +682,7 @@ func TestSendRefusesOversizedPayloads(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, b.count(t, "true"))
 
-	small, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, MaxPayloadBytes: 20})
+	small, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema, AllowUnconfiguredTopics: true, MaxPayloadBytes: 20})
 	require.NoError(t, err)
 	_, err = small.Send(ctx, b.db.Pool, outbox.Message{Topic: "orders", Payload: json.RawMessage(`"exactly twenty b"  `)})
 	require.NoError(t, err, "a payload of MaxPayloadBytes is accepted")
@@ -693,4 +693,46 @@ func TestSendRefusesOversizedPayloads(t *testing.T) {
 		_, err = outbox.NewProducer(outbox.ProducerConfig{MaxPayloadBytes: bad})
 		require.ErrorIs(t, err, outbox.ErrInvalidConfig, "%d", bad)
 	}
+}
+
+// A send to a topic that was never configured (a misspelt name) fails with
+// ErrUnknownTopic, writes nothing and leaves the caller's transaction
+// usable; a topic configured a moment later is accepted at once. With
+// AllowUnconfiguredTopics the topic is a QUEUE topic with the defaults.
+func TestSendToATopicNeverConfigured(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := context.Background()
+	strict, err := outbox.NewProducer(outbox.ProducerConfig{Schema: b.db.Schema})
+	require.NoError(t, err)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "emails"}))
+	msg := func(topic string) outbox.Message { return outbox.Message{Topic: topic, Payload: []byte(`{}`)} }
+
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = strict.Send(ctx, tx, msg("emials"))
+	require.ErrorIs(t, err, outbox.ErrUnknownTopic)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorContains(t, err, `"emials"`)
+	_, err = strict.SendBatch(ctx, tx, []outbox.Message{msg("emails"), msg("emials")})
+	require.ErrorIs(t, err, outbox.ErrUnknownTopic, "one unknown topic refuses the whole batch")
+	_, err = strict.Send(ctx, tx, outbox.Message{Topic: "emials", Payload: []byte(`{}`), IdempotencyKey: "k"})
+	require.ErrorIs(t, err, outbox.ErrUnknownTopic)
+	id, err := strict.Send(ctx, tx, msg("emails")) // the transaction is still usable
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 1, b.count(t, "true"))
+	require.Equal(t, 1, b.count(t, "id = $1", id))
+
+	// Configured after a refusal: accepted at once (the refusal is not cached).
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "emials"}))
+	_, err = strict.Send(ctx, b.db.Pool, msg("emials"))
+	require.NoError(t, err)
+
+	// The opt-in: a topic never configured is a QUEUE topic with the defaults.
+	_, err = b.producer.Send(ctx, b.db.Pool, msg("adhoc"))
+	require.NoError(t, err)
+	_, err = b.producer.SendBatch(ctx, b.db.Pool, []outbox.Message{msg("adhoc"), msg("adhoc2")})
+	require.NoError(t, err)
+	require.Equal(t, 3, b.count(t, "topic LIKE 'adhoc%'"))
 }

@@ -23,6 +23,13 @@ func ExampleSent() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders.placed"}); err != nil {
+		log.Fatal(err)
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		log.Fatal(err)

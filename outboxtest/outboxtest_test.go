@@ -55,7 +55,7 @@ func TestRequireSent(t *testing.T) {
 	db := pgtest.NewEmptyDB(t)
 	schema := outboxtest.Schema(t, db.Pool)
 	ctx := context.Background()
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 
 	tx, err := db.Pool.Begin(ctx)

@@ -52,7 +52,7 @@ func newEnvOn(t *testing.T, tc outbox.TopicConfig, stream *jetstream.StreamConfi
 	db := pgtest.NewDB(t)
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	tc.Name = "events"
 	tc.Semantics = outbox.PubSub

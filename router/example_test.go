@@ -48,6 +48,10 @@ func Example() {
 	defer srv.Close()
 	host := srv.Listener.Addr().String()
 
+	client, _ := outbox.NewClient(pool, outbox.Config{Schema: schema})
+	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders"}); err != nil {
+		log.Fatal(err)
+	}
 	producer, _ := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
 	for _, step := range []string{"created", "paid", "shipped"} {
 		msg, _ := outbox.NewMessage("orders", map[string]string{"step": step})
@@ -58,7 +62,6 @@ func Example() {
 		}
 	}
 
-	client, _ := outbox.NewClient(pool, outbox.Config{Schema: schema})
 	rt, err := router.New(router.Config{
 		Pools:        []router.PoolConfig{{Code: "ORDERS", Concurrency: 4}},
 		AllowedHosts: []string{host},

@@ -29,7 +29,7 @@ func setupPG(t *testing.T) *pgBundle {
 	db := pgtest.NewDB(t)
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	return &pgBundle{db: db, client: client, producer: producer}
 }

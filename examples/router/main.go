@@ -98,6 +98,10 @@ func run(ctx context.Context) error {
 		return err
 	}
 
+	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "customer.events"}); err != nil {
+		return err
+	}
+
 	// Interleaved steps of several customers; each customer is a message group.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for step := 1; step <= steps; step++ {

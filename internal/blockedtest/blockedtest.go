@@ -107,7 +107,7 @@ func New(t *testing.T, extra ...outbox.TopicConfig) *Fixture {
 // send sends the fixture's messages to topic.
 func (f *Fixture) send(t *testing.T, topic string) {
 	t.Helper()
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: f.DB.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: f.DB.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	var msgs []outbox.Message
 	for i, group := range []string{"cust-99", "cust-99", "cust-99", "cust-5", "cust-5", "cust-1"} {

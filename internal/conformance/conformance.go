@@ -72,7 +72,7 @@ func newEnv(t *testing.T, s *Subject, topic func(*outbox.TopicConfig)) *Env {
 	}
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	tc := outbox.TopicConfig{Name: "conformance", Semantics: s.Semantics, Tracking: s.Tracking,
 		MaxAttempts: 5, BackoffInitial: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Lease: time.Second}

@@ -9,7 +9,7 @@ import (
 // Admin is the SQL of package admin: reads across topics and groups whose
 // counts stop at a limit ($2), so none of them scans a backlog.
 type Admin struct {
-	TopicNames, QueueStats, TopicGroups string
+	TopicNames, TopicStored, QueueStats, TopicGroups string
 }
 
 // ForAdmin returns the statements for schema (already validated).
@@ -17,12 +17,42 @@ func ForAdmin(schema string) *Admin {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	return &Admin{
 		TopicNames:  r.Replace(topicNames),
+		TopicStored: r.Replace(topicStored),
 		QueueStats:  r.Replace(queueStats),
 		TopicGroups: r.Replace(topicGroups),
 	}
 }
 
-const topicNames = `SELECT topic FROM {{schema}}.outbox_topics ORDER BY topic`
+// topicNames lists the configured topics and, so that every stored
+// message can be found, the topics that hold QUEUE messages or dead
+// letters without a configuration (sent by a producer that allows
+// unconfigured topics, or before sends to them were refused). Those are
+// found by a loose index scan of each table's (topic, …) index: one probe
+// per distinct topic, never a read of the messages. A PUB_SUB message
+// always has its topic's configuration.
+const topicNames = `
+WITH RECURSIVE queued AS (
+    (SELECT topic FROM {{schema}}.outbox ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.topic FROM {{schema}}.outbox AS o WHERE o.topic > q.topic ORDER BY o.topic LIMIT 1)
+    FROM queued AS q WHERE q.topic IS NOT NULL
+), dead AS (
+    (SELECT topic FROM {{schema}}.outbox_dead_letters ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.topic FROM {{schema}}.outbox_dead_letters AS d WHERE d.topic > q.topic ORDER BY d.topic LIMIT 1)
+    FROM dead AS q WHERE q.topic IS NOT NULL
+)
+SELECT topic FROM {{schema}}.outbox_topics
+UNION
+SELECT topic FROM queued WHERE topic IS NOT NULL
+UNION
+SELECT topic FROM dead WHERE topic IS NOT NULL
+ORDER BY topic`
+
+// topicStored: topic $1 holds QUEUE messages or dead letters.
+const topicStored = `
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox WHERE topic = $1)
+    OR EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters WHERE topic = $1)`
 
 // queueStats measures QUEUE topic $1, each count at most $2: messages
 // deliverable now, messages due later (a delay or a retry's backoff) and

@@ -307,6 +307,7 @@ type topicView struct {
 	Tracking    string   `json:"tracking,omitempty"`
 	Changing    bool     `json:"mode_changing,omitempty"` // messages of an earlier mode are still stored
 	Ordered     bool     `json:"ordered"`
+	Configured  bool     `json:"configured"` // false: it holds messages but was never configured
 	Groups      []string `json:"groups,omitempty"`
 	Ready       *int64   `json:"ready,omitempty"`
 	Scheduled   *int64   `json:"scheduled,omitempty"` // due later: a delay or a retry's backoff
@@ -323,7 +324,7 @@ func (c *command) topics(ctx context.Context, a *admin.Admin) error {
 	views := make([]topicView, len(topics))
 	for i, t := range topics {
 		v := topicView{Name: t.Name, Semantics: string(t.Semantics), Tracking: string(t.Tracking), Changing: t.ModeChanging,
-			Ordered: t.Ordered, Groups: t.Groups}
+			Ordered: t.Ordered, Configured: t.Configured, Groups: t.Groups}
 		if t.Semantics == outbox.Queue {
 			v.Ready, v.Scheduled, v.Leased, v.DeadLetters = &t.Ready, &t.Scheduled, &t.Leased, &t.DeadLetters
 			if t.Ready > 0 {
@@ -348,7 +349,11 @@ func (c *command) topics(ctx context.Context, a *admin.Admin) error {
 			if t.ModeChanging {
 				tracking += " (changing)"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Semantics, tracking, t.Ordered,
+			semantics := string(t.Semantics)
+			if !t.Configured {
+				semantics += " (unconfigured)"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, semantics, tracking, t.Ordered,
 				ready, scheduled, leased, oldest, dead, dash(strings.Join(views[i].Groups, ",")))
 		}
 	})

@@ -96,7 +96,7 @@ func TestOperatorCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue}))
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
 		{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`)},
@@ -213,7 +213,7 @@ func TestModeAndRepairCommands(t *testing.T) {
 	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
 	require.NoError(t, g.Pause(ctx))
 	require.NoError(t, g.Stop(ctx))
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	ids, err := producer.SendBatch(ctx, db.Pool, []outbox.Message{{Topic: "events", Payload: json.RawMessage(`{}`)}, {Topic: "events", Payload: json.RawMessage(`{}`)}})
 	require.NoError(t, err)
@@ -371,7 +371,7 @@ func TestBoundsAndCounts(t *testing.T) {
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue}))
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "later", Semantics: outbox.Queue}))
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
 	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
 		{Topic: "orders", Payload: json.RawMessage(`{}`)},
@@ -430,4 +430,25 @@ func TestBoundsAndCounts(t *testing.T) {
 			require.NotContains(t, line, "0s", "no age for a topic with nothing ready: %q", line)
 		}
 	}
+}
+
+// `topics` lists a topic that holds messages without a configuration,
+// flagged, so an operator finds every stored message.
+func TestTopicsFlagsUnconfiguredOnes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
+	require.NoError(t, err)
+	_, err = producer.Send(ctx, db.Pool, outbox.Message{Topic: "emials", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	schema := "--schema=" + db.Schema
+
+	r := run(t, db.DSN, "topics", schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "emials")
+	require.Contains(t, r.stdout, "QUEUE (unconfigured)")
+	r = run(t, db.DSN, "topics", schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"configured": false`)
 }
