@@ -11,6 +11,20 @@ import (
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
+// benchSetup returns a fresh schema with a client and a producer for it.
+func benchSetup(b *testing.B) (*pgtest.DB, *outbox.Client, *outbox.Producer) {
+	db := pgtest.NewDB(b)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return db, client, producer
+}
+
 // BenchmarkSend measures one message per transaction (BEGIN, write,
 // COMMIT) from 8 goroutines, as the W1 workload of ../shared/bench does:
 //
@@ -24,16 +38,8 @@ import (
 //
 //	go test -run '^$' -bench Send -benchmem -benchtime 20000x -count 5 ./outbox
 func BenchmarkSend(b *testing.B) {
-	db := pgtest.NewDB(b)
+	db, client, producer := benchSetup(b)
 	ctx := context.Background()
-	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
-	if err != nil {
-		b.Fatal(err)
-	}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
-	if err != nil {
-		b.Fatal(err)
-	}
 	bare := db.Table("bare")
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+bare+` (id bigserial PRIMARY KEY, topic text NOT NULL,
 		payload jsonb NOT NULL, status smallint NOT NULL DEFAULT 0, lease_until timestamptz,
@@ -126,16 +132,8 @@ func BenchmarkClaimOrdered(b *testing.B) {
 		}},
 	} {
 		b.Run(variant.name, func(b *testing.B) {
-			db := pgtest.NewDB(b)
+			db, client, producer := benchSetup(b)
 			ctx := context.Background()
-			client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
-			if err != nil {
-				b.Fatal(err)
-			}
-			producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
-			if err != nil {
-				b.Fatal(err)
-			}
 			if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "o", Ordered: true}); err != nil {
 				b.Fatal(err)
 			}

@@ -40,25 +40,34 @@ func (b *testBundle) claimTurn(t *testing.T, topic string, limit int) string {
 	return strings.Join(turn, " ")
 }
 
+// orderedTurns configures the ordered topic "o", sends each batch in a
+// transaction of its own, and returns the turns of claims claims of up
+// to limit messages (see claimTurn).
+func orderedTurns(t *testing.T, claims, limit int, batches ...[]outbox.Message) (*testBundle, []string) {
+	t.Helper()
+	b := setup(t, outbox.Config{})
+	require.NoError(t, b.client.ConfigureTopic(context.Background(), orderedTopic("o", "")))
+	for _, batch := range batches {
+		b.sendAll(t, batch...)
+	}
+	var turns []string
+	for range claims {
+		turns = append(turns, b.claimTurn(t, "o", limit))
+	}
+	return b, turns
+}
+
 // Ten groups whose heads have priority 0, then one whose head has priority
 // 9 and one at 5: a claim of one takes the priority-9 head, the next the
 // priority-5 one, and only then the priority-0 heads, in turn.
 func TestOrderedClaimTakesTheHighestPriorityHeadFirst(t *testing.T) {
-	b := setup(t, outbox.Config{})
 	ctx := context.Background()
-	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
 	var msgs []outbox.Message
 	for g := range 10 {
 		msgs = append(msgs, prioritized("o", fmt.Sprintf("a%d", g), 0, 0))
 	}
-	b.sendAll(t, msgs...)
-	b.sendAll(t, prioritized("o", "p", 0, 9))
-	b.sendAll(t, prioritized("o", "q", 0, 5))
-
-	var turns []string
-	for range 4 {
-		turns = append(turns, b.claimTurn(t, "o", 1))
-	}
+	b, turns := orderedTurns(t, 4, 1, msgs, []outbox.Message{prioritized("o", "p", 0, 9)},
+		[]outbox.Message{prioritized("o", "q", 0, 5)})
 	require.Equal(t, []string{"p0", "q0", "a00", "a10"}, turns)
 
 	// A claim with room for several takes the higher heads first too.
@@ -119,17 +128,10 @@ func TestOrderedConsumerHandlesTheHighestPriorityHeadFirst(t *testing.T) {
 //  7. g3, now g's head, at priority 5;
 //  8. and 9. what is left.
 func TestOrderedPriorityKeepsEachGroupInCommitOrder(t *testing.T) {
-	b := setup(t, outbox.Config{})
-	ctx := context.Background()
-	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
-	b.sendAll(t,
+	_, turns := orderedTurns(t, 10, 1, []outbox.Message{
 		prioritized("o", "g", 0, 0), prioritized("o", "g", 1, 9), prioritized("o", "g", 2, 0), prioritized("o", "g", 3, 5),
 		prioritized("o", "h", 0, 3),
-		prioritized("o", "i", 0, 0), prioritized("o", "i", 1, 0), prioritized("o", "i", 2, 0), prioritized("o", "i", 3, 0))
-	var turns []string
-	for range 10 {
-		turns = append(turns, b.claimTurn(t, "o", 1))
-	}
+		prioritized("o", "i", 0, 0), prioritized("o", "i", 1, 0), prioritized("o", "i", 2, 0), prioritized("o", "i", 3, 0)})
 	require.Equal(t, []string{"h0", "i0", "g0", "g1", "i1", "g2", "g3", "i2", "i3", ""}, turns)
 }
 
@@ -140,9 +142,6 @@ func TestOrderedPriorityKeepsEachGroupInCommitOrder(t *testing.T) {
 // groups at that priority.
 func TestOrderedPriorityKeepsTurns(t *testing.T) {
 	t.Run("a busy higher-priority group does not stop the turns below it", func(t *testing.T) {
-		b := setup(t, outbox.Config{})
-		ctx := context.Background()
-		require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
 		var msgs []outbox.Message
 		for i := range 2 {
 			for _, g := range []string{"b", "C", "a", "D"} {
@@ -152,44 +151,25 @@ func TestOrderedPriorityKeepsTurns(t *testing.T) {
 		for i := range 4 {
 			msgs = append(msgs, prioritized("o", "z", i, 9))
 		}
-		b.sendAll(t, msgs...)
-		var turns []string
-		for range 4 {
-			turns = append(turns, b.claimTurn(t, "o", 3))
-		}
+		_, turns := orderedTurns(t, 4, 3, msgs)
 		require.Equal(t, []string{"C0 D0 z0", "b0 a0 z1", "C1 D1 z2", "b1 a1 z3"}, turns)
 	})
 	t.Run("heads of one priority take turns", func(t *testing.T) {
-		b := setup(t, outbox.Config{})
-		ctx := context.Background()
-		require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
 		var msgs []outbox.Message
 		for i := range 3 {
 			for _, g := range []string{"b", "C", "a", "D"} {
 				msgs = append(msgs, prioritized("o", g, i, 5))
 			}
 		}
-		b.sendAll(t, msgs...)
-		var turns []string
-		for range 4 {
-			turns = append(turns, b.claimTurn(t, "o", 2))
-		}
+		_, turns := orderedTurns(t, 4, 2, msgs)
 		require.Equal(t, []string{"C0 D0", "b0 a0", "C1 D1", "b1 a1"}, turns)
 	})
 	t.Run("a long backlog above 0 does not crowd out its peers", func(t *testing.T) {
-		b := setup(t, outbox.Config{})
-		ctx := context.Background()
-		require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
 		var msgs []outbox.Message
 		for i := range 300 {
 			msgs = append(msgs, prioritized("o", "a", i, 5))
 		}
-		b.sendAll(t, msgs...)
-		b.sendAll(t, prioritized("o", "b", 0, 5), prioritized("o", "c", 0, 0))
-		var turns []string
-		for range 4 {
-			turns = append(turns, b.claimTurn(t, "o", 1))
-		}
+		_, turns := orderedTurns(t, 4, 1, msgs, []outbox.Message{prioritized("o", "b", 0, 5), prioritized("o", "c", 0, 0)})
 		require.Equal(t, []string{"a0", "b0", "a1", "a2"}, turns)
 	})
 }
@@ -197,19 +177,14 @@ func TestOrderedPriorityKeepsTurns(t *testing.T) {
 // Messages without a group are claimed by priority as on any QUEUE topic,
 // even behind many older ones.
 func TestOrderedUngroupedMessagesKeepTheirPriority(t *testing.T) {
-	b := setup(t, outbox.Config{})
-	ctx := context.Background()
-	require.NoError(t, b.client.ConfigureTopic(ctx, orderedTopic("o", "")))
 	var msgs []outbox.Message
 	for i := range 5 {
 		msgs = append(msgs, seqMessage("o", i))
 	}
-	b.sendAll(t, msgs...)
 	urgent := seqMessage("o", 9)
 	urgent.Priority = 9
-	b.sendAll(t, urgent)
-	require.Equal(t, "9", b.claimTurn(t, "o", 1))
-	require.Equal(t, "0", b.claimTurn(t, "o", 1))
+	_, turns := orderedTurns(t, 2, 1, msgs, []outbox.Message{urgent})
+	require.Equal(t, []string{"9", "0"}, turns)
 }
 
 // A head above priority 0 whose group is held back by a dead letter is not

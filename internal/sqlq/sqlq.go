@@ -662,7 +662,7 @@ WITH RECURSIVE heads AS (
 
 // candidateOrder is the order claimOrdered takes its candidates in (see
 // there): by the priority, message group and id of outbox row o, and by
-// key k's late (a head only prioritized found), age and wrapped.
+// key k's late (a head only lane found), age and wrapped.
 func candidateOrder(o, k string) string {
 	return o + `.priority DESC, ` + k + `.late, ` + k + `.age, ` + k + `.wrapped, ` +
 		o + `.message_group COLLATE "C", ` + o + `.id`
