@@ -612,7 +612,7 @@ WITH RECURSIVE heads AS (
     UNION ALL
     SELECT p.*, r.behind, l.found + 1 + r.behind
     FROM lane AS l
-    JOIN prioritized AS p ON p.rank = l.rank + 1
+    CROSS JOIN LATERAL (SELECT * FROM prioritized WHERE rank = l.rank + 1 LIMIT 1) AS p
     CROSS JOIN LATERAL (` + runBehind("p") + `) AS r
     WHERE l.found < $2
 ), candidates AS (
