@@ -332,6 +332,8 @@ func testOrderedConsumersKeepEveryGroupInOrder(t *testing.T, prioritize bool) {
 		defer mu.Unlock()
 		return total == groups*perGroup
 	}, 2*time.Minute, 50*time.Millisecond)
+	// The last acks are written after their handlers returned.
+	pgtest.Eventually(t, 10*time.Second, "every message acked", func() bool { return b.count(t, "true") == 0 })
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -341,7 +343,6 @@ func testOrderedConsumersKeepEveryGroupInOrder(t *testing.T, prioritize bool) {
 	}
 	require.Len(t, handled, groups)
 	require.Greater(t, atQuarter, groups/2, "groups moved one after another, not together")
-	require.Zero(t, b.count(t, "true"))
 	t.Logf("%d groups had a message handled when a quarter of all were", atQuarter)
 }
 
