@@ -168,7 +168,8 @@ type TopicConfig struct {
 	// claim a bounded read); a head beyond those still comes in its
 	// group's turn. Below 0, priority only orders the heads a claim's turn
 	// reaches. As on any QUEUE topic, a steady flow of urgent messages
-	// holds the other groups back.
+	// holds the other groups back. Consumer groups of a PUB_SUB topic do
+	// not use priority.
 	//
 	// Sends to an ordered topic take a lock per (topic, group) until their
 	// transaction ends, so that ids follow commit order: two transactions
