@@ -26,10 +26,12 @@ var ErrLeaseLost = errors.New("outbox: lease lost")
 // Claim leases up to limit available messages of a QUEUE topic to owner,
 // highest priority first, for the topic's Lease. On an ordered topic
 // (TopicConfig.Ordered) it leases at most one message per message group,
-// the group's oldest, and none of a group that has one leased. Messages whose lease
-// expired are available again and claimed like the others (with the next
-// attempt); one whose expired lease was its last attempt is dead-lettered
-// instead of returned. The batch is returned in id order.
+// the group's oldest, and none of a group that has one leased; the
+// priority of a group's oldest message chooses between groups, and groups
+// of one priority take turns. Messages whose lease expired are available
+// again and claimed like the others (with the next attempt); one whose
+// expired lease was its last attempt is dead-lettered instead of
+// returned. The batch is returned in id order.
 func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*Delivery, error) {
 	if limit < 1 || owner == "" {
 		return nil, fmt.Errorf("%w: Claim needs an owner and limit >= 1", ErrInvalidConfig)
@@ -94,9 +96,34 @@ func (c *Client) claim(ctx context.Context, t TopicConfig, owner string, limit, 
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	if t.Ordered && len(out) > 0 {
-		c.walks.Store(t.Name, groupwalk.End(after, out, func(cl claimed) string { return cl.d.Group }))
+		c.walks.Store(t.Name, groupwalk.End(after, turnTakers(out), func(cl claimed) string { return cl.d.Group }))
 	}
 	return c.takeBackExpired(ctx, t, out)
+}
+
+// turnTakers are the heads of an ordered claim (each group's first
+// message in it) of the lowest priority among them: the groups that had
+// their turn. The claim took its heads of a higher priority ahead of
+// their turn, so the next claim's walk starts after the last group it
+// took in turn, not after those: a group with a stream of urgent
+// messages does not make the walk skip the groups between.
+func turnTakers(out []claimed) []claimed {
+	heads := map[string]claimed{}
+	for _, cl := range out {
+		if h, ok := heads[cl.d.Group]; cl.d.Group != "" && (!ok || cl.d.ID < h.d.ID) {
+			heads[cl.d.Group] = cl
+		}
+	}
+	var takers []claimed
+	for _, h := range heads {
+		switch {
+		case len(takers) == 0 || h.d.Priority < takers[0].d.Priority:
+			takers = append(takers[:0], h)
+		case h.d.Priority == takers[0].d.Priority:
+			takers = append(takers, h)
+		}
+	}
+	return takers
 }
 
 // takeBackExpired logs the claimed messages whose lease had expired and

@@ -40,7 +40,10 @@ type Message struct {
 	// Group is the message group: the router and the ordered mode keep
 	// messages of one group in order. QUEUE consumers do not.
 	Group string
-	// Priority: higher is claimed first (int16 range). Defaults to 0.
+	// Priority: on a QUEUE topic, higher is claimed first (int16 range).
+	// On an ordered topic it chooses between message groups, never
+	// within one (see TopicConfig.Ordered). Consumer groups of a PUB_SUB
+	// topic read in commit order and do not use it. Defaults to 0.
 	Priority int
 	// Delay makes the message available this long after the transaction's
 	// start (database time). Must not be negative; exclusive with NotBefore.

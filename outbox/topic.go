@@ -152,9 +152,26 @@ type TopicConfig struct {
 	// expiries and restarts. A failing message holds its group back until
 	// it succeeds or is dead-lettered (see OrderedDeadLetters); other
 	// groups are not held back. Priority and Delay choose between groups,
-	// never within one: a delayed message holds its group until it is due.
+	// never within one: a delayed message holds its group until it is
+	// due, and an urgent one waits for the older messages of its group.
 	// Messages without a group are delivered as on a topic that is not
 	// ordered.
+	//
+	// A QUEUE claim takes the group heads (each group's oldest message,
+	// with the run behind it) of the highest priority first, by the head's
+	// own priority. Heads of one priority take turns: each claim walks the
+	// groups in a fixed order from where the previous claim's turn ended
+	// and takes at most one run per group, so a group with a long backlog
+	// does not crowd out the others at its priority, and heads taken ahead
+	// of their turn, for their higher priority, do not make the walk skip
+	// the groups between. A claim looks for heads above priority 0 among
+	// the topic's oldest available messages above 0, 100 more than it has
+	// room for (so that a long backlog of urgent messages costs every
+	// claim a bounded read); a head beyond those still comes in its
+	// group's turn. Below 0, priority only orders the heads a claim's turn
+	// reaches. As on any QUEUE topic, a steady flow of urgent messages
+	// holds the other groups back. Consumer groups of a PUB_SUB topic do
+	// not use priority.
 	//
 	// Sends to an ordered topic take a lock per (topic, group) until their
 	// transaction ends, so that ids follow commit order: two transactions

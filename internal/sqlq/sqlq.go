@@ -495,22 +495,52 @@ RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group
 // candidates are the head of each message group, the group's oldest
 // message, which only the head's own lease or retry delay can make
 // unavailable, each with a run of the group's next messages right behind
-// it (up to $8 in all, as long as they are available); and the oldest
-// available ungrouped messages. A group's head and run go to one claim
-// together, so a group never has messages out to two consumers; the
-// consumer handles a run in id order and hands back what follows a
-// message that did not succeed.
+// it (up to $8 in all, as long as they are available); and the available
+// ungrouped messages. A group's head and run go to one claim together, so
+// a group never has messages out to two consumers; the consumer handles
+// a run in id order and hands back what follows a message that did not
+// succeed.
 //
-// The heads are found by walking outbox_ordered_idx from one group to
-// the next, one index probe per group and one more for the run behind a
-// free head, whatever the number of messages behind each head: from the
-// group after $7 to the last, then from the first, until the walk is back
-// at $7 or has met $2 messages in free heads and their runs (a head a
-// concurrent claim locks is skipped, with its run, and this claim returns
-// fewer). Groups compare by their bytes (COLLATE "C", as the index sorts
-// them). Callers start each walk where their previous claim ended, so
-// every group's turn comes, and a claim takes at most one run per group,
-// so a group with a long backlog never crowds out the others.
+// The heads are found in two ways. The walk (heads) goes from one group
+// to the next through outbox_ordered_idx, one index probe per group and
+// one more for the run behind a free head, whatever the number of
+// messages behind each head: from the group after $7 to the last, then
+// from the first, until the walk is back at $7 or has met $2 messages in
+// free heads and their runs (a head a concurrent claim locks is skipped,
+// with its run, and this claim returns fewer). Groups compare by their
+// bytes (COLLATE "C", as the index sorts them). Callers start each walk
+// where the previous claim's turn ended, so every group's turn comes,
+// and a claim takes at most one run per group, so a group with a long
+// backlog never crowds out the others.
+//
+// The walk does not know the heads' priorities: prioritized does. It
+// reads the topic's oldest available messages of priority above 0,
+// highest first, through outbox_claim_idx (no index of its own, so sends
+// pay nothing for it), as many as the claim has room for and
+// priorityLookahead more. Of each group it meets there it keeps the first
+// message if that is the group's head, and free (one probe per group, not
+// per message), and it keeps the messages without a group; lane takes
+// them, highest priority first and in walk order from $7 within one,
+// with the runs behind the heads (one probe each), until it has met $2
+// messages. A message behind its group's head is passed over: priority
+// chooses between groups, never within one. How much it reads is bounded
+// so that a long prioritized backlog (behind a head of a lower priority,
+// or one that is leased) cannot make every claim read all of it; a head
+// it does not reach still comes in its group's turn, and is read once
+// the older messages before it are gone.
+//
+// The claim then takes, up to $2 messages, the candidates of the highest
+// priority first. Among candidates of one priority, the heads the walk
+// met and the ungrouped messages come first, oldest first, except that
+// the walk's heads keep the walk's order among themselves (a head's age
+// is the oldest of its own and those of the heads the walk met after it:
+// dropping the newest would skip a fresh group's turn in favour of groups
+// with a backlog); then the heads only lane found, in walk order from
+// $7. So heads of one priority take turns, whatever their priority, and
+// a higher priority goes first. A head's priority is its own: the run
+// behind it goes with it whatever the priorities of its messages. The
+// caller starts the next walk after the last group the claim took at its
+// lowest priority, the groups that had their turn.
 //
 // A head counts, and is a candidate, only if it is free: available, and
 // not held back by a dead letter of its group ($6). Counting blocked heads
@@ -528,52 +558,91 @@ RETURNING o.id, o.payload, o.headers, o.correlation_id, coalesce(o.message_group
 // messages: the last run may be cut short, never a run's beginning.
 var claimOrdered = `
 WITH RECURSIVE heads AS (
-    SELECT f.*, r.behind, CASE WHEN f.free THEN 1 + r.behind ELSE 0 END AS found
+    SELECT f.*, r.behind, CASE WHEN f.free THEN 1 + r.behind ELSE 0 END AS found, 1 AS step
     FROM (SELECT * FROM (
-            (SELECT message_group, id, ` + headFree + ` AS free, false AS wrapped
+            (SELECT message_group, id, available_at, ` + headFree + ` AS free, false AS wrapped
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group COLLATE "C" > $7::text
              ORDER BY message_group COLLATE "C", id LIMIT 1)
             UNION ALL
-            (SELECT message_group, id, ` + headFree + `, true
+            (SELECT message_group, id, available_at, ` + headFree + `, true
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group IS NOT NULL
              ORDER BY message_group COLLATE "C", id LIMIT 1)) AS first
           LIMIT 1) AS f
     CROSS JOIN LATERAL (` + runBehind("f") + `) AS r
     UNION ALL
-    SELECT n.*, r.behind, h.found + CASE WHEN n.free THEN 1 + r.behind ELSE 0 END
+    SELECT n.*, r.behind, h.found + CASE WHEN n.free THEN 1 + r.behind ELSE 0 END, h.step + 1
     FROM heads AS h
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            (SELECT message_group, id, ` + headFree + ` AS free, h.wrapped AS wrapped
+            (SELECT message_group, id, available_at, ` + headFree + ` AS free, h.wrapped AS wrapped
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group COLLATE "C" > h.message_group
              ORDER BY message_group COLLATE "C", id LIMIT 1)
             UNION ALL
-            (SELECT message_group, id, ` + headFree + `, true
+            (SELECT message_group, id, available_at, ` + headFree + `, true
              FROM {{schema}}.outbox
              WHERE topic = $1 AND ordered AND message_group IS NOT NULL AND NOT h.wrapped
              ORDER BY message_group COLLATE "C", id LIMIT 1)) AS next
         LIMIT 1) AS n
     CROSS JOIN LATERAL (` + runBehind("n") + `) AS r
     WHERE h.found < $2 AND NOT (n.wrapped AND n.message_group COLLATE "C" > $7::text)
-), candidates AS (
-    SELECT id, behind FROM heads WHERE free
+), prioritized AS (
+    SELECT row_number() OVER (ORDER BY priority DESC, message_group IS NOT NULL, wrapped,
+                                       message_group COLLATE "C", available_at, id) AS rank,
+           message_group, id, available_at, true AS free, wrapped
+    FROM (SELECT *, message_group COLLATE "C" <= $7::text AS wrapped
+          FROM (SELECT DISTINCT ON (message_group, CASE WHEN message_group IS NULL THEN id END) *
+                FROM (SELECT id, message_group, priority, available_at FROM {{schema}}.outbox
+                      WHERE topic = $1 AND priority > 0 AND available_at <= coalesce($3::timestamptz, now())
+                        AND ordered
+                      ORDER BY priority DESC, available_at, id
+                      LIMIT $2 + ` + priorityLookahead + `) AS w
+                ORDER BY message_group, CASE WHEN message_group IS NULL THEN id END, id) AS outbox
+          WHERE message_group IS NULL
+             OR (NOT ` + groupBlocked + `
+                 AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox AS e
+                                 WHERE e.topic = $1 AND e.ordered AND e.id < outbox.id
+                                   AND e.message_group COLLATE "C" = outbox.message_group))) AS p
+), lane AS (
+    SELECT p.*, r.behind, 1 + r.behind AS found
+    FROM prioritized AS p CROSS JOIN LATERAL (` + runBehind("p") + `) AS r
+    WHERE p.rank = 1
     UNION ALL
-    (SELECT id, 0 FROM {{schema}}.outbox
-     WHERE topic = $1 AND ordered AND message_group IS NULL AND available_at <= coalesce($3::timestamptz, now())
-     ORDER BY id
-     LIMIT $2)
+    SELECT p.*, r.behind, l.found + 1 + r.behind
+    FROM lane AS l
+    CROSS JOIN LATERAL (SELECT * FROM prioritized WHERE rank = l.rank + 1 LIMIT 1) AS p
+    CROSS JOIN LATERAL (` + runBehind("p") + `) AS r
+    WHERE l.found < $2
+), candidates AS (
+    SELECT DISTINCT ON (id) * FROM (
+        SELECT id, available_at, behind, step, false AS late, wrapped FROM heads WHERE free
+        UNION ALL
+        (SELECT id, available_at, 0, NULL::int, false, NULL::bool FROM {{schema}}.outbox
+         WHERE topic = $1 AND ordered AND message_group IS NULL AND available_at <= coalesce($3::timestamptz, now())
+         ORDER BY id
+         LIMIT $2)
+        UNION ALL
+        SELECT id, available_at, behind, NULL, message_group IS NOT NULL, wrapped FROM lane) AS c
+    ORDER BY id, late, step -- a head the walk met goes in its turn
+), keyed AS (
+    SELECT id, behind, late, wrapped,
+           CASE WHEN late THEN NULL
+                WHEN step IS NULL THEN available_at
+                ELSE min(available_at) OVER (PARTITION BY step IS NULL ORDER BY step DESC)
+           END AS age
+    FROM candidates
 ), locked AS (
-    SELECT id, available_at, lease_owner, message_group, priority FROM {{schema}}.outbox
-    WHERE id IN (SELECT id FROM candidates) AND available_at <= coalesce($3::timestamptz, now())
-    ORDER BY priority DESC, available_at, id
+    SELECT o.id, o.available_at, o.lease_owner, o.message_group, o.priority, k.behind, k.late, k.age, k.wrapped
+    FROM {{schema}}.outbox AS o JOIN keyed AS k USING (id)
+    WHERE o.available_at <= coalesce($3::timestamptz, now())
+    ORDER BY ` + candidateOrder("o", "k") + `
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
 ), ranked AS (
-    SELECT row_number() OVER (ORDER BY priority DESC, available_at, id) AS rank, locked.*, c.behind
-    FROM locked JOIN candidates AS c USING (id)
+    SELECT row_number() OVER (ORDER BY ` + candidateOrder("o", "o") + `) AS rank, o.*
+    FROM locked AS o
 ), picked AS (
     SELECT id, available_at, lease_owner FROM (
         SELECT rank, id, available_at, lease_owner FROM ranked
@@ -590,6 +659,18 @@ WITH RECURSIVE heads AS (
         ORDER BY 1, 2
         LIMIT $2) AS p
 )` + claimPicked
+
+// candidateOrder is the order claimOrdered takes its candidates in (see
+// there): by the priority, message group and id of outbox row o, and by
+// key k's late (a head only lane found), age and wrapped.
+func candidateOrder(o, k string) string {
+	return o + `.priority DESC, ` + k + `.late, ` + k + `.age, ` + k + `.wrapped, ` +
+		o + `.message_group COLLATE "C", ` + o + `.id`
+}
+
+// priorityLookahead is how many available messages of priority above 0
+// claimOrdered reads beyond the claim's room, looking for heads.
+const priorityLookahead = `100`
 
 // runBehind counts the messages right behind the head at alias (a
 // claimOrdered walk's step) that may go with it in a run: for a free
@@ -608,11 +689,13 @@ func runBehind(alias string) string {
 }
 
 // headFree is whether the outbox row a claimOrdered walk is at, a group's
-// head, may be claimed: it is available, and its group has no dead letter
-// when the topic blocks groups on them ($6).
-const headFree = `(available_at <= coalesce($3::timestamptz, now())
-         AND NOT ($6::bool AND EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters AS d
-                                       WHERE d.topic = $1 AND d.message_group = outbox.message_group)))`
+// head, may be claimed: it is available, and not blocked (groupBlocked).
+const headFree = `(available_at <= coalesce($3::timestamptz, now()) AND NOT ` + groupBlocked + `)`
+
+// groupBlocked: the group of outbox row outbox has a dead letter, and the
+// topic blocks groups on them ($6).
+const groupBlocked = `($6::bool AND EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters AS d
+                                 WHERE d.topic = $1 AND d.message_group = outbox.message_group))`
 
 // ack deletes handled messages. A delivery is (id, attempts): an ack whose
 // lease expired and was claimed again since matches nothing.
