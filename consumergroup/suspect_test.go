@@ -17,10 +17,10 @@ import (
 // peakHandler counts the calls in progress and their peak; block makes
 // each call wait for its context (an instance that will crash).
 type peakHandler struct {
-	mu         sync.Mutex
-	now, peak  int
-	done       map[int64]bool
-	block bool
+	mu        sync.Mutex
+	now, peak int
+	done      map[int64]bool
+	block     bool
 }
 
 func (h *peakHandler) handle(ctx context.Context, d *outbox.Delivery) error {
