@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,4 +126,68 @@ func TestGroupSourceRunsAtFullRateAfterATakeover(t *testing.T) {
 		before, after, concurrency*10)
 	require.Less(t, rv.total(), customers*perCustomer, "the backlog ran out: the measure is void")
 	require.GreaterOrEqual(t, after, 0.8*before, "the router crawls after the takeover")
+}
+
+// A router process is killed while one message of a batch hangs at the
+// receiver and the others were answered 200 a second before: a router in
+// this process that takes over after the lease delivers the hanging one
+// again, and none of the others (each delivered message is recorded as
+// done when it is, not when its batch or run ends).
+func TestDeliveredMessagesAreNotResentAfterAKill(t *testing.T) {
+	for _, kind := range []string{"group", "group-ordered", "queue"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			const customers, perCustomer = 10, 3
+			b := setupPG(t)
+			ctx := context.Background()
+			tc := outbox.TopicConfig{Name: "hooks", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Lease: 2 * time.Second,
+				Ordered: kind == "group-ordered"}
+			if kind == "queue" {
+				tc.Semantics, tc.Tracking = outbox.Queue, ""
+			}
+			require.NoError(t, b.client.ConfigureTopic(ctx, tc))
+			rv := newPaceReceiver(0)
+			var released atomic.Bool
+			hanging := body{Group: "g0", Seq: 0}
+			rv.hang = func(bd body) bool { return bd == hanging && !released.Load() }
+			_, host := endpoint(t, rv.ServeHTTP)
+			spec := childSpec{DSN: b.db.DSN, Schema: b.db.Schema, Host: host, Group: "webhooks", Queue: kind == "queue",
+				Concurrency: 4, BatchSize: 50, RequestTimeout: time.Minute}
+
+			doomed := spec
+			doomed.Instance = "doomed"
+			child := startChild(t, doomed)
+			if kind != "queue" {
+				b.waitSubscribed(t, 1)
+			}
+			b.sendInterleaved(t, "http://"+host+"/hook", customers, perCustomer)
+			// Every message but the hanging one and those behind it in its
+			// message group.
+			pgtest.Eventually(t, 30*time.Second, "the others delivered", func() bool { return rv.total() == (customers-1)*perCustomer })
+			time.Sleep(time.Second)
+			child.Kill()
+			<-child.Exited()
+			released.Store(true)
+
+			survivor := spec
+			survivor.Instance = "survivor"
+			rt, err := routerProcess(ctx, pgtest.NewPool(t, b.db.DSN), survivor)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = rt.Stop(context.Background()) })
+			pgtest.Eventually(t, 30*time.Second, "the hanging message's group delivered", func() bool {
+				return rv.total() >= customers*perCustomer
+			})
+			time.Sleep(time.Second) // anything sent again would have come by now
+			rv.mu.Lock()
+			defer rv.mu.Unlock()
+			var again []body
+			for bd, n := range rv.seen {
+				if n > 1 {
+					again = append(again, bd)
+				}
+			}
+			require.Empty(t, again, "delivered (200) before the kill, and sent again after it")
+			require.Len(t, rv.seen, customers*perCustomer)
+		})
+	}
 }
