@@ -73,7 +73,6 @@ func TestPoolCapacityAndDefaultPool(t *testing.T) {
 		require.Equal(t, "nack", rec.outcome(t, m.DeliveryID).kind)
 		require.False(t, rec.outcome(t, m.DeliveryID).attempted)
 	}
-	require.True(t, hasWarning(rt, router.WarnQueueFull, router.SeverityWarn))
 
 	m := rec.msg("u", "u/1", target, "u")
 	m.Pool = "NO-SUCH-POOL"
