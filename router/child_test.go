@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -32,16 +33,17 @@ type childSpec struct {
 	RequestTimeout    time.Duration
 }
 
-// routerProcess is what a child runs: the router spec describes, started.
-// Tests run the same in their own process as a survivor.
-func routerProcess(ctx context.Context, pool *pgxpool.Pool, spec childSpec) (*router.Router, error) {
-	rt, err := router.New(router.Config{AllowedHosts: []string{spec.Host}, MaxAttempts: 1,
+// routerProcess is what a child runs: the router spec describes, started,
+// logging to logger (nil: slog's default). Tests run the same in their
+// own process as a survivor.
+func routerProcess(ctx context.Context, pool *pgxpool.Pool, spec childSpec, logger *slog.Logger) (*router.Router, error) {
+	rt, err := router.New(router.Config{AllowedHosts: []string{spec.Host}, MaxAttempts: 1, Logger: logger,
 		RequestTimeout: spec.RequestTimeout, FastFailDelay: 50 * time.Millisecond,
 		Pools: []router.PoolConfig{{Code: "P", Concurrency: spec.Concurrency}}})
 	if err != nil {
 		return nil, err
 	}
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: spec.Schema})
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: spec.Schema, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +73,7 @@ func runChild(raw string) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, spec.DSN)
 	if err == nil {
-		_, err = routerProcess(ctx, pool, spec)
+		_, err = routerProcess(ctx, pool, spec, nil)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "router child:", err)

@@ -75,6 +75,29 @@ func (c *logCapture) levels(want map[string]string) []slog.Level {
 	return out
 }
 
+// intAttr returns attribute key of the first record that has every
+// attribute of want (key=value), or 0.
+func (c *logCapture) intAttr(want map[string]string, key string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.records {
+		got, v := 0, int64(0)
+		r.Attrs(func(a slog.Attr) bool {
+			if w, ok := want[a.Key]; ok && a.Value.String() == w {
+				got++
+			}
+			if a.Key == key {
+				v = a.Value.Int64()
+			}
+			return true
+		})
+		if got == len(want) {
+			return v
+		}
+	}
+	return 0
+}
+
 // warnings returns the messages of the records at Warn and above.
 func (c *logCapture) warnings() []string {
 	c.mu.Lock()

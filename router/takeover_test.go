@@ -3,6 +3,7 @@ package router_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -75,7 +76,8 @@ func (rv *paceReceiver) total() int {
 // their lease ran out. It then delivers at the rate the killed one did:
 // the takeover of a dead process's work does not make the group crawl
 // (it once retried each taken-over message alone, one at a time across
-// the whole group).
+// the whole group). The takeover is logged, as a warning with the number
+// of messages taken over.
 func TestGroupSourceRunsAtFullRateAfterATakeover(t *testing.T) {
 	t.Parallel()
 	const customers, perCustomer, concurrency = 40, 80, 8
@@ -105,7 +107,8 @@ func TestGroupSourceRunsAtFullRateAfterATakeover(t *testing.T) {
 
 	survivor := spec
 	survivor.Instance = "survivor"
-	rt, err := routerProcess(ctx, pgtest.NewPool(t, b.db.DSN), survivor)
+	logs := &logCapture{}
+	rt, err := routerProcess(ctx, pgtest.NewPool(t, b.db.DSN), survivor, slog.New(logs))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = rt.Stop(context.Background()) })
 	// Taken over: nothing is leased to the killed process any more.
@@ -126,6 +129,10 @@ func TestGroupSourceRunsAtFullRateAfterATakeover(t *testing.T) {
 		before, after, concurrency*10)
 	require.Less(t, rv.total(), customers*perCustomer, "the backlog ran out: the measure is void")
 	require.GreaterOrEqual(t, after, 0.8*before, "the router crawls after the takeover")
+	takeovers := logs.levels(map[string]string{"event": "takeover"})
+	require.NotEmpty(t, takeovers, "the takeover is logged: %v", logs.warnings())
+	require.Equal(t, slog.LevelWarn, takeovers[0])
+	require.Positive(t, logs.intAttr(map[string]string{"event": "takeover"}, "messages"), "with how many messages")
 }
 
 // A router process is killed while one message of a batch hangs at the
@@ -171,7 +178,7 @@ func TestDeliveredMessagesAreNotResentAfterAKill(t *testing.T) {
 
 			survivor := spec
 			survivor.Instance = "survivor"
-			rt, err := routerProcess(ctx, pgtest.NewPool(t, b.db.DSN), survivor)
+			rt, err := routerProcess(ctx, pgtest.NewPool(t, b.db.DSN), survivor, nil)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = rt.Stop(context.Background()) })
 			pgtest.Eventually(t, 30*time.Second, "the hanging message's group delivered", func() bool {
