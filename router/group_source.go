@@ -268,43 +268,48 @@ func (g *groupSettler) Adopt(newer Settler) bool {
 
 // acker records in the group the acks of a group source's messages as
 // they come (Group.AckTx), so a message delivered is done even if the
-// process dies before its batch ends. Acks that arrive while one
-// transaction is written share the next one.
+// process dies before its batch ends. One caller at a time writes, in one
+// transaction, its ack and those that arrived meanwhile, then hands the
+// turn to an ack that arrived during its write: no caller writes more
+// than one transaction.
 type acker struct {
 	g    *consumergroup.Group
 	pool *pgxpool.Pool
 
 	mu      sync.Mutex
-	writing bool
+	writing bool // a caller has the turn
 	pending []*ackRequest
 }
 
 type ackRequest struct {
 	d    *outbox.Delivery
 	err  error
-	done chan struct{}
+	wake chan bool // true: its turn to write; false: written (err says how)
 }
 
 // ack records d's ack, or returns why it could not (outbox.ErrLeaseLost:
 // the group took d's batch over).
 func (a *acker) ack(ctx context.Context, d *outbox.Delivery) error {
-	req := &ackRequest{d: d, done: make(chan struct{})}
+	req := &ackRequest{d: d, wake: make(chan bool, 1)}
 	a.mu.Lock()
 	a.pending = append(a.pending, req)
-	if a.writing { // the writer takes it with the next transaction
-		a.mu.Unlock()
-		<-req.done
-		return req.err
-	}
+	turn := !a.writing
 	a.writing = true
-	for len(a.pending) > 0 {
-		reqs := a.pending
-		a.pending = nil
-		a.mu.Unlock()
-		a.write(ctx, reqs)
-		a.mu.Lock()
+	a.mu.Unlock()
+	if !turn && !<-req.wake {
+		return req.err // another caller wrote it
 	}
-	a.writing = false
+	a.mu.Lock()
+	reqs := a.pending
+	a.pending = nil
+	a.mu.Unlock()
+	a.write(ctx, reqs)
+	a.mu.Lock()
+	if len(a.pending) > 0 {
+		a.pending[0].wake <- true
+	} else {
+		a.writing = false
+	}
 	a.mu.Unlock()
 	return req.err
 }
@@ -314,13 +319,13 @@ func (a *acker) ack(ctx context.Context, d *outbox.Delivery) error {
 func (a *acker) write(ctx context.Context, reqs []*ackRequest) {
 	defer func() {
 		for _, r := range reqs {
-			close(r.done)
+			r.wake <- false
 		}
 	}()
 	slices.SortFunc(reqs, func(x, y *ackRequest) int { return cmp.Compare(x.d.ID, y.d.ID) })
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		for _, r := range reqs {
 			// A lease lost writes nothing: the others go on.
 			if r.err = a.g.AckTx(ctx, tx, r.d); r.err != nil && !errors.Is(r.err, outbox.ErrLeaseLost) {
