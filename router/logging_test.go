@@ -34,11 +34,12 @@ func (c *logCapture) Handle(_ context.Context, r slog.Record) error {
 func (c *logCapture) WithAttrs([]slog.Attr) slog.Handler { return c }
 func (c *logCapture) WithGroup(string) slog.Handler      { return c }
 
-// count counts the records that have every attribute of want (key=value).
-func (c *logCapture) count(want map[string]string) int {
+// matching returns the records that have every attribute of want
+// (key=value).
+func (c *logCapture) matching(want map[string]string) []slog.Record {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := 0
+	var out []slog.Record
 	for _, r := range c.records {
 		got := 0
 		r.Attrs(func(a slog.Attr) bool {
@@ -48,29 +49,21 @@ func (c *logCapture) count(want map[string]string) int {
 			return true
 		})
 		if got == len(want) {
-			n++
+			out = append(out, r)
 		}
 	}
-	return n
+	return out
 }
+
+// count counts the records that have every attribute of want (key=value).
+func (c *logCapture) count(want map[string]string) int { return len(c.matching(want)) }
 
 // levels returns the levels of the records that have every attribute of
 // want (key=value).
 func (c *logCapture) levels(want map[string]string) []slog.Level {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var out []slog.Level
-	for _, r := range c.records {
-		got := 0
-		r.Attrs(func(a slog.Attr) bool {
-			if v, ok := want[a.Key]; ok && a.Value.String() == v {
-				got++
-			}
-			return true
-		})
-		if got == len(want) {
-			out = append(out, r.Level)
-		}
+	for _, r := range c.matching(want) {
+		out = append(out, r.Level)
 	}
 	return out
 }
@@ -78,22 +71,15 @@ func (c *logCapture) levels(want map[string]string) []slog.Level {
 // intAttr returns attribute key of the first record that has every
 // attribute of want (key=value), or 0.
 func (c *logCapture) intAttr(want map[string]string, key string) int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, r := range c.records {
-		got, v := 0, int64(0)
+	var v int64
+	for _, r := range c.matching(want) {
 		r.Attrs(func(a slog.Attr) bool {
-			if w, ok := want[a.Key]; ok && a.Value.String() == w {
-				got++
-			}
 			if a.Key == key {
 				v = a.Value.Int64()
 			}
 			return true
 		})
-		if got == len(want) {
-			return v
-		}
+		return v
 	}
 	return 0
 }
@@ -174,15 +160,7 @@ func TestFullPoolIsBackPressure(t *testing.T) {
 		Pools:         []router.PoolConfig{{Code: "P", Concurrency: 1}}})
 	rec := newRecorder()
 	target := "http://" + host + "/"
-	var first []*router.Message
-	for i := range 50 { // capacity max(1*20, 50) = 50; one group, so they stay queued
-		first = append(first, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, "g"))
-	}
-	rt.Route(context.Background(), first)
-	pgtest.Eventually(t, 5*time.Second, "one in flight, 49 queued", func() bool {
-		p := rt.Pools()[0]
-		return p.InFlight == 1 && p.Queued == 49
-	})
+	fillPool(t, rt, rec, target)
 	for b := range 3 {
 		second := []*router.Message{rec.msg(fmt.Sprint("x", b), fmt.Sprint("x", b, "/1"), target, "x"),
 			rec.msg(fmt.Sprint("y", b), fmt.Sprint("y", b, "/1"), target, "y")}
@@ -218,10 +196,7 @@ func TestRecoveredReceiverIsLoggedOnce(t *testing.T) {
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, Logger: slog.New(logs),
 		Breaker: router.BreakerConfig{MinRequests: 4, FailureRatio: 0.5, OpenFor: 300 * time.Millisecond, HalfOpenRequests: 2}})
 	rec := newRecorder()
-	deliver := func(id string) settled {
-		rt.Route(context.Background(), []*router.Message{rec.msg(id, id+"/1", "http://"+host+"/", id)})
-		return rec.outcome(t, id+"/1")
-	}
+	deliver := func(id string) settled { return rec.deliver(t, rt, "http://"+host+"/", id) }
 	for i := range 5 {
 		require.Equal(t, "nack", deliver(fmt.Sprint("f", i)).kind)
 	}
