@@ -226,8 +226,15 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	}
 
 	if reap {
-		if _, err := tx.Exec(ctx, g.q.ReapRetries, g.sub.ID, g.now(), g.topic.MaxAttempts); err != nil {
+		tag, err := tx.Exec(ctx, g.q.ReapRetries, g.sub.ID, g.now(), g.topic.MaxAttempts)
+		if err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
+		}
+		if n := tag.RowsAffected(); n > 0 {
+			// Every message of an ordered group, and every retry, is
+			// leased this way: a takeover of its instance's work.
+			g.events.Log(slog.LevelWarn, "takeover|retries", "pgoutbox: the leases of messages being retried expired before their instance finished them (it crashed or hung); they are retried",
+				slog.String("event", "takeover"), slog.Int64("messages", n))
 		}
 		if _, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)

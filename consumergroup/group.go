@@ -13,10 +13,13 @@
 // open elsewhere delays only its own messages. A fetching instance records
 // the batch with a lease, handles it with no transaction open, and keeps
 // the lease alive while it works. If the instance crashes or freezes, the
-// lease runs out and the batch's messages move to the group's retry table;
-// a message whose lease ran out is retried on its own, so one that crashes
-// every process handling it is dead-lettered after the topic's MaxAttempts
-// without taking its batch down. Failed messages wait in the retry table
+// lease runs out and the batch's messages move to the group's retry table,
+// from where they are delivered again at the group's usual pace. A message
+// whose lease ran out twice in a row (it was in flight in two instances
+// that died) is suspected of crashing its process and retried apart from
+// the other suspects, so one that crashes every process handling it is
+// dead-lettered after the topic's MaxAttempts without taking the rest
+// down. Failed messages wait in the retry table
 // with backoff and are dead-lettered after MaxAttempts, so their batch can
 // finish. A handler that overruns Config.HandlerTimeout is abandoned and
 // its message retried.

@@ -108,13 +108,21 @@ const (
 	DefaultLogInterval = time.Minute
 )
 
-// PoolConfig describes one processing pool.
+// PoolConfig describes one processing pool. Its limits hold in one
+// router (one process): N routers configured alike (replicas of a
+// service, each running a router on the same sources) allow N times the
+// concurrency and N times the rate, together, to the pool's receivers.
+// Divide the receiver's limits by the number of routers when you set
+// them.
 type PoolConfig struct {
 	// Code names the pool; messages choose a pool by code.
 	Code string `json:"code"`
-	// Concurrency is the most deliveries in flight at once.
+	// Concurrency is the most deliveries in flight at once in this
+	// router; every router running the pool has its own.
 	Concurrency int `json:"concurrency"`
-	// RateLimitPerMinute caps deliveries per minute; 0 means no limit.
+	// RateLimitPerMinute caps this router's deliveries per minute; 0
+	// means no limit. Every router running the pool has its own: three
+	// routers send up to three times the rate.
 	RateLimitPerMinute int `json:"rateLimitPerMinute"`
 }
 

@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
@@ -40,9 +42,12 @@ type GroupSourceConfig struct {
 // Each group batch (in commit order), and each set of the group's retries
 // claimed together, becomes one router batch; the group's batch completes
 // once the router settled every message of it. The group keeps the
-// batch's lease alive meanwhile. Router nacks become group retries (a nack
-// that attempted no delivery spends no attempt), dead letters group dead
-// letters.
+// batch's lease alive meanwhile. A message delivered is recorded as done
+// for the group at once (with Group.AckTx), not when its batch ends, so a
+// crash after the receiver's 200 does not send it again; on an ordered
+// topic, once the messages before it in its message group and batch are.
+// Router nacks become group retries (a nack that attempted no delivery
+// spends no attempt), dead letters group dead letters.
 type GroupSource struct {
 	cfg     GroupSourceConfig
 	scope   string // where its message ids are unique
@@ -106,8 +111,9 @@ func (s *GroupSource) RunReady(ctx context.Context, route func(context.Context, 
 	if err != nil {
 		return err
 	}
+	acks := &acker{g: g, pool: s.cfg.Pool}
 	if err := g.SetBatchHandler(func(bctx context.Context, ds []*outbox.Delivery) []error {
-		return s.handle(bctx, route, topic, ds)
+		return s.handle(bctx, route, topic, acks, ds)
 	}); err != nil {
 		return err
 	}
@@ -128,18 +134,26 @@ func (s *GroupSource) RunReady(ctx context.Context, route func(context.Context, 
 }
 
 // handle routes one group batch and waits until every message is settled.
-func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []*Message), topic outbox.TopicConfig, ds []*outbox.Delivery) []error {
+func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []*Message), topic outbox.TopicConfig, acks *acker,
+	ds []*outbox.Delivery) []error {
 	results := make([]error, len(ds))
 	var wg sync.WaitGroup
 	batch := make([]*Message, 0, len(ds))
+	last := map[string]*groupSettler{} // an ordered topic's last message of each message group so far (ds is in commit order)
 	for i, d := range ds {
 		r, err := s.mapRoute(d)
 		if err != nil {
 			results[i] = outbox.Permanent(err)
+			if topic.Ordered && d.Group != "" {
+				last[d.Group] = &groupSettler{} // never recorded: those behind it wait for the batch's end
+			}
 			continue
 		}
 		wg.Add(1)
-		st := &groupSettler{result: &results[i], wg: &wg}
+		st := &groupSettler{result: &results[i], wg: &wg, acks: acks, d: d}
+		if topic.Ordered && d.Group != "" {
+			st.prev, last[d.Group] = last[d.Group], st
+		}
 		// A message is the group's copy: another group's copy of the same
 		// message is a different delivery (and gets its own idempotency
 		// key). A copy claimed again while in flight (its lease ran out)
@@ -169,8 +183,14 @@ func (s *GroupSource) mapRoute(d *outbox.Delivery) (r Route, err error) {
 	return s.cfg.Mapper(d)
 }
 
-// groupSettler turns the router's settlement into a group handler result.
+// groupSettler turns the router's settlement into a group handler result,
+// and records an ack in the group at once (see acker).
 type groupSettler struct {
+	acks     *acker
+	d        *outbox.Delivery
+	prev     *groupSettler // on an ordered topic, the message before d in its message group and batch
+	recorded atomic.Bool   // d's ack is recorded in the group
+
 	mu      sync.Mutex
 	settled bool
 	adopted Settler // a newer copy of the message, settled alike
@@ -195,9 +215,24 @@ func (g *groupSettler) set(ctx context.Context, err error, also func(Settler) er
 	return nil
 }
 
-// Ack implements Settler.
+// Ack implements Settler: the ack is recorded in the group now, unless
+// the message before it in its ordered message group was not (then, as
+// when recording fails, the group records it when the batch ends).
 func (g *groupSettler) Ack(ctx context.Context) error {
+	if g.mayRecord() && g.acks.ack(ctx, g.d) == nil {
+		g.recorded.Store(true)
+	}
 	return g.set(ctx, nil, func(n Settler) error { return n.Ack(ctx) })
+}
+
+// mayRecord reports whether the ack may be recorded before the batch
+// ends: not once the message is settled (or adopted), nor ahead of an
+// earlier message of its ordered message group.
+func (g *groupSettler) mayRecord() bool {
+	g.mu.Lock()
+	free := !g.settled && g.adopted == nil
+	g.mu.Unlock()
+	return free && (g.prev == nil || g.prev.recorded.Load())
 }
 
 // Nack implements Settler: a nack that attempted no delivery (held back,
@@ -229,4 +264,79 @@ func (g *groupSettler) Adopt(newer Settler) bool {
 	}
 	g.adopted = newer
 	return true
+}
+
+// acker records in the group the acks of a group source's messages as
+// they come (Group.AckTx), so a message delivered is done even if the
+// process dies before its batch ends. One caller at a time writes, in one
+// transaction, its ack and those that arrived meanwhile, then hands the
+// turn to an ack that arrived during its write: no caller writes more
+// than one transaction.
+type acker struct {
+	g    *consumergroup.Group
+	pool *pgxpool.Pool
+
+	mu      sync.Mutex
+	writing bool // a caller has the turn
+	pending []*ackRequest
+}
+
+type ackRequest struct {
+	d    *outbox.Delivery
+	err  error
+	wake chan bool // true: its turn to write; false: written (err says how)
+}
+
+// ack records d's ack, or returns why it could not (outbox.ErrLeaseLost:
+// the group took d's batch over).
+func (a *acker) ack(ctx context.Context, d *outbox.Delivery) error {
+	req := &ackRequest{d: d, wake: make(chan bool, 1)}
+	a.mu.Lock()
+	a.pending = append(a.pending, req)
+	turn := !a.writing
+	a.writing = true
+	a.mu.Unlock()
+	if !turn && !<-req.wake {
+		return req.err // another caller wrote it
+	}
+	a.mu.Lock()
+	reqs := a.pending
+	a.pending = nil
+	a.mu.Unlock()
+	a.write(ctx, reqs)
+	a.mu.Lock()
+	if len(a.pending) > 0 {
+		a.pending[0].wake <- true
+	} else {
+		a.writing = false
+	}
+	a.mu.Unlock()
+	return req.err
+}
+
+// write records reqs in one transaction, in ascending id order (as every
+// completion locks rows), and answers each.
+func (a *acker) write(ctx context.Context, reqs []*ackRequest) {
+	defer func() {
+		for _, r := range reqs {
+			r.wake <- false
+		}
+	}()
+	slices.SortFunc(reqs, func(x, y *ackRequest) int { return cmp.Compare(x.d.ID, y.d.ID) })
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		for _, r := range reqs {
+			// A lease lost writes nothing: the others go on.
+			if r.err = a.g.AckTx(ctx, tx, r.d); r.err != nil && !errors.Is(r.err, outbox.ErrLeaseLost) {
+				return r.err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		for _, r := range reqs {
+			r.err = err
+		}
+	}
 }

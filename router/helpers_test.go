@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -84,6 +85,14 @@ func (r *recorder) outcome(t *testing.T, delivery string) settled {
 	return r.got[delivery][0]
 }
 
+// deliver routes message id (delivery id/1, in a group of its own) to
+// target through rt and waits for its settlement.
+func (r *recorder) deliver(t *testing.T, rt *router.Router, target, id string) settled {
+	t.Helper()
+	rt.Route(context.Background(), []*router.Message{r.msg(id, id+"/1", target, id)})
+	return r.outcome(t, id+"/1")
+}
+
 func (r *recorder) all(delivery string) []settled {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -116,6 +125,23 @@ func newRouter(t *testing.T, cfg router.Config) *router.Router {
 		_ = r.Stop(ctx)
 	})
 	return r
+}
+
+// fillPool fills rt's pool P (concurrency 1, so a capacity of
+// max(1×20, 50) = 50; rt's GroupShare must let one group fill it) with 50
+// messages of one group to target, whose receiver holds them: one in
+// flight, 49 queued.
+func fillPool(t *testing.T, rt *router.Router, rec *recorder, target string) {
+	t.Helper()
+	var msgs []*router.Message
+	for i := range 50 {
+		msgs = append(msgs, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, "g"))
+	}
+	rt.Route(context.Background(), msgs)
+	pgtest.Eventually(t, 5*time.Second, "one in flight, 49 queued", func() bool {
+		p := rt.Pools()[0]
+		return p.InFlight == 1 && p.Queued == 49
+	})
 }
 
 func hasWarning(r *router.Router, code string, sev router.Severity) bool {

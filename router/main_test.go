@@ -24,6 +24,10 @@ func TestMain(m *testing.M) {
 		runReceiver(d)
 		return
 	}
+	if spec := os.Getenv(childEnv); spec != "" {
+		runChild(spec)
+		return
+	}
 	pgtest.Main(m)
 }
 

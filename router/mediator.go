@@ -142,7 +142,10 @@ func (m *mediator) breaker(host string) *gobreaker.CircuitBreaker[Outcome] {
 			if to == gobreaker.StateOpen {
 				m.warn.record(WarnProcessing, SeverityWarn, name, fmt.Sprintf("circuit to %s opened", name))
 			}
-			level := slog.LevelInfo
+			// Opening is a warning; half-opening and closing again are
+			// details of a recovery, which one Info record reports (see
+			// recoveries).
+			level := slog.LevelDebug
 			if to == gobreaker.StateOpen {
 				level = slog.LevelWarn
 			}

@@ -276,10 +276,7 @@ func TestBreakerCountsResetOnInterval(t *testing.T) {
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1,
 		Breaker: router.BreakerConfig{MinRequests: 4, FailureRatio: 0.5, OpenFor: time.Minute, Interval: 500 * time.Millisecond}})
 	rec := newRecorder()
-	deliver := func(id string) settled {
-		rt.Route(context.Background(), []*router.Message{rec.msg(id, id+"/1", "http://"+host+"/", id)})
-		return rec.outcome(t, id+"/1")
-	}
+	deliver := func(id string) settled { return rec.deliver(t, rt, "http://"+host+"/", id) }
 	for i := range 20 {
 		require.Equal(t, "ack", deliver(fmt.Sprint("ok", i)).kind)
 	}

@@ -27,9 +27,9 @@ func (t tally) settled() int64                           { return t.acked.Load()
 
 // 100,000 messages naming an unknown pool, then 100,000 naming hosts off
 // the allow-list, each a different one: the warnings stay bounded. The
-// first kind is one ROUTING and one QUEUE_FULL warning (their messages
-// are nacked: DEFAULT-POOL cannot take batches of 1,000), the second at
-// most MaxWarnings.
+// first kind is one ROUTING warning (their messages are nacked:
+// DEFAULT-POOL cannot take batches of 1,000, which is back-pressure, not
+// a warning), the second at most MaxWarnings.
 func TestWarningsAreBounded(t *testing.T) {
 	t.Parallel()
 	rt := newRouter(t, router.Config{AllowedHosts: []string{"allowed.invalid"}})
@@ -46,9 +46,8 @@ func TestWarningsAreBounded(t *testing.T) {
 	}
 	route(func(int) string { return "http://allowed.invalid/" }, "NO-SUCH-POOL")
 	require.EqualValues(t, 100_000, settle.nacked.Load())
-	require.Equal(t, 2, len(rt.Warnings()), "one ROUTING and one QUEUE_FULL warning")
+	require.Equal(t, 1, len(rt.Warnings()), "one ROUTING warning")
 	require.True(t, hasWarning(rt, router.WarnRouting, router.SeverityWarn))
-	require.True(t, hasWarning(rt, router.WarnQueueFull, router.SeverityWarn))
 	for _, w := range rt.Warnings() {
 		if w.Code == router.WarnRouting {
 			require.Equal(t, "NO-SUCH-POOL", w.Subject)
@@ -82,7 +81,6 @@ func TestHotGroupLeavesRoomForOthers(t *testing.T) {
 	rt.Route(context.Background(), hot)
 	others := []*router.Message{rec.msg("x", "x/1", target, "x"), rec.msg("y", "y/1", target, "y")}
 	rt.Route(context.Background(), others)
-	require.False(t, hasWarning(rt, router.WarnQueueFull, router.SeverityWarn), "the other groups' batch was taken")
 	once.Do(func() { close(release) })
 	require.Equal(t, "ack", rec.outcome(t, "x/1").kind)
 	require.Equal(t, "ack", rec.outcome(t, "y/1").kind)

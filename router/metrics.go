@@ -12,6 +12,7 @@ import (
 type metrics struct {
 	meter                                                metric.Meter
 	acked, nacked, deadLettered, duplicates, rateLimited metric.Int64Counter
+	refused                                              metric.Int64Counter // by pool
 }
 
 func newMetrics(mp metric.MeterProvider) *metrics {
@@ -30,6 +31,8 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 		deadLettered: c("pgoutbox.router.dead_lettered", "Messages dead-lettered for a configuration error."),
 		duplicates:   c("pgoutbox.router.duplicates", "Deliveries of messages already in flight."),
 		rateLimited:  c("pgoutbox.router.rate_limited", "Waits for a rate-limit permit."),
+		refused: c("pgoutbox.router.pool.refused",
+			"Messages a pool had no room for (or their message group held its share of it), sent back to their source undelivered: back-pressure."),
 	}
 }
 

@@ -334,6 +334,7 @@ func (p *pool) waitRate() bool {
 func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 	switch o.Result {
 	case Success:
+		p.r.recovery.succeeded(m.target.Host)
 		p.r.settle(ctx, m, ackIt, true)
 	case ErrorConfig:
 		p.r.settle(ctx, m, deadLetterWith(o.Reason), true)
@@ -347,6 +348,7 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 			// hold lapses if it never does (dead-lettered by its source).
 			p.r.holds.hold(m, p.r.cfg.Clock.Now().Add(clampDelay(delay)), p.r.cfg.FastFailDelay)
 		}
+		p.r.recovery.failed(m.target.Host)
 		p.r.events.Log(slog.LevelWarn, "retry|"+m.target.Host, "pgoutbox router: delivery failed; retrying later", slog.String("event", "retry"),
 			slog.String("host", m.target.Host), slog.String("pool", p.code), slog.String("id", m.ID), slog.String("result", o.Result.String()),
 			slog.Bool("attempted", !o.notTried), slog.Duration("delay", delay), slog.String("reason", o.Reason))

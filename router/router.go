@@ -40,6 +40,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
@@ -217,6 +218,7 @@ type Router struct {
 	gauges   metric.Registration // the run's gauges (see observe); guarded by mu
 	batches  atomic.Uint64       // batch ids
 	holds    *holds              // groups held back behind a message awaiting its retry
+	recovery *recoveries         // hosts whose deliveries fail, until one succeeds
 
 	life    startstop.Base // runs and stops the router
 	startMu sync.Mutex     // held by Start: a Stop waits for the Start in progress
@@ -253,6 +255,7 @@ func New(cfg Config) (*Router, error) {
 	}
 	r.events = ratelog.New(cfg.Logger, cfg.LogInterval, cfg.Clock.Now)
 	r.warn = newWarnings(cfg.WarningTTL, cfg.MaxWarnings, cfg.Clock.Now, r.events)
+	r.recovery = newRecoveries(r.events, cfg.Clock.Now)
 	r.mediator = newMediator(cfg, r.warn, r.events)
 	return r, nil
 }
@@ -534,7 +537,7 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
 	// Phase 2: the pool takes all of them or none.
 	if !p.fits(msgs) {
-		r.warn.add(WarnQueueFull, SeverityWarn, p.code, fmt.Sprintf("pool %q full; %d messages nacked", p.code, len(msgs)))
+		r.refused(ctx, p, len(msgs))
 		held := map[string]bool{}
 		for _, m := range msgs {
 			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
@@ -573,6 +576,7 @@ func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
 			// Full, or the group holds its share: m and the rest of its
 			// group come back after FastFailDelay, later batches of the
 			// group are held back until then.
+			r.refused(ctx, p, 1)
 			r.inflight.remove(m)
 			r.settle(ctx, m, nackWith(r.cfg.FastFailDelay), false)
 			if m.grouped() {
@@ -581,6 +585,15 @@ func (r *Router) routeToPool(ctx context.Context, p *pool, msgs []*Message) {
 			}
 		}
 	}
+}
+
+// refused counts n messages p had no room for, sent back to their source:
+// back-pressure, which the source's claims follow, so it is logged at
+// Info (once per LogInterval and pool), not raised as a warning.
+func (r *Router) refused(ctx context.Context, p *pool, n int) {
+	r.metrics.refused.Add(ctx, int64(n), metric.WithAttributes(attribute.String("pool", p.code)))
+	r.events.Log(slog.LevelInfo, "pool-full|"+p.code, "pgoutbox router: pool full; messages sent back to their source for later",
+		slog.String("event", "pool-full"), slog.String("pool", p.code), slog.Int("messages", n))
 }
 
 // defaultPool returns DEFAULT-POOL, creating it on demand.

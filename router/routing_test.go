@@ -55,15 +55,7 @@ func TestPoolCapacityAndDefaultPool(t *testing.T) {
 		GroupShare: 1}) // one group may fill the pool
 	rec := newRecorder()
 	target := "http://" + host + "/"
-	var first []*router.Message
-	for i := range 50 { // capacity max(1*20, 50) = 50; one group, so they stay queued
-		first = append(first, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, "g"))
-	}
-	rt.Route(context.Background(), first)
-	pgtest.Eventually(t, 5*time.Second, "one in flight, 49 queued", func() bool {
-		p := rt.Pools()[0]
-		return p.InFlight == 1 && p.Queued == 49
-	})
+	fillPool(t, rt, rec, target)
 	var second []*router.Message
 	for i := 50; i < 52; i++ {
 		second = append(second, rec.msg(fmt.Sprint(i), fmt.Sprintf("%d/1", i), target, "x"))
@@ -73,7 +65,6 @@ func TestPoolCapacityAndDefaultPool(t *testing.T) {
 		require.Equal(t, "nack", rec.outcome(t, m.DeliveryID).kind)
 		require.False(t, rec.outcome(t, m.DeliveryID).attempted)
 	}
-	require.True(t, hasWarning(rt, router.WarnQueueFull, router.SeverityWarn))
 
 	m := rec.msg("u", "u/1", target, "u")
 	m.Pool = "NO-SUCH-POOL"

@@ -21,8 +21,13 @@ const (
 
 // Warning codes.
 const (
-	WarnConfigSyncFailed      = "CONFIG_SYNC_FAILED"
-	WarnRouting               = "ROUTING"
+	WarnConfigSyncFailed = "CONFIG_SYNC_FAILED"
+	WarnRouting          = "ROUTING"
+	// WarnQueueFull is no longer raised: a pool too full for a batch is
+	// back-pressure (the batch goes back to its source and comes again),
+	// logged at Info and counted by pgoutbox.router.pool.refused.
+	//
+	// Deprecated: nothing raises it.
 	WarnQueueFull             = "QUEUE_FULL"
 	WarnPoolLimit             = "POOL_LIMIT"
 	WarnPipelineMapLeak       = "PIPELINE_MAP_LEAK"

@@ -344,8 +344,9 @@ func poisonMessage(t *testing.T, s *Subject) {
 	require.True(t, e.DeadLettered(t, "g1")[ids[6]], "the poison message is dead-lettered")
 	if s.Groups {
 		// A QUEUE consumer's crash spends an attempt of every message it
-		// held (like a receive count); a group retries the messages of a
-		// crashed batch one at a time, so only the poison runs out.
+		// held (like a receive count); a group retries apart from each
+		// other the messages that were in flight in two crashes in a row,
+		// so only the poison runs out.
 		require.Equal(t, 1, r.DeadLettered, "only the poison message is dead-lettered (it crashed %d processes)", restarts)
 	}
 }

@@ -656,9 +656,9 @@ const perRow = ` OFFSET 0`
 // takeExpiredBatch removes one batch of subscription $1 whose lease ran out
 // before $2 (its instance crashed or hung) and returns what it covered;
 // moveBatchToRetries, in the same transaction, then moves its rows to the
-// retry table: each has spent an attempt, and is retried on its own, apart
-// from the others (see claimRetries), so a message that crashes its process
-// cannot hold its batch, or the group's position, for ever. Two statements,
+// retry table: each has spent an attempt and counts a lease expiry (see
+// isSuspect), so a message that crashes its process cannot hold its batch,
+// or the group's position, for ever. Two statements,
 // not one: the common case (no batch expired) stays a single cheap lookup,
 // and the move is planned knowing the batch's bounds (as one statement its
 // estimate crossed jit_above_cost, and JIT compiled it on every poll).
@@ -811,19 +811,20 @@ WHERE o.id = r.message_id AND r.status = 'DEAD_LETTER' AND r.payload IS NULL
       AND ($1::bigint IS NULL OR r.subscription_id = $1)`
 
 // claimRetries leases due retries of subscription $1 to member $2: up to
-// $5 ordinary ones, and at most one whose lease ran out before while no
-// other such retry of the group is leased. A message that crashes every
-// process handling it is so tried alone, and runs out of attempts alone.
+// $5 ordinary ones, and at most one suspect (see isSuspect) while no other
+// suspect of the group is leased. A message that crashes every process
+// handling it is so tried apart from the other suspects, and runs out of
+// attempts alone.
 var claimRetries = `
 WITH ordinary AS (
     SELECT message_id FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
-          AND lease_expiries = 0
+          AND NOT ` + isSuspect("") + `
     ORDER BY available_at LIMIT $5 FOR UPDATE SKIP LOCKED
 ), suspect AS (
     SELECT message_id FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
-          AND lease_expiries > 0 AND NOT ` + suspectLeased + `
+          AND ` + isSuspect("") + ` AND NOT ` + suspectLeased + `
     ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT message_id FROM ordinary UNION ALL SELECT message_id FROM suspect
@@ -872,8 +873,8 @@ ON CONFLICT (subscription_id, message_id) DO NOTHING`
 // head is its retry with the lowest message id (a dead letter counts only
 // when it blocks): on an ordered topic, ids follow commit order within a
 // message group. A head is free when it is due and not leased; only a
-// free head, and the retries right behind it that are due and never
-// expired a lease (a run, up to $8), are claimed, so a message group never
+// free head, and the retries right behind it that are due and not
+// suspects (a run, up to $8), are claimed, so a message group never
 // has two deliveries that could overlap or overtake each other except in
 // one run, which one executor handles in order.
 //
@@ -881,9 +882,9 @@ ON CONFLICT (subscription_id, message_id) DO NOTHING`
 // message group to the next (one index probe each), from the group after
 // $6 to the last, then from the first, until the walk is back at $6 or
 // has met $5 free heads. A message group with a long queue so never
-// crowds out the others. A head whose lease expired before is suspected
-// of crashing its process: as in claimRetries, such a retry is claimed
-// alone (no run) and only while no other suspect is leased. Retries of
+// crowds out the others. A head that is a suspect (see isSuspect) is, as
+// in claimRetries, claimed alone (no run) and only while no other suspect
+// is leased. Retries of
 // messages without a group are claimed as in claimRetries.
 var claimOrderedRetries = `
 WITH RECURSIVE walk AS (
@@ -906,7 +907,7 @@ WITH RECURSIVE walk AS (
     CROSS JOIN LATERAL (
         SELECT message_id, pos FROM (
             SELECT message_id, 1 + row_number() OVER (ORDER BY message_id) AS pos,
-                   bool_and(status = 'RETRY' AND lease_expiries = 0 AND available_at <= coalesce($3::timestamptz, now()))
+                   bool_and(status = 'RETRY' AND NOT ` + isSuspect("") + ` AND available_at <= coalesce($3::timestamptz, now()))
                        OVER (ORDER BY message_id) AS unbroken
             FROM (SELECT message_id, status, lease_expiries, available_at FROM {{schema}}.outbox_group_retries
                   WHERE subscription_id = $1 AND message_group COLLATE "C" = h.message_group
@@ -915,11 +916,11 @@ WITH RECURSIVE walk AS (
         WHERE unbroken) AS b
     WHERE h.free AND NOT h.suspect
 ), ungrouped AS (
-    SELECT message_id, lease_expiries > 0 AS suspect FROM {{schema}}.outbox_group_retries
+    SELECT message_id, ` + isSuspect("") + ` AS suspect FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = $1 AND message_group IS NULL AND status = 'RETRY'
           AND available_at <= coalesce($3::timestamptz, now())
-          AND (lease_expiries = 0 OR NOT ` + suspectLeased + `)
-    ORDER BY lease_expiries > 0, available_at LIMIT $5
+          AND (NOT ` + isSuspect("") + ` OR NOT ` + suspectLeased + `)
+    ORDER BY ` + isSuspect("") + `, available_at LIMIT $5
 ), due AS (
     (SELECT message_id FROM (SELECT message_id, pos FROM runs WHERE NOT suspect
                              UNION ALL SELECT message_id, 1 FROM ungrouped WHERE NOT suspect) AS ordinary
@@ -951,18 +952,34 @@ func nextMessageGroup(after, wrapped string) string {
 // suspect (see there).
 func orderedHead(g string) string {
 	return `SELECT message_id, status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
-                   AND (lease_expiries = 0 OR NOT ` + suspectLeased + `) AS free,
-                   lease_expiries > 0 AS suspect
+                   AND (NOT ` + isSuspect("") + ` OR NOT ` + suspectLeased + `) AS free,
+                   ` + isSuspect("") + ` AS suspect
             FROM {{schema}}.outbox_group_retries
             WHERE subscription_id = $1 AND message_group COLLATE "C" = ` + g + `.message_group
                   AND (status <> 'DEAD_LETTER' OR $7::bool)
             ORDER BY message_id LIMIT 1`
 }
 
-// suspectLeased: subscription $1 has a suspect retry (see claimRetries)
+// isSuspect: the retry (of table alias alias, "" for none) is suspected
+// of crashing the processes that handle it. Its lease ran out twice in a
+// row: it was in flight in two instances that died or froze, with no
+// outcome recorded in between. One expiry is no suspicion: an instance
+// killed (a deploy, the OOM killer, a lost node) takes its whole window
+// of messages with it, and retrying each of them alone made a group
+// crawl for minutes after every crash. A message that does crash every
+// process takes one more instance down with its first retry, and is a
+// suspect after that.
+func isSuspect(alias string) string {
+	if alias != "" {
+		alias += "."
+	}
+	return "(" + alias + "lease_expiries >= 2)"
+}
+
+// suspectLeased: subscription $1 has a suspect retry (see isSuspect)
 // leased.
-const suspectLeased = `EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS p
-                WHERE p.subscription_id = $1 AND p.status = 'PROCESSING' AND p.lease_expiries > 0)`
+var suspectLeased = `EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS p
+                WHERE p.subscription_id = $1 AND p.status = 'PROCESSING' AND ` + isSuspect("p") + `)`
 
 // ---------------------------------------------------------------- completing
 
