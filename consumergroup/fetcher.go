@@ -226,8 +226,15 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	}
 
 	if reap {
-		if _, err := tx.Exec(ctx, g.q.ReapRetries, g.sub.ID, g.now(), g.topic.MaxAttempts); err != nil {
+		tag, err := tx.Exec(ctx, g.q.ReapRetries, g.sub.ID, g.now(), g.topic.MaxAttempts)
+		if err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
+		}
+		if n := tag.RowsAffected(); n > 0 {
+			// Logged before the look commits (on one of its several
+			// paths): a look that fails is rolled back, and the next one
+			// reaps, and counts, the same leases again.
+			r.loggedTakeover(n, "")
 		}
 		if _, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
@@ -304,9 +311,21 @@ func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return false, err
 	}
-	g.logger.Warn("pgoutbox: a batch's lease expired before its instance finished it; its messages are retried one by one",
-		slog.String("member", member), slog.Int64("messages", moved))
+	r.loggedTakeover(moved, member)
 	return true, nil
+}
+
+// loggedTakeover logs that this instance took over n messages whose lease
+// had expired (a batch of member's, or retry deliveries): at most once
+// per LogInterval, the next record counting those left out, so a crashed
+// instance's hundreds of batches cost one line.
+func (r *runner) loggedTakeover(n int64, member string) {
+	attrs := []slog.Attr{}
+	if member != "" {
+		attrs = append(attrs, slog.String("member", member))
+	}
+	r.g.events.Sum(slog.LevelWarn, "lease-takeover", "pgoutbox: took over messages whose lease had expired (the instance handling them crashed, froze or lost its database); they are retried one by one",
+		"messages", n, attrs...)
 }
 
 // claimRetries leases due retries of the group (and commits), and hands
