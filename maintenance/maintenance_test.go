@@ -2,16 +2,19 @@ package maintenance_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -136,6 +139,85 @@ func TestRetentionCapReleasesRowsAPausedGroupHolds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The retention cap deletes a message a group still retries, and counts
+// and logs it for the group, in every mode (in Offset mode the group's
+// position has passed it: the position alone does not say it is
+// unfinished). The retry goes with it: the group's Health no longer
+// counts it as waiting, and it is never delivered.
+func TestRetentionCapCountsPendingRetries(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			clock := clocktest.New(time.Now())
+			b := setup(t, func(c *outbox.Config) { c.Clock = clock })
+			ctx := context.Background()
+			b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
+				Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, MaxRetention: 10 * time.Minute})
+			c := newCounter()
+			var seq atomic.Int64
+			g := b.group(t, "events", "g", func(ctx context.Context, d *outbox.Delivery) error {
+				if seq.Add(1)%40 == 0 {
+					return outbox.RetryAfter(time.Hour, errors.New("not now"))
+				}
+				return c.handle(ctx, d)
+			}, consumergroup.FromNow())
+			b.send(t, "events", 80)
+			pgtest.Eventually(t, 10*time.Second, "78 handled, 2 waiting for their retry", func() bool {
+				h, err := g.Health(ctx, 0)
+				require.NoError(t, err)
+				return c.distinct() == 78 && h.Waiting == 2
+			})
+
+			clock.Advance(11 * time.Minute) // past MaxRetention
+			r, err := b.service(t, maintenance.Config{}).RunOnce(ctx)
+			require.NoError(t, err)
+			require.Zero(t, b.count(t, "outbox_published", "true"))
+			require.Equal(t, map[string]int64{"events/g": 2}, r.DroppedUnread, "the retries the cap deleted")
+			require.Len(t, b.logs.Lines("level=WARN", "MaxRetention were deleted before this group finished them", "messages=2"), 1)
+			h, err := g.Health(ctx, 0)
+			require.NoError(t, err)
+			require.Zero(t, h.Waiting, "the deleted messages no longer wait")
+			require.Zero(t, b.count(t, "outbox_group_retries", "true"))
+			require.Equal(t, 78, c.distinct())
+		})
+	}
+}
+
+// The retention cap's WARN comes at most once a day for a topic and
+// group, and says how many messages were lost since the last one; the
+// report (and the metric) count every pass.
+func TestRetentionCapWarnsAtMostDaily(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, func(c *outbox.Config) { c.Clock = clock })
+	ctx := context.Background()
+	b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
+		Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, MaxRetention: 10 * time.Minute})
+	g := b.group(t, "events", "paused", newCounter().handle, consumergroup.FromNow())
+	require.NoError(t, g.Pause(ctx))
+	s := b.service(t, maintenance.Config{})
+	warnings := func() []string {
+		return b.logs.Lines("level=WARN", "MaxRetention were deleted before this group finished them")
+	}
+	pass := func(messages int, advance time.Duration) {
+		t.Helper()
+		b.send(t, "events", messages)
+		clock.Advance(advance)
+		r, err := s.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, map[string]int64{"events/paused": int64(messages)}, r.DroppedUnread)
+	}
+
+	pass(5, 11*time.Minute)
+	require.Len(t, warnings(), 1)
+	require.Contains(t, warnings()[0], "messages=5")
+	pass(7, 11*time.Minute)
+	require.Len(t, warnings(), 1, "a second WARN within a day")
+	pass(3, 24*time.Hour)
+	require.Len(t, warnings(), 2)
+	require.Contains(t, warnings()[1], "messages=10", "the messages lost since the last WARN")
 }
 
 // A DEAD group keeps its claim on what it had not finished for the

@@ -482,18 +482,24 @@ WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $
 DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
 
 // committedPosition is, for each group of topic $1 holding claims (DEAD
-// ones within their ZombieTTL only when $2), what it has finished: the
-// lower bound of its pending backfill, else the prev of its oldest open
-// batch, else its position. Rows visible in it are done by the group
-// (except its pending retries).
-const committedPosition = `
-SELECT s.id, coalesce(o.backfill_from,
-                      (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
-                       WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1),
-                      o.position)::text
+// ones within their ZombieTTL only when $2), what it has finished (see
+// committedOf).
+var committedPosition = `
+SELECT s.id, ` + committedOf("s", "o") + `::text
 FROM {{schema}}.outbox_topic_subscriptions AS s
 JOIN {{schema}}.outbox_subscription_offsets AS o ON o.subscription_id = s.id
 WHERE s.topic = $1 AND ` + holdsClaims + ` AND ($2 OR s.subscription_status <> 'DEAD')`
+
+// committedOf is what subscription sub (its offsets row: offsets) has
+// finished: the lower bound of its pending backfill, else the prev of its
+// oldest open batch, else its position. Rows visible in it are done by
+// the group (except its pending retries).
+func committedOf(sub, offsets string) string {
+	return `coalesce(` + offsets + `.backfill_from,
+                      (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
+                       WHERE b.subscription_id = ` + sub + `.id ORDER BY b.id LIMIT 1),
+                      ` + offsets + `.position)`
+}
 
 // ---------------------------------------------------------------- fetching
 
