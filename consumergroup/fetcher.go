@@ -155,7 +155,8 @@ type position struct {
 
 // backfill is a pending backfill's part of the offsets row.
 type backfill struct {
-	from, upto   string
+	from, upto   string // the pair it reads now
+	more         bool   // pairs are queued behind it (see sqlq's nextBackfillPair)
 	afterXID     string // cursor; "0" at the start
 	afterID      int64
 	left, total  int64
@@ -183,7 +184,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	var bid *int64
 	var b backfill
 	err = tx.QueryRow(ctx, g.q.LockOffset, g.sub.ID).Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
-		&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded)
+		&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var exists bool
 		if err := tx.QueryRow(ctx, g.q.OffsetExists, g.sub.ID).Scan(&exists); err != nil {

@@ -222,7 +222,7 @@ func TestRetentionCapWarnsAtMostDaily(t *testing.T) {
 
 // A DEAD group keeps its claim on what it had not finished for the
 // topic's ZombieTTL, then it is forgotten and cleanup deletes those
-// messages.
+// messages. What was written after it died was never its claim.
 func TestZombieTTLReleasesADeadGroupsClaims(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
@@ -237,6 +237,7 @@ func TestZombieTTLReleasesADeadGroupsClaims(t *testing.T) {
 				c.HeartbeatInterval, c.HeartbeatTimeout = 100*time.Millisecond, 500*time.Millisecond
 			})
 			require.NoError(t, gd.Stop(ctx))
+			owed := b.send(t, "events", 10)
 			s := b.service(t, maintenance.Config{})
 			pgtest.Eventually(t, 10*time.Second, "the stopped group DEAD", func() bool {
 				r, err := s.RunOnce(ctx)
@@ -245,22 +246,16 @@ func TestZombieTTLReleasesADeadGroupsClaims(t *testing.T) {
 			})
 			died := time.Now()
 			b.send(t, "events", 20)
-			pgtest.Eventually(t, 10*time.Second, "the live group done", func() bool { return live.distinct() == 20 })
-			if mode == outbox.Offset {
-				// Its position still counts: everything after it is kept.
+			pgtest.Eventually(t, 10*time.Second, "the live group done", func() bool { return live.distinct() == 30 })
+			// New messages no longer need it: they go once the live
+			// group's completions are recorded (its handlers returned
+			// before that).
+			pgtest.Eventually(t, 10*time.Second, "the messages written after it died deleted", func() bool {
 				_, err := s.RunOnce(ctx)
 				require.NoError(t, err)
-				require.Equal(t, 20, b.count(t, "outbox_published", "true"))
-			} else {
-				// New messages no longer needed it: they go once the live
-				// group's completions are recorded (its handlers returned
-				// before that).
-				pgtest.Eventually(t, 10*time.Second, "the messages deleted", func() bool {
-					_, err := s.RunOnce(ctx)
-					require.NoError(t, err)
-					return b.count(t, "outbox_published", "true") == 0
-				})
-			}
+				return b.count(t, "outbox_published", "true") == len(owed)
+			})
+			require.Equal(t, len(owed), b.count(t, "outbox_published", "id = ANY($1)", owed), "what it owes is kept")
 			time.Sleep(time.Until(died.Add(2100 * time.Millisecond)))
 			_, err := s.RunOnce(ctx)
 			require.NoError(t, err)
@@ -271,40 +266,83 @@ func TestZombieTTLReleasesADeadGroupsClaims(t *testing.T) {
 	}
 }
 
-// A DEAD group keeps its claim on what it had not finished: cleanup
-// leaves those messages alone within the topic's ZombieTTL.
-func TestDeadGroupWithinZombieTTLPinsWhatItOwes(t *testing.T) {
-	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter} {
+// A DEAD group keeps, within the topic's ZombieTTL (an hour here), only
+// what it had not finished when it died, in every mode: the messages
+// written after it died are deleted once the live group finished them.
+// When it comes back with MaxBackfill 100 while 300 more old messages are
+// stored (the live group, paused, keeps them), it receives 100 old ones,
+// oldest first (what it owed among them), through a backfill that
+// BackfillProgress shows, and every new one.
+func TestDeadGroupKeepsOnlyWhatItOwes(t *testing.T) {
+	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			ctx := context.Background()
 			b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
-				Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond})
-			live, slow := newCounter(), newCounter()
-			b.group(t, "events", "live", live.handle, consumergroup.FromNow())
-			gd := b.group(t, "events", "owes", slow.handle, consumergroup.FromNow(), func(c *consumergroup.Config) {
+				Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, ZombieTTL: time.Hour})
+			live, zombie := newCounter(), newCounter()
+			gl := b.group(t, "events", "live", live.handle, consumergroup.FromNow())
+			gz := b.group(t, "events", "zombie", zombie.handle, consumergroup.FromNow(), func(c *consumergroup.Config) {
 				c.HeartbeatInterval, c.HeartbeatTimeout = 100*time.Millisecond, 500*time.Millisecond
 			})
-			require.NoError(t, gd.Pause(ctx))
-			time.Sleep(100 * time.Millisecond)
-			owed := b.send(t, "events", 10)
-			pgtest.Eventually(t, 10*time.Second, "the live group done", func() bool { return live.distinct() == 10 })
-			require.NoError(t, gd.Resume(ctx))
-			require.NoError(t, gd.Stop(ctx)) // and dies before it reads them
+			require.NoError(t, gz.Stop(ctx)) // it goes away without a goodbye: its heartbeats stop
+			owed := b.send(t, "events", 10)  // written before it dies
 			s := b.service(t, maintenance.Config{})
 			pgtest.Eventually(t, 10*time.Second, "the group DEAD", func() bool {
-				st, err := gd.State(ctx)
+				r, err := s.RunOnce(ctx)
 				require.NoError(t, err)
-				if st != consumergroup.Dead {
-					_, err = s.RunOnce(ctx)
-					require.NoError(t, err)
-				}
-				return st == consumergroup.Dead
+				return slices.Contains(r.DeadGroups, "events/zombie")
 			})
-			_, err := s.RunOnce(ctx)
-			require.NoError(t, err)
-			require.Equal(t, len(owed), b.count(t, "outbox_published", "id = ANY($1)", owed), "kept for the DEAD group")
+			var later []int64
+			for range 4 {
+				later = append(later, b.send(t, "events", 500)...)
+			}
+			pgtest.Eventually(t, 20*time.Second, "the live group done", func() bool { return live.distinct() == 2010 })
+			pgtest.Eventually(t, 10*time.Second, "what was written after it died deleted", func() bool {
+				_, err := s.RunOnce(ctx)
+				require.NoError(t, err)
+				require.Equal(t, len(owed), b.count(t, "outbox_published", "id = ANY($1)", owed), "what it owes is kept for it")
+				return b.count(t, "outbox_published", "id = ANY($1)", later) == 0
+			})
+
+			require.NoError(t, gl.Pause(ctx))
+			time.Sleep(100 * time.Millisecond) // the pause reaches the live instance
+			kept := b.send(t, "events", 300)   // written while it is DEAD, kept by the paused group
+			opts := consumergroup.FromNow()
+			opts.MaxBackfill = 100
+			back := b.group(t, "events", "zombie", zombie.handle, opts)
+			fresh := b.send(t, "events", 20)
+			var p consumergroup.BackfillProgress
+			pgtest.Eventually(t, 10*time.Second, "the new messages and a backfill of 100", func() bool {
+				var err error
+				p, err = back.BackfillProgress(ctx)
+				require.NoError(t, err)
+				for _, id := range fresh {
+					if !zombie.has(id) {
+						return false
+					}
+				}
+				return p.Outcome == consumergroup.BackfillCapped
+			})
+			require.EqualValues(t, 100, p.Done, "the backfill hands out MaxBackfill old messages")
+			time.Sleep(200 * time.Millisecond) // more old messages would come meanwhile
+			old := 0
+			for _, id := range append(slices.Clone(owed), kept...) {
+				if zombie.has(id) {
+					old++
+				}
+			}
+			require.Equal(t, 100, old, "MaxBackfill old messages, no more")
+			for _, id := range owed {
+				require.True(t, zombie.has(id), "what it owed is the oldest: the backfill reads it first")
+			}
+			for _, id := range later {
+				require.False(t, zombie.has(id), "deleted while it was DEAD")
+			}
+			require.Equal(t, 120, zombie.distinct())
+			require.Zero(t, zombie.dups())
+			require.Empty(t, b.logs.errors())
 		})
 	}
 }

@@ -3,6 +3,7 @@ package maintenance_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -265,4 +266,44 @@ func TestSlowTopicHoldsOnlyItsOwnMessages(t *testing.T) {
 	require.Contains(t, r.PartitionsDropped, p.table())
 	require.Zero(t, b.count(t, "outbox_published", "true"))
 	require.Empty(t, b.logs.errors())
+}
+
+// A DEAD group within its topic's ZombieTTL holds the partition of what
+// it owed and no other, in every mode: the partition of the messages
+// written after it died is dropped once the live group finished them.
+func TestDeadGroupHoldsOnlyThePartitionOfWhatItOwes(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			b := setup(t)
+			ctx := context.Background()
+			b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
+				Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, ZombieTTL: time.Hour})
+			s := b.service(t, maintenance.Config{PartitionSize: testPartitionSize, RowCleanupDelay: time.Hour})
+			live := newCounter()
+			b.group(t, "events", "live", live.handle, consumergroup.FromNow())
+			require.NoError(t, b.group(t, "events", "zombie", newCounter().handle, consumergroup.FromNow()).Stop(ctx))
+
+			owedIn := enterPartition(t, b, s)
+			owed := b.send(t, "events", 10)
+			require.Equal(t, 10, b.count(t, owedIn.table(), "true"))
+			b.exec(t, `UPDATE `+b.db.Table("outbox_topic_subscriptions")+` SET last_heartbeat_at = now() - interval '2 hours' WHERE group_name = 'zombie'`)
+			r, err := s.RunOnce(ctx)
+			require.NoError(t, err)
+			require.Equal(t, []string{"events/zombie"}, r.DeadGroups)
+
+			laterIn := enterPartition(t, b, s)
+			b.send(t, "events", 20)
+			require.Equal(t, 20, b.count(t, laterIn.table(), "true"))
+			pgtest.Eventually(t, 10*time.Second, "the live group done", func() bool { return live.distinct() == 30 })
+			sealPartition(t, b, laterIn)
+			pgtest.Eventually(t, 10*time.Second, "the partition written after it died dropped", func() bool {
+				r, err := s.RunOnce(ctx)
+				require.NoError(t, err)
+				require.Equal(t, "events", r.PartitionsKept[owedIn.table()], "held by the DEAD group")
+				return slices.Contains(r.PartitionsDropped, laterIn.table())
+			})
+			require.Equal(t, 10, b.count(t, "outbox_published", "id = ANY($1)", owed))
+			require.Empty(t, b.logs.errors())
+		})
+	}
 }

@@ -61,8 +61,9 @@ FROM {{schema}}.outbox_topics WHERE semantics = 'PUB_SUB' ORDER BY topic`
 // claims, the rows it had not finished: a retry of it was pending, or by
 // the row's own record (see mixedCleanup): Bitmap, its required bit
 // without its done bit; Counter, a required id without a dedupe row;
-// Offset, a row its committed position does not see. The first row is
-// the number deleted, under an empty group name.
+// Offset, a row its committed position does not see (for a DEAD group,
+// written before it died: see deadClaims). The first row is the number
+// deleted, under an empty group name.
 var retentionCap = `
 WITH gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
@@ -90,6 +91,7 @@ WITH gone AS (
           WHEN gone.required_count IS NOT NULL THEN s.id = ANY(gone.required_ids)
                               AND NOT EXISTS (SELECT 1 FROM dedupe AS d WHERE d.message_id = gone.id AND d.subscription_id = s.id)
           ELSE NOT pg_visible_in_snapshot(gone.xid, ` + committedOf("s", "p") + `)
+               AND (s.subscription_status <> 'DEAD' OR pg_visible_in_snapshot(gone.xid, coalesce(s.dead_upto, pg_current_snapshot())))
           END
 )
 SELECT '', (SELECT count(*) FROM gone)
