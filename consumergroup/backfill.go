@@ -172,14 +172,8 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 // are rows, else reading on from that pair in tx).
 func (r *runner) nextCatchupPair(ctx context.Context, tx pgx.Tx, b *backfill, total int64, got []row, limit int) (int, error) {
 	g := r.g
-	var lastXID *string
-	var lastID *int64
-	if len(got) > 0 {
-		last := got[len(got)-1]
-		lastXID, lastID = &last.xid, &last.d.ID
-	}
-	if _, err := tx.Exec(ctx, g.q.CatchupProgress, g.sub.ID, lastXID, lastID, len(got), false, "", total); err != nil {
-		return 0, fmt.Errorf("backfill progress: %w", err)
+	if err := r.catchupProgress(ctx, tx, got, total, ""); err != nil {
+		return 0, err
 	}
 	read := *b // the pair got was read from, for its batch
 	if err := tx.QueryRow(ctx, g.q.NextBackfillPair, g.sub.ID).Scan(&b.from, &b.upto, &b.afterXID, &b.afterID, &b.more); err != nil {
@@ -213,14 +207,8 @@ func (r *runner) catchupSize(b *backfill, limit int) int {
 // committing, if there are any (else the caller goes on in tx).
 func (r *runner) endCatchup(ctx context.Context, tx pgx.Tx, b *backfill, total int64, got []row, outcome string) error {
 	g := r.g
-	var lastXID *string
-	var lastID *int64
-	if len(got) > 0 {
-		last := got[len(got)-1]
-		lastXID, lastID = &last.xid, &last.d.ID
-	}
-	if _, err := tx.Exec(ctx, g.q.CatchupProgress, g.sub.ID, lastXID, lastID, len(got), true, outcome, total); err != nil {
-		return fmt.Errorf("backfill progress: %w", err)
+	if err := r.catchupProgress(ctx, tx, got, total, outcome); err != nil {
+		return err
 	}
 	if len(got) > 0 { // else the caller's fetch commits it
 		if err := r.recordBatch(ctx, tx, b.from, b.upto, b.afterXID, b.afterID, got, true); err != nil {
@@ -229,6 +217,23 @@ func (r *runner) endCatchup(ctx context.Context, tx pgx.Tx, b *backfill, total i
 	}
 	g.metrics.backfilled.Add(ctx, int64(len(got)))
 	r.logProgress(b, int64(len(got)), "pgoutbox: backfill read to its end: "+outcome)
+	return nil
+}
+
+// catchupProgress records, in tx, that the backfill handed out got (the
+// last rows of a pair, or of its reading), total its estimated size, and
+// that its reading ended with outcome (unless "").
+func (r *runner) catchupProgress(ctx context.Context, tx pgx.Tx, got []row, total int64, outcome string) error {
+	var lastXID *string
+	var lastID *int64
+	if len(got) > 0 {
+		last := got[len(got)-1]
+		lastXID, lastID = &last.xid, &last.d.ID
+	}
+	_, err := tx.Exec(ctx, r.g.q.CatchupProgress, r.g.sub.ID, lastXID, lastID, len(got), outcome != "", outcome, total)
+	if err != nil {
+		return fmt.Errorf("backfill progress: %w", err)
+	}
 	return nil
 }
 

@@ -32,27 +32,8 @@ func TestRegistrationRace(t *testing.T) {
 			start(t, g0, consumergroup.FromNow())
 
 			stop := make(chan struct{})
-			var wg sync.WaitGroup
 			var sent atomic.Int64
-			for p := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; ; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						payload, _ := json.Marshal(seqPayload{Seq: p*1_000_000 + i})
-						if _, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: b.topic, Payload: payload}); err != nil {
-							t.Error(err)
-							return
-						}
-						sent.Add(1)
-					}
-				}()
-			}
+			wg := b.produce(t, stop, func() func(int64) { return func(int64) { sent.Add(1) } })
 			pgtest.Eventually(t, 5*time.Second, "producers running", func() bool { return sent.Load() > 200 })
 			late := newRecorder()
 			var handledIDs sync.Map
@@ -62,20 +43,7 @@ func TestRegistrationRace(t *testing.T) {
 				return late.handler(ctx, d)
 			}, nil))
 			start(t, g1, consumergroup.FromNow())
-			// Cleanup races the whole time too.
-			cleanerDone := make(chan struct{})
-			go func() {
-				defer close(cleanerDone)
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					_, _ = g0.Cleanup(ctx, 500)
-					time.Sleep(5 * time.Millisecond)
-				}
-			}()
+			cleanerDone := cleanUntil(g0, stop) // cleanup races the whole time too
 			pgtest.Eventually(t, 5*time.Second, "more sends after registration", func() bool { return late.distinct() > 500 })
 			close(stop)
 			wg.Wait()
@@ -230,48 +198,21 @@ func TestDeadWhileProducersRun(t *testing.T) {
 			var mu sync.Mutex
 			sent := map[int32][]int64{}
 			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			for p := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; ; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						began := phase.Load()
-						payload, _ := json.Marshal(seqPayload{Seq: p*1_000_000 + i})
-						id, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: b.topic, Payload: payload})
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						when := during
-						if returned := phase.Load(); returned == before {
-							when = before
-						} else if began == after {
-							when = after
-						}
-						mu.Lock()
-						sent[int32(when)] = append(sent[int32(when)], id)
-						mu.Unlock()
+			wg := b.produce(t, stop, func() func(int64) {
+				began := phase.Load()
+				return func(id int64) {
+					when := int32(during)
+					if returned := phase.Load(); returned == before {
+						when = before
+					} else if began == after {
+						when = after
 					}
-				}()
-			}
-			cleanerDone := make(chan struct{})
-			go func() {
-				defer close(cleanerDone)
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(5 * time.Millisecond):
-					}
-					_, _ = g0.Cleanup(ctx, 500)
+					mu.Lock()
+					sent[when] = append(sent[when], id)
+					mu.Unlock()
 				}
-			}()
+			})
+			cleanerDone := cleanUntil(g0, stop)
 			count := func(when int32) int {
 				mu.Lock()
 				defer mu.Unlock()
@@ -307,4 +248,52 @@ func TestDeadWhileProducersRun(t *testing.T) {
 			t.Logf("%s: %d sent before it died, %d while, %d after", mode, len(owed), total-len(owed)-len(later), len(later))
 		})
 	}
+}
+
+// produce runs 8 producers sending to b's topic, one message a
+// transaction, until stop is closed; each calls sending before a send
+// and what it returned with the message's id after. Wait for them with
+// the WaitGroup it returns.
+func (b *bundle) produce(t *testing.T, stop <-chan struct{}, sending func() func(id int64)) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for p := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sent := sending()
+				payload, _ := json.Marshal(seqPayload{Seq: p*1_000_000 + i})
+				id, err := b.producer.Send(context.Background(), b.db.Pool, outbox.Message{Topic: b.topic, Payload: payload})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				sent(id)
+			}
+		}()
+	}
+	return &wg
+}
+
+// cleanUntil runs g's cleanup every 5 ms until stop is closed, then
+// closes the channel it returns.
+func cleanUntil(g *consumergroup.Group, stop <-chan struct{}) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			_, _ = g.Cleanup(context.Background(), 500)
+		}
+	}()
+	return done
 }
