@@ -113,10 +113,11 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 		return 0, nil // throttled: the stream goes on meanwhile
 	}
 	total := int64(0)
-	if b.total == 0 {
+	if b.total == 0 { // what it handed out, and its estimate of the pair it reads now
 		if err := tx.QueryRow(ctx, g.q.CatchupSize, g.cfg.Topic, b.from, b.upto, b.left).Scan(&total); err != nil {
 			return 0, fmt.Errorf("backfill size: %w", err)
 		}
+		total += b.done
 		b.total = total
 	}
 	// When this read may spend the last of MaxBackfill, one row more says
@@ -145,7 +146,10 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 				slog.Duration("p95", p95), slog.Duration("target", r.throttle.target))
 		}
 	}
-	if len(got) < n || capped {
+	if len(got) < take { // the pair is read
+		if b.more {
+			return r.nextCatchupPair(ctx, tx, b, total, got, limit)
+		}
 		return len(got), r.endCatchup(ctx, tx, b, total, got, BackfillDone)
 	}
 	last := got[len(got)-1]
@@ -160,6 +164,31 @@ func (r *runner) fetchCatchup(ctx context.Context, tx pgx.Tx, b *backfill, limit
 		r.throttle.lastLog = time.Now()
 		r.logProgress(b, int64(len(got)), "pgoutbox: backfill progress")
 	}
+	return len(got), nil
+}
+
+// nextCatchupPair hands out got, the last rows of the pair the backfill
+// read, and moves it to the next pair it queues (committing when there
+// are rows, else reading on from that pair in tx).
+func (r *runner) nextCatchupPair(ctx context.Context, tx pgx.Tx, b *backfill, total int64, got []row, limit int) (int, error) {
+	g := r.g
+	if err := r.catchupProgress(ctx, tx, got, total, ""); err != nil {
+		return 0, err
+	}
+	read := *b // the pair got was read from, for its batch
+	if err := tx.QueryRow(ctx, g.q.NextBackfillPair, g.sub.ID).Scan(&b.from, &b.upto, &b.afterXID, &b.afterID, &b.more); err != nil {
+		return 0, fmt.Errorf("backfill next pair: %w", err)
+	}
+	b.left -= int64(len(got))
+	b.done += int64(len(got))
+	b.total = 0
+	if len(got) == 0 {
+		return r.fetchCatchup(ctx, tx, b, limit)
+	}
+	if err := r.recordBatch(ctx, tx, read.from, read.upto, read.afterXID, read.afterID, got, true); err != nil {
+		return 0, err
+	}
+	g.metrics.backfilled.Add(ctx, int64(len(got)))
 	return len(got), nil
 }
 
@@ -178,14 +207,8 @@ func (r *runner) catchupSize(b *backfill, limit int) int {
 // committing, if there are any (else the caller goes on in tx).
 func (r *runner) endCatchup(ctx context.Context, tx pgx.Tx, b *backfill, total int64, got []row, outcome string) error {
 	g := r.g
-	var lastXID *string
-	var lastID *int64
-	if len(got) > 0 {
-		last := got[len(got)-1]
-		lastXID, lastID = &last.xid, &last.d.ID
-	}
-	if _, err := tx.Exec(ctx, g.q.CatchupProgress, g.sub.ID, lastXID, lastID, len(got), true, outcome, total); err != nil {
-		return fmt.Errorf("backfill progress: %w", err)
+	if err := r.catchupProgress(ctx, tx, got, total, outcome); err != nil {
+		return err
 	}
 	if len(got) > 0 { // else the caller's fetch commits it
 		if err := r.recordBatch(ctx, tx, b.from, b.upto, b.afterXID, b.afterID, got, true); err != nil {
@@ -194,6 +217,23 @@ func (r *runner) endCatchup(ctx context.Context, tx pgx.Tx, b *backfill, total i
 	}
 	g.metrics.backfilled.Add(ctx, int64(len(got)))
 	r.logProgress(b, int64(len(got)), "pgoutbox: backfill read to its end: "+outcome)
+	return nil
+}
+
+// catchupProgress records, in tx, that the backfill handed out got (the
+// last rows of a pair, or of its reading), total its estimated size, and
+// that its reading ended with outcome (unless "").
+func (r *runner) catchupProgress(ctx context.Context, tx pgx.Tx, got []row, total int64, outcome string) error {
+	var lastXID *string
+	var lastID *int64
+	if len(got) > 0 {
+		last := got[len(got)-1]
+		lastXID, lastID = &last.xid, &last.d.ID
+	}
+	_, err := tx.Exec(ctx, r.g.q.CatchupProgress, r.g.sub.ID, lastXID, lastID, len(got), outcome != "", outcome, total)
+	if err != nil {
+		return fmt.Errorf("backfill progress: %w", err)
+	}
 	return nil
 }
 

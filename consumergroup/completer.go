@@ -132,8 +132,7 @@ func (r *runner) completeBatch(b *batch) {
 	})
 	switch {
 	case errors.Is(err, errBatchLost):
-		g.logger.Warn("pgoutbox: a batch's lease expired before it finished; its messages are retried",
-			slog.Int64("batch", b.id), slog.Int("messages", b.size))
+		r.loggedLost(b.id)
 	case err != nil:
 		g.logger.Error("pgoutbox: completing a batch failed; its messages are retried when its lease expires",
 			slog.Int64("batch", b.id), slog.Any("error", err))

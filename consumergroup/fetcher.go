@@ -155,7 +155,8 @@ type position struct {
 
 // backfill is a pending backfill's part of the offsets row.
 type backfill struct {
-	from, upto   string
+	from, upto   string // the pair it reads now
+	more         bool   // pairs are queued behind it (see sqlq's nextBackfillPair)
 	afterXID     string // cursor; "0" at the start
 	afterID      int64
 	left, total  int64
@@ -183,7 +184,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	var bid *int64
 	var b backfill
 	err = tx.QueryRow(ctx, g.q.LockOffset, g.sub.ID).Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
-		&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded)
+		&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var exists bool
 		if err := tx.QueryRow(ctx, g.q.OffsetExists, g.sub.ID).Scan(&exists); err != nil {
@@ -231,10 +232,10 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			return 0, fmt.Errorf("reap retries: %w", err)
 		}
 		if n := tag.RowsAffected(); n > 0 {
-			// Every message of an ordered group, and every retry, is
-			// leased this way: a takeover of its instance's work.
-			g.events.Log(slog.LevelWarn, "takeover|retries", "pgoutbox: the leases of messages being retried expired before their instance finished them (it crashed or hung); they are retried",
-				slog.String("event", "takeover"), slog.Int64("messages", n))
+			// Logged before the look commits (on one of its several
+			// paths): a look that fails is rolled back, and the next one
+			// reaps, and counts, the same leases again.
+			r.loggedTakeover(n, "")
 		}
 		if _, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
@@ -311,9 +312,21 @@ func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return false, err
 	}
-	g.logger.Warn("pgoutbox: a batch's lease expired before its instance finished it; its messages are retried one by one",
-		slog.String("member", member), slog.Int64("messages", moved))
+	r.loggedTakeover(moved, member)
 	return true, nil
+}
+
+// loggedTakeover logs that this instance took over n messages whose lease
+// had expired (a batch of member's, or retry deliveries): at most once
+// per LogInterval, the next record counting those left out, so a crashed
+// instance's hundreds of batches cost one line.
+func (r *runner) loggedTakeover(n int64, member string) {
+	attrs := []slog.Attr{slog.String("event", "takeover")}
+	if member != "" {
+		attrs = append(attrs, slog.String("member", member))
+	}
+	r.g.events.Sum(slog.LevelWarn, "lease-takeover", "pgoutbox: took over messages whose lease had expired (the instance handling them crashed, froze or lost its database); they are retried",
+		"messages", n, attrs...)
 }
 
 // claimRetries leases due retries of the group (and commits), and hands

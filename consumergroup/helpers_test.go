@@ -144,6 +144,18 @@ func (r *recorder) has(seq int) bool {
 	return r.seqs[seq] > 0
 }
 
+// hasAll reports whether every message of ids was delivered.
+func (r *recorder) hasAll(ids []int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range ids {
+		if r.count[id] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 type groupOpt func(*consumergroup.Config)
 
 func (b *bundle) newGroup(t *testing.T, name string, opts ...groupOpt) *consumergroup.Group {

@@ -32,27 +32,8 @@ func TestRegistrationRace(t *testing.T) {
 			start(t, g0, consumergroup.FromNow())
 
 			stop := make(chan struct{})
-			var wg sync.WaitGroup
 			var sent atomic.Int64
-			for p := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; ; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						payload, _ := json.Marshal(seqPayload{Seq: p*1_000_000 + i})
-						if _, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: b.topic, Payload: payload}); err != nil {
-							t.Error(err)
-							return
-						}
-						sent.Add(1)
-					}
-				}()
-			}
+			wg := b.produce(t, stop, func() func(int64) { return func(int64) { sent.Add(1) } })
 			pgtest.Eventually(t, 5*time.Second, "producers running", func() bool { return sent.Load() > 200 })
 			late := newRecorder()
 			var handledIDs sync.Map
@@ -62,20 +43,7 @@ func TestRegistrationRace(t *testing.T) {
 				return late.handler(ctx, d)
 			}, nil))
 			start(t, g1, consumergroup.FromNow())
-			// Cleanup races the whole time too.
-			cleanerDone := make(chan struct{})
-			go func() {
-				defer close(cleanerDone)
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					_, _ = g0.Cleanup(ctx, 500)
-					time.Sleep(5 * time.Millisecond)
-				}
-			}()
+			cleanerDone := cleanUntil(g0, stop) // cleanup races the whole time too
 			pgtest.Eventually(t, 5*time.Second, "more sends after registration", func() bool { return late.distinct() > 500 })
 			close(stop)
 			wg.Wait()
@@ -207,4 +175,125 @@ func TestBackfillStopsAtMaxBackfill(t *testing.T) {
 			require.Zero(t, with.dups()+without.dups())
 		})
 	}
+}
+
+// A group is declared DEAD while 8 producers insert continuously and
+// cleanup runs, in every mode: every message whose send returned before
+// it died is kept for it (it owes it), every message whose send began
+// after is deleted once the live group finished it, and when it comes
+// back it receives each message it owes once.
+func TestDeadWhileProducersRun(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
+				Retention: time.Nanosecond, ZeroSubscriptionRetention: time.Nanosecond, ZombieTTL: time.Hour})
+			ctx := context.Background()
+			live := newRecorder()
+			g0 := b.startRecording(t, "live", live)
+			b.subscribe(t, "dies")
+
+			const before, during, after = 0, 1, 2
+			var phase atomic.Int32
+			var mu sync.Mutex
+			sent := map[int32][]int64{}
+			stop := make(chan struct{})
+			wg := b.produce(t, stop, func() func(int64) {
+				began := phase.Load()
+				return func(id int64) {
+					when := int32(during)
+					if returned := phase.Load(); returned == before {
+						when = before
+					} else if began == after {
+						when = after
+					}
+					mu.Lock()
+					sent[when] = append(sent[when], id)
+					mu.Unlock()
+				}
+			})
+			cleanerDone := cleanUntil(g0, stop)
+			count := func(when int32) int {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(sent[when])
+			}
+			pgtest.Eventually(t, 5*time.Second, "producers running", func() bool { return count(before) > 200 })
+			phase.Store(during)
+			b.makeDead(t, "dies")
+			phase.Store(after)
+			pgtest.Eventually(t, 5*time.Second, "more sends after it died", func() bool { return count(after) > 200 })
+			close(stop)
+			wg.Wait()
+			<-cleanerDone
+
+			mu.Lock()
+			owed, later := sent[before], sent[after]
+			total := len(sent[before]) + len(sent[during]) + len(sent[after])
+			mu.Unlock()
+			pgtest.Eventually(t, 20*time.Second, "the live group done", func() bool { return live.distinct() == total })
+			pgtest.Eventually(t, 10*time.Second, "what was sent after it died deleted", func() bool {
+				_, err := g0.Cleanup(ctx, 10_000)
+				require.NoError(t, err)
+				return b.count(t, "id = ANY($1)", later) == 0
+			})
+			require.Equal(t, len(owed), b.count(t, "id = ANY($1)", owed), "what it owes is kept for it")
+
+			back := newRecorder()
+			b.startRecording(t, "dies", back)
+			pgtest.Eventually(t, 20*time.Second, "it receives what it owed", func() bool {
+				return back.hasAll(owed)
+			})
+			require.Zero(t, back.dups(), back.duplicates())
+			t.Logf("%s: %d sent before it died, %d while, %d after", mode, len(owed), total-len(owed)-len(later), len(later))
+		})
+	}
+}
+
+// produce runs 8 producers sending to b's topic, one message a
+// transaction, until stop is closed; each calls sending before a send
+// and what it returned with the message's id after. Wait for them with
+// the WaitGroup it returns.
+func (b *bundle) produce(t *testing.T, stop <-chan struct{}, sending func() func(id int64)) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for p := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sent := sending()
+				payload, _ := json.Marshal(seqPayload{Seq: p*1_000_000 + i})
+				id, err := b.producer.Send(context.Background(), b.db.Pool, outbox.Message{Topic: b.topic, Payload: payload})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				sent(id)
+			}
+		}()
+	}
+	return &wg
+}
+
+// cleanUntil runs g's cleanup every 5 ms until stop is closed, then
+// closes the channel it returns.
+func cleanUntil(g *consumergroup.Group, stop <-chan struct{}) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			_, _ = g.Cleanup(context.Background(), 500)
+		}
+	}()
+	return done
 }

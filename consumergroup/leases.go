@@ -55,8 +55,20 @@ func (r *runner) extendLeases() {
 		// A batch the completer began to finish is gone because it
 		// finished (a takeover, the completer reports itself).
 		if !kept["batch"][b] && r.held.workingOn(b) {
-			g.logger.Warn("pgoutbox: a batch this instance works on was taken over (its lease had expired); its messages are retried",
-				slog.Int64("batch", b))
+			r.loggedLost(b)
 		}
 	}
+}
+
+// loggedLost logs that a batch this instance worked on was taken over by
+// another (its lease expired: this instance froze, or lost its database),
+// once a batch (the lease keeper and the completer may both find it), at
+// most once per LogInterval, the next record counting those left out: an
+// instance that resumes after a long pause loses its batches all at once.
+func (r *runner) loggedLost(batchID int64) {
+	if !r.held.reportLost(batchID) {
+		return
+	}
+	r.g.events.Sum(slog.LevelWarn, "lease-lost", "pgoutbox: batches this instance worked on were taken over after their lease expired (it froze, or lost its database); what it did with their messages is not recorded, and they are retried",
+		"batches", 1, slog.Int64("batch", batchID))
 }

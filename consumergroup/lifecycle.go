@@ -329,10 +329,11 @@ func (g *Group) allocateBit(ctx context.Context, tx pgx.Tx) (int, error) {
 	return 0, fmt.Errorf("%w: topic %q", ErrTooManyGroups, g.cfg.Topic)
 }
 
-// resurrectTx makes a DEAD subscription ACTIVE and subscribed again. A
-// Bitmap or Counter group's stream starts now, and a backfill reads
-// beside it every stored message it had not completed (up to
-// MaxBackfill); its open batches are expired so that their messages are
+// resurrectTx makes a DEAD subscription ACTIVE and subscribed again. Its
+// stream starts now, and a backfill reads beside it, oldest first, every
+// stored message it had not completed (up to MaxBackfill): what it owed
+// when it died, and what was written while it was DEAD and is still
+// stored. Its open batches are expired so that their messages are
 // retried. sub is locked by the caller.
 func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, opts SubscriptionOptions) error {
 	if err := g.lockOffset(ctx, tx, sub.id); err != nil {
@@ -351,15 +352,15 @@ func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, o
 	if err != nil {
 		return err
 	}
+	// A Bitmap or Counter group's backfill skips what it completed; an
+	// Offset group's (while a change from Bitmap or Counter mode is under
+	// way too: its Offset messages record nothing) reads exactly what it
+	// had not read.
+	resurrect := g.q.ResurrectOffset
 	if topic.Tracking == outbox.Offset {
-		// Its claims kept what it had not read (within ZombieTTL), and its
-		// position reads everything (while a change from Bitmap or
-		// Counter mode is under way too, see streamFor): nothing to catch
-		// up.
-		g.logger.Warn("pgoutbox: consumer group came back from DEAD; it continues from its position")
-		return nil
+		resurrect = g.q.ResurrectOffsetMode
 	}
-	if _, err := tx.Exec(ctx, g.q.ResurrectOffset, sub.id, opts.MaxBackfill); err != nil {
+	if _, err := tx.Exec(ctx, resurrect, sub.id, opts.MaxBackfill); err != nil {
 		return fmt.Errorf("consumergroup: resurrect: %w", err)
 	}
 	g.logger.Warn("pgoutbox: consumer group came back from DEAD; new messages flow at once, and a backfill delivers what it had not completed beside them",

@@ -284,3 +284,59 @@ SET last_heartbeat_at = now() - interval '1 hour' WHERE group_name = 'x'`)
 		}
 	}
 }
+
+// A group of an Offset topic records nothing per message, so its return
+// from DEAD must read exactly what it had not read. It dies with a
+// backfill half read and a snapshot pair of its stream half read (its
+// handlers hang on most messages, so both stall), and comes back: it
+// receives every message once, the rest of both and what was written
+// while it was DEAD.
+func TestOffsetGroupDeadMidBackfillAndMidPair(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Offset)
+	ctx := context.Background()
+	b.startRecording(t, "other", newRecorder())
+	r := newRecorder()
+	run := func(hang func(seq int) bool) *consumergroup.Group {
+		g := b.newGroup(t, "twice", func(c *consumergroup.Config) { c.BatchSize, c.Concurrency = 2, 4 })
+		require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+			p, err := outbox.Decode[seqPayload](d)
+			require.NoError(t, err)
+			if hang(p.Seq) {
+				<-ctx.Done() // never handled: given back, or retried
+				return ctx.Err()
+			}
+			return r.handler(ctx, d)
+		}, nil))
+		opts := consumergroup.FromNow()
+		opts.BackfillBatchSize = 2
+		require.NoError(t, g.Start(ctx, opts))
+		return g
+	}
+	require.NoError(t, run(func(int) bool { return false }).Stop(ctx))
+	b.sendRange(t, 0, 20) // it owes them
+	b.makeDead(t, "twice")
+	b.sendRange(t, 20, 30) // written while it was DEAD
+
+	// Back with a backfill of 0..29; then 30..39, one snapshot pair of
+	// its stream. Its reads take turns, the stream's first.
+	require.NoError(t, b.newGroup(t, "twice").Resurrect(ctx, true))
+	b.sendRange(t, 30, 40)
+	g := run(func(seq int) bool { return seq >= 32 || (seq >= 4 && seq < 30) })
+	pgtest.Eventually(t, 10*time.Second, "the first rows of the backfill and of the stream", func() bool {
+		return r.has(0) && r.has(1) && r.has(30) && r.has(31)
+	})
+	time.Sleep(300 * time.Millisecond) // the instance holds what it can and reads no further
+	stop, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_ = g.Stop(stop)
+	cancel()
+	require.Less(t, r.distinct(), 10, "both stalled half-way")
+	b.makeDead(t, "twice")
+	b.sendRange(t, 40, 45)
+
+	g = run(func(int) bool { return false })
+	pgtest.Eventually(t, 20*time.Second, "every message", func() bool { return r.distinct() == 45 })
+	time.Sleep(200 * time.Millisecond) // a duplicate would come meanwhile
+	require.NoError(t, g.Stop(ctx))
+	require.Zero(t, r.dups(), "duplicates:\n%s", r.duplicates())
+}

@@ -58,16 +58,19 @@ type State string
 // Stop changes nothing: the subscription stays ACTIVE and, if no instance
 // returns before the heartbeat timeout, becomes DEAD.
 //
-// What DEAD costs: a DEAD group is no longer required on new messages and
-// is dropped from the messages it had not finished, so cleanup may delete
-// them once the other groups are done and the topic's retention has passed
-// (in Offset mode it stops holding the watermark back). When the group
-// comes back it receives, up to MaxBackfill, every message still stored
-// that it had not completed: what it owed when it died and what was
-// written while it was DEAD. Messages deleted meanwhile are lost to it. Size
-// HeartbeatTimeout above the longest pause an instance can take (a slow
-// deploy, a long GC or VM pause) and the topic's Retention above
-// HeartbeatTimeout plus the time a deploy may take.
+// What DEAD costs: a DEAD group is no longer required on new messages, in
+// any mode (in Offset mode it stops holding the watermark back at once):
+// they are deleted once the other groups are done and the topic's
+// retention has passed. What it had not finished when it died stays its
+// claim for the topic's ZombieTTL, then it is forgotten. When the group
+// comes back it receives its new messages at once and, beside them, a
+// backfill (throttled, see BackfillProgress) of at most MaxBackfill of the
+// messages still stored that it had not completed, oldest first: what it
+// owed when it died, then what was written while it was DEAD. Messages
+// deleted meanwhile are lost to it. Size HeartbeatTimeout above the
+// longest pause an instance can take (a slow deploy, a long GC or VM
+// pause) and the topic's Retention above HeartbeatTimeout plus the time a
+// deploy may take.
 const (
 	Active    State = "ACTIVE"
 	Paused    State = "PAUSED"
@@ -140,8 +143,11 @@ type SubscriptionOptions struct {
 	// there when it reads them. Defaults to false.
 	Backfill bool
 	// MaxBackfill caps how many messages a backfill delivers (oldest
-	// first); it also caps the backfill of a group that comes back from
-	// DEAD. Defaults to DefaultMaxBackfill.
+	// first). It also caps, in every tracking mode, the backfill of a
+	// group that comes back from DEAD: of the stored messages it had not
+	// completed (what it owed when it died, then what was written while
+	// it was DEAD), it receives at most MaxBackfill, throttled, beside its
+	// new messages. Defaults to DefaultMaxBackfill.
 	MaxBackfill int
 	// BackfillBatchSize caps the rows of one catch-up read. Defaults to
 	// DefaultBackfillBatchSize.

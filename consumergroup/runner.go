@@ -151,6 +151,7 @@ type held struct {
 	mu      sync.Mutex
 	batches map[int64]bool // true once the completer began to finish it
 	retries map[int64]struct{}
+	lost    map[int64]bool // batches whose takeover was reported (see reportLost)
 }
 
 func (h *held) add(batchID int64, retryIDs []int64) {
@@ -169,6 +170,19 @@ func (h *held) remove(batchID, retryID int64) {
 	defer h.mu.Unlock()
 	delete(h.batches, batchID)
 	delete(h.retries, retryID)
+	delete(h.lost, batchID)
+}
+
+// reportLost records that batchID was taken over, reporting whether that
+// is news.
+func (h *held) reportLost(batchID int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost[batchID] {
+		return false
+	}
+	h.lost[batchID] = true
+	return true
 }
 
 // finishing records that the completer is about to delete batchID's row:
@@ -203,7 +217,7 @@ func (h *held) snapshot() (batches, retries []int64) {
 
 func (g *Group) newRunner() (*runner, error) {
 	r := &runner{g: g, slots: map[*slot]struct{}{}, inflight: map[*outbox.Delivery]*job{}, testBatchFinished: g.testBatchFinished, throttle: newThrottle(g.opts)}
-	r.held.batches, r.held.retries = map[int64]bool{}, map[int64]struct{}{}
+	r.held.batches, r.held.retries, r.held.lost = map[int64]bool{}, map[int64]struct{}{}, map[int64]bool{}
 	members := g.members
 	r.members.Store(&members)
 	r.hbPool = g.cfg.HeartbeatPool

@@ -88,8 +88,9 @@ func (s *Service) pubsubTopics(ctx context.Context) ([]pubsubTopic, error) {
 }
 
 // capRetention deletes t's messages past its MaxRetention and reports, per
-// group, those it had not finished: a metric, and a WARN per topic and
-// group at most daily with the count since the last one.
+// group, those it had not finished: in the report and a metric each pass,
+// and in a WARN per topic and group at most daily (by the client's
+// clock), with the count since the last one.
 func (s *Service) capRetention(ctx context.Context, j *job, r *Report, t pubsubTopic) error {
 	lost := map[string]int64{}
 	n, err := s.drain(ctx, j, func(ctx context.Context, limit int) (int64, error) {
@@ -107,8 +108,9 @@ func (s *Service) capRetention(ctx context.Context, j *job, r *Report, t pubsubT
 		}
 		r.DroppedUnread[t.name+"/"+g] += c
 		s.metrics.droppedUnread.Add(ctx, c, s.metrics.groupAttrs(t.name, g))
-		s.logger.Warn("pgoutbox: messages older than the topic's MaxRetention were deleted before this group finished them; it will not receive them",
-			slog.String("topic", t.name), slog.String("group", g), slog.Int64("messages", c), slog.Duration("max_retention", t.maxRetention))
+		s.daily.Sum(slog.LevelWarn, "dropped-unread|"+t.name+"|"+g,
+			"pgoutbox: messages older than the topic's MaxRetention were deleted before this group finished them; it will not receive them",
+			"messages", c, slog.String("topic", t.name), slog.String("group", g), slog.Duration("max_retention", t.maxRetention))
 	}
 	return err
 }

@@ -36,11 +36,17 @@ type bundle struct {
 	logs     *logs
 }
 
-func setup(t *testing.T) *bundle {
+// setup returns a bundle on a fresh database; tune adjusts the client's
+// configuration (a clock, say).
+func setup(t *testing.T, tune ...func(*outbox.Config)) *bundle {
 	t.Helper()
 	db := pgtest.NewDB(t)
 	l := &logs{}
-	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema, Logger: l.logger()})
+	cfg := outbox.Config{Schema: db.Schema, Logger: l.logger()}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	client, err := outbox.NewClient(db.Pool, cfg)
 	require.NoError(t, err)
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)

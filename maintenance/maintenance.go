@@ -48,7 +48,7 @@ type Service struct {
 	pq      *sqlq.Partitions
 	logger  *slog.Logger
 	events  *ratelog.Log // failures, at most once per LogInterval
-	daily   *ratelog.Log // warnings about DEAD groups due for deletion
+	daily   *ratelog.Log // warnings about DEAD groups due for deletion and messages the retention cap took, by the client's clock
 	metrics *metrics
 	jobs    []*job
 
@@ -77,7 +77,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	}
 	logger := cfg.Logger.With(slog.String("component", "pgoutbox.maintenance"))
 	s := &Service{cfg: cfg, pool: pool, groups: groups, q: sqlq.ForMaintenance(schema), pq: sqlq.ForPartitions(schema), logger: logger,
-		events: ratelog.New(logger, cfg.Client.LogInterval(), time.Now), daily: ratelog.New(logger, 24*time.Hour, time.Now),
+		events: ratelog.New(logger, cfg.Client.LogInterval(), time.Now), daily: ratelog.New(logger, 24*time.Hour, clientTime(cfg.Client)),
 		metrics: newMetrics(cfg.MeterProvider)}
 	s.jobs = []*job{
 		{name: "dead-groups", every: cfg.DeadGroupInterval, pass: s.deadGroups},
@@ -262,6 +262,17 @@ func (s *Service) logReport(j *job, r Report) {
 	}
 	if len(attrs) > 1 {
 		s.logger.LogAttrs(context.Background(), slog.LevelInfo, "pgoutbox: maintenance pass", attrs...)
+	}
+}
+
+// clientTime is client's clock (the one the jobs judge ages by), or the
+// process's when it has none.
+func clientTime(client *outbox.Client) func() time.Time {
+	return func() time.Time {
+		if t := client.Now(); t != nil {
+			return *t
+		}
+		return time.Now()
 	}
 }
 

@@ -2,16 +2,19 @@ package maintenance_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -138,9 +141,88 @@ func TestRetentionCapReleasesRowsAPausedGroupHolds(t *testing.T) {
 	}
 }
 
+// The retention cap deletes a message a group still retries, and counts
+// and logs it for the group, in every mode (in Offset mode the group's
+// position has passed it: the position alone does not say it is
+// unfinished). The retry goes with it: the group's Health no longer
+// counts it as waiting, and it is never delivered.
+func TestRetentionCapCountsPendingRetries(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			clock := clocktest.New(time.Now())
+			b := setup(t, func(c *outbox.Config) { c.Clock = clock })
+			ctx := context.Background()
+			b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
+				Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, MaxRetention: 10 * time.Minute})
+			c := newCounter()
+			var seq atomic.Int64
+			g := b.group(t, "events", "g", func(ctx context.Context, d *outbox.Delivery) error {
+				if seq.Add(1)%40 == 0 {
+					return outbox.RetryAfter(time.Hour, errors.New("not now"))
+				}
+				return c.handle(ctx, d)
+			}, consumergroup.FromNow())
+			b.send(t, "events", 80)
+			pgtest.Eventually(t, 10*time.Second, "78 handled, 2 waiting for their retry", func() bool {
+				h, err := g.Health(ctx, 0)
+				require.NoError(t, err)
+				return c.distinct() == 78 && h.Waiting == 2
+			})
+
+			clock.Advance(11 * time.Minute) // past MaxRetention
+			r, err := b.service(t, maintenance.Config{}).RunOnce(ctx)
+			require.NoError(t, err)
+			require.Zero(t, b.count(t, "outbox_published", "true"))
+			require.Equal(t, map[string]int64{"events/g": 2}, r.DroppedUnread, "the retries the cap deleted")
+			require.Len(t, b.logs.Lines("level=WARN", "MaxRetention were deleted before this group finished them", "messages=2"), 1)
+			h, err := g.Health(ctx, 0)
+			require.NoError(t, err)
+			require.Zero(t, h.Waiting, "the deleted messages no longer wait")
+			require.Zero(t, b.count(t, "outbox_group_retries", "true"))
+			require.Equal(t, 78, c.distinct())
+		})
+	}
+}
+
+// The retention cap's WARN comes at most once a day for a topic and
+// group, and says how many messages were lost since the last one; the
+// report (and the metric) count every pass.
+func TestRetentionCapWarnsAtMostDaily(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	b := setup(t, func(c *outbox.Config) { c.Clock = clock })
+	ctx := context.Background()
+	b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
+		Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, MaxRetention: 10 * time.Minute})
+	g := b.group(t, "events", "paused", newCounter().handle, consumergroup.FromNow())
+	require.NoError(t, g.Pause(ctx))
+	s := b.service(t, maintenance.Config{})
+	warnings := func() []string {
+		return b.logs.Lines("level=WARN", "MaxRetention were deleted before this group finished them")
+	}
+	pass := func(messages int, advance time.Duration) {
+		t.Helper()
+		b.send(t, "events", messages)
+		clock.Advance(advance)
+		r, err := s.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, map[string]int64{"events/paused": int64(messages)}, r.DroppedUnread)
+	}
+
+	pass(5, 11*time.Minute)
+	require.Len(t, warnings(), 1)
+	require.Contains(t, warnings()[0], "messages=5")
+	pass(7, 11*time.Minute)
+	require.Len(t, warnings(), 1, "a second WARN within a day")
+	pass(3, 24*time.Hour)
+	require.Len(t, warnings(), 2)
+	require.Contains(t, warnings()[1], "messages=10", "the messages lost since the last WARN")
+}
+
 // A DEAD group keeps its claim on what it had not finished for the
 // topic's ZombieTTL, then it is forgotten and cleanup deletes those
-// messages.
+// messages. What was written after it died was never its claim.
 func TestZombieTTLReleasesADeadGroupsClaims(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
@@ -155,6 +237,7 @@ func TestZombieTTLReleasesADeadGroupsClaims(t *testing.T) {
 				c.HeartbeatInterval, c.HeartbeatTimeout = 100*time.Millisecond, 500*time.Millisecond
 			})
 			require.NoError(t, gd.Stop(ctx))
+			owed := b.send(t, "events", 10)
 			s := b.service(t, maintenance.Config{})
 			pgtest.Eventually(t, 10*time.Second, "the stopped group DEAD", func() bool {
 				r, err := s.RunOnce(ctx)
@@ -163,22 +246,16 @@ func TestZombieTTLReleasesADeadGroupsClaims(t *testing.T) {
 			})
 			died := time.Now()
 			b.send(t, "events", 20)
-			pgtest.Eventually(t, 10*time.Second, "the live group done", func() bool { return live.distinct() == 20 })
-			if mode == outbox.Offset {
-				// Its position still counts: everything after it is kept.
+			pgtest.Eventually(t, 10*time.Second, "the live group done", func() bool { return live.distinct() == 30 })
+			// New messages no longer need it: they go once the live
+			// group's completions are recorded (its handlers returned
+			// before that).
+			pgtest.Eventually(t, 10*time.Second, "the messages written after it died deleted", func() bool {
 				_, err := s.RunOnce(ctx)
 				require.NoError(t, err)
-				require.Equal(t, 20, b.count(t, "outbox_published", "true"))
-			} else {
-				// New messages no longer needed it: they go once the live
-				// group's completions are recorded (its handlers returned
-				// before that).
-				pgtest.Eventually(t, 10*time.Second, "the messages deleted", func() bool {
-					_, err := s.RunOnce(ctx)
-					require.NoError(t, err)
-					return b.count(t, "outbox_published", "true") == 0
-				})
-			}
+				return b.count(t, "outbox_published", "true") == len(owed)
+			})
+			require.Equal(t, len(owed), b.count(t, "outbox_published", "id = ANY($1)", owed), "what it owes is kept")
 			time.Sleep(time.Until(died.Add(2100 * time.Millisecond)))
 			_, err := s.RunOnce(ctx)
 			require.NoError(t, err)
@@ -189,40 +266,83 @@ func TestZombieTTLReleasesADeadGroupsClaims(t *testing.T) {
 	}
 }
 
-// A DEAD group keeps its claim on what it had not finished: cleanup
-// leaves those messages alone within the topic's ZombieTTL.
-func TestDeadGroupWithinZombieTTLPinsWhatItOwes(t *testing.T) {
-	for _, mode := range []outbox.TrackingMode{outbox.Bitmap, outbox.Counter} {
+// A DEAD group keeps, within the topic's ZombieTTL (an hour here), only
+// what it had not finished when it died, in every mode: the messages
+// written after it died are deleted once the live group finished them.
+// When it comes back with MaxBackfill 100 while 300 more old messages are
+// stored (the live group, paused, keeps them), it receives 100 old ones,
+// oldest first (what it owed among them), through a backfill that
+// BackfillProgress shows, and every new one.
+func TestDeadGroupKeepsOnlyWhatItOwes(t *testing.T) {
+	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			ctx := context.Background()
 			b.topic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: mode,
-				Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond})
-			live, slow := newCounter(), newCounter()
-			b.group(t, "events", "live", live.handle, consumergroup.FromNow())
-			gd := b.group(t, "events", "owes", slow.handle, consumergroup.FromNow(), func(c *consumergroup.Config) {
+				Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond, ZombieTTL: time.Hour})
+			live, zombie := newCounter(), newCounter()
+			gl := b.group(t, "events", "live", live.handle, consumergroup.FromNow())
+			gz := b.group(t, "events", "zombie", zombie.handle, consumergroup.FromNow(), func(c *consumergroup.Config) {
 				c.HeartbeatInterval, c.HeartbeatTimeout = 100*time.Millisecond, 500*time.Millisecond
 			})
-			require.NoError(t, gd.Pause(ctx))
-			time.Sleep(100 * time.Millisecond)
-			owed := b.send(t, "events", 10)
-			pgtest.Eventually(t, 10*time.Second, "the live group done", func() bool { return live.distinct() == 10 })
-			require.NoError(t, gd.Resume(ctx))
-			require.NoError(t, gd.Stop(ctx)) // and dies before it reads them
+			require.NoError(t, gz.Stop(ctx)) // it goes away without a goodbye: its heartbeats stop
+			owed := b.send(t, "events", 10)  // written before it dies
 			s := b.service(t, maintenance.Config{})
 			pgtest.Eventually(t, 10*time.Second, "the group DEAD", func() bool {
-				st, err := gd.State(ctx)
+				r, err := s.RunOnce(ctx)
 				require.NoError(t, err)
-				if st != consumergroup.Dead {
-					_, err = s.RunOnce(ctx)
-					require.NoError(t, err)
-				}
-				return st == consumergroup.Dead
+				return slices.Contains(r.DeadGroups, "events/zombie")
 			})
-			_, err := s.RunOnce(ctx)
-			require.NoError(t, err)
-			require.Equal(t, len(owed), b.count(t, "outbox_published", "id = ANY($1)", owed), "kept for the DEAD group")
+			var later []int64
+			for range 4 {
+				later = append(later, b.send(t, "events", 500)...)
+			}
+			pgtest.Eventually(t, 20*time.Second, "the live group done", func() bool { return live.distinct() == 2010 })
+			pgtest.Eventually(t, 10*time.Second, "what was written after it died deleted", func() bool {
+				_, err := s.RunOnce(ctx)
+				require.NoError(t, err)
+				require.Equal(t, len(owed), b.count(t, "outbox_published", "id = ANY($1)", owed), "what it owes is kept for it")
+				return b.count(t, "outbox_published", "id = ANY($1)", later) == 0
+			})
+
+			require.NoError(t, gl.Pause(ctx))
+			time.Sleep(100 * time.Millisecond) // the pause reaches the live instance
+			kept := b.send(t, "events", 300)   // written while it is DEAD, kept by the paused group
+			opts := consumergroup.FromNow()
+			opts.MaxBackfill = 100
+			back := b.group(t, "events", "zombie", zombie.handle, opts)
+			fresh := b.send(t, "events", 20)
+			var p consumergroup.BackfillProgress
+			pgtest.Eventually(t, 10*time.Second, "the new messages and a backfill of 100", func() bool {
+				var err error
+				p, err = back.BackfillProgress(ctx)
+				require.NoError(t, err)
+				for _, id := range fresh {
+					if !zombie.has(id) {
+						return false
+					}
+				}
+				return p.Outcome == consumergroup.BackfillCapped
+			})
+			require.EqualValues(t, 100, p.Done, "the backfill hands out MaxBackfill old messages")
+			time.Sleep(200 * time.Millisecond) // more old messages would come meanwhile
+			old := 0
+			for _, id := range append(slices.Clone(owed), kept...) {
+				if zombie.has(id) {
+					old++
+				}
+			}
+			require.Equal(t, 100, old, "MaxBackfill old messages, no more")
+			for _, id := range owed {
+				require.True(t, zombie.has(id), "what it owed is the oldest: the backfill reads it first")
+			}
+			for _, id := range later {
+				require.False(t, zombie.has(id), "deleted while it was DEAD")
+			}
+			require.Equal(t, 120, zombie.distinct())
+			require.Zero(t, zombie.dups())
+			require.Empty(t, b.logs.errors())
 		})
 	}
 }

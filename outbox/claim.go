@@ -126,8 +126,9 @@ func turnTakers(out []claimed) []claimed {
 	return takers
 }
 
-// takeBackExpired logs the claimed messages whose lease had expired and
-// dead-letters, instead of delivering, those whose expired lease was their
+// takeBackExpired logs the claimed messages whose lease had expired (at
+// most once per topic and LogInterval, the next record counting those
+// left out) and dead-letters, instead of delivering, those whose expired lease was their
 // last attempt (giving back the attempt the claim counted). On an ordered
 // topic, what the claim took behind such a message in its group (a run)
 // is handed back untried: it waits for the dead letter, or, when the topic
@@ -142,8 +143,8 @@ func (c *Client) takeBackExpired(ctx context.Context, t TopicConfig, out []claim
 	if expired == 0 {
 		return out, nil
 	}
-	c.logger.Warn("pgoutbox: took back messages whose lease expired",
-		slog.String("topic", t.Name), slog.Int("count", expired))
+	c.takeovers.Sum(slog.LevelWarn, "takeover|"+t.Name, "pgoutbox: took back messages whose lease expired",
+		"count", int64(expired), slog.String("topic", t.Name))
 	var err error
 	deadAt := map[string]int64{} // message group -> its lowest id dead-lettered here
 	out = slices.DeleteFunc(out, func(cl claimed) bool {

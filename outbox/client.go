@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/tracing"
 )
@@ -88,6 +89,7 @@ type Client struct {
 	schema        string
 	sql           *sqlq.Outbox
 	logger        *slog.Logger
+	takeovers     *ratelog.Log // messages taken back from an expired lease, per topic
 	metrics       *metrics
 	clock         Clock
 	wake          wakeups  // the shared LISTEN connection
@@ -146,6 +148,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		schema:        schema,
 		sql:           sqlq.For(schema),
 		logger:        logger,
+		takeovers:     ratelog.New(logger, cfg.LogInterval, time.Now),
 		metrics:       newMetrics(cfg.MeterProvider),
 		clock:         cfg.Clock,
 		watched:       map[string]watchedTopic{},

@@ -78,7 +78,7 @@ const (
 	// holds it (the design's forced retention cap).
 	DefaultMaxRetention = 30 * 24 * time.Hour
 	// DefaultZombieTTL is how long a DEAD group keeps its claim on the
-	// messages it had not finished.
+	// messages it had not finished when it died.
 	DefaultZombieTTL = 7 * 24 * time.Hour
 )
 
@@ -128,15 +128,19 @@ type TopicConfig struct {
 	IdempotencyWindow time.Duration
 	// MaxRetention caps how long a PUB_SUB message is kept: the maintenance
 	// service deletes a message this old even if a group has not finished
-	// it (a PAUSED group, one that is stuck or keeps failing), counting
-	// and logging it per group, which then never sees it. At least
+	// it (a PAUSED group, one that is stuck or keeps failing, a pending
+	// retry, a DEAD group within its ZombieTTL), counting it per group
+	// (logged at most daily), which then never sees it. At least
 	// Retention and ZeroSubscriptionRetention. Defaults to
 	// DefaultMaxRetention.
 	MaxRetention time.Duration
 	// ZombieTTL is how long a DEAD group keeps its claim on the PUB_SUB
-	// messages it had not finished (they are kept for it, and it receives
-	// them if it comes back meanwhile); after that it is forgotten, and
-	// what cleanup deletes meanwhile is lost to it. Defaults to
+	// messages it had not finished when it died (they are kept for it, and
+	// it receives them, within its MaxBackfill, if it comes back
+	// meanwhile); after that it is forgotten, and what cleanup deletes
+	// meanwhile is lost to it. The messages written after it died are not
+	// its claim, in any tracking mode: they go once the other groups
+	// finished them and the topic's Retention passed. Defaults to
 	// DefaultZombieTTL.
 	ZombieTTL time.Duration
 	// Ordered makes the topic deliver the messages of each message group

@@ -281,22 +281,25 @@ func (*Offset) Completed(context.Context, DB, Subscription, []int64) (map[int64]
 	return nil, nil
 }
 
-// Forget implements Tracker: a group that left simply stops holding the
-// watermark back.
+// Forget implements Tracker: a group that left holds the watermark back
+// no more (a DEAD one, within its ZombieTTL, only what it owes).
 func (*Offset) Forget(context.Context, pgx.Tx, Subscription, bool, int) (int64, error) { return 0, nil }
 
 // Cleanup implements Tracker: it deletes rows visible in keep.Watermark
-// (the least committed position of the groups holding claims, from
-// CleanupBounds), or, with no such group, past the zero-subscription floor.
+// (the least committed position of the ACTIVE and PAUSED groups, from
+// CleanupBounds), or, with no such group, past the zero-subscription
+// floor, that no DEAD group within its ZombieTTL owes (written before it
+// died, past its position).
 func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
 	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
 		keep.ZeroSubscription.Microseconds(), snapshotOrNull(keep.Watermark), keep.below())
 }
 
-// Holds implements Tracker: the watermark of the groups holding claims
-// (see Watermark) must see every message of the range.
+// Holds implements Tracker: the watermark (see Watermark) must see every
+// message of the range, and no DEAD group within its ZombieTTL may owe
+// one.
 func (o *Offset) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
-	wm, err := watermark(ctx, db, o.q, topic, true)
+	wm, err := watermark(ctx, db, o.q, topic)
 	if err != nil {
 		return false, err
 	}
@@ -385,7 +388,7 @@ func (m *Mixed) Cleanup(ctx context.Context, db DB, topic string, keep Retention
 // Holds implements Tracker: a message of the range its own record says is
 // unfinished holds it.
 func (m *Mixed) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
-	wm, err := watermark(ctx, db, m.q, topic, true)
+	wm, err := watermark(ctx, db, m.q, topic)
 	if err != nil {
 		return false, err
 	}

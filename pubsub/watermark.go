@@ -15,25 +15,26 @@ import (
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
-// Watermark returns the least committed position of the groups of topic
-// that hold claims (ACTIVE, PAUSED, and DEAD within the topic's
-// ZombieTTL), in the tables of schema, as pg_snapshot text, or "" when
-// there is none. Every position is a snapshot taken at some moment (or the
-// empty one), so they are ordered by inclusion: a snapshot taken earlier
-// sees a subset of what a later one sees. The least is found by comparing
-// xmax, then xmin, then the in-progress list (longer is earlier).
+// Watermark returns the least committed position of the ACTIVE and
+// PAUSED groups of topic, in the tables of schema, as pg_snapshot text,
+// or "" when there is none. A DEAD group does not hold it back: within
+// its topic's ZombieTTL it holds only what it had not finished when it
+// died, which cleanup and the partition check ask apart. Every position
+// is a snapshot taken at some moment (or the empty one), so they are
+// ordered by inclusion: a snapshot taken earlier sees a subset of what a
+// later one sees. The least is found by comparing xmax, then xmin, then
+// the in-progress list (longer is earlier).
 func Watermark(ctx context.Context, db DB, schema, topic string) (string, error) {
 	schema, err := ident.Schema(schema)
 	if err != nil {
 		return "", err
 	}
-	return watermark(ctx, db, sqlq.ForPubSub(schema), topic, true)
+	return watermark(ctx, db, sqlq.ForPubSub(schema), topic)
 }
 
-// watermark is the least committed position of topic's groups holding
-// claims, DEAD ones within their ZombieTTL only when withDead.
-func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string, withDead bool) (string, error) {
-	rows, err := db.Query(ctx, q.CommittedPosition, topic, withDead)
+// watermark is Watermark with the statements q.
+func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string, error) {
+	rows, err := db.Query(ctx, q.CommittedPosition, topic)
 	if err != nil {
 		return "", fmt.Errorf("pubsub: committed positions: %w", err)
 	}
@@ -95,8 +96,8 @@ func parseSnapshot(s string) (snapKey, error) {
 
 // Bounds bound a cleanup pass of one topic.
 type Bounds struct {
-	// Watermark is the least committed position of the groups holding
-	// claims ("" when none): every such group has passed the rows
+	// Watermark is the least committed position of the ACTIVE and PAUSED
+	// groups ("" when none): every such group has passed the rows
 	// visible in it.
 	Watermark string
 	// Below is an xid8 (text): the pass scans rows with smaller xids
@@ -108,11 +109,10 @@ type Bounds struct {
 
 // CleanupBounds computes the bounds of a cleanup pass of topic that
 // deletes rows older than keep's retentions, and records the watermark.
-// In Offset mode (and while a topic's mode changes, which may leave
-// Offset messages stored) a DEAD group's position counts while its
-// claims stand; in the other modes the rows a DEAD group owes still
-// require it, one by one, so its position does not bound the scan (the
-// messages written after it died need it no more).
+// A DEAD group's position does not bound the scan: what it owes is kept
+// row by row (in Bitmap and Counter mode it is in their required sets; in
+// Offset mode cleanup asks its claim), and the messages written after it
+// died need it no more.
 func CleanupBounds(ctx context.Context, db DB, schema string, t outbox.TopicConfig, keep Retention) (Bounds, error) {
 	topic := t.Name
 	schema, err := ident.Schema(schema)
@@ -128,25 +128,14 @@ func CleanupBounds(ctx context.Context, db DB, schema string, t outbox.TopicConf
 	if keep.Now != nil {
 		now = *keep.Now
 	}
-	if b.Watermark, err = watermark(ctx, db, q, topic, t.Tracking == outbox.Offset || t.ModeChanging); err != nil {
+	if b.Watermark, err = watermark(ctx, db, q, topic); err != nil {
 		return Bounds{}, err
-	}
-	bound := b.Watermark
-	if t.ModeChanging && t.Tracking != outbox.Offset {
-		// The Offset messages of a change are judged by the watermark
-		// above, DEAD groups included; the scan goes as far as Bitmap and
-		// Counter mode's, past a DEAD group's position.
-		if bound, err = watermark(ctx, db, q, topic, false); err != nil {
-			return Bounds{}, err
-		}
 	}
 	if b.Watermark != "" {
 		if _, err := exec(ctx, db, "record watermark", q.UpsertWatermark, topic, b.Watermark); err != nil {
 			return Bounds{}, err
 		}
-	}
-	if bound != "" {
-		b.Below = strings.SplitN(bound, ":", 3)[1] // its xmax: rows from it on are not visible in it
+		b.Below = strings.SplitN(b.Watermark, ":", 3)[1] // its xmax: rows from it on are not visible in it
 	}
 	if b.Below, err = frontier(ctx, db, q, topic, b.Below, now.Add(-min(keep.Completed, keep.ZeroSubscription))); err != nil {
 		return Bounds{}, err

@@ -30,6 +30,7 @@ type Log struct {
 type logged struct {
 	at         time.Time
 	suppressed int
+	sum        int64 // Sum's counts of the records left out
 }
 
 // New returns a Log writing through logger, at most one record per key
@@ -46,7 +47,7 @@ func (l *Log) Log(level slog.Level, key, msg string, attrs ...slog.Attr) {
 	if !l.logger.Enabled(ctx, level) {
 		return
 	}
-	suppressed, ok := l.allow(key)
+	suppressed, _, ok := l.allow(key, 0)
 	if !ok {
 		return
 	}
@@ -56,9 +57,25 @@ func (l *Log) Log(level slog.Level, key, msg string, attrs ...slog.Attr) {
 	l.logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
-// allow reports whether a record of key may be written now, and how many
-// were suppressed since the last one.
-func (l *Log) allow(key string) (suppressed int, ok bool) {
+// Sum is Log for a record that counts something (messages taken over,
+// say): its attribute name is n plus the counts of the records of key
+// left out since the last one written, so that rate limiting loses no
+// count. The counts add up even while the level is disabled.
+func (l *Log) Sum(level slog.Level, key, msg, name string, n int64, attrs ...slog.Attr) {
+	suppressed, sum, ok := l.allow(key, n)
+	if !ok {
+		return
+	}
+	attrs = append([]slog.Attr{slog.Int64(name, sum)}, attrs...)
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int("suppressed", suppressed))
+	}
+	l.logger.LogAttrs(context.Background(), level, msg, attrs...)
+}
+
+// allow reports whether a record of key may be written now, how many were
+// suppressed since the last one, and n plus the counts they carried.
+func (l *Log) allow(key string, n int64) (suppressed int, sum int64, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
@@ -75,17 +92,19 @@ func (l *Log) allow(key string) (suppressed int, ok bool) {
 	}
 	if e == nil {
 		l.seen[key] = &logged{at: now}
-		return 0, true
+		return 0, n, true
 	}
 	if now.Sub(e.at) < l.every {
 		e.suppressed++
-		return 0, false
+		e.sum += n
+		return 0, 0, false
 	}
-	suppressed, e.at, e.suppressed = e.suppressed, now, 0
-	return suppressed, true
+	suppressed, sum, e.at, e.suppressed, e.sum = e.suppressed, e.sum+n, now, 0, 0
+	return suppressed, sum, true
 }
 
-// Prune forgets keys not logged within the interval.
+// Prune forgets keys not logged within the interval, except those with
+// records left out since (the next record says how many).
 func (l *Log) Prune() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -94,7 +113,7 @@ func (l *Log) Prune() {
 
 func (l *Log) pruneLocked(now time.Time) {
 	for k, e := range l.seen {
-		if now.Sub(e.at) >= l.every {
+		if now.Sub(e.at) >= l.every && e.suppressed == 0 {
 			delete(l.seen, k)
 		}
 	}

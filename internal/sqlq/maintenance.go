@@ -55,12 +55,16 @@ SELECT topic, tracking_mode, (extract(epoch FROM max_retention) * 1e6)::bigint
 FROM {{schema}}.outbox_topics WHERE semantics = 'PUB_SUB' ORDER BY topic`
 
 // retentionCap deletes up to $5 rows of topic $1 below xid $2 written
-// before $3 less $4 microseconds, whoever still holds them, and counts for
-// each group that holds claims the rows it had not finished, by each
-// row's own record (see mixedCleanup): Bitmap, its required bit without
-// its done bit; Counter, a required id without a dedupe row; Offset, a row
-// its committed position does not see. The first row is the number deleted, under an empty group name.
-const retentionCap = `
+// before $3 less $4 microseconds, whoever still holds them, with the
+// retries of them that kept no copy (dead letters keep theirs): they
+// cannot be delivered any more. It counts, for each group that holds
+// claims, the rows it had not finished: a retry of it was pending, or by
+// the row's own record (see mixedCleanup): Bitmap, its required bit
+// without its done bit; Counter, a required id without a dedupe row;
+// Offset, a row its committed position does not see (for a DEAD group,
+// written before it died: see deadClaims). The first row is the number
+// deleted, under an empty group name.
+var retentionCap = `
 WITH gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
@@ -71,19 +75,23 @@ WITH gone AS (
 ), dedupe AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
     RETURNING message_id, subscription_id
+), retries AS (
+    DELETE FROM {{schema}}.outbox_group_retries
+    WHERE message_id IN (SELECT id FROM gone) AND payload IS NULL AND status <> 'DEAD_LETTER'
+    RETURNING message_id, subscription_id
 ), unread AS (
     SELECT s.group_name
     FROM gone
     JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.topic = $1 AND ` + holdsClaims + `
     JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id
-    WHERE CASE
+    WHERE EXISTS (SELECT 1 FROM retries AS r WHERE r.message_id = gone.id AND r.subscription_id = s.id)
+       OR CASE
           WHEN gone.required_bits IS NOT NULL THEN s.bit IS NOT NULL AND gone.required_bits & (1::bigint << s.bit) <> 0
                              AND coalesce(gone.done_bits, 0) & (1::bigint << s.bit) = 0
           WHEN gone.required_count IS NOT NULL THEN s.id = ANY(gone.required_ids)
                               AND NOT EXISTS (SELECT 1 FROM dedupe AS d WHERE d.message_id = gone.id AND d.subscription_id = s.id)
-          ELSE NOT pg_visible_in_snapshot(gone.xid, coalesce(p.backfill_from,
-                   (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1),
-                   p.position))
+          ELSE NOT pg_visible_in_snapshot(gone.xid, ` + committedOf("s", "p") + `)
+               AND (s.subscription_status <> 'DEAD' OR pg_visible_in_snapshot(gone.xid, coalesce(s.dead_upto, pg_current_snapshot())))
           END
 )
 SELECT '', (SELECT count(*) FROM gone)

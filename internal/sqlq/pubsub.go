@@ -22,6 +22,7 @@ type PubSub struct {
 	SelectSubscription, InsertSubscription, InsertOffset           string
 	SubscribedBits, AddSubscribed, RemoveSubscribed, SetStatus     string
 	LockOffsetWait, ResurrectOffset, SubscriptionStatus, Heartbeat string
+	ResurrectOffsetMode                                            string
 	DeadCandidates, AnyDeadCandidate, LockOffsetsSkipLocked        string
 	PendingForgets, LockForget, ForgetDone, DeleteGroupState       string
 	CommittedPosition, DeletedTombstone                            string
@@ -30,6 +31,7 @@ type PubSub struct {
 	LockOffset, OffsetExists, FetchState           string
 	CatchupRows, CatchupSize, CatchupProgress      string
 	FinishBackfill, CancelBackfill, BackfillState  string
+	NextBackfillPair                               string
 	TakeExpiredBatch, MoveBatchToRetries           string
 	FetchRows, AdvanceOffset, InsertBatch, AnyWork string
 	ReapRetries, DeleteOrphanRetries, ClaimRetries string
@@ -77,6 +79,7 @@ func ForPubSub(schema string) *PubSub {
 		SetStatus:             q(setStatus),
 		LockOffsetWait:        q(lockOffsetWait),
 		ResurrectOffset:       q(resurrectOffset),
+		ResurrectOffsetMode:   q(resurrectOffsetMode),
 		SubscriptionStatus:    q(subscriptionStatus),
 		Heartbeat:             q(heartbeat),
 		DeadCandidates:        q(deadCandidates),
@@ -97,6 +100,7 @@ func ForPubSub(schema string) *PubSub {
 		FinishBackfill:      q(finishBackfill),
 		CancelBackfill:      q(cancelBackfill),
 		BackfillState:       q(backfillState),
+		NextBackfillPair:    q(nextBackfillPair),
 		TakeExpiredBatch:    q(takeExpiredBatch),
 		MoveBatchToRetries:  q(moveBatchToRetries),
 		FetchRows:           q(fetchRows),
@@ -176,7 +180,8 @@ const lockTopicShared = `SELECT pg_advisory_xact_lock_shared(` + topicLockClass 
 
 // holdsClaims is true for a subscription s whose claims on messages
 // count: an ACTIVE or PAUSED group, and a DEAD one for its topic's
-// ZombieTTL after it died (it may come back for them).
+// ZombieTTL after it died (it may come back for them; it claims only
+// what it had not finished when it died, see deadClaims).
 const holdsClaims = `(s.subscription_status IN ('ACTIVE', 'PAUSED')
        OR (s.subscription_status = 'DEAD'
            AND s.released_at > now() - (SELECT t.zombie_ttl FROM {{schema}}.outbox_topics AS t WHERE t.topic = s.topic)))`
@@ -240,11 +245,15 @@ SET subscribed_bits = subscribed_bits & ~$2::bigint,
 WHERE topic = $1`
 
 // setStatus records a state change; leaving (DEAD, CANCELLED) makes
-// forgetting pending, coming back (ACTIVE) ends it.
+// forgetting pending, coming back (ACTIVE) ends it. A group declared DEAD
+// records the current snapshot (dead_upto): run under the topic's lock,
+// it sees every message written before, and none written after, which
+// are not the DEAD group's claim (see deadClaims).
 const setStatus = `
 UPDATE {{schema}}.outbox_topic_subscriptions
 SET subscription_status = $2, last_active_at = now(),
     released_at = CASE WHEN $2 IN ('DEAD', 'CANCELLED') THEN now() END,
+    dead_upto = CASE WHEN $2 = 'DEAD' THEN pg_current_snapshot() END,
     forget_pending = $2 IN ('DEAD', 'CANCELLED'),
     last_heartbeat_at = CASE WHEN $2 = 'ACTIVE' THEN now() ELSE last_heartbeat_at END
 WHERE id = $1`
@@ -254,12 +263,11 @@ WHERE id = $1`
 const lockOffsetWait = `
 SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1 FOR UPDATE`
 
-// resurrectOffset prepares a Bitmap or Counter group that comes back (an
-// Offset group's position needs nothing: its claims kept what it had not
-// read). Its stream starts now; a catch-up reads, beside it, what lies
-// between its position (or the start of a catch-up it left unfinished)
-// and now and it has not completed, up to $2 rows: what it owed, and what
-// was written while it was DEAD and so does not require it. Its open
+// resurrectOffset prepares a Bitmap or Counter group that comes back. Its
+// stream starts now; a catch-up reads, beside it, what lies between its
+// position (or the start of a catch-up it left unfinished) and now and it
+// has not completed, up to $2 rows: what it owed, and what was written
+// while it was DEAD (still stored) and so does not require it. Its open
 // batches are expired: the next fetch moves their rows to the retry
 // table, which the catch-up leaves alone.
 const resurrectOffset = `
@@ -269,9 +277,70 @@ WITH expired AS (
 UPDATE {{schema}}.outbox_subscription_offsets AS o
 SET backfill_from = CASE WHEN o.backfill_upto IS NOT NULL THEN o.backfill_from ELSE o.position END,
     backfill_upto = pg_current_snapshot(), backfill_xid = NULL, backfill_id = NULL, backfill_left = $2,
+    backfill_lower = NULL, backfill_next = NULL,
     backfill_total = 0, backfill_done = 0, backfill_started_at = now(), backfill_ended_at = NULL, backfill_outcome = NULL,
     position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
 WHERE o.subscription_id = $1`
+
+// resurrectOffsetMode is resurrectOffset for a group of an Offset topic,
+// which records nothing per message: its catch-up cannot skip what it
+// completed, so it reads exactly what the group had not read, pair after
+// pair (see backfillSegment): the rest of the backfill it was reading
+// when it died, then the rest of the snapshot pair its stream had begun,
+// then what lies between there and now (what it owed, and what was
+// written while it was DEAD and is still stored), up to $2 rows in all.
+// Its stream starts now. Cleanup keeps, until the catch-up ends,
+// everything its committed position had not seen (backfill_from), the
+// rows of its open batches too: they are expired, and the next fetch
+// moves them to the retry table.
+var resurrectOffsetMode = `
+WITH expired AS (
+    UPDATE {{schema}}.outbox_group_batches SET lease_until = '-infinity' WHERE subscription_id = $1
+), reading AS (
+    SELECT CASE WHEN o.backfill_upto IS NOT NULL AND o.backfill_ended_at IS NULL
+                THEN jsonb_build_array(` + backfillSegment("coalesce(o.backfill_lower, o.backfill_from)", "o.backfill_upto", "o.backfill_xid", "o.backfill_id") + `)
+                     || coalesce(o.backfill_next, '[]')
+                ELSE '[]' END
+           || CASE WHEN o.pair_cur IS NOT NULL
+                   THEN jsonb_build_array(` + backfillSegment("o.position", "o.pair_cur", "o.resume_xid", "o.resume_id") + `)
+                   ELSE '[]' END
+           || jsonb_build_array(` + backfillSegment("coalesce(o.pair_cur, o.position)", "pg_current_snapshot()", "NULL::xid8", "NULL::bigint") + `) AS pairs,
+           ` + committedOf("s", "o") + ` AS committed
+    FROM {{schema}}.outbox_subscription_offsets AS o
+    JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = o.subscription_id
+    WHERE o.subscription_id = $1
+)
+UPDATE {{schema}}.outbox_subscription_offsets AS o
+SET backfill_from = r.committed, ` + popBackfillPair("r.pairs") + `,
+    backfill_left = $2, backfill_total = 0, backfill_done = 0, backfill_started_at = now(), backfill_ended_at = NULL,
+    backfill_outcome = NULL,
+    position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
+FROM reading AS r
+WHERE o.subscription_id = $1`
+
+// backfillSegment is a snapshot pair a backfill reads, after a cursor,
+// as an element of backfill_next.
+func backfillSegment(lower, upto, xid, id string) string {
+	return `jsonb_build_object('lower', ` + lower + `::text, 'upto', ` + upto + `::text, 'xid', ` + xid + `::text, 'id', ` + id + `)`
+}
+
+// popBackfillPair sets a backfill's current pair and cursor to the first
+// of pairs (a jsonb array of backfillSegment) and queues the rest.
+func popBackfillPair(pairs string) string {
+	return `backfill_lower = (` + pairs + `->0->>'lower')::pg_snapshot, backfill_upto = (` + pairs + `->0->>'upto')::pg_snapshot,
+    backfill_xid = (` + pairs + `->0->>'xid')::xid8, backfill_id = (` + pairs + `->0->>'id')::bigint,
+    backfill_next = nullif(` + pairs + ` - 0, '[]')`
+}
+
+// nextBackfillPair moves subscription $1's backfill, whose current pair
+// is read, to the next it queues, returning it (lower, upto, cursor) and
+// whether more are queued behind it.
+var nextBackfillPair = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET ` + popBackfillPair("backfill_next") + `, backfill_total = 0, updated_at = now()
+WHERE subscription_id = $1 AND backfill_next IS NOT NULL
+RETURNING backfill_lower::text, backfill_upto::text, coalesce(backfill_xid::text, '0'), coalesce(backfill_id, 0),
+          backfill_next IS NOT NULL`
 
 // resurrectFromNow prepares a group that comes back without a backfill:
 // its stream starts now, a backfill it left unfinished ends (SKIPPED),
@@ -284,6 +353,7 @@ WITH batches AS (
 )
 UPDATE {{schema}}.outbox_subscription_offsets
 SET backfill_from = NULL, backfill_upto = NULL, backfill_xid = NULL, backfill_id = NULL, backfill_left = 0,
+    backfill_lower = NULL, backfill_next = NULL,
     backfill_ended_at = CASE WHEN backfill_upto IS NOT NULL AND backfill_ended_at IS NULL THEN now() ELSE backfill_ended_at END,
     backfill_outcome = CASE WHEN backfill_upto IS NOT NULL AND backfill_ended_at IS NULL THEN 'SKIPPED' ELSE backfill_outcome END,
     position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
@@ -474,7 +544,7 @@ FROM {{schema}}.outbox_topic_subscriptions AS s WHERE id = $1 FOR UPDATE`
 const forgetDone = `
 WITH catchup AS (
     UPDATE {{schema}}.outbox_subscription_offsets
-    SET backfill_from = NULL, backfill_upto = NULL, backfill_left = 0,
+    SET backfill_from = NULL, backfill_upto = NULL, backfill_lower = NULL, backfill_next = NULL, backfill_left = 0,
         backfill_ended_at = now(), backfill_outcome = 'FORGOTTEN'
     WHERE subscription_id = $1 AND backfill_from IS NOT NULL
 )
@@ -488,28 +558,60 @@ const deleteGroupState = `
 WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1)
 DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
 
-// committedPosition is, for each group of topic $1 holding claims (DEAD
-// ones within their ZombieTTL only when $2), what it has finished: the
-// lower bound of its pending backfill, else the prev of its oldest open
-// batch, else its position. Rows visible in it are done by the group
-// (except its pending retries).
-const committedPosition = `
-SELECT s.id, coalesce(o.backfill_from,
-                      (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
-                       WHERE b.subscription_id = s.id ORDER BY b.id LIMIT 1),
-                      o.position)::text
+// committedPosition is, for each ACTIVE or PAUSED group of topic $1,
+// what it has finished (see committedOf). A DEAD group within its
+// ZombieTTL holds only what it owes (see deadClaims).
+var committedPosition = `
+SELECT s.id, ` + committedOf("s", "o") + `::text
 FROM {{schema}}.outbox_topic_subscriptions AS s
 JOIN {{schema}}.outbox_subscription_offsets AS o ON o.subscription_id = s.id
-WHERE s.topic = $1 AND ` + holdsClaims + ` AND ($2 OR s.subscription_status <> 'DEAD')`
+WHERE s.topic = $1 AND s.subscription_status IN ('ACTIVE', 'PAUSED')`
+
+// deadClaims lists the claims of topic $1's DEAD groups within their
+// ZombieTTL: such a group owes the messages visible in upto (the snapshot
+// taken when it was declared DEAD: written before it died) and not in
+// done (its committed position: not finished). Messages written after it
+// died are not its claim. In Bitmap and Counter mode the messages' own
+// records say the same (it is in the required set of those it owes);
+// Offset messages record nothing, so cleanup and the partition check ask
+// this (see owedToDead).
+var deadClaims = `
+SELECT coalesce(s.dead_upto, pg_current_snapshot()) AS upto, ` + committedOf("s", "p") + ` AS done
+FROM {{schema}}.outbox_topic_subscriptions AS s
+JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id
+WHERE s.topic = $1 AND s.subscription_status = 'DEAD' AND ` + holdsClaims
+
+// withDeadClaims begins a statement that reads deadClaims, once, as dead.
+var withDeadClaims = `WITH dead AS MATERIALIZED (` + deadClaims + `)`
+
+// owedToDead is true for a row of alias that a DEAD group of its topic
+// owes (see deadClaims; the statement begins withDeadClaims).
+func owedToDead(alias string) string {
+	return `EXISTS (SELECT 1 FROM dead AS d WHERE pg_visible_in_snapshot(` + alias + `.xid, d.upto)
+                                   AND NOT pg_visible_in_snapshot(` + alias + `.xid, d.done))`
+}
+
+// committedOf is what subscription sub (its offsets row: offsets) has
+// finished: the lower bound of its pending backfill, else the prev of its
+// oldest open batch, else its position. Rows visible in it are done by
+// the group (except its pending retries).
+func committedOf(sub, offsets string) string {
+	return `coalesce(` + offsets + `.backfill_from,
+                      (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
+                       WHERE b.subscription_id = ` + sub + `.id ORDER BY b.id LIMIT 1),
+                      ` + offsets + `.position)`
+}
 
 // ---------------------------------------------------------------- fetching
 
 // lockOffset: the instance that gets the row fetches; the others skip.
-// Nobody holds it while handling.
+// Nobody holds it while handling. The backfill's columns are those of its
+// current pair, and whether more are queued.
 const lockOffset = `
 SELECT position::text, pair_cur::text, resume_xid::text, resume_id,
-       backfill_from::text, backfill_upto::text, backfill_xid::text, backfill_id, backfill_left,
-       backfill_total, backfill_done, coalesce(backfill_started_at, now()), backfill_ended_at IS NOT NULL
+       coalesce(backfill_lower, backfill_from)::text, backfill_upto::text, backfill_xid::text, backfill_id, backfill_left,
+       backfill_total, backfill_done, coalesce(backfill_started_at, now()), backfill_ended_at IS NOT NULL,
+       backfill_next IS NOT NULL
 FROM {{schema}}.outbox_subscription_offsets
 WHERE subscription_id = $1
 FOR UPDATE SKIP LOCKED`
@@ -565,7 +667,7 @@ WHERE subscription_id = $1`
 // batches is open: from then on its rows are no longer kept for it.
 const finishBackfill = `
 UPDATE {{schema}}.outbox_subscription_offsets
-SET backfill_from = NULL, backfill_upto = NULL, updated_at = now()
+SET backfill_from = NULL, backfill_upto = NULL, backfill_lower = NULL, backfill_next = NULL, updated_at = now()
 WHERE subscription_id = $1 AND backfill_ended_at IS NOT NULL AND backfill_upto IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1 AND catchup)`
 
@@ -1337,9 +1439,10 @@ SELECT count(*) FROM gone`
 // may read them, or done (by mode) says a group has not finished one. It
 // reads the retries and backfills of the topic and, in Bitmap and Counter
 // mode, the topic's messages in the range until it finds an unfinished
-// one; in Offset mode, nothing more.
+// one; in Offset mode, those the slowest group and the DEAD ones may not
+// have finished.
 func partitionHeld(done string) string {
-	return `
+	return withDeadClaims + `
 SELECT $6::timestamptz > coalesce($2::timestamptz, now()) - greatest($3::bigint, $5::bigint) * interval '1 microsecond'
     OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
                JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
@@ -1363,23 +1466,33 @@ func unfinishedInRange(finished string) string {
 
 // beforeWatermark is partitionHeld's done for Offset mode: a message of
 // the range that the watermark $8 (the least committed position of the
-// groups holding claims; NULL when none does) does not see. Every xid
-// below the watermark's xmin is visible in it, so only the rows from
-// there on are read: those written after the slowest group's position.
+// ACTIVE and PAUSED groups; NULL when there is none) does not see, or
+// that a DEAD group owes (see deadClaims). Every xid below a snapshot's
+// xmin is visible in it, so only the rows from there on are read: those
+// written after the slowest group's position, and those between a DEAD
+// group's position and its death.
 const beforeWatermark = `EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o
                WHERE o.topic = $1 AND o.xid >= greatest($4::text::xid8, pg_snapshot_xmin($8::pg_snapshot))
-                     AND o.xid < $7::text::xid8 AND NOT pg_visible_in_snapshot(o.xid, $8::pg_snapshot))`
+                     AND o.xid < $7::text::xid8 AND NOT pg_visible_in_snapshot(o.xid, $8::pg_snapshot))
+    OR EXISTS (SELECT 1 FROM dead AS d CROSS JOIN LATERAL (
+                   SELECT 1 FROM {{schema}}.outbox_published AS o
+                   WHERE o.topic = $1 AND o.xid >= greatest($4::text::xid8, pg_snapshot_xmin(d.done))
+                         AND o.xid < least($7::text::xid8, pg_snapshot_xmax(d.upto))
+                         AND pg_visible_in_snapshot(o.xid, d.upto) AND NOT pg_visible_in_snapshot(o.xid, d.done)
+                   LIMIT 1) AS owed)`
 
-// offsetCleanup deletes rows below xid $7 every group holding claims has
-// passed: visible in the watermark $6 (the least committed position), or,
-// with no such group ($6 NULL), past the zero-subscription floor.
-const offsetCleanup = `
+// offsetCleanup deletes rows below xid $7 that every ACTIVE and PAUSED
+// group has passed (visible in the watermark $6, their least committed
+// position; with no such group, $6 NULL, past the zero-subscription
+// floor) and that no DEAD group owes.
+var offsetCleanup = withDeadClaims + `
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
           AND CASE WHEN $6::pg_snapshot IS NULL
                    THEN ` + pastZeroFloor + `
-                   ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
+                   ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END
+          AND NOT ` + owedToDead("o") +
 	retention + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)`
 
@@ -1388,20 +1501,20 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
 // A topic whose tracking mode changed stores messages written under
 // several modes. Each row says which by the columns it carries:
 // required_bits (Bitmap), required_count (Counter), or neither (Offset);
-// mixedDone judges a row o by its own (watermark $wm, NULL when no group
-// holds claims, for Offset rows), and zeroFloor says how the
-// rows no group required go.
+// mixedDone judges a row o by its own (for Offset rows, the watermark wm,
+// NULL when no group is ACTIVE or PAUSED, and the claims of the DEAD
+// groups: the statement begins withDeadClaims).
 func mixedDone(wm string) string {
 	return `CASE WHEN o.required_bits IS NOT NULL THEN ` + bitmapDone + `
                        WHEN o.required_count IS NOT NULL THEN ` + counterDone + `
-                       ELSE ` + wm + `::pg_snapshot IS NULL OR pg_visible_in_snapshot(o.xid, ` + wm + `::pg_snapshot) END`
+                       ELSE (` + wm + `::pg_snapshot IS NULL OR pg_visible_in_snapshot(o.xid, ` + wm + `::pg_snapshot))
+                            AND NOT ` + owedToDead("o") + ` END`
 }
 
 // mixedCleanup is the cleanup of a topic whose tracking mode changed, with
 // offsetCleanup's parameters: each row goes by its own record, as
 // bitmapCleanup, counterCleanup or offsetCleanup would delete it.
-const mixedCleanup = `
-WITH gone AS (
+var mixedCleanup = withDeadClaims + `, gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
@@ -1409,8 +1522,8 @@ WITH gone AS (
                        THEN ` + bitmapDone + ` AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)
                        WHEN o.required_count IS NOT NULL
                        THEN ` + counterDone + ` AND (o.required_count > 0 OR ` + pastZeroFloor + `)
-                       WHEN $6::pg_snapshot IS NULL THEN ` + pastZeroFloor + `
-                       ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) END` +
+                       WHEN $6::pg_snapshot IS NULL THEN ` + pastZeroFloor + ` AND NOT ` + owedToDead("o") + `
+                       ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) AND NOT ` + owedToDead("o") + ` END` +
 	retention + `
         ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
       AND CASE WHEN required_bits IS NOT NULL THEN coalesce(done_bits, 0) & required_bits = required_bits
