@@ -11,6 +11,12 @@
 // once (per version of the migration files), so tests run in parallel and
 // never see each other's rows. Test pools run with an empty search_path, so a
 // query that forgets to qualify a table with its schema fails.
+//
+// The server may be shared (other clients, another copy of the suite):
+// every pool and connection the package hands out, and every copy of
+// their settings, waits for a free connection slot instead of failing, and
+// a test process keeps its connections under a budget it reads from the
+// server (see connections.go).
 package pgtest
 
 import (
