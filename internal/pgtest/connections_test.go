@@ -158,6 +158,16 @@ func TestAWaitingConnectStopsWithItsContext(t *testing.T) {
 	}
 }
 
+// connectWithin connects to dsn counting the connection against b.
+func connectWithin(ctx context.Context, dsn string, b *budget) (*pgx.Conn, error) {
+	cfg, err := ConnConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	shareServer(&cfg.Config, b)
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
 // The process's connections to the server stay within its budget: one
 // more waits until one of them closes.
 func TestConnectionsStayWithinTheBudget(t *testing.T) {
@@ -166,14 +176,7 @@ func TestConnectionsStayWithinTheBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := func() (*pgx.Conn, error) {
-		cfg, err := ConnConfig(s.AdminDSN)
-		if err != nil {
-			return nil, err
-		}
-		shareServer(&cfg.Config, b)
-		return pgx.ConnectConfig(context.Background(), cfg)
-	}
+	open := func() (*pgx.Conn, error) { return connectWithin(context.Background(), s.AdminDSN, b) }
 	var held []*pgx.Conn
 	t.Cleanup(func() {
 		for _, c := range held {
@@ -228,13 +231,7 @@ func TestAConnectionGoesOverBudgetAfterWaiting(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		for range 3 { // the first takes the budget, the others go over it
-			cfg, err := ConnConfig(s.AdminDSN)
-			if err != nil {
-				done <- err
-				return
-			}
-			shareServer(&cfg.Config, b)
-			c, err := pgx.ConnectConfig(ctx, cfg)
+			c, err := connectWithin(ctx, s.AdminDSN, b)
 			if err != nil {
 				done <- err
 				return
