@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
@@ -54,23 +55,24 @@ func nextXid(t *testing.T, b *bundle) uint64 {
 }
 
 // enterPartition runs s's partition job and burns transaction ids until the
-// next one is the first of a range partition with room left, which it
-// returns. On a young server the last partition is still the one the
-// migrations made (10,000 ids from when the template was migrated), which
-// reaches too far ahead for the job to add one: it burns ids past it first.
-func enterPartition(t *testing.T, b *bundle, s *maintenance.Service) rangePartition {
+// next one is the first of a range partition with room left. On a young
+// server the last partition is still the one the migrations made (10,000
+// ids from when the template was migrated), which reaches too far ahead
+// for the job to add one: it burns ids past it first.
+func enterPartition(t *testing.T, b *bundle, s *maintenance.Service) {
 	t.Helper()
 	for range 3 {
 		_, err := s.RunOnce(context.Background())
 		require.NoError(t, err)
 		next := nextXid(t, b)
 		parts := partitionsOf(t, b)
+		require.NotEmpty(t, parts, "range partitions")
 		for _, p := range parts {
 			if p.lo >= next && p.hi-p.lo >= 500 {
 				if p.lo > next {
 					burnXids(t, b, int(p.lo-next))
 				}
-				return p
+				return
 			}
 		}
 		if last := parts[len(parts)-1]; last.hi > next {
@@ -78,6 +80,27 @@ func enterPartition(t *testing.T, b *bundle, s *maintenance.Service) rangePartit
 		}
 	}
 	t.Fatal("no partition ahead of the next transaction id")
+}
+
+// partitionOf returns the range partition holding the messages with these
+// ids, sent in one transaction so that they share one: the transaction ids
+// other clients of the server take meanwhile may well have moved the next
+// one past the partition enterPartition entered.
+func partitionOf(t *testing.T, b *bundle, ids []int64) rangePartition {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT DISTINCT c.relname::text FROM `+b.db.Table("outbox_published")+` AS m
+JOIN pg_catalog.pg_class AS c ON c.oid = m.tableoid WHERE m.id = ANY($1)`, ids)
+	require.NoError(t, err)
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, tables, 1, "the messages are in one partition")
+	for _, p := range partitionsOf(t, b) {
+		if p.table() == tables[0] {
+			require.Equal(t, len(ids), b.count(t, p.table(), "true"), "the partition holds these messages alone")
+			return p
+		}
+	}
+	t.Fatalf("the messages are in %s, not in a range partition", tables[0])
 	return rangePartition{}
 }
 
@@ -189,12 +212,9 @@ func TestPartitionDroppedOnlyWhenNothingHoldsIt(t *testing.T) {
 				}, consumergroup.FromNow())
 
 				sent, release := h.setup(t, b, topic)
-				p := enterPartition(t, b, s)
-				var ids []int64
-				for range 4 {
-					ids = append(ids, b.send(t, topic, 5)...)
-				}
-				require.Equal(t, 20, b.count(t, p.table(), "true"), "the messages are in one partition")
+				enterPartition(t, b, s)
+				ids := b.send(t, topic, 20)
+				p := partitionOf(t, b, ids)
 				sent()
 				pgtest.Eventually(t, 10*time.Second, "fast handled everything, dlq dead-lettered it", func() bool {
 					letters, err := dlqGroup.DeadLetters(ctx, 0, 100)
@@ -253,11 +273,8 @@ func TestSlowTopicHoldsOnlyItsOwnMessages(t *testing.T) {
 			require.NoError(t, g.Stop(ctx))
 		}
 	}
-	p := enterPartition(t, b, s)
-	for _, topic := range append(topics, slowTopic) {
-		b.send(t, topic, 10)
-	}
-	require.Equal(t, 50, b.count(t, p.table(), "true"), "every topic's messages are in one partition")
+	enterPartition(t, b, s)
+	p := partitionOf(t, b, b.sendTo(t, append(topics, slowTopic), 10))
 	pgtest.Eventually(t, 10*time.Second, "the live groups handled their topics", func() bool {
 		for _, topic := range topics {
 			if recs[topic].distinct() != 10 {
