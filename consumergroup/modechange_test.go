@@ -165,7 +165,7 @@ func TestBitmapTopicWith64GroupsMovesToCounter(t *testing.T) {
 	// 65 groups in one process share a small pool for heartbeats (each
 	// would open one of its own): the test fits any server's connection
 	// limit.
-	hbConfig, err := pgxpool.ParseConfig(b.db.DSN)
+	hbConfig, err := pgtest.PoolConfig(b.db.DSN)
 	require.NoError(t, err)
 	hbConfig.MaxConns = 2
 	heartbeats, err := pgxpool.NewWithConfig(ctx, hbConfig)

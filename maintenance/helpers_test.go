@@ -75,10 +75,18 @@ func (b *bundle) topic(t *testing.T, cfg outbox.TopicConfig) {
 
 func (b *bundle) send(t *testing.T, topic string, n int) []int64 {
 	t.Helper()
-	msgs := make([]outbox.Message, n)
-	for i := range msgs {
-		p, _ := json.Marshal(map[string]int{"seq": i})
-		msgs[i] = outbox.Message{Topic: topic, Payload: p}
+	return b.sendTo(t, []string{topic}, n)
+}
+
+// sendTo sends n messages to each of topics, all in one transaction.
+func (b *bundle) sendTo(t *testing.T, topics []string, n int) []int64 {
+	t.Helper()
+	var msgs []outbox.Message
+	for _, topic := range topics {
+		for i := range n {
+			p, _ := json.Marshal(map[string]int{"seq": i})
+			msgs = append(msgs, outbox.Message{Topic: topic, Payload: p})
+		}
 	}
 	ids, err := b.producer.SendBatch(context.Background(), b.db.Pool, msgs)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
@@ -53,46 +54,88 @@ func nextXid(t *testing.T, b *bundle) uint64 {
 	return n
 }
 
-// enterPartition runs s's partition job (configured with PartitionSize
-// testPartitionSize) and burns transaction ids until the next one is the
-// first of a range partition with room left, which it returns. On a young
-// cluster the next transaction id may lie deep inside the first, wider
-// partition the migration made, where the job sees no need for another:
-// then it burns its way close to that partition's end first.
-func enterPartition(t *testing.T, b *bundle, s *maintenance.Service) rangePartition {
+// enterPartition runs s's partition job and burns transaction ids until the
+// next one is the first of a range partition with room left. On a young
+// server the last partition is still the one the migrations made (10,000
+// ids from when the template was migrated), which reaches too far ahead
+// for the job to add one: it burns ids past it first.
+func enterPartition(t *testing.T, b *bundle, s *maintenance.Service) {
 	t.Helper()
-	for range 2 {
+	for range 3 {
 		_, err := s.RunOnce(context.Background())
 		require.NoError(t, err)
 		next := nextXid(t, b)
 		parts := partitionsOf(t, b)
+		require.NotEmpty(t, parts, "range partitions")
 		for _, p := range parts {
 			if p.lo >= next && p.hi-p.lo >= 500 {
 				if p.lo > next {
 					burnXids(t, b, int(p.lo-next))
 				}
-				return p
+				return
 			}
 		}
-		// The job adds a partition once the last one ends less than two
-		// widths past the next transaction id.
-		if last := parts[len(parts)-1]; last.hi > next+2*testPartitionSize {
-			burnXids(t, b, int(last.hi-next-2*testPartitionSize)+1)
+		if last := parts[len(parts)-1]; last.hi > next {
+			burnXids(t, b, int(last.hi-next))
 		}
 	}
 	t.Fatal("no partition ahead of the next transaction id")
+}
+
+// partitionOf returns the range partition holding the messages with these
+// ids, sent in one transaction so that they share one: the transaction ids
+// other clients of the server take meanwhile may well have moved the next
+// one past the partition enterPartition entered.
+func partitionOf(t *testing.T, b *bundle, ids []int64) rangePartition {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT DISTINCT c.relname::text FROM `+b.db.Table("outbox_published")+` AS m
+JOIN pg_catalog.pg_class AS c ON c.oid = m.tableoid WHERE m.id = ANY($1)`, ids)
+	require.NoError(t, err)
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, tables, 1, "the messages are in one partition")
+	for _, p := range partitionsOf(t, b) {
+		if p.table() == tables[0] {
+			require.Equal(t, len(ids), b.count(t, p.table(), "true"), "the partition holds these messages alone")
+			return p
+		}
+	}
+	t.Fatalf("the messages are in %s, not in a range partition", tables[0])
 	return rangePartition{}
 }
 
 // testPartitionSize is the PartitionSize of the tests of partitions.
 const testPartitionSize = 2000
 
-// sealPartition burns transaction ids until none can still write into p.
+// sealPartition burns transaction ids until none can still write into p,
+// then waits for the transactions that could, elsewhere on the server
+// (another test process, another client), to end: the service drops or
+// keeps a partition only once every transaction id in it has finished.
 func sealPartition(t *testing.T, b *bundle, p rangePartition) {
 	t.Helper()
 	if next := nextXid(t, b); next <= p.hi {
 		burnXids(t, b, int(p.hi-next)+1)
 	}
+	pgtest.Eventually(t, 2*time.Minute, "the transactions that could write into the partition ended", func() bool {
+		var xmin string
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`).Scan(&xmin))
+		n, err := strconv.ParseUint(xmin, 10, 64)
+		require.NoError(t, err)
+		return n >= p.hi
+	})
+}
+
+// dropped runs s's jobs until they drop p. A group that handled every
+// message has not necessarily written that down yet (its acks are
+// written in batches, behind the handlers): until it has, the partition
+// is held.
+func dropped(t *testing.T, s *maintenance.Service, p rangePartition, why string) {
+	t.Helper()
+	pgtest.Eventually(t, 10*time.Second, p.table()+" dropped: "+why, func() bool {
+		r, err := s.RunOnce(context.Background())
+		require.NoError(t, err)
+		return slices.Contains(r.PartitionsDropped, p.table())
+	})
 }
 
 // holder is a way a group keeps a partition: set up before the messages
@@ -172,12 +215,9 @@ func TestPartitionDroppedOnlyWhenNothingHoldsIt(t *testing.T) {
 				}, consumergroup.FromNow())
 
 				sent, release := h.setup(t, b, topic)
-				p := enterPartition(t, b, s)
-				var ids []int64
-				for range 4 {
-					ids = append(ids, b.send(t, topic, 5)...)
-				}
-				require.Equal(t, 20, b.count(t, p.table(), "true"), "the messages are in one partition")
+				enterPartition(t, b, s)
+				ids := b.send(t, topic, 20)
+				p := partitionOf(t, b, ids)
 				sent()
 				pgtest.Eventually(t, 10*time.Second, "fast handled everything, dlq dead-lettered it", func() bool {
 					letters, err := dlqGroup.DeadLetters(ctx, 0, 100)
@@ -194,13 +234,7 @@ func TestPartitionDroppedOnlyWhenNothingHoldsIt(t *testing.T) {
 					require.Equal(t, 20, b.count(t, p.table(), "true"), "no message is deleted row by row meanwhile")
 				}
 				release()
-				// Once the holder's completions are recorded (its handlers
-				// returned before that).
-				pgtest.Eventually(t, 10*time.Second, "dropped once nothing holds it any more", func() bool {
-					r, err := s.RunOnce(ctx)
-					require.NoError(t, err)
-					return slices.Contains(r.PartitionsDropped, p.table())
-				})
+				dropped(t, s, p, "nothing holds it any more")
 				require.Zero(t, b.count(t, "outbox_published", "id = ANY($1)", ids))
 				var exists bool
 				require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, b.db.Table(p.table())).Scan(&exists))
@@ -242,11 +276,8 @@ func TestSlowTopicHoldsOnlyItsOwnMessages(t *testing.T) {
 			require.NoError(t, g.Stop(ctx))
 		}
 	}
-	p := enterPartition(t, b, s)
-	for _, topic := range append(topics, slowTopic) {
-		b.send(t, topic, 10)
-	}
-	require.Equal(t, 50, b.count(t, p.table(), "true"), "every topic's messages are in one partition")
+	enterPartition(t, b, s)
+	p := partitionOf(t, b, b.sendTo(t, append(topics, slowTopic), 10))
 	pgtest.Eventually(t, 10*time.Second, "the live groups handled their topics", func() bool {
 		for _, topic := range topics {
 			if recs[topic].distinct() != 10 {
@@ -265,11 +296,7 @@ func TestSlowTopicHoldsOnlyItsOwnMessages(t *testing.T) {
 
 	b.group(t, slowTopic, "g", recs[slowTopic].handle, consumergroup.FromNow())
 	pgtest.Eventually(t, 10*time.Second, "the slow group caught up", func() bool { return recs[slowTopic].distinct() == 10 })
-	pgtest.Eventually(t, 10*time.Second, "the partition dropped once its completions are recorded", func() bool {
-		r, err := s.RunOnce(ctx)
-		require.NoError(t, err)
-		return slices.Contains(r.PartitionsDropped, p.table())
-	})
+	dropped(t, s, p, "the slow group caught up")
 	require.Zero(t, b.count(t, "outbox_published", "true"))
 	require.Empty(t, b.logs.errors())
 }
@@ -289,17 +316,16 @@ func TestDeadGroupHoldsOnlyThePartitionOfWhatItOwes(t *testing.T) {
 			b.group(t, "events", "live", live.handle, consumergroup.FromNow())
 			require.NoError(t, b.group(t, "events", "zombie", newCounter().handle, consumergroup.FromNow()).Stop(ctx))
 
-			owedIn := enterPartition(t, b, s)
+			enterPartition(t, b, s)
 			owed := b.send(t, "events", 10)
-			require.Equal(t, 10, b.count(t, owedIn.table(), "true"))
+			owedIn := partitionOf(t, b, owed)
 			b.exec(t, `UPDATE `+b.db.Table("outbox_topic_subscriptions")+` SET last_heartbeat_at = now() - interval '2 hours' WHERE group_name = 'zombie'`)
 			r, err := s.RunOnce(ctx)
 			require.NoError(t, err)
 			require.Equal(t, []string{"events/zombie"}, r.DeadGroups)
 
-			laterIn := enterPartition(t, b, s)
-			b.send(t, "events", 20)
-			require.Equal(t, 20, b.count(t, laterIn.table(), "true"))
+			enterPartition(t, b, s)
+			laterIn := partitionOf(t, b, b.send(t, "events", 20))
 			pgtest.Eventually(t, 10*time.Second, "the live group done", func() bool { return live.distinct() == 30 })
 			sealPartition(t, b, laterIn)
 			pgtest.Eventually(t, 10*time.Second, "the partition written after it died dropped", func() bool {

@@ -95,7 +95,9 @@ func startConsumer(t *testing.T, c *outbox.Client, cfg outbox.ConsumerConfig) *o
 func (b *testBundle) listen(t *testing.T) *pgx.Conn {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, b.db.DSN)
+	cfg, err := pgtest.ConnConfig(b.db.DSN)
+	require.NoError(t, err)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(ctx) })
 	_, err = conn.Exec(ctx, "LISTEN "+ident.Quote(outbox.NotifyChannel(b.db.Schema)))

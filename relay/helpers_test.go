@@ -287,7 +287,12 @@ func childMain() {
 		os.Exit(2)
 	}
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, cs.DSN)
+	cfg, err := pgtest.PoolConfig(cs.DSN) // waits for a slot on a busy server
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child pool:", err)
+		os.Exit(2)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child pool:", err)
 		os.Exit(2)

@@ -213,7 +213,12 @@ func ChildMain() {
 	if cs.AckInTx { // each handler holds a connection for its transaction
 		dsn = withParam(dsn, "pool_max_conns", "12")
 	}
-	pool, err := pgxpool.New(ctx, dsn)
+	cfg, err := pgtest.PoolConfig(dsn) // waits for a slot on a busy server
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child pool:", err)
+		os.Exit(2)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child pool:", err)
 		os.Exit(2)

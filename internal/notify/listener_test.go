@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -25,7 +24,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func TestReconnectBackoffStartsAfreshAfterEachConnection(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewEmptyDB(t)
-	cfg, err := pgx.ParseConfig(db.DSN)
+	cfg, err := pgtest.ConnConfig(db.DSN)
 	require.NoError(t, err)
 	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler), notify.Probe{})
 	wake, unsub := l.Subscribe("topic")
@@ -104,7 +103,7 @@ func TestProbeDetectsADeadListenConnection(t *testing.T) {
 		return err
 	}
 	listen := func(dsn string) *logLines {
-		cfg, err := pgx.ParseConfig(dsn)
+		cfg, err := pgtest.ConnConfig(dsn)
 		require.NoError(t, err)
 		logs := &logLines{}
 		l := notify.New(cfg, "pgoutbox_probe", slog.New(logs), notify.Probe{Interval: 200 * time.Millisecond, Send: send})
@@ -125,7 +124,7 @@ func TestProbeDetectsADeadListenConnection(t *testing.T) {
 func TestStartTwiceStartsOnce(t *testing.T) {
 	db := pgtest.NewEmptyDB(t)
 	leaks := goleak.IgnoreCurrent()
-	cfg, err := pgx.ParseConfig(db.DSN)
+	cfg, err := pgtest.ConnConfig(db.DSN)
 	require.NoError(t, err)
 	cfg.RuntimeParams["application_name"] = "start-twice"
 	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler), notify.Probe{})
@@ -147,7 +146,7 @@ func TestStartTwiceStartsOnce(t *testing.T) {
 // after a restart.
 func TestListenerStartStopStress(t *testing.T) {
 	db := pgtest.NewEmptyDB(t)
-	cfg, err := pgx.ParseConfig(db.DSN)
+	cfg, err := pgtest.ConnConfig(db.DSN)
 	require.NoError(t, err)
 	l := notify.New(cfg, "pgoutbox_test", slog.New(slog.DiscardHandler), notify.Probe{})
 	startstoptest.Stress(t, l, 10)

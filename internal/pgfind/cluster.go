@@ -55,9 +55,22 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// StartCluster starts an ephemeral cluster (initdb and pg_ctl from the local
+// binaries, in a temporary directory, on a free loopback port) with these
+// server settings ("max_connections=4", ...) on top of the finder's own;
+// Server.Stop stops and removes it. Tests use it for a server whose limits
+// they choose.
+func StartCluster(ctx context.Context, settings ...string) (*Server, error) {
+	c, err := startCluster(ctx, settings...)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{AdminDSN: c.dsn, Source: "ephemeral cluster in " + c.dir, cluster: c}, nil
+}
+
 // startCluster runs initdb and pg_ctl start. PostgreSQL refuses to run as
 // root, so as root it runs them as the "postgres" system user.
-func startCluster(ctx context.Context) (*cluster, error) {
+func startCluster(ctx context.Context, settings ...string) (*cluster, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -97,6 +110,9 @@ func startCluster(ctx context.Context) (*cluster, error) {
 		return nil, err
 	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300", port, dir)
+	for _, s := range settings {
+		opts += " -c " + s
+	}
 	if err := run(filepath.Join(bin, "pg_ctl"), "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start"); err != nil {
 		return nil, err
 	}
@@ -107,7 +123,7 @@ func startCluster(ctx context.Context) (*cluster, error) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := Ping(ctx, c.dsn); err == nil {
+		if err := Ping(ctx, c.dsn); answers(err) {
 			return c, nil
 		} else if time.Now().After(deadline) {
 			c.stop()

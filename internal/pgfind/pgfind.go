@@ -11,12 +11,14 @@ package pgfind
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // LocalDSN is the conventional local server.
@@ -44,21 +46,23 @@ func Locate(ctx context.Context, envVar string) (*Server, error) {
 	if dsn := os.Getenv(envVar); dsn != "" {
 		admin, err := WithDatabase(dsn, "postgres")
 		if err == nil {
-			err = Ping(ctx, admin)
+			if err = Ping(ctx, admin); answers(err) {
+				err = nil
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", envVar, err)
 		}
 		return &Server{AdminDSN: admin, Source: envVar}, nil
 	}
-	if err := Ping(ctx, LocalDSN); err == nil {
+	if err := Ping(ctx, LocalDSN); answers(err) {
 		return &Server{AdminDSN: LocalDSN, Source: "127.0.0.1:5432"}, nil
 	} else {
 		tried = append(tried, fmt.Sprintf("127.0.0.1:5432: %v", err))
 	}
-	c, err := startCluster(ctx)
+	s, err := StartCluster(ctx)
 	if err == nil {
-		return &Server{AdminDSN: c.dsn, Source: "ephemeral cluster in " + c.dir, cluster: c}, nil
+		return s, nil
 	}
 	tried = append(tried, fmt.Sprintf("ephemeral cluster: %v", err))
 	return nil, fmt.Errorf("no PostgreSQL server: set %s to a server where the user may CREATE DATABASE; tried:\n  %s",
@@ -75,6 +79,18 @@ func Ping(ctx context.Context, dsn string) error {
 	}
 	return conn.Close(ctx)
 }
+
+// TooManyConnections reports whether err is the server refusing a
+// connection because it has no free connection slot (SQLSTATE 53300:
+// "sorry, too many clients already", or a role's or database's limit).
+func TooManyConnections(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "53300" // too_many_connections
+}
+
+// answers reports whether a Ping's outcome shows a server there: one that
+// is full right now answers too (the tests' connections wait for a slot).
+func answers(pingErr error) bool { return pingErr == nil || TooManyConnections(pingErr) }
 
 // WithDatabase returns dsn pointed at database db.
 func WithDatabase(dsn, db string) (string, error) {

@@ -30,7 +30,7 @@ func dbPrefix() string {
 // that no longer runs. A database somebody is connected to is left alone
 // (DROP DATABASE without FORCE refuses it).
 func dropAbandoned(ctx context.Context, adminDSN string) error {
-	conn, err := pgx.Connect(ctx, adminDSN)
+	conn, err := connect(ctx, adminDSN)
 	if err != nil {
 		return err
 	}

@@ -15,17 +15,22 @@ import (
 // Docker through testcontainers-go.
 const containerImage = "postgres:16-alpine"
 
-// startContainer runs PostgreSQL in Docker (the finder's last resort). It
-// fails fast when no Docker engine answers.
-func startContainer(ctx context.Context) (*pgfind.Server, func(), error) {
+// startContainer runs PostgreSQL in Docker (the finder's last resort),
+// with these server settings ("max_connections=4", ...). It fails fast
+// when no Docker engine answers.
+func startContainer(ctx context.Context, settings ...string) (*pgfind.Server, func(), error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	c, err := tcpostgres.Run(ctx, containerImage,
+	opts := []testcontainers.ContainerCustomizer{
 		tcpostgres.WithDatabase("postgres"),
 		tcpostgres.WithUsername("postgres"),
 		tcpostgres.WithPassword("postgres"),
 		tcpostgres.BasicWaitStrategies(),
-	)
+	}
+	for _, s := range settings {
+		opts = append(opts, testcontainers.WithCmdArgs("-c", s))
+	}
+	c, err := tcpostgres.Run(ctx, containerImage, opts...)
 	if err != nil {
 		if c != nil {
 			_ = testcontainers.TerminateContainer(c)

@@ -11,6 +11,12 @@
 // once (per version of the migration files), so tests run in parallel and
 // never see each other's rows. Test pools run with an empty search_path, so a
 // query that forgets to qualify a table with its schema fails.
+//
+// The server may be shared (other clients, another copy of the suite):
+// every pool and connection the package hands out, and every copy of
+// their settings, waits for a free connection slot instead of failing, and
+// a test process keeps its connections under a budget it reads from the
+// server (see connections.go).
 package pgtest
 
 import (
@@ -125,11 +131,12 @@ func NewEmptyDB(tb testing.TB) *DB {
 }
 
 // NewPool opens another pool on dsn (empty search_path, 10 connections
-// unless dsn sets pool_max_conns),
+// unless dsn sets pool_max_conns, the connection rules of PoolConfig),
 // closed when the test ends: use it to play a second process.
 func NewPool(tb testing.TB, dsn string) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(dsn)
+	find(tb) // the process's connection budget is read with the server
+	cfg, err := PoolConfig(dsn)
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
@@ -169,6 +176,7 @@ func locateOnce() {
 		s, err := pgfind.Locate(ctx, EnvDSN)
 		if err == nil {
 			server = &found{Server: s}
+			setBudget(ctx, s.AdminDSN)
 			_ = dropAbandoned(ctx, s.AdminDSN) // best effort: a failure here fails no test
 			return
 		}
@@ -182,7 +190,21 @@ func locateOnce() {
 			return
 		}
 		server = &found{Server: s, stopContainer: stop}
+		setBudget(ctx, s.AdminDSN)
 	})
+}
+
+// setBudget reads the process's connection budget from the server. Without
+// one (the server did not say) connections are not counted; they still
+// wait for a free slot.
+func setBudget(ctx context.Context, adminDSN string) {
+	n, err := readBudget(ctx, adminDSN)
+	if err != nil {
+		return
+	}
+	if b, err := newBudget(adminDSN, max(n, minBudget), budgetPatience); err == nil {
+		processBudget.Store(b)
+	}
 }
 
 // createDatabase clones the migrated template (or template0) into a new
@@ -197,7 +219,7 @@ func (s *found) createDatabase(ctx context.Context, migrated bool) (*DB, func() 
 		template = s.template
 	}
 	name := fmt.Sprintf("%s%d_%d_%d", dbPrefix(), os.Getpid(), time.Now().UnixNano()%1e6, dbCounter.Add(1))
-	admin, err := pgx.Connect(ctx, s.AdminDSN)
+	admin, err := connect(ctx, s.AdminDSN)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to %s: %w", s.Source, err)
 	}
@@ -216,7 +238,7 @@ func (s *found) createDatabase(ctx context.Context, migrated bool) (*DB, func() 
 		return nil, nil, fmt.Errorf("%s: %w", create, err)
 	}
 	drop := func() error {
-		conn, err := pgx.Connect(context.Background(), s.AdminDSN)
+		conn, err := connect(context.Background(), s.AdminDSN)
 		if err != nil {
 			return fmt.Errorf("drop %s: %w", name, err)
 		}
@@ -242,7 +264,7 @@ func (s *found) ensureTemplate(ctx context.Context) (string, error) {
 		return "", err
 	}
 	name := "pgoutbox_tmpl_" + sum[:16]
-	admin, err := pgx.Connect(ctx, s.AdminDSN)
+	admin, err := connect(ctx, s.AdminDSN)
 	if err != nil {
 		return "", err
 	}
@@ -271,13 +293,27 @@ func (s *found) ensureTemplate(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := migrations.UpDSN(ctx, dsn, migrations.Config{Schema: Schema, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+	if err := migrate(ctx, dsn); err != nil {
 		return "", fmt.Errorf("migrate template: %w", err)
 	}
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+ident.Quote(name)+" WITH IS_TEMPLATE true"); err != nil {
 		return "", err
 	}
 	return name, nil
+}
+
+// migrate applies the migrations to the database at dsn in Schema.
+func migrate(ctx context.Context, dsn string) error {
+	cfg, err := PoolConfig(dsn)
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects on first use: in Up
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return migrations.Up(ctx, pool, migrations.Config{Schema: Schema, Logger: slog.New(slog.DiscardHandler)})
 }
 
 func migrationsChecksum() (string, error) {
@@ -356,6 +392,9 @@ auth_type = any
 pool_mode = transaction
 default_pool_size = 10
 max_client_conn = 500
+; on a full server, try again for a connection every second (not 15):
+; the clients wait meanwhile
+server_login_retry = 1
 logfile = %s/pgbouncer.log
 pidfile = %s/pgbouncer.pid
 %s
@@ -388,7 +427,7 @@ pidfile = %s/pgbouncer.pid
 	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&application_name=%s", listenPort, db.Name, pgbouncerApp)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		conn, err := pgx.Connect(context.Background(), dsn+"&default_query_exec_mode=simple_protocol")
+		conn, err := connect(context.Background(), dsn+"&default_query_exec_mode=simple_protocol")
 		if err == nil {
 			conn.Close(context.Background())
 			return dsn
