@@ -239,31 +239,37 @@ func TestDeadTwiceDuringAModeChangeFromOffset(t *testing.T) {
 	ctx := context.Background()
 	b.startRecording(t, "other", newRecorder())
 	r := newRecorder()
+	// A backfill's first DefaultBackfillBatchSize rows go at once (its
+	// bucket starts full); the rest at BackfillRate. So the group owes
+	// more than that, and the rest takes 20 s (the load rule, which would
+	// start slower still, is off): it dies while its backfill is under
+	// way, however fast or slow the machine.
+	const owes = consumergroup.DefaultBackfillBatchSize + 2000
 	run := func() *consumergroup.Group {
 		g := b.newGroup(t, "twice")
 		require.NoError(t, g.AddConsumer("m", r.handler, nil))
 		opts := consumergroup.FromNow()
-		opts.BackfillBatchSize, opts.BackfillRate = 2, 10 // a backfill of 20 takes two seconds
+		opts.BackfillRate, opts.BackfillMaxSlowdown = 100, -1
 		require.NoError(t, g.Start(ctx, opts))
 		return g
 	}
 	require.NoError(t, run().Stop(ctx))
-	b.sendRange(t, 0, 20) // Offset messages it owes
+	b.sendRange(t, 0, owes) // Offset messages it owes
 	require.NoError(t, b.client.ChangeTrackingMode(ctx, b.topic, outbox.Counter))
 	b.makeDead(t, "twice")
-	b.sendRange(t, 20, 30) // Counter messages written while it was DEAD
+	b.sendRange(t, owes, owes+10) // Counter messages written while it was DEAD
 
-	g := run() // back, with a backfill of 0..29
-	b.sendRange(t, 30, 40)
-	pgtest.Eventually(t, 10*time.Second, "the stream and part of the backfill", func() bool {
-		return r.has(39) && r.distinct() >= 15
+	g := run() // back, with a backfill of everything before owes+10
+	b.sendRange(t, owes+10, owes+20)
+	pgtest.Eventually(t, time.Minute, "the stream and part of the backfill", func() bool {
+		return r.has(owes+19) && r.distinct() >= 15
 	})
 	require.NoError(t, g.Stop(ctx))
-	require.Less(t, r.distinct(), 40, "the backfill is still under way")
+	require.Less(t, r.distinct(), owes+20, "the backfill is still under way")
 	b.makeDead(t, "twice")
-	b.sendRange(t, 40, 45)
-	g = run()
-	pgtest.Eventually(t, 20*time.Second, "every message", func() bool { return r.distinct() == 45 })
+	b.sendRange(t, owes+20, owes+25)
+	g = run() // a new backfill: its bucket is full again
+	pgtest.Eventually(t, 2*time.Minute, "every message", func() bool { return r.distinct() == owes+25 })
 	require.NoError(t, g.Stop(ctx))
 	require.Zero(t, r.dups(), "duplicates:\n%s", r.duplicates())
 }
