@@ -39,7 +39,7 @@ import (
 // snapshot pair belong to the group.
 type streamArgs struct {
 	bit    int64      // Bitmap: rows requiring the group's bit
-	subID  *int64     // Counter: rows requiring the subscription
+	subID  *int64     // Counter: rows requiring it; Bitmap and Counter: rows it recorded finishing
 	all    bool       // every row (offset mode, or a start from the beginning)
 	from   *time.Time // rows written from this time
 	fromID *int64     // rows from this id
@@ -394,7 +394,9 @@ func streamFor(mode outbox.TrackingMode, mixing bool, sub subscription) streamAr
 	if mode == outbox.Bitmap || mixing {
 		s.bit = mask(sub.bit)
 	}
-	if mode == outbox.Counter || mixing {
+	if mode != outbox.Offset || mixing {
+		// Counter: rows requiring the subscription; both: rows it recorded
+		// finishing are skipped on a re-read.
 		id := sub.id
 		s.subID = &id
 	}

@@ -482,8 +482,8 @@ type Inconsistency struct {
 
 // Kinds of Inconsistency.
 const (
-	// InconsistentCount: a Counter record counts more completions than it
-	// requires groups, or requires another number of groups than it lists.
+	// InconsistentCount: a Counter record requires another number of
+	// groups than it lists.
 	InconsistentCount = "COUNT"
 	// InconsistentGroup: a message requires a group (by id or bit) that
 	// has no subscription left that could complete it, so cleanup would

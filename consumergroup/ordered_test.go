@@ -259,7 +259,7 @@ func TestOrderedGroupBatchHandlerHandsBackWhatFollowsAFailure(t *testing.T) {
 	_, err := b.producer.SendBatch(ctx, b.db.Pool, msgs)
 	require.NoError(t, err)
 	pgtest.Eventually(t, 10*time.Second, "every message completed", func() bool {
-		return b.count(t, "done_bits = required_bits") == len(msgs)
+		return b.count(t, b.db.FinishedByAll()) == len(msgs)
 	})
 
 	mu.Lock()

@@ -23,11 +23,13 @@ const (
 type TrackingMode string
 
 const (
-	// Bitmap ORs one bit per group into the message row: one UPDATE per
-	// completion, at most 64 groups per topic.
+	// Bitmap fixes the required groups in the message row as a bit each
+	// and records each group's completions beside it: at most 64 groups
+	// per topic.
 	Bitmap TrackingMode = "BITMAP"
-	// Counter keeps a dedupe row per (message, group) and a completion
-	// counter: unlimited groups, more writes.
+	// Counter fixes the required groups in the message row as a list and
+	// a count, and records each group's completions beside it: unlimited
+	// groups.
 	Counter TrackingMode = "COUNTER"
 	// Offset keeps only a cursor per group; messages below every active
 	// group's cursor are done. Lowest write amplification.

@@ -2,13 +2,19 @@
 // message needs and which of them are done with it, in one of three modes
 // behind the Tracker interface:
 //
-//   - Bitmap: a bit per group (at most 64 per topic) in the message row; a
-//     group's completions are one UPDATE ORing its bit in.
-//   - Counter: a dedupe row per (message, group) and a completion counter;
-//     unlimited groups.
+//   - Bitmap: the required groups as a bit each (at most 64 per topic),
+//     fixed in the message row at insert.
+//   - Counter: the required groups as a list of ids and a count, fixed in
+//     the message row at insert; unlimited groups.
 //   - Offset: nothing per message; a group's committed read position says
 //     what it finished, and the topic watermark (the least position of the
 //     subscribed groups) says what every group finished.
+//
+// No mode writes the message row when a group finishes it: Bitmap and
+// Counter groups insert a completion record (message, group) beside it,
+// one INSERT per batch, and cleanup deletes a message with its records
+// once every required group recorded it. Groups finishing the same
+// messages therefore never wait for each other's locks.
 //
 // A topic's mode may change while messages are stored: each message keeps
 // the record of the mode it was written under, and until none written
@@ -165,21 +171,23 @@ func idSet(ctx context.Context, db DB, what, sql string, args ...any) (map[int64
 	return out, nil
 }
 
-// Bitmap tracks completion with one bit per group in the message row.
+// Bitmap fixes each message's required groups at insert as one bit per
+// group (at most 64 groups); a group records finishing a message in its
+// own row of the completion table, never in the message row.
 type Bitmap struct{ q *sqlq.PubSub }
 
 // Mode implements Tracker.
 func (*Bitmap) Mode() outbox.TrackingMode { return outbox.Bitmap }
 
-// Complete implements Tracker: one UPDATE for the whole batch.
+// Complete implements Tracker: one INSERT for the whole batch.
 func (b *Bitmap) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
-	_, err := exec(ctx, tx, "bitmap complete", b.q.BitmapComplete, ids, sub.Mask())
+	_, err := exec(ctx, tx, "bitmap complete", b.q.CompleteRecords, ids, sub.ID)
 	return err
 }
 
 // Completed implements Tracker.
 func (b *Bitmap) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
-	return idSet(ctx, db, "bitmap completed", b.q.BitmapCompleted, ids, sub.Mask())
+	return idSet(ctx, db, "bitmap completed", b.q.BitmapCompleted, ids, sub.Mask(), sub.ID)
 }
 
 // Forget implements Tracker: a cancelled group's bit is stripped from
@@ -188,13 +196,24 @@ func (b *Bitmap) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancel
 	if cancelled {
 		return exec(ctx, tx, "bitmap strip", b.q.BitmapStrip, sub.Topic, sub.Mask(), limit)
 	}
-	return exec(ctx, tx, "bitmap forget", b.q.BitmapForget, sub.Topic, sub.Mask(), limit)
+	return exec(ctx, tx, "bitmap forget", b.q.BitmapForget, sub.Topic, sub.Mask(), limit, sub.ID)
 }
 
 // Cleanup implements Tracker.
 func (b *Bitmap) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
-	return exec(ctx, db, "bitmap cleanup", b.q.BitmapCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
-		keep.ZeroSubscription.Microseconds(), keep.below())
+	return cleanup(ctx, db, "bitmap cleanup", b.q.BitmapCleanup, topic, keep, limit)
+}
+
+// cleanup runs a cleanup statement that returns how many messages it
+// deleted.
+func cleanup(ctx context.Context, db DB, what, sql, topic string, keep Retention, limit int) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, sql, topic, keep.Now, keep.Completed.Microseconds(), limit,
+		keep.ZeroSubscription.Microseconds(), keep.below()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("pubsub: %s: %w", what, err)
+	}
+	return n, nil
 }
 
 // Holds implements Tracker.
@@ -218,9 +237,10 @@ type Counter struct{ q *sqlq.PubSub }
 // Mode implements Tracker.
 func (*Counter) Mode() outbox.TrackingMode { return outbox.Counter }
 
-// Complete implements Tracker: dedupe inserts and counter increments in one statement.
+// Complete implements Tracker: one INSERT for the whole batch (a
+// redelivered message is recorded once).
 func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
-	_, err := exec(ctx, tx, "counter complete", c.q.CounterComplete, ids, sub.ID)
+	_, err := exec(ctx, tx, "counter complete", c.q.CompleteRecords, ids, sub.ID)
 	return err
 }
 
@@ -253,13 +273,7 @@ func (c *Counter) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, _ boo
 
 // Cleanup implements Tracker.
 func (c *Counter) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
-	var n int64
-	err := db.QueryRow(ctx, c.q.CounterCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
-		keep.ZeroSubscription.Microseconds(), keep.below()).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("pubsub: counter cleanup: %w", err)
-	}
-	return n, nil
+	return cleanup(ctx, db, "counter cleanup", c.q.CounterCleanup, topic, keep, limit)
 }
 
 // Holds implements Tracker.
@@ -327,22 +341,16 @@ type Mixed struct {
 // Mode implements Tracker: the mode new messages are written under.
 func (m *Mixed) Mode() outbox.TrackingMode { return m.mode }
 
-// Complete implements Tracker: the group's bit on Bitmap messages (when
-// it has one), a dedupe row and count on Counter messages. Offset
-// messages need nothing while the topic is in Offset mode; in the others
-// each gets a dedupe row, so that a backfill (the way a DEAD group comes
-// back there) skips those the group completed.
+// Complete implements Tracker: the group's completion record on Bitmap
+// and Counter messages. Offset messages need none while the topic is in
+// Offset mode; in the others each gets one too, so that a backfill (the
+// way a DEAD group comes back there) skips those the group completed.
 func (m *Mixed) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
-	if sub.Mask() != 0 {
-		if _, err := exec(ctx, tx, "bitmap complete", m.q.BitmapComplete, ids, sub.Mask()); err != nil {
-			return err
-		}
-	}
-	sql := m.q.CounterCompleteUnbitted
+	sql := m.q.CompleteRecords
 	if m.mode == outbox.Offset {
-		sql = m.q.CounterCompleteTracked
+		sql = m.q.CompleteTracked
 	}
-	_, err := exec(ctx, tx, "counter complete", sql, ids, sub.ID)
+	_, err := exec(ctx, tx, "complete", sql, ids, sub.ID)
 	return err
 }
 
@@ -352,7 +360,7 @@ func (m *Mixed) Completed(ctx context.Context, db DB, sub Subscription, ids []in
 	if err != nil || sub.Mask() == 0 {
 		return done, err
 	}
-	bits, err := idSet(ctx, db, "bitmap completed", m.q.BitmapCompleted, ids, sub.Mask())
+	bits, err := idSet(ctx, db, "bitmap completed", m.q.BitmapCompleted, ids, sub.Mask(), sub.ID)
 	for id := range bits {
 		done[id] = true
 	}

@@ -60,7 +60,8 @@ FROM {{schema}}.outbox_topics WHERE semantics = 'PUB_SUB' ORDER BY topic`
 // cannot be delivered any more. It counts, for each group that holds
 // claims, the rows it had not finished: a retry of it was pending, or by
 // the row's own record (see mixedCleanup): Bitmap, its required bit
-// without its done bit; Counter, a required id without a dedupe row;
+// without its done bit or the group's completion record; Counter, a
+// required id without a completion record;
 // Offset, a row its committed position does not see (for a DEAD group,
 // written before it died: see deadClaims). The first row is the number
 // deleted, under an empty group name.
@@ -88,6 +89,7 @@ WITH gone AS (
        OR CASE
           WHEN gone.required_bits IS NOT NULL THEN s.bit IS NOT NULL AND gone.required_bits & (1::bigint << s.bit) <> 0
                              AND coalesce(gone.done_bits, 0) & (1::bigint << s.bit) = 0
+                             AND NOT EXISTS (SELECT 1 FROM dedupe AS d WHERE d.message_id = gone.id AND d.subscription_id = s.id)
           WHEN gone.required_count IS NOT NULL THEN s.id = ANY(gone.required_ids)
                               AND NOT EXISTS (SELECT 1 FROM dedupe AS d WHERE d.message_id = gone.id AND d.subscription_id = s.id)
           ELSE NOT pg_visible_in_snapshot(gone.xid, ` + committedOf("s", "p") + `)

@@ -50,14 +50,14 @@ type PubSub struct {
 	ForceTarget, ForceAdvance                                 string
 	Inconsistencies                                           string
 
-	BitmapComplete, BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup string
-	CounterComplete, CounterCompleted                                         string
-	CounterForgetCandidates                                                   string
-	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark             string
-	BitmapHeld, CounterHeld, OffsetHeld                                       string
-	MixedHeld, MixedCleanup, CounterCompleteTracked, ModeChangeOver           string
-	CounterCompleteUnbitted                                                   string
-	RetentionFrontier, SnapshotXmax                                           string
+	CompleteRecords, CompleteTracked                              string
+	BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup     string
+	CounterCompleted                                              string
+	CounterForgetCandidates                                       string
+	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark string
+	BitmapHeld, CounterHeld, OffsetHeld                           string
+	MixedHeld, MixedCleanup, ModeChangeOver                       string
+	RetentionFrontier, SnapshotXmax                               string
 }
 
 // ForPubSub returns the statements for schema (already validated).
@@ -137,24 +137,22 @@ func ForPubSub(schema string) *PubSub {
 		ForceAdvance:         q(forceAdvance),
 		Inconsistencies:      q(inconsistencies),
 
-		BitmapComplete:          q(bitmapComplete),
+		CompleteRecords:         q(completeRecords),
+		CompleteTracked:         q(completeTracked),
 		BitmapCompleted:         q(bitmapCompleted),
 		BitmapForget:            q(bitmapForget),
 		BitmapStrip:             q(bitmapStrip),
 		BitmapCleanup:           q(bitmapCleanup),
-		CounterComplete:         q(counterComplete),
 		CounterCompleted:        q(counterCompleted),
 		CounterForgetCandidates: q(counterForgetCandidates),
 		CounterForget:           q(counterForget),
 		CounterCleanup:          q(counterCleanup),
 		OffsetCleanup:           q(offsetCleanup),
-		BitmapHeld:              q(partitionHeld(unfinishedInRange(bitmapDone))),
-		CounterHeld:             q(partitionHeld(unfinishedInRange(counterDone))),
+		BitmapHeld:              q(partitionHeld(unfinishedInRange(bitmapDone("o")))),
+		CounterHeld:             q(partitionHeld(unfinishedInRange(counterDone("o")))),
 		OffsetHeld:              q(partitionHeld(beforeWatermark)),
 		MixedHeld:               q(partitionHeld(unfinishedInRange(mixedDone("$8")))),
 		MixedCleanup:            q(mixedCleanup),
-		CounterCompleteTracked:  q(counterCompleteTracked),
-		CounterCompleteUnbitted: q(counterCompleteUnbitted),
 		ModeChangeOver:          q(modeChangeOver),
 		UpsertWatermark:         q(upsertWatermark),
 		RetentionFrontier:       q(retentionFrontier),
@@ -373,13 +371,12 @@ RETURNING message_id`
 // forceCompleteRows lists up to $6 stored messages of topic $1 with ids
 // above $5 written before $2 that require subscription $4 (by bit $3 or
 // by id) and that it has not completed, in id order.
-const forceCompleteRows = `
+var forceCompleteRows = `
 SELECT o.id FROM {{schema}}.outbox_published AS o
 WHERE o.topic = $1 AND o.id > $5 AND o.created_at < $2 AND o.status = 'PUBLISHED'
       AND ((o.required_bits & $3::bigint <> 0 AND coalesce(o.done_bits, 0) & $3::bigint = 0)
-           OR ($4::bigint = ANY(o.required_ids)
-               AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                               WHERE c.message_id = o.id AND c.subscription_id = $4` + perRow + `)))
+           OR $4::bigint = ANY(o.required_ids))
+      AND NOT ` + recordedBy("o", "$4") + `
 ORDER BY o.id LIMIT $6`
 
 // forceTarget is where ForceComplete may move subscription $1's read
@@ -407,8 +404,7 @@ WHERE f.subscription_id = $1 AND f.pair_cur IS NULL AND $2::xid8 > pg_snapshot_x
 // inconsistencies reads every stored PUB_SUB message (up to $1 per topic
 // and kind are counted) and reports, per topic, the messages whose
 // completion record does not add up: COUNT, a Counter record whose count
-// is not its number of required groups, or which counts more completions
-// than it requires; GROUP, a message that requires a group (by id or
+// is not its number of required groups; GROUP, a message that requires a group (by id or
 // bit) that no longer has a subscription that may complete it; MODE, a
 // record of another mode than the topic's while no mode change is under
 // way. None should ever exist: each is a bug, or a hand edit.
@@ -416,7 +412,7 @@ const inconsistencies = `
 WITH bad AS (
     SELECT o.topic, o.id, CASE
         WHEN o.required_count IS NOT NULL
-             AND (o.required_count <> cardinality(o.required_ids) OR o.completed_count > o.required_count) THEN 'COUNT'
+             AND o.required_count <> cardinality(o.required_ids) THEN 'COUNT'
         WHEN o.required_ids IS NOT NULL
              AND EXISTS (SELECT 1 FROM unnest(o.required_ids) AS r(id)
                          WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions AS s
@@ -732,19 +728,19 @@ func streamFilter(alias string, first int) string {
            OR ` + a + `created_at >= ` + p(3) + `::timestamptz OR ` + a + `id >= ` + p(4) + `::bigint)`
 }
 
-// notCompleted excludes rows the group completed (bit $first in Bitmap
-// mode, 0 in the others; a dedupe row of subscription $first+1 in Counter
-// mode). The bit test is written as "<> bit" on purpose: the planner
-// guesses 0.5% of rows for an "= 0" on an expression, which made it sort a
-// whole topic instead of reading the (topic, xid, id) index in order (a
-// catch-up read of a 300,000-row Counter topic took seconds, not ms).
+// notCompleted excludes rows the group finished: recorded by subscription
+// $first+1, or, on a row written before completions were recorded off the
+// row, its done bit $first (Bitmap mode; 0 in the others). The bit test
+// is written as "<> bit" on purpose: the planner guesses 0.5% of rows for
+// an "= 0" on an expression, which made it sort a whole topic instead of
+// reading the (topic, xid, id) index in order (a catch-up read of a
+// 300,000-row Counter topic took seconds, not ms).
 func notCompleted(alias string, first int) string {
 	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
 	bit := p(0) + `::bigint`
 	return `
       AND (` + bit + ` = 0 OR coalesce(` + alias + `.done_bits & ` + bit + `, 0) <> ` + bit + `)
-      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                      WHERE c.message_id = ` + alias + `.id AND c.subscription_id = ` + p(1) + `::bigint` + perRow + `)`
+      AND NOT ` + recordedBy(alias, p(1)+`::bigint`)
 }
 
 // perRow ends a NOT EXISTS that must stay a per-row index probe. Without
@@ -887,7 +883,7 @@ WHERE r.subscription_id = $1 AND r.payload IS NULL
 // with a copy whose message is stored and not completed by the group (by
 // the message's own record: see mixedCleanup): completing them lets cleanup delete the message (the dead
 // letter stays, with its copy).
-const deadLettersToComplete = `
+var deadLettersToComplete = `
 SELECT r.subscription_id, coalesce(s.bit, -1), array_agg(r.message_id ORDER BY r.message_id)
 FROM {{schema}}.outbox_group_retries AS r
 JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
@@ -895,9 +891,9 @@ JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
 WHERE s.topic = $1 AND r.status = 'DEAD_LETTER' AND r.payload IS NOT NULL
       AND CASE WHEN o.required_bits IS NOT NULL
                THEN s.bit IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) = 0
+                    AND NOT ` + recordedBy("o", "s.id") + `
                WHEN o.required_count IS NOT NULL
-               THEN NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                                WHERE c.message_id = o.id AND c.subscription_id = s.id)
+               THEN NOT ` + recordedBy("o", "s.id") + `
                ELSE false END -- Offset: the group's position passes it
 GROUP BY r.subscription_id, s.bit`
 
@@ -1258,39 +1254,48 @@ RETURNING s.id, coalesce(s.bit, -1), r.message_id`
 
 // ---------------------------------------------------------------- bitmap
 
-// bitmapComplete ORs the group's bit into done_bits: one UPDATE a batch.
-// It does so even on a row the group was forgotten on meanwhile (it was
-// DEAD while it handled the batch): a later resurrection backfill then
-// knows the group handled it. A done bit without its required bit is
-// harmless to cleanup, and a cancelled group's strip clears it.
-//
-// Every group locks the rows in id order first (ORDER BY … FOR UPDATE
-// sorts, then locks), so two groups completing overlapping batches never
-// deadlock: left to the plan, the rows would be locked in the order a scan
-// meets them, which a bitmap heap scan takes from where each row version
-// lies, and that moves as groups update the rows.
-const bitmapComplete = `
-WITH locked AS (
-    SELECT id, xid FROM {{schema}}.outbox_published
-    WHERE id = ANY($1::bigint[]) AND done_bits & $2 = 0
-    ORDER BY id FOR UPDATE
-)
-UPDATE {{schema}}.outbox_published AS o SET done_bits = o.done_bits | $2
-FROM locked WHERE o.id = locked.id AND o.xid = locked.xid`
+// Completion is recorded off the message row, in every mode that records
+// it per message: a row (message, subscription) in outbox_consumer_groups,
+// inserted by the group that finished the message. No completion writes,
+// locks or versions the message row, so groups completing the same
+// messages never wait for each other (a frozen member's open completion
+// used to hold the row locks every other group's completion needed) and a
+// held xmin leaves no dead versions of message rows behind. Rows written
+// before this (done_bits, completed_count) keep their own record, which the
+// checks below still read.
 
+// completeRecords records that subscription $2 finished the messages $1.
+// A redelivered message is recorded once.
+const completeRecords = `
+INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
+SELECT unnest($1::bigint[]), $2
+ON CONFLICT DO NOTHING`
+
+// recordedBy is true when subscription sub recorded finishing row alias.
+func recordedBy(alias, sub string) string {
+	return `EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                      WHERE c.message_id = ` + alias + `.id AND c.subscription_id = ` + sub + perRow + `)`
+}
+
+// bitmapCompleted lists which of the messages $1 the group (bit $2,
+// subscription $3) finished.
 const bitmapCompleted = `
-SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0`
+SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0
+UNION
+SELECT message_id FROM {{schema}}.outbox_consumer_groups WHERE message_id = ANY($1::bigint[]) AND subscription_id = $3`
 
-// bitmapForget drops a DEAD group (bit $2) from up to $3 rows it had not
-// completed. The row conditions are repeated outside the subquery so that
-// a completion committed while the update waited for a row is seen.
-const bitmapForget = `
-UPDATE {{schema}}.outbox_published SET required_bits = required_bits & ~$2::bigint
-WHERE id IN (
-    SELECT id FROM {{schema}}.outbox_published
-    WHERE topic = $1 AND status = 'PUBLISHED' AND required_bits & $2 <> 0 AND done_bits & $2 = 0
-    ORDER BY id LIMIT $3)
-  AND required_bits & $2 <> 0 AND done_bits & $2 = 0`
+// bitmapForget drops a DEAD group (bit $2, subscription $4) from up to $3
+// rows it had not finished. The row conditions are repeated outside the
+// subquery so that a completion committed while the update waited for a
+// row is seen.
+var bitmapForget = `
+UPDATE {{schema}}.outbox_published AS o SET required_bits = o.required_bits & ~$2::bigint
+WHERE o.id IN (
+    SELECT o.id FROM {{schema}}.outbox_published AS o
+    WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND o.required_bits & $2 <> 0 AND o.done_bits & $2 = 0
+          AND NOT ` + recordedBy("o", "$4") + `
+    ORDER BY o.id LIMIT $3)
+  AND o.required_bits & $2 <> 0 AND o.done_bits & $2 = 0 AND NOT ` + recordedBy("o", "$4")
 
 // bitmapStrip removes a CANCELLED group's bit $2 from up to $3 rows,
 // required or done: its completions no longer matter, and the bit can go
@@ -1326,72 +1331,59 @@ const retention = `
 // required.
 const pastZeroFloor = `o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'`
 
-// bitmapDone is true for a row o of a Bitmap topic every required group
-// completed.
-const bitmapDone = `coalesce(o.done_bits, 0) & o.required_bits = o.required_bits`
+// bitmapDone is true for row alias of a Bitmap topic when every required
+// group finished it: each required bit is a done bit or belongs to a
+// subscription that recorded the message.
+func bitmapDone(alias string) string {
+	a := alias + "."
+	return a + `required_bits & ~(coalesce(` + a + `done_bits, 0)
+        | coalesce((SELECT bit_or(1::bigint << s.bit) FROM {{schema}}.outbox_consumer_groups AS c
+                    JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = c.subscription_id
+                    WHERE c.message_id = ` + a + `id AND s.bit IS NOT NULL), 0)) = 0`
+}
 
 // bitmapCleanup deletes up to $4 rows of topic $1 below xid $6 that every
-// required group completed and that retention lets go, in (topic, xid)
-// index order, skipping rows another cleanup holds.
-const bitmapCleanup = `
+// required group finished and that retention lets go, in (topic, xid)
+// index order, skipping rows another cleanup holds, with their records; it
+// returns how many it deleted. Finishing is never undone (a group only adds
+// records, a forget only drops required bits), so a row found done stays
+// done and needs no re-check under its lock.
+var bitmapCleanup = `
+WITH gone AS (
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
     WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
-          AND ` + bitmapDone + `
+          AND ` + bitmapDone("o") + `
           AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)` +
 	retention + `
     ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
-  AND coalesce(done_bits, 0) & required_bits = required_bits -- re-checked on the row version the delete locks`
+RETURNING id
+), dedupe AS (
+    DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone`
 
 // ---------------------------------------------------------------- counter
 
-// counterComplete inserts dedupe rows and counts only the new ones, so a
-// redelivered message is never counted twice; a row the group was
-// forgotten on meanwhile is not counted (the condition is re-checked on the
-// row version the update locks).
-var counterComplete = counterCompleteOf(`SELECT unnest($1::bigint[]), $2`)
-
-// counterCompleteTracked is counterComplete for a topic whose tracking
-// mode changed: only the messages ids $1 that carry a Counter record get a
-// dedupe row.
-var counterCompleteTracked = counterCompleteOf(`SELECT o.id, $2 FROM {{schema}}.outbox_published AS o
-    WHERE o.id = ANY($1::bigint[]) AND o.required_count IS NOT NULL`)
-
-// counterCompleteUnbitted is counterCompleteTracked that also gives a
-// dedupe row to the messages written in Offset mode, which record nothing
-// of their own: a topic that changed from Offset to Bitmap or Counter
-// mode resurrects its DEAD groups with a backfill, which then skips those
-// the group completed (see pubsub.Mixed). Cleanup deletes the rows with
-// their messages.
-var counterCompleteUnbitted = counterCompleteOf(`SELECT o.id, $2 FROM {{schema}}.outbox_published AS o
-    WHERE o.id = ANY($1::bigint[]) AND o.required_bits IS NULL`)
-
-func counterCompleteOf(source string) string {
-	return `
-WITH fresh AS (
-    INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
-    ` + source + `
-    ON CONFLICT DO NOTHING
-    RETURNING message_id
-), locked AS ( -- rows locked in id order by every group, as in bitmapComplete
-    SELECT o.id, o.xid FROM {{schema}}.outbox_published AS o
-    WHERE o.id IN (SELECT message_id FROM fresh) AND o.required_count IS NOT NULL
-    ORDER BY o.id FOR UPDATE
-)
-UPDATE {{schema}}.outbox_published AS o
-SET completed_count = o.completed_count + CASE WHEN $2 = ANY(o.required_ids) THEN 1 ELSE 0 END
-FROM locked WHERE o.id = locked.id AND o.xid = locked.xid`
-}
+// completeTracked is completeRecords for a topic whose tracking mode
+// changed, back in Offset mode: only the messages ids $1 that carry a
+// Bitmap or Counter record get one of the group's.
+const completeTracked = `
+INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
+SELECT o.id, $2 FROM {{schema}}.outbox_published AS o
+WHERE o.id = ANY($1::bigint[]) AND (o.required_count IS NOT NULL OR o.required_bits IS NOT NULL)
+ON CONFLICT DO NOTHING`
 
 const counterCompleted = `
 SELECT message_id FROM {{schema}}.outbox_consumer_groups
 WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
 
 // counterForgetCandidates locks up to $3 rows that still require
-// subscription $2 and that it had not completed when the statement began.
+// subscription $2 and that it had not finished when the statement began.
 // counterForget, a later statement, re-checks them under those locks: a
-// completion that committed meanwhile is visible to it, and one that has
-// not yet locked a row waits and then finds the group gone from it.
+// completion that committed meanwhile is visible to it. One that commits
+// later is not counted (the group is no longer in the row's required ids),
+// which is what forgetting the group means.
 var counterForgetCandidates = `
 SELECT o.id FROM {{schema}}.outbox_published AS o
 WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND $2::bigint = ANY(o.required_ids)
@@ -1407,22 +1399,27 @@ WHERE o.id = ANY($1::bigint[]) AND $2::bigint = ANY(o.required_ids)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                       WHERE c.message_id = o.id AND c.subscription_id = $2)`
 
-// counterDone is true for a row o of a Counter topic every required group
-// completed.
-// A row without a Counter record (written under another mode, see
-// mixedCleanup) is never done by it.
-const counterDone = `o.required_count IS NOT NULL AND coalesce(o.completed_count, 0) >= o.required_count`
+// counterDone is true for row alias of a Counter topic when every
+// required group finished it: as many of its required ids recorded it as
+// it requires. A row without a Counter record (written under another
+// mode, see mixedCleanup) is never done by it.
+func counterDone(alias string) string {
+	a := alias + "."
+	return a + `required_count IS NOT NULL
+          AND (SELECT count(*) FROM {{schema}}.outbox_consumer_groups AS c
+               WHERE c.message_id = ` + a + `id AND c.subscription_id = ANY(` + a + `required_ids)) >= ` + a + `required_count`
+}
 
-const counterCleanup = `
+// counterCleanup is bitmapCleanup for a Counter topic.
+var counterCleanup = `
 WITH gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
-              AND ` + counterDone + `
+              AND ` + counterDone("o") + `
               AND (o.required_count > 0 OR ` + pastZeroFloor + `)` +
 	retention + `
         ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
-      AND coalesce(completed_count, 0) >= coalesce(required_count, 0) -- re-checked on the locked row version
     RETURNING id
 ), dedupe AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
@@ -1505,8 +1502,8 @@ DELETE FROM {{schema}}.outbox_published WHERE id IN (
 // NULL when no group is ACTIVE or PAUSED, and the claims of the DEAD
 // groups: the statement begins withDeadClaims).
 func mixedDone(wm string) string {
-	return `CASE WHEN o.required_bits IS NOT NULL THEN ` + bitmapDone + `
-                       WHEN o.required_count IS NOT NULL THEN ` + counterDone + `
+	return `CASE WHEN o.required_bits IS NOT NULL THEN ` + bitmapDone("o") + `
+                       WHEN o.required_count IS NOT NULL THEN ` + counterDone("o") + `
                        ELSE (` + wm + `::pg_snapshot IS NULL OR pg_visible_in_snapshot(o.xid, ` + wm + `::pg_snapshot))
                             AND NOT ` + owedToDead("o") + ` END`
 }
@@ -1519,16 +1516,13 @@ var mixedCleanup = withDeadClaims + `, gone AS (
         SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
               AND CASE WHEN o.required_bits IS NOT NULL
-                       THEN ` + bitmapDone + ` AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)
+                       THEN ` + bitmapDone("o") + ` AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)
                        WHEN o.required_count IS NOT NULL
-                       THEN ` + counterDone + ` AND (o.required_count > 0 OR ` + pastZeroFloor + `)
+                       THEN ` + counterDone("o") + ` AND (o.required_count > 0 OR ` + pastZeroFloor + `)
                        WHEN $6::pg_snapshot IS NULL THEN ` + pastZeroFloor + ` AND NOT ` + owedToDead("o") + `
                        ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) AND NOT ` + owedToDead("o") + ` END` +
 	retention + `
         ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
-      AND CASE WHEN required_bits IS NOT NULL THEN coalesce(done_bits, 0) & required_bits = required_bits
-               WHEN required_count IS NOT NULL THEN coalesce(completed_count, 0) >= required_count
-               ELSE true END -- re-checked on the locked row version
     RETURNING id
 ), dedupe AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
