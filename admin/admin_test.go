@@ -150,17 +150,7 @@ func (r *recorder) distinct() int {
 
 func (e *env) startGroup(t *testing.T, topic, name string, r *recorder) *consumergroup.Group {
 	t.Helper()
-	g, err := consumergroup.New(e.db.Pool, consumergroup.Config{Topic: topic, Group: name, Client: e.client,
-		PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second, HeartbeatTimeout: time.Minute})
-	require.NoError(t, err)
-	require.NoError(t, g.AddConsumer("m", r.handle, nil))
-	require.NoError(t, g.Start(context.Background(), consumergroup.FromNow()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = g.Stop(ctx)
-	})
-	return g
+	return e.startGroupWith(t, topic, name, r.handle)
 }
 
 // Groups are listed with their health, paused and resumed by name, and a

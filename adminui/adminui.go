@@ -31,6 +31,7 @@
 //	GET  /api/topics/{topic}/dead-letters         ?group=&after=&limit=
 //	GET  /api/topics/{topic}/blocked              ?group=&limit= blocked message groups
 //	GET  /api/blocked                             every ordered topic's and group's
+//	GET  /api/topics/{topic}/messages/{id}/groups which groups finished a message, where the others stand
 //	POST /api/topics/{topic}/dead-letters/replay  {"group": "", "ids": [], "all": false}
 //	POST /api/topics/{topic}/dead-letters/purge   {"group": "", "ids": [], "all": false}
 //	POST /api/topics/{topic}/groups/{group}/pause (and /resume)
@@ -155,6 +156,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/groups/{group}/{action}", u.apiGroupAction)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/blocked", u.apiTopicBlocked)
 	mux.HandleFunc("GET "+p+"/api/blocked", u.apiBlocked)
+	mux.HandleFunc("GET "+p+"/api/topics/{topic}/messages/{id}/groups", u.apiMessageGroups)
 	mux.HandleFunc("GET "+p+"/api/routers", u.apiRouters)
 
 	// Actions (every POST) from another origin are refused before they

@@ -562,6 +562,26 @@ func (u *ui) apiTopicBlocked(w http.ResponseWriter, r *http.Request) {
 	reply(u, w, r, v, err)
 }
 
+// apiMessageGroups answers which groups finished a message (never
+// cached: it is one indexed read); last errors go through Config.Redact as
+// the message's dead letter.
+func (u *ui) apiMessageGroups(w http.ResponseWriter, r *http.Request) {
+	topic := r.PathValue("topic")
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		u.apiError(w, r, fmt.Errorf("%w: %q is not a message id", errBadInput, r.PathValue("id")))
+		return
+	}
+	gs, err := u.cfg.Admin.MessageGroups(r.Context(), topic, id)
+	for i, g := range gs {
+		if u.cfg.Redact != nil && g.LastError != "" {
+			gs[i].LastError = u.cfg.Redact(outbox.DeadLetter{Delivery: outbox.Delivery{ID: id, Topic: topic},
+				LastError: g.LastError}).LastError
+		}
+	}
+	reply(u, w, r, gs, err)
+}
+
 func (u *ui) apiRouters(w http.ResponseWriter, r *http.Request) {
 	u.writeJSON(w, http.StatusOK, u.routers())
 }

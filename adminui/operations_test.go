@@ -222,3 +222,40 @@ func TestAPIBodyTooLarge(t *testing.T) {
 	require.Equal(t, http.StatusRequestEntityTooLarge, code, "a form too: %.200s", body)
 	require.ElementsMatch(t, f.dead, f.deadLetters(t), "nothing replayed")
 }
+
+// Which groups finished a message: one per group, last errors through
+// Redact; an unknown message is 404, a bad id 400.
+func TestAPIMessageGroups(t *testing.T) {
+	t.Parallel()
+	f := newOrderedFixture(t)
+	srv := f.serve(t, adminui.Config{Redact: func(d outbox.DeadLetter) outbox.DeadLetter {
+		d.LastError = strings.ReplaceAll(d.LastError, "account", "***")
+		return d
+	}})
+	for mg, want := range map[string]admin.MessageState{"cust-99": admin.MessageDeadLettered, "cust-5": admin.MessageRetrying,
+		"cust-1": admin.MessageFinished} {
+		code, body := get(t, srv, fmt.Sprintf("/api/topics/events/messages/%d/groups", f.EventsMessage(t, mg, 0)))
+		require.Equal(t, http.StatusOK, code, body)
+		var gs []admin.MessageGroup
+		require.NoError(t, json.Unmarshal([]byte(body), &gs))
+		require.Len(t, gs, 1, body)
+		require.Equal(t, "billing", gs[0].ConsumerGroup)
+		require.Equal(t, want, gs[0].State, mg)
+		if mg == "cust-99" {
+			require.Equal(t, "permanent: *** closed", gs[0].LastError, "through Redact")
+		}
+	}
+	code, body := get(t, srv, fmt.Sprintf("/api/topics/events/messages/%d/groups", f.EventsMessage(t, "cust-99", 1)))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"State":"PENDING"`, "behind its blocked head")
+	for path, want := range map[string]int{
+		"/api/topics/events/messages/999999999/groups": http.StatusNotFound,
+		"/api/topics/nope/messages/1/groups":           http.StatusNotFound,
+		"/api/topics/events/messages/x/groups":         http.StatusBadRequest,
+		"/api/topics/events/messages/-1/groups":        http.StatusBadRequest,
+		fmt.Sprintf("/api/topics/orders/messages/%d/groups", f.DeadHead): http.StatusBadRequest,
+	} {
+		code, body := get(t, srv, path)
+		require.Equal(t, want, code, "%s: %s", path, body)
+	}
+}

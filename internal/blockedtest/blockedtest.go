@@ -116,3 +116,13 @@ func (f *Fixture) send(t *testing.T, topic string) {
 	_, err = producer.SendBatch(context.Background(), f.DB.Pool, msgs)
 	require.NoError(t, err)
 }
+
+// EventsMessage returns the id of message n (from 0, in id order) of
+// message group mg on events.
+func (f *Fixture) EventsMessage(t *testing.T, mg string, n int) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, f.DB.Pool.QueryRow(context.Background(), `SELECT id FROM `+f.DB.Table("outbox_published")+
+		` WHERE topic = 'events' AND message_group = $1 ORDER BY id OFFSET $2 LIMIT 1`, mg, n).Scan(&id))
+	return id
+}

@@ -10,6 +10,7 @@ import (
 // counts stop at a limit ($2), so none of them scans a backlog.
 type Admin struct {
 	TopicNames, TopicStored, QueueStats, TopicGroups string
+	MessageGroups, MessageStored                     string
 }
 
 // ForAdmin returns the statements for schema (already validated).
@@ -20,6 +21,9 @@ func ForAdmin(schema string) *Admin {
 		TopicStored: r.Replace(topicStored),
 		QueueStats:  r.Replace(queueStats),
 		TopicGroups: r.Replace(topicGroups),
+
+		MessageGroups: r.Replace(messageGroups),
+		MessageStored: r.Replace(messageStored),
 	}
 }
 
@@ -99,3 +103,43 @@ SELECT least(coalesce((SELECT sum(ready) FROM per), 0), $2)::bigint,
 const topicGroups = `
 SELECT group_name FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1
 ORDER BY subscription_status = 'CANCELLED', group_name`
+
+// messageGroups says, for stored message $2 of PUB_SUB topic $1, where
+// each consumer group of the topic (but the cancelled ones) stands with it,
+// from the group's records and positions alone: its row in the group's
+// retry table (a dead letter, a delivery in flight, a retry after a
+// failure, or a message waiting its turn or its time); whether the message requires the group (Bitmap: its bit; Counter:
+// its id; a row without either, written in Offset mode: every group but a
+// DEAD one it was written after); the group's completion record (or done
+// bit); its committed position (what it finished: Offset mode, and a
+// group that subscribed after the message); its read position (read, its
+// batch not finished); else not read yet. No row: the message is not
+// stored.
+var messageGroups = `
+SELECT s.group_name, s.subscription_status,
+       CASE WHEN r.status = 'DEAD_LETTER' THEN 'DEAD_LETTER'
+            WHEN r.status = 'PROCESSING' THEN 'IN_FLIGHT'
+            WHEN r.status = 'RETRY' AND r.failing_since IS NOT NULL THEN 'RETRYING'
+            WHEN r.status = 'RETRY' THEN 'PENDING' -- queued behind its message group, or not due yet
+            WHEN o.required_bits IS NOT NULL
+                 AND (s.bit IS NULL OR o.required_bits & (1::bigint << s.bit) = 0) THEN 'NOT_REQUIRED'
+            WHEN o.required_count IS NOT NULL AND NOT s.id = ANY(o.required_ids) THEN 'NOT_REQUIRED'
+            WHEN EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                         WHERE c.message_id = o.id AND c.subscription_id = s.id)
+                 OR (o.required_bits IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) <> 0) THEN 'FINISHED'
+            WHEN pg_visible_in_snapshot(o.xid, ` + committedOf("s", "p") + `) THEN 'FINISHED'
+            WHEN o.required_bits IS NULL AND o.required_count IS NULL AND s.subscription_status = 'DEAD'
+                 AND NOT pg_visible_in_snapshot(o.xid, coalesce(s.dead_upto, pg_current_snapshot())) THEN 'NOT_REQUIRED'
+            WHEN pg_visible_in_snapshot(o.xid, p.position) THEN 'IN_FLIGHT'
+            ELSE 'PENDING' END,
+       coalesce(r.attempts, 0), coalesce(r.last_error, ''),
+       CASE WHEN r.status = 'RETRY' AND r.failing_since IS NOT NULL THEN r.available_at END
+FROM {{schema}}.outbox_published AS o
+JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.topic = o.topic AND s.subscription_status <> 'CANCELLED'
+JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id
+LEFT JOIN {{schema}}.outbox_group_retries AS r ON r.subscription_id = s.id AND r.message_id = o.id
+WHERE o.topic = $1 AND o.id = $2
+ORDER BY s.group_name`
+
+// messageStored: message $2 of topic $1 is stored.
+const messageStored = `SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_published WHERE topic = $1 AND id = $2)`

@@ -42,6 +42,7 @@ const usage = `usage:
   pgoutbox [flags] group force-complete TOPIC GROUP --older-than DURATION
   pgoutbox [flags] dead list|replay|purge TOPIC [GROUP] [ID ...]
   pgoutbox [flags] blocked [TOPIC [GROUP]]   (message groups an ordered topic or group is held back on)
+  pgoutbox [flags] message TOPIC ID          (which groups finished a message of a PUB_SUB topic)
   pgoutbox [flags] mode migrate TOPIC bitmap|counter|offset
   pgoutbox [flags] stuck [--older-than 1h]
   pgoutbox [flags] check      (exits 1 when a stored message's completion record does not add up)
@@ -177,6 +178,15 @@ func (c *command) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error { return c.blocked(ctx, a, rest) })
+	case "message":
+		if err := wantArgs(rest, 2, 2, "message TOPIC ID"); err != nil {
+			return err
+		}
+		id, err := strconv.ParseInt(rest[1], 10, 64)
+		if err != nil || id <= 0 {
+			return usagef("message: %q is not a message id", rest[1])
+		}
+		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error { return c.message(ctx, a, rest[0], id) })
 	case "mode":
 		return c.mode(ctx, rest)
 	case "check":
@@ -594,6 +604,39 @@ func (c *command) mode(ctx context.Context, args []string) error {
 var errInconsistent = errors.New("stored messages whose completion record does not add up (see above)")
 
 // check prints the stored messages whose completion record does not add up.
+type messageGroupView struct {
+	Group       string     `json:"group"`
+	Status      string     `json:"status"`
+	State       string     `json:"state"`
+	Attempts    int        `json:"attempts"`
+	LastError   string     `json:"last_error,omitempty"`
+	NextAttempt *time.Time `json:"next_attempt,omitempty"`
+}
+
+// message prints which groups finished a message, and where the others
+// stand with it.
+func (c *command) message(ctx context.Context, a *admin.Admin, topic string, id int64) error {
+	gs, err := a.MessageGroups(ctx, topic, id)
+	if err != nil {
+		return err
+	}
+	views := make([]messageGroupView, len(gs))
+	for i, g := range gs {
+		views[i] = messageGroupView{Group: g.ConsumerGroup, Status: string(g.Status), State: string(g.State),
+			Attempts: g.Attempts, LastError: g.LastError, NextAttempt: g.NextAttempt}
+	}
+	return c.print(views, func(w io.Writer) {
+		fmt.Fprintln(w, "GROUP\tSTATUS\tSTATE\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR")
+		for _, v := range views {
+			next := "-"
+			if v.NextAttempt != nil {
+				next = v.NextAttempt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", v.Group, v.Status, v.State, v.Attempts, next, dash(oneLine(v.LastError, 60)))
+		}
+	})
+}
+
 func (c *command) check(ctx context.Context, a *admin.Admin) error {
 	found, err := a.Inconsistencies(ctx)
 	if err != nil {

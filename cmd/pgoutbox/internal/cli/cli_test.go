@@ -452,3 +452,41 @@ func TestTopicsFlagsUnconfiguredOnes(t *testing.T) {
 	require.Zero(t, r.code, r.stderr)
 	require.Contains(t, r.stdout, `"configured": false`)
 }
+
+// pgoutbox message: which groups finished a message, as a table or JSON.
+func TestMessageCommand(t *testing.T) {
+	t.Parallel()
+	f := blockedtest.New(t)
+	db := f.DB
+	schema := "--schema=" + db.Schema
+	r := run(t, db.DSN, "message", "events", fmt.Sprint(f.EventsMessage(t, "cust-5", 0)), schema, "--json")
+	require.Zero(t, r.code, r.stderr)
+	var rows []struct {
+		Group, Status, State string
+		Attempts             int
+		LastError            string     `json:"last_error"`
+		NextAttempt          *time.Time `json:"next_attempt"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows))
+	require.Len(t, rows, 1, r.stdout)
+	require.Equal(t, "billing", rows[0].Group)
+	require.Equal(t, "ACTIVE", rows[0].Status)
+	require.Equal(t, "RETRYING", rows[0].State)
+	require.Equal(t, 1, rows[0].Attempts)
+	require.Contains(t, rows[0].LastError, blockedtest.RetryError)
+	require.NotNil(t, rows[0].NextAttempt)
+
+	r = run(t, db.DSN, "message", "events", fmt.Sprint(f.EventsMessage(t, "cust-99", 0)), schema)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "NEXT ATTEMPT")
+	require.Contains(t, r.stdout, "DEAD_LETTER")
+	require.Contains(t, r.stdout, blockedtest.GroupDeadError)
+
+	r = run(t, db.DSN, "message", "events", "999999999", schema)
+	require.Equal(t, 3, r.code, r.stdout) // not found
+	require.Contains(t, r.stderr, "not stored")
+	for _, args := range [][]string{{"message", "events"}, {"message", "events", "x"}, {"message", "events", "0"}} {
+		r = run(t, db.DSN, append(args, schema)...)
+		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
+	}
+}
