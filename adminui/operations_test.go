@@ -249,10 +249,10 @@ func TestAPIMessageGroups(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, `"State":"PENDING"`, "behind its blocked head")
 	for path, want := range map[string]int{
-		"/api/topics/events/messages/999999999/groups": http.StatusNotFound,
-		"/api/topics/nope/messages/1/groups":           http.StatusNotFound,
-		"/api/topics/events/messages/x/groups":         http.StatusBadRequest,
-		"/api/topics/events/messages/-1/groups":        http.StatusBadRequest,
+		"/api/topics/events/messages/999999999/groups":                   http.StatusNotFound,
+		"/api/topics/nope/messages/1/groups":                             http.StatusNotFound,
+		"/api/topics/events/messages/x/groups":                           http.StatusBadRequest,
+		"/api/topics/events/messages/-1/groups":                          http.StatusBadRequest,
 		fmt.Sprintf("/api/topics/orders/messages/%d/groups", f.DeadHead): http.StatusBadRequest,
 	} {
 		code, body := get(t, srv, path)
