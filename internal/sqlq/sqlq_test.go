@@ -25,11 +25,12 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 	}
 	defer conn.Release()
 	n := 0
-	for _, set := range []any{sqlq.For(db.Schema), sqlq.ForPubSub(db.Schema), sqlq.ForMaintenance(db.Schema)} {
+	for _, set := range []any{sqlq.For(db.Schema), sqlq.ForPubSub(db.Schema), sqlq.ForMaintenance(db.Schema),
+		sqlq.ForAdmin(db.Schema), sqlq.ForInbox(db.Schema), sqlq.ForPartitions(db.Schema)} {
 		v := reflect.ValueOf(set).Elem()
 		for i := range v.NumField() {
 			f := v.Type().Field(i)
-			if f.Type.Kind() != reflect.String {
+			if !f.IsExported() || f.Type.Kind() != reflect.String {
 				continue
 			}
 			name := v.Type().Name() + "." + f.Name
