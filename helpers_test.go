@@ -4,7 +4,7 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/pgoutbox/pgoutbox/internal/testlog"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testlog"
 )
 
 // lines collects log output.

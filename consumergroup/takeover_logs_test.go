@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
-	"github.com/pgoutbox/pgoutbox/internal/clocktest"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
-	"github.com/pgoutbox/pgoutbox/internal/testlog"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/clocktest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testlog"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgoutbox/pgoutbox/internal/clocktest"
-	"github.com/pgoutbox/pgoutbox/internal/testlog"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/clocktest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testlog"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 

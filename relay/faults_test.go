@@ -12,10 +12,10 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
-	"github.com/pgoutbox/pgoutbox/internal/natstest"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
-	"github.com/pgoutbox/pgoutbox/internal/testlog"
-	"github.com/pgoutbox/pgoutbox/internal/testmetrics"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/natstest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testlog"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testmetrics"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay"
 )

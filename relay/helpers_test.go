@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
-	"github.com/pgoutbox/pgoutbox/internal/childproc"
-	"github.com/pgoutbox/pgoutbox/internal/natstest"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/childproc"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/natstest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay"
 )

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 )
 
 func TestMain(m *testing.M) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 )
 
 // receiverEnv, when set to a duration, makes the test binary a receiver

@@ -13,8 +13,8 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
 	"github.com/pgoutbox/pgoutbox/internal/notify"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/startstop/startstoptest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -7,9 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgoutbox/pgoutbox/internal/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
-	"github.com/pgoutbox/pgoutbox/internal/testlog"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/clocktest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testlog"
 )
 
 // Sum writes at most a record of a key per interval; the next one says how

@@ -16,8 +16,8 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/cmd/pgoutbox/internal/cli"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
-	"github.com/pgoutbox/pgoutbox/internal/blockedtest"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/blockedtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )

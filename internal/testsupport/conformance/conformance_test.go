@@ -4,8 +4,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/pgoutbox/pgoutbox/internal/conformance"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/conformance"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 )
 
 func TestMain(m *testing.M) {
