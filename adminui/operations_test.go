@@ -68,10 +68,7 @@ func readBody(t *testing.T, resp *http.Response) string {
 func TestAPIBlockedGroups(t *testing.T) {
 	t.Parallel()
 	f := newOrderedFixture(t)
-	srv := f.serve(t, adminui.Config{Redact: func(d outbox.DeadLetter) outbox.DeadLetter {
-		d.LastError = strings.ReplaceAll(d.LastError, "customer", "***")
-		return d
-	}})
+	srv := f.serve(t, adminui.Config{Redact: hiding("customer")})
 
 	code, body := get(t, srv, "/api/blocked")
 	require.Equal(t, http.StatusOK, code, body)
@@ -228,10 +225,7 @@ func TestAPIBodyTooLarge(t *testing.T) {
 func TestAPIMessageGroups(t *testing.T) {
 	t.Parallel()
 	f := newOrderedFixture(t)
-	srv := f.serve(t, adminui.Config{Redact: func(d outbox.DeadLetter) outbox.DeadLetter {
-		d.LastError = strings.ReplaceAll(d.LastError, "account", "***")
-		return d
-	}})
+	srv := f.serve(t, adminui.Config{Redact: hiding("account")})
 	for mg, want := range map[string]admin.MessageState{"cust-99": admin.MessageDeadLettered, "cust-5": admin.MessageRetrying,
 		"cust-1": admin.MessageFinished} {
 		code, body := get(t, srv, fmt.Sprintf("/api/topics/events/messages/%d/groups", f.EventsMessage(t, mg, 0)))
@@ -257,5 +251,13 @@ func TestAPIMessageGroups(t *testing.T) {
 	} {
 		code, body := get(t, srv, path)
 		require.Equal(t, want, code, "%s: %s", path, body)
+	}
+}
+
+// hiding is a Config.Redact that replaces word in last errors with "***".
+func hiding(word string) func(outbox.DeadLetter) outbox.DeadLetter {
+	return func(d outbox.DeadLetter) outbox.DeadLetter {
+		d.LastError = strings.ReplaceAll(d.LastError, word, "***")
+		return d
 	}
 }
