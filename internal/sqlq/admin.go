@@ -124,8 +124,7 @@ SELECT s.group_name, s.subscription_status,
             WHEN o.required_bits IS NOT NULL
                  AND (s.bit IS NULL OR o.required_bits & (1::bigint << s.bit) = 0) THEN 'NOT_REQUIRED'
             WHEN o.required_count IS NOT NULL AND NOT s.id = ANY(o.required_ids) THEN 'NOT_REQUIRED'
-            WHEN EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                         WHERE c.message_id = o.id AND c.subscription_id = s.id)
+            WHEN ` + recordedBy("o", "s.id") + `
                  OR (o.required_bits IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) <> 0) THEN 'FINISHED'
             WHEN pg_visible_in_snapshot(o.xid, ` + committedOf("s", "p") + `) THEN 'FINISHED'
             WHEN o.required_bits IS NULL AND o.required_count IS NULL AND s.subscription_status = 'DEAD'
