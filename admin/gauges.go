@@ -38,6 +38,7 @@ func (a *Admin) RegisterGauges(mp metric.MeterProvider) (metric.Registration, er
 		{"pgoutbox.queue.dead_letters", "Dead letters of a QUEUE topic."},
 		{"pgoutbox.group.unread", "Messages a consumer group has not read yet (or not finished of its current read)."},
 		{"pgoutbox.group.queued", "Messages a consumer group read and will deliver that have not failed (an ordered group's queue)."},
+		{"pgoutbox.group.scheduled", "Messages a consumer group read that are not due yet (Delay, NotBefore)."},
 		{"pgoutbox.group.waiting", "Messages of a consumer group that failed and wait for a retry."},
 		{"pgoutbox.group.leased", "Batches and one-by-one deliveries a consumer group's instances hold."},
 		{"pgoutbox.group.dead_letters", "Dead letters of a consumer group."},
@@ -87,6 +88,7 @@ func (a *Admin) RegisterGauges(mp metric.MeterProvider) (metric.Registration, er
 				attrs := metric.WithAttributes(topic, attribute.String("group", name))
 				o.ObserveInt64(ints["pgoutbox.group.unread"], h.Unread, attrs)
 				o.ObserveInt64(ints["pgoutbox.group.queued"], h.Queued, attrs)
+				o.ObserveInt64(ints["pgoutbox.group.scheduled"], h.Scheduled, attrs)
 				o.ObserveInt64(ints["pgoutbox.group.waiting"], h.Waiting, attrs)
 				o.ObserveInt64(ints["pgoutbox.group.leased"], h.LeasedBatches+h.LeasedRetries, attrs)
 				o.ObserveInt64(ints["pgoutbox.group.dead_letters"], h.DeadLetters, attrs)

@@ -46,7 +46,7 @@ type MessageGroup struct {
 	State         MessageState
 	// Attempts and LastError are those of a message being retried or
 	// dead-lettered (0 and "" otherwise); NextAttempt is when a retry is
-	// due.
+	// due, or when a message sent with Delay or NotBefore is.
 	Attempts    int
 	LastError   string
 	NextAttempt *time.Time

@@ -85,6 +85,35 @@ func TestMessageGroups(t *testing.T) {
 	}
 }
 
+// A message sent with NotBefore that a group read is PENDING in it until
+// it is due, and says when that is.
+func TestMessageGroupsSaysWhenAScheduledMessageIsDue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, admin.Options{}, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset})
+	r := &recorder{seen: map[int64]int{}}
+	g := e.startGroup(t, "events", "g", r)
+	due := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	id, err := e.producer.Send(ctx, e.db.Pool, outbox.Message{Topic: "events", Payload: []byte(`{}`), NotBefore: due})
+	require.NoError(t, err)
+	pgtest.Eventually(t, 30*time.Second, "the group read the message", func() bool {
+		h, err := g.Health(ctx, 0)
+		require.NoError(t, err)
+		return h.Scheduled == 1
+	})
+	got, err := e.admin.MessageGroups(ctx, "events", id)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, admin.MessagePending, got[0].State)
+	require.NotNil(t, got[0].NextAttempt)
+	require.True(t, due.Equal(*got[0].NextAttempt), "due %v, NextAttempt %v", due, *got[0].NextAttempt)
+	require.Zero(t, got[0].Attempts)
+	h, err := g.Health(ctx, 0)
+	require.NoError(t, err)
+	require.Zero(t, h.Queued, "a scheduled message is not queued")
+	require.Less(t, h.Lag, time.Minute, "a message not due yet is no lag")
+}
+
 func states(gs []admin.MessageGroup) map[string]admin.MessageState {
 	m := map[string]admin.MessageState{}
 	for _, g := range gs {

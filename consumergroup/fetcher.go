@@ -374,8 +374,10 @@ func (r *runner) claimRetries(ctx context.Context, tx pgx.Tx, limit int) (int, e
 }
 
 type row struct {
-	d   *outbox.Delivery
-	xid string
+	d         *outbox.Delivery
+	xid       string
+	due       time.Time // when the message is available (Delay, NotBefore)
+	scheduled bool      // due later than now: it waits in the retry table (see park)
 }
 
 // idlePositionEvery is how often a look that found nothing new moves the
@@ -447,21 +449,48 @@ func (r *runner) nextRows(ctx context.Context, tx pgx.Tx, p position, snapshot s
 }
 
 // readRows reads messages (the columns of sqlq's nextUnseenRows) as first
-// deliveries.
+// deliveries. Whether one is scheduled is the database's answer, or the
+// group's clock's when it has one.
 func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]row, error) {
 	g := r.g
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
+	now := g.now()
 	return pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
 		d := &outbox.Delivery{Topic: g.cfg.Topic, MaxAttempts: g.topic.MaxAttempts, Attempt: 1}
 		var x row
 		var prio int16
-		err := cr.Scan(&d.ID, &x.xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt)
+		err := cr.Scan(&d.ID, &x.xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt,
+			&x.due, &x.scheduled)
+		if now != nil {
+			x.scheduled = x.due.After(*now)
+		}
 		d.Priority, x.d = int(prio), d
 		return x, err
 	})
+}
+
+// park puts rows in the group's retry table, in tx, as retries that never
+// ran, each available from its due time (sqlq's parkRows): an ordered
+// group's queue, and every group's scheduled messages.
+func (r *runner) park(ctx context.Context, tx pgx.Tx, rows []row) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	g := r.g
+	ids, groups, due := make([]int64, len(rows)), make([]string, len(rows)), make([]time.Time, len(rows))
+	for i, x := range rows {
+		ids[i], due[i] = x.d.ID, x.due
+		if g.topic.Ordered { // the queue is walked by message group
+			groups[i] = x.d.Group
+		}
+	}
+	if _, err := tx.Exec(ctx, g.q.ParkRows, g.sub.ID, g.now(), ids, groups, due); err != nil {
+		return fmt.Errorf("park rows: %w", err)
+	}
+	return nil
 }
 
 // recordBatch records rows as a batch of pair (prev, cur) after
@@ -469,12 +498,32 @@ func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...
 //
 // An ordered group queues them instead (see lookOrdered), and does not
 // commit.
+//
+// Scheduled rows are parked in the retry table until they are due (see
+// park); the batch, which still spans them, is the rest. A takeover of
+// the batch reads them again and leaves them parked.
 func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
 	g := r.g
 	if g.topic.Ordered {
-		return r.queue(ctx, tx, got)
+		return r.park(ctx, tx, got)
 	}
 	last := got[len(got)-1]
+	if slices.ContainsFunc(got, func(x row) bool { return x.scheduled }) {
+		var due, later []row
+		for _, x := range got {
+			if x.scheduled {
+				later = append(later, x)
+			} else {
+				due = append(due, x)
+			}
+		}
+		if err := r.park(ctx, tx, later); err != nil {
+			return err
+		}
+		if got = due; len(got) == 0 {
+			return tx.Commit(ctx)
+		}
+	}
 	var bid int64
 	var leaseUntil time.Time
 	if err := tx.QueryRow(ctx, g.q.InsertBatch, g.sub.ID, prev, cur, afterXID, afterID, last.xid, last.d.ID,

@@ -47,6 +47,10 @@ type Health struct {
 	// delivers each message group's oldest first), replayed dead letters,
 	// and messages a stopping instance handed back untried.
 	Queued int64
+	// Scheduled counts messages the group read that are not due yet
+	// (sent with Delay or NotBefore): it delivers them when they are.
+	// They do not count in Lag.
+	Scheduled int64
 	// DeadLetters counts the group's dead letters.
 	DeadLetters int64
 	// Lag is the age of the oldest message the group has not finished:
@@ -103,7 +107,7 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 	var oldestUnread, oldestRetry *time.Time
 	var now time.Time
 	err = g.pool.QueryRow(ctx, g.q.GroupHealth, args...).Scan(&h.Unread, &oldestUnread, &h.LeasedBatches,
-		&h.LeasedRetries, &h.Waiting, &h.Queued, &oldestRetry, &h.DeadLetters, &now)
+		&h.LeasedRetries, &h.Waiting, &h.Queued, &h.Scheduled, &oldestRetry, &h.DeadLetters, &now)
 	if err != nil {
 		return h, fmt.Errorf("consumergroup: health: %w", err)
 	}

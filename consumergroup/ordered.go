@@ -2,7 +2,6 @@ package consumergroup
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,7 +61,7 @@ func (r *runner) lookOrdered(ctx context.Context, tx pgx.Tx, p position, snapsho
 	if err != nil {
 		return 0, err
 	}
-	if err := r.queue(ctx, tx, pr.rows); err != nil {
+	if err := r.park(ctx, tx, pr.rows); err != nil {
 		return 0, err
 	}
 	if !pr.exhausted {
@@ -80,20 +79,4 @@ func (r *runner) lookOrdered(ctx context.Context, tx pgx.Tx, p position, snapsho
 	}
 	r.idle = true
 	return fetchedNothing, nil
-}
-
-// queue queues rows for an ordered group (sqlq's parkRows), in tx.
-func (r *runner) queue(ctx context.Context, tx pgx.Tx, rows []row) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	g := r.g
-	ids, groups := make([]int64, len(rows)), make([]string, len(rows))
-	for i, x := range rows {
-		ids[i], groups[i] = x.d.ID, x.d.Group
-	}
-	if _, err := tx.Exec(ctx, g.q.ParkRows, g.sub.ID, g.now(), ids, groups); err != nil {
-		return fmt.Errorf("queue rows: %w", err)
-	}
-	return nil
 }

@@ -107,7 +107,7 @@ func (m *metrics) observe(g *consumergroup.Group) error {
 			return err
 		}
 		o.ObserveFloat64(m.lag, h.Lag.Seconds(), m.attrs)
-		o.ObserveInt64(m.unrelayed, h.Unread+h.Queued+h.Waiting+h.LeasedRetries, m.attrs)
+		o.ObserveInt64(m.unrelayed, h.Unread+h.Queued+h.Scheduled+h.Waiting+h.LeasedRetries, m.attrs)
 		return nil
 	}, m.lag, m.unrelayed)
 	return err

@@ -209,7 +209,7 @@ func waitRelayed(ctx context.Context, r *relay.Relay, tr *tracker, n int) error 
 		if err != nil {
 			return err
 		}
-		if h.Unread == 0 && h.Queued == 0 && h.Waiting == 0 && h.LeasedBatches == 0 && h.LeasedRetries == 0 {
+		if h.Unread == 0 && h.Queued == 0 && h.Scheduled == 0 && h.Waiting == 0 && h.LeasedBatches == 0 && h.LeasedRetries == 0 {
 			return nil
 		}
 		time.Sleep(time.Millisecond)

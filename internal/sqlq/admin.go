@@ -132,7 +132,7 @@ SELECT s.group_name, s.subscription_status,
             WHEN pg_visible_in_snapshot(o.xid, p.position) THEN 'IN_FLIGHT'
             ELSE 'PENDING' END,
        coalesce(r.attempts, 0), coalesce(r.last_error, ''),
-       CASE WHEN r.status = 'RETRY' AND r.failing_since IS NOT NULL THEN r.available_at END
+       CASE WHEN r.status = 'RETRY' AND (r.failing_since IS NOT NULL OR r.available_at > now()) THEN r.available_at END
 FROM {{schema}}.outbox_published AS o
 JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.topic = o.topic AND s.subscription_status <> 'CANCELLED'
 JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id

@@ -445,6 +445,10 @@ SELECT id, subscription_status, coalesce(bit, -1), start_position, start_from_ti
 FROM {{schema}}.outbox_topic_subscriptions
 ` + bySubscriptionName
 
+// scheduledRetry is true for a retry row that waits for its message to be
+// due (Delay, NotBefore: see parkRows), having never failed.
+const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND available_at > now())`
+
 // groupHealth measures subscription $1 of topic $2 (stream $3..$7, see
 // streamFilter; completions of bit $8 or subscription $9, see
 // notCompleted), each count at most $10: the committed rows its position
@@ -471,7 +475,7 @@ WITH f AS (
     ORDER BY o.xid, o.id LIMIT 1
 ), oldest_retry AS (
     SELECT min(message_id) AS id FROM {{schema}}.outbox_group_retries
-    WHERE subscription_id = $1 AND status <> 'DEAD_LETTER'
+    WHERE subscription_id = $1 AND status <> 'DEAD_LETTER' AND NOT ` + scheduledRetry + `
 )
 SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
        (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
@@ -482,7 +486,9 @@ SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
                               LIMIT $10) AS r),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = $1 AND status = 'RETRY' AND failing_since IS NULL
-                              LIMIT $10) AS r),
+                                    AND available_at <= now() LIMIT $10) AS r),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND ` + scheduledRetry + ` LIMIT $10) AS r),
        (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest_retry WHERE o.topic = $2 AND o.id = oldest_retry.id),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = $1 AND status = 'DEAD_LETTER' LIMIT $10) AS r),
@@ -796,14 +802,16 @@ var fetchRows = nextUnseenRows(streamFilter("o", 7))
 // order, that also match filter (over alias o, from $7 on): an index
 // read per part of unseenRows, at most $6 rows each, merged. It returns
 // id, xid (as text), payload, headers, correlation_id, message_group (”:
-// none), priority, created_at, and orders by the xid8 itself: the text of
-// an xid orders differently from the resume point once xids cross a
-// power of ten (rows then came twice, or never).
+// none), priority, created_at, available_at and whether that is later than
+// now (the message is scheduled: Delay or NotBefore), and orders by the
+// xid8 itself: the text of an xid orders differently from the resume point
+// once xids cross a power of ten (rows then came twice, or never).
 func nextUnseenRows(filter string) string {
 	const cols = `o.id, o.xid::text AS xid_text, o.payload, o.headers, o.correlation_id,
-           coalesce(o.message_group, '') AS message_group, o.priority, o.created_at, o.xid AS sort_xid`
+           coalesce(o.message_group, '') AS message_group, o.priority, o.created_at, o.available_at, o.xid AS sort_xid`
 	return `
-SELECT r.id, r.xid_text, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, r.created_at
+SELECT r.id, r.xid_text, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, r.created_at,
+       r.available_at, r.available_at > now()
 FROM (` + unseenRows(cols, `o.topic = $1 AND o.status = 'PUBLISHED' AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
       AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot)
       AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)`+filter,
@@ -952,14 +960,18 @@ LEFT JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
 WHERE coalesce(o.payload, r.payload) IS NOT NULL -- neither: an orphan, deleted at the next reap
 ORDER BY coalesce(o.xid, r.xid), c.message_id`
 
-// parkRows queues messages ($3 ids, $4 message groups, empty for none) for
-// an ordered group, subscription $1, as retries that never ran, available
-// from $2: the group takes them from there with claimOrderedRetries.
+// parkRows puts messages ($3 ids, $4 message groups, empty for none, $5
+// the times they are due) in the retry table of subscription $1, as
+// retries that never ran, available from their due time or now ($2),
+// the later: an ordered group queues what it reads there (and takes it
+// with claimOrderedRetries), and every group parks a scheduled message
+// there until it is due (and takes it with claimRetries). A message
+// already there (a batch read again after a takeover) keeps its row.
 const parkRows = `
 INSERT INTO {{schema}}.outbox_group_retries
     (subscription_id, message_id, status, attempts, available_at, message_group)
-SELECT $1, u.id, 'RETRY', 0, coalesce($2::timestamptz, now()), nullif(u.message_group, '')
-FROM unnest($3::bigint[], $4::text[]) AS u(id, message_group)
+SELECT $1, u.id, 'RETRY', 0, greatest(coalesce($2::timestamptz, now()), u.due), nullif(u.message_group, '')
+FROM unnest($3::bigint[], $4::text[], $5::timestamptz[]) AS u(id, message_group, due)
 ON CONFLICT (subscription_id, message_id) DO NOTHING`
 
 // claimOrderedRetries is claimRetries for an ordered group: $1..$5 as

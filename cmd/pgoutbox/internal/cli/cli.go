@@ -381,8 +381,9 @@ type groupView struct {
 	Unread           int64     `json:"unread"`
 	LeasedBatches    int64     `json:"leased_batches"`
 	LeasedRetries    int64     `json:"leased_retries"`
-	Queued           int64     `json:"queued"`  // read, to deliver, never failed (an ordered group's queue)
-	Waiting          int64     `json:"waiting"` // failed, waiting for a retry
+	Queued           int64     `json:"queued"`    // read, to deliver, never failed (an ordered group's queue)
+	Scheduled        int64     `json:"scheduled"` // read, not due yet (Delay, NotBefore)
+	Waiting          int64     `json:"waiting"`   // failed, waiting for a retry
 	DeadLetters      int64     `json:"dead_letters"`
 	Lag              float64   `json:"lag_seconds"`
 	Backfill         string    `json:"backfill,omitempty"`
@@ -398,7 +399,7 @@ func (c *command) groups(ctx context.Context, a *admin.Admin, topic string) erro
 		views[i] = groupView{Topic: h.Topic, Group: h.Group, State: string(h.State), LastHeartbeat: h.LastHeartbeat,
 			SinceHeartbeat: h.SinceHeartbeat.Seconds(), HeartbeatTimeout: h.HeartbeatTimeout.Seconds(),
 			NearTimeout: h.NearTimeout(), Unread: h.Unread, LeasedBatches: h.LeasedBatches, LeasedRetries: h.LeasedRetries,
-			Queued: h.Queued, Waiting: h.Waiting, DeadLetters: h.DeadLetters, Lag: h.Lag.Seconds(), Backfill: backfill(h.Backfill)}
+			Queued: h.Queued, Scheduled: h.Scheduled, Waiting: h.Waiting, DeadLetters: h.DeadLetters, Lag: h.Lag.Seconds(), Backfill: backfill(h.Backfill)}
 	}
 	return c.print(views, func(w io.Writer) {
 		fmt.Fprintln(w, "GROUP\tSTATE\tHEARTBEAT\tUNREAD\tQUEUED\tLEASED\tRETRIES\tDEAD LETTERS\tLAG\tBACKFILL")
