@@ -1354,6 +1354,20 @@ func bitmapDone(alias string) string {
                     WHERE c.message_id = ` + a + `id AND s.bit IS NOT NULL), 0)) = 0`
 }
 
+// FinishedByAll is, for tests and tools, the condition on row alias of
+// schema's outbox_published that cleanup deletes Bitmap and Counter rows
+// by: every group its record requires has finished it.
+func FinishedByAll(schema, alias string) string {
+	return strings.NewReplacer("{{schema}}", ident.Quote(schema)).Replace(
+		`CASE WHEN ` + alias + `.required_bits IS NOT NULL THEN ` + bitmapDone(alias) + ` ELSE ` + counterDone(alias) + ` END`)
+}
+
+// FinishedBy is, for tests and tools, the condition on row alias of
+// schema's outbox_published that subscription sub recorded finishing it.
+func FinishedBy(schema, alias string, sub int64) string {
+	return strings.NewReplacer("{{schema}}", ident.Quote(schema)).Replace(recordedBy(alias, strconv.FormatInt(sub, 10)))
+}
+
 // bitmapCleanup deletes up to $4 rows of topic $1 below xid $6 that every
 // required group finished and that retention lets go, in (topic, xid)
 // index order, skipping rows another cleanup holds, with their records; it

@@ -31,7 +31,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +45,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/pgfind"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/migrations"
 )
 
@@ -116,25 +116,13 @@ func (db *DB) Table(name string) string { return ident.Quote(db.Schema) + "." + 
 
 // FinishedByAll is a condition on a row of outbox_published (named so,
 // unaliased, in the query) that every group its Bitmap or Counter record
-// requires has finished it: by a completion record, or by the done bits
-// and counts of rows written before completions were recorded beside the
-// message.
-func (db *DB) FinishedByAll() string {
-	return `CASE WHEN outbox_published.required_bits IS NOT NULL
-        THEN outbox_published.required_bits & ~(coalesce(outbox_published.done_bits, 0)
-             | coalesce((SELECT bit_or(1::bigint << s.bit) FROM ` + db.Table("outbox_consumer_groups") + ` AS c
-                         JOIN ` + db.Table("outbox_topic_subscriptions") + ` AS s ON s.id = c.subscription_id
-                         WHERE c.message_id = outbox_published.id AND s.bit IS NOT NULL), 0)) = 0
-        ELSE (SELECT count(*) FROM ` + db.Table("outbox_consumer_groups") + ` AS c
-              WHERE c.message_id = outbox_published.id
-                    AND c.subscription_id = ANY(outbox_published.required_ids)) >= outbox_published.required_count END`
-}
+// requires has finished it: cleanup's own (sqlq.FinishedByAll).
+func (db *DB) FinishedByAll() string { return sqlq.FinishedByAll(db.Schema, "outbox_published") }
 
 // FinishedBy is a condition on a row of outbox_published (as in
 // FinishedByAll) that subscription sub recorded finishing it.
 func (db *DB) FinishedBy(sub int64) string {
-	return `EXISTS (SELECT 1 FROM ` + db.Table("outbox_consumer_groups") + ` AS c
-        WHERE c.message_id = outbox_published.id AND c.subscription_id = ` + strconv.FormatInt(sub, 10) + `)`
+	return sqlq.FinishedBy(db.Schema, "outbox_published", sub)
 }
 
 // NewDB clones the migrated template into a new database for this test,
