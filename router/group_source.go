@@ -164,6 +164,7 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st, TraceContext: d.Headers,
 			RetryDelay: backoff.Exponential(d.Attempt, topic.BackoffInitial, topic.BackoffMax),
+			ordered:    topic.Ordered && r.Group == d.Group,
 		})
 	}
 	if len(batch) > 0 {

@@ -9,8 +9,16 @@ import (
 // was sent back and will be redelivered: until it comes back (or the hold
 // lapses), messages of the group routed in later batches are nacked
 // instead of delivered ahead of it. Messages routed before it are not
-// affected. Sources like SQS FIFO enforce this themselves; a database
-// queue does not.
+// affected.
+//
+// Holds serve only sources that do not keep the order themselves: sources
+// of your own, and QueueSource and GroupSource on an unordered topic. On
+// an ordered topic (outbox.TopicConfig.Ordered), when the route's Group is
+// the message's own, the database hands out a message group's next
+// message only once the one before it is settled, across routers and
+// restarts, which no hold in one process can do; such messages are never
+// held (Message.ordered). Sources like SQS FIFO keep the order themselves
+// too.
 type holds struct {
 	mu sync.Mutex
 	m  map[string]hold
@@ -31,6 +39,9 @@ func holdKey(m *Message) string { return m.groupKey }
 // later batches are nacked to one instant just after, so they come back
 // together, in order.
 func (h *holds) hold(m *Message, retryAt time.Time, gap time.Duration) {
+	if m.ordered {
+		return // its source keeps the order
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.m[holdKey(m)] = hold{messageID: m.ID, afterBatch: m.batchSeq, resume: retryAt.Add(gap), until: retryAt.Add(2 * gap)}
@@ -41,8 +52,8 @@ func (h *holds) hold(m *Message, retryAt time.Time, gap time.Duration) {
 func (h *holds) heldBack(m *Message, now time.Time) (time.Time, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !m.grouped() {
-		return time.Time{}, false // no order to keep
+	if !m.grouped() || m.ordered {
+		return time.Time{}, false // no order to keep, or its source keeps it
 	}
 	k := holdKey(m)
 	hd, ok := h.m[k]

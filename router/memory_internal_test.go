@@ -86,6 +86,31 @@ func TestHoldsAndDrainedPoolsArePruned(t *testing.T) {
 	})
 }
 
+// Messages whose source keeps their message group's order (an ordered
+// topic read by QueueSource or GroupSource) are never held back in
+// memory: the database orders them across routers, and a hold would only
+// delay them.
+func TestMessagesOfOrderedSourcesAreNeverHeld(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	r := startInternal(t, Config{AllowedHosts: []string{u.Host}, MaxAttempts: 1, Pools: []PoolConfig{{Code: "P", Concurrency: 10}},
+		Breaker: BreakerConfig{MinRequests: 1000}})
+	var wg sync.WaitGroup
+	var batch []*Message
+	for i := range 100 {
+		wg.Add(1)
+		batch = append(batch, &Message{ID: fmt.Sprint(i), DeliveryID: fmt.Sprint(i), Pool: "P", Target: srv.URL, Group: fmt.Sprint(i % 10),
+			Topic: "t", Settle: nopSettler{&wg}, ordered: true})
+	}
+	r.Route(context.Background(), batch)
+	wg.Wait()
+	r.holds.mu.Lock()
+	defer r.holds.mu.Unlock()
+	require.Empty(t, r.holds.m, "failed messages of an ordered source held their groups back in memory")
+}
+
 // A message group leaves nothing behind once its messages are done, and a
 // pool runs no more goroutines than its concurrency, however many groups
 // passed through it.

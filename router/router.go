@@ -106,7 +106,11 @@ type Message struct {
 	// to POST to; Group the message group (blank: none, no order to keep;
 	// sent as __DEFAULT__). A group is one within the message's Topic (and,
 	// from a GroupSource, within its consumer group's copy of the topic):
-	// groups of the same name in two topics are two groups.
+	// groups of the same name in two topics are two groups. After a
+	// failure the router holds the rest of a message group back in memory
+	// (in this process) until the failed message's retry, unless its
+	// source keeps the order: QueueSource and GroupSource on an ordered
+	// topic, when Group is the group the message was sent with.
 	Pool, Target, Group string
 	HighPriority        bool
 	Topic               string
@@ -137,6 +141,7 @@ type Message struct {
 	batchKey string // its message group within its batch, set by Route
 	batchID  string
 	batchSeq uint64      // batches are numbered in routing order
+	ordered  bool        // its source keeps its message group's order (see holds)
 	panicked *panicError // the source's mapper panicked on this message
 	target   *url.URL    // Target, parsed and allow-listed by Route
 	settled  atomic.Bool

@@ -211,6 +211,7 @@ func (s *QueueSource) messages(ctx context.Context, t outbox.TopicConfig, ds []*
 			stream: "queue:" + s.cfg.Topic, Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st, TraceContext: d.Headers, RetryDelay: backoff.Exponential(d.Attempt, t.BackoffInitial, t.BackoffMax),
 			panicked: panicked, // the router retries it and reports the panic
+			ordered:  t.Ordered && r.Group == d.Group,
 		})
 	}
 	return batch
