@@ -449,8 +449,9 @@ func (r *runner) nextRows(ctx context.Context, tx pgx.Tx, p position, snapshot s
 }
 
 // readRows reads messages (the columns of sqlq's nextUnseenRows) as first
-// deliveries. Whether one is scheduled is the database's answer, or the
-// group's clock's when it has one.
+// deliveries. Whether one is scheduled (sent to be available later than it
+// was written, and not due yet) is the database's answer, or by the
+// group's clock when it has one.
 func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]row, error) {
 	g := r.g
 	rows, err := tx.Query(ctx, query, args...)
@@ -465,7 +466,7 @@ func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...
 		err := cr.Scan(&d.ID, &x.xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt,
 			&x.due, &x.scheduled)
 		if now != nil {
-			x.scheduled = x.due.After(*now)
+			x.scheduled = x.due.After(d.CreatedAt) && x.due.After(*now)
 		}
 		d.Priority, x.d = int(prio), d
 		return x, err

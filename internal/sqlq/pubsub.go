@@ -802,8 +802,9 @@ var fetchRows = nextUnseenRows(streamFilter("o", 7))
 // order, that also match filter (over alias o, from $7 on): an index
 // read per part of unseenRows, at most $6 rows each, merged. It returns
 // id, xid (as text), payload, headers, correlation_id, message_group (”:
-// none), priority, created_at, available_at and whether that is later than
-// now (the message is scheduled: Delay or NotBefore), and orders by the
+// none), priority, created_at, available_at and whether the message is
+// scheduled: sent to be available later than it was written (Delay,
+// NotBefore), and not due yet. It orders by the
 // xid8 itself: the text of an xid orders differently from the resume point
 // once xids cross a power of ten (rows then came twice, or never).
 func nextUnseenRows(filter string) string {
@@ -811,7 +812,7 @@ func nextUnseenRows(filter string) string {
            coalesce(o.message_group, '') AS message_group, o.priority, o.created_at, o.available_at, o.xid AS sort_xid`
 	return `
 SELECT r.id, r.xid_text, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, r.created_at,
-       r.available_at, r.available_at > now()
+       r.available_at, r.available_at > greatest(r.created_at, now())
 FROM (` + unseenRows(cols, `o.topic = $1 AND o.status = 'PUBLISHED' AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
       AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot)
       AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)`+filter,
