@@ -357,8 +357,7 @@ func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids 
 		if _, err := a.queueTopic(ctx, topic, deadLettersHint); err != nil {
 			return 0, err
 		}
-		n, err := a.client.ReplayDeadLetters(ctx, topic, ids...)
-		return int64(n), err
+		return a.client.ReplayDeadLetters(ctx, topic, ids...)
 	}
 	g, err := a.group(ctx, topic, group)
 	if err != nil {
@@ -367,15 +366,14 @@ func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids 
 	return g.ReplayDeadLetters(ctx, ids...)
 }
 
-// PurgeDeadLetters deletes dead letters for good, as ReplayDeadLetters
-// picks them.
-func (a *Admin) PurgeDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
+// DiscardDeadLetters deletes dead letters for good, as ReplayDeadLetters
+// picks them (the CLI's and the web UI's purge).
+func (a *Admin) DiscardDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
 	if group == "" {
 		if _, err := a.queueTopic(ctx, topic, deadLettersHint); err != nil {
 			return 0, err
 		}
-		n, err := a.client.DiscardDeadLetters(ctx, topic, ids...)
-		return int64(n), err
+		return a.client.DiscardDeadLetters(ctx, topic, ids...)
 	}
 	g, err := a.group(ctx, topic, group)
 	if err != nil {

@@ -80,7 +80,7 @@ func TestQueueTopic(t *testing.T) {
 	require.Len(t, dead, 1)
 	require.Equal(t, claimed[0].ID, dead[0].ID)
 
-	_, err = e.admin.PurgeDeadLetters(ctx, "orders", "", dead[0].ID+1000)
+	_, err = e.admin.DiscardDeadLetters(ctx, "orders", "", dead[0].ID+1000)
 	require.ErrorIs(t, err, outbox.ErrNotFound, "purging an id that is no dead letter")
 	n, err := e.admin.ReplayDeadLetters(ctx, "orders", "", dead[0].ID)
 	require.NoError(t, err)

@@ -138,7 +138,7 @@ func (u *ui) deadLetterAction(ctx context.Context, topic, action, group string, 
 	case "replay":
 		n, err = u.cfg.Admin.ReplayDeadLetters(ctx, topic, group, ids...)
 	case "purge":
-		n, err = u.cfg.Admin.PurgeDeadLetters(ctx, topic, group, ids...)
+		n, err = u.cfg.Admin.DiscardDeadLetters(ctx, topic, group, ids...)
 	default:
 		return 0, fmt.Errorf("%w: unknown action %q (replay or purge)", errBadInput, action)
 	}

@@ -209,7 +209,7 @@ func TestReplayedDeadLetterHasOneEffect(t *testing.T) {
 	})
 	n, err := e.client.ReplayDeadLetters(ctx, "work", ids[1])
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.EqualValues(t, 1, n)
 	pgtest.Eventually(t, 10*time.Second, "the replay handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()

@@ -65,7 +65,7 @@ func (c *Client) DeadLetters(ctx context.Context, topic string, afterID int64, l
 // (after a switch from skipping to blocking), the group has moved on, so
 // a replayed message of a group goes to the back of it with a new id, as
 // a new send would.
-func (c *Client) ReplayDeadLetters(ctx context.Context, topic string, ids ...int64) (int, error) {
+func (c *Client) ReplayDeadLetters(ctx context.Context, topic string, ids ...int64) (int64, error) {
 	return c.changeDeadLetters(ctx, "replay", c.sql.ReplayDeadLetters, topic, ids)
 }
 
@@ -76,13 +76,13 @@ func (c *Client) ReplayDeadLetters(ctx context.Context, topic string, ids ...int
 // returns how many it deleted; when ids are given and some are not dead
 // letters of topic, the error wraps ErrNotFound (the others are still
 // deleted).
-func (c *Client) DiscardDeadLetters(ctx context.Context, topic string, ids ...int64) (int, error) {
+func (c *Client) DiscardDeadLetters(ctx context.Context, topic string, ids ...int64) (int64, error) {
 	return c.changeDeadLetters(ctx, "discard", c.sql.DiscardDeadLetters, topic, ids)
 }
 
 // changeDeadLetters runs query (replay or discard: $1 topic, $2 ids or
 // NULL for all) and reports ids it did not find.
-func (c *Client) changeDeadLetters(ctx context.Context, what, query, topic string, ids []int64) (int, error) {
+func (c *Client) changeDeadLetters(ctx context.Context, what, query, topic string, ids []int64) (int64, error) {
 	if err := ValidateTopic(topic); err != nil {
 		return 0, err
 	}
@@ -101,9 +101,9 @@ func (c *Client) changeDeadLetters(ctx context.Context, what, query, topic strin
 	if err != nil {
 		return 0, fmt.Errorf("outbox: %s dead letters: %w", what, err)
 	}
-	n := int(tag.RowsAffected())
-	if len(ids) > 0 && n < len(ids) {
-		return n, fmt.Errorf("%w: %d of %d ids are not dead letters of topic %q", ErrNotFound, len(ids)-n, len(ids), topic)
+	n := tag.RowsAffected()
+	if len(ids) > 0 && n < int64(len(ids)) {
+		return n, fmt.Errorf("%w: %d of %d ids are not dead letters of topic %q", ErrNotFound, int64(len(ids))-n, len(ids), topic)
 	}
 	return n, nil
 }

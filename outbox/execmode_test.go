@@ -68,7 +68,7 @@ func TestEveryQueryExecMode(t *testing.T) {
 			require.Len(t, dead, 1)
 			n, err := client.ReplayDeadLetters(ctx, "q", dead[0].ID)
 			require.NoError(t, err)
-			require.Equal(t, 1, n)
+			require.EqualValues(t, 1, n)
 			_, err = client.ExpireIdempotencyKeys(ctx)
 			require.NoError(t, err)
 

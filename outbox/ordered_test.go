@@ -228,7 +228,7 @@ func TestOrderedDeadLetterPolicies(t *testing.T) {
 			// first, then the rest.
 			n, err := b.client.ReplayDeadLetters(ctx, "o", ids[0])
 			require.NoError(t, err)
-			require.Equal(t, 1, n)
+			require.EqualValues(t, 1, n)
 			got, claimed = claimIDs(t, b.client, "o")
 			require.Equal(t, []int64{ids[0]}, claimed)
 			require.NoError(t, b.client.DeadLetter(ctx, got[ids[0]], "poison again"))
@@ -500,7 +500,7 @@ func TestOrderedReplayUnderSkipKeepsOneAtATime(t *testing.T) {
 	require.Equal(t, []int64{ids[1]}, claimed)
 	n, err := b.client.ReplayDeadLetters(ctx, "o")
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.EqualValues(t, 1, n)
 	_, claimed = claimIDs(t, b.client, "o")
 	require.Empty(t, claimed, "a's message 1 is still out")
 	require.NoError(t, b.client.Ack(ctx, got[ids[1]]))

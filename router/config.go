@@ -214,8 +214,10 @@ const (
 	Only200
 )
 
-// Clock tells the time; tests inject one for rate limits.
-type Clock interface{ Now() time.Time }
+// Clock is outbox.Clock, pgoutbox's one clock: the router reads it for
+// rate limits, breakers, holds and retry times; tests inject one to move
+// time without sleeping.
+type Clock = outbox.Clock
 
 type systemClock struct{}
 

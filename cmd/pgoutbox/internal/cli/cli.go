@@ -705,7 +705,7 @@ func (c *command) dead(ctx context.Context, args []string) error {
 		return c.withAdmin(ctx, func(ctx context.Context, a *admin.Admin) error {
 			f := a.ReplayDeadLetters
 			if op == "purge" {
-				f = a.PurgeDeadLetters
+				f = a.DiscardDeadLetters
 			}
 			done := map[string]string{"replay": "replayed", "purge": "purged"}[op]
 			n, err := f(ctx, topic, group, ids...)
