@@ -1,0 +1,492 @@
+package sqlq
+
+import "strconv"
+
+// The SQL a consumer group fetches with: snapshot pairs, batches,
+// backfills, takeovers, retries and ordered queues.
+
+// lockOffset: the instance that gets the row fetches; the others skip.
+// Nobody holds it while handling. The backfill's columns are those of its
+// current pair, and whether more are queued.
+const lockOffset = `
+SELECT position::text, pair_cur::text, resume_xid::text, resume_id,
+       coalesce(backfill_lower, backfill_from)::text, backfill_upto::text, backfill_xid::text, backfill_id, backfill_left,
+       backfill_total, backfill_done, coalesce(backfill_started_at, now()), backfill_ended_at IS NOT NULL,
+       backfill_next IS NOT NULL
+FROM {{schema}}.outbox_subscription_offsets
+WHERE subscription_id = $1
+FOR UPDATE SKIP LOCKED`
+
+// offsetExists tells a locked offsets row (another instance is fetching)
+// from a deleted subscription.
+const offsetExists = `
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1)`
+
+// fetchState runs after lockOffset: a state change holds the offsets row
+// while it commits, so this read is current until the fetch commits.
+// It also reads how the group tracks messages (see trackingState).
+const fetchState = `
+SELECT s.subscription_status, pg_current_snapshot()::text, ` + trackingState + `
+FROM {{schema}}.outbox_topic_subscriptions AS s JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
+WHERE s.id = $1`
+
+// trackingState is how subscription s of topic t tracks messages: its
+// bit (-1: none), the topic's mode, and whether messages written under an
+// earlier mode may be stored. A change of the topic's mode changes them.
+const trackingState = `coalesce(s.bit, -1) AS bit, coalesce(t.tracking_mode, '') AS tracking_mode,
+       t.mode_changed_below IS NOT NULL AS mode_changing`
+
+// catchupRows reads the next rows of a pending backfill: the rows of pair
+// ($2 from, $3 upto) after ($4, $5), in commit order, of the group's start
+// range ($7 every row, or from time $8 or message id $9), that the group
+// has not completed (bit $10, subscription $11) and that do not wait in its
+// retry table.
+var catchupRows = nextUnseenRows(`
+      AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)` + notCompleted("o", 10) + `
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
+                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id` + perRow + `)`)
+
+// catchupSize estimates a backfill's size: the rows of its pair, at most $4.
+var catchupSize = `
+SELECT count(*) FROM (SELECT 1 FROM (` + unseenRows("o.id", `o.topic = $1 AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
+          AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)`,
+	"$2::pg_snapshot", "'0'::xid8", "-1", "$4") + `) AS u LIMIT $4) AS r`
+
+// catchupProgress records a catch-up batch: the cursor moves to ($2, $3),
+// $4 more rows are handed out; $5 ends the reading ($6 says why: DONE, or
+// CAPPED at MaxBackfill). $7 records the estimated size when not 0.
+const catchupProgress = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET backfill_xid = coalesce($2::text::xid8, backfill_xid), backfill_id = coalesce($3, backfill_id),
+    backfill_left = backfill_left - $4, backfill_done = backfill_done + $4,
+    backfill_total = CASE WHEN $7 > 0 THEN $7 ELSE backfill_total END,
+    backfill_ended_at = CASE WHEN $5 THEN now() ELSE backfill_ended_at END,
+    backfill_outcome = CASE WHEN $5 THEN $6 ELSE backfill_outcome END, updated_at = now()
+WHERE subscription_id = $1`
+
+// finishBackfill drops a backfill whose reading ended once none of its
+// batches is open: from then on its rows are no longer kept for it.
+const finishBackfill = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET backfill_from = NULL, backfill_upto = NULL, backfill_lower = NULL, backfill_next = NULL, updated_at = now()
+WHERE subscription_id = $1 AND backfill_ended_at IS NOT NULL AND backfill_upto IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1 AND catchup)`
+
+// cancelBackfill ends the reading of the group's pending backfill (by
+// name: $1 topic, $2 group).
+const cancelBackfill = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET backfill_ended_at = now(), backfill_outcome = 'CANCELLED', updated_at = now()
+WHERE subscription_id = ` + groupSubscription + ` AND backfill_upto IS NOT NULL AND backfill_ended_at IS NULL`
+
+// backfillState reads the group's backfill (by name).
+const backfillState = `
+SELECT backfill_upto IS NOT NULL AND backfill_ended_at IS NULL, coalesce(backfill_outcome, ''), backfill_done,
+       backfill_left, backfill_total, backfill_started_at, backfill_ended_at, now()
+FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = ` + groupSubscription
+
+// unseenRows selects cols (over alias o) of the rows matching where that
+// snapshot prev had not seen, after (rxid, rid) in (xid, id) order, at
+// most limit of each part ("": all of them, unordered). They are the rows
+// of the transactions in progress in prev (its xip list: one index scan
+// each) and of those that began after it (one index range scan from its
+// xmax). Scanning from prev's xmin instead would read every row written
+// since the oldest transaction still open in the database when prev was
+// taken, and a transaction held open elsewhere (a report, an idle
+// session) makes that ever more: 3,000 rows read and thrown away by each
+// fetch a minute into one.
+//
+// The range scan starts after the later of (rxid, rid) and (xmax, -1), one
+// row comparison: with two lower bounds, a generic plan may start the scan
+// at the weaker one, the topic's first row (71 ms instead of 0.2 ms beside
+// a million stored messages). Every row of the first part sorts before
+// every row of the second (an xid in progress in prev is below its xmax).
+func unseenRows(cols, where, prev, rxid, rid, limit string) string {
+	order := func(by string) string {
+		if limit == "" {
+			return ""
+		}
+		return `
+    ORDER BY ` + by + ` LIMIT ` + limit
+	}
+	xmax := `pg_snapshot_xmax(` + prev + `)`
+	return `(SELECT ` + cols + `
+    FROM (SELECT pg_snapshot_xip(` + prev + `) AS xid) AS x
+    CROSS JOIN LATERAL (
+        SELECT * FROM {{schema}}.outbox_published AS o
+        WHERE o.xid = x.xid AND (o.xid, o.id) > (` + rxid + `, ` + rid + `) AND ` + where + order("o.id") + `) AS o` + order("o.xid, o.id") + `)
+UNION ALL
+(SELECT ` + cols + ` FROM {{schema}}.outbox_published AS o
+    WHERE (o.xid, o.id) > (greatest(` + rxid + `, ` + xmax + `), CASE WHEN ` + rxid + ` >= ` + xmax + ` THEN ` + rid + ` ELSE -1 END)
+      AND ` + where + order("o.xid, o.id") + `)`
+}
+
+// streamFilter says which rows of a pair belong to the group, with bind
+// parameters from $first: rows requiring it (bit $first / subscription
+// $first+1), or every row ($first+2), or rows from a start time
+// ($first+3) or message id ($first+4).
+func streamFilter(alias string, first int) string {
+	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	a := alias + "."
+	return `
+      AND ((` + a + `required_bits & ` + p(0) + `::bigint <> 0) OR (` + p(1) + `::bigint = ANY(` + a + `required_ids)) OR ` + p(2) + `::bool
+           OR ` + a + `created_at >= ` + p(3) + `::timestamptz OR ` + a + `id >= ` + p(4) + `::bigint)`
+}
+
+// notCompleted excludes rows the group finished: recorded by subscription
+// $first+1, or, on a row written before completions were recorded off the
+// row, its done bit $first (Bitmap mode; 0 in the others). The bit test
+// is written as "<> bit" on purpose: the planner guesses 0.5% of rows for
+// an "= 0" on an expression, which made it sort a whole topic instead of
+// reading the (topic, xid, id) index in order (a catch-up read of a
+// 300,000-row Counter topic took seconds, not ms).
+func notCompleted(alias string, first int) string {
+	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	bit := p(0) + `::bigint`
+	return `
+      AND (` + bit + ` = 0 OR coalesce(` + alias + `.done_bits & ` + bit + `, 0) <> ` + bit + `)
+      AND NOT ` + recordedBy(alias, p(1)+`::bigint`)
+}
+
+// perRow ends a NOT EXISTS that must stay a per-row index probe. Without
+// it the planner may turn the test into an anti join against everything the
+// group completed or retries, materialized once and compared with every row
+// read: a dedupe or retry table analyzed while it was small and grown since
+// (a backfill fills it fast) made a 1,000-row catch-up read cost 5,000,000
+// comparisons. "OFFSET 0" keeps a subquery from being pulled up into a join.
+const perRow = ` OFFSET 0`
+
+// takeExpiredBatch removes one batch of subscription $1 whose lease ran out
+// before $2 (its instance crashed or hung) and returns what it covered;
+// moveBatchToRetries, in the same transaction, then moves its rows to the
+// retry table: each has spent an attempt and counts a lease expiry (see
+// isSuspect), so a message that crashes its process cannot hold its batch,
+// or the group's position, for ever. Two statements,
+// not one: the common case (no batch expired) stays a single cheap lookup,
+// and the move is planned knowing the batch's bounds (as one statement its
+// estimate crossed jit_above_cost, and JIT compiled it on every poll).
+const takeExpiredBatch = `
+DELETE FROM {{schema}}.outbox_group_batches
+WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
+            WHERE subscription_id = $1 AND lease_until < coalesce($2::timestamptz, now())
+            ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING prev::text, cur::text, after_xid::text, after_id, last_xid::text, last_id, member, catchup`
+
+// moveBatchToRetries: see takeExpiredBatch. $1 subscription, $2 now, $3
+// topic, $4.. the stream, $9.. the catch-up filter, $12.. the batch (prev,
+// cur, after, last, member, catchup); it returns how many rows it moved.
+var moveBatchToRetries = `
+WITH moved AS (
+    INSERT INTO {{schema}}.outbox_group_retries
+        (subscription_id, message_id, status, attempts, available_at, last_error, lease_expiries, failing_since)
+    SELECT $1, u.id, 'RETRY', 1, coalesce($2::timestamptz, now()), 'lease expired (member ' || $18::text || ')', 1,
+           coalesce($2::timestamptz, now())
+    FROM (` + unseenRows("o.id", `o.topic = $3 AND (o.xid, o.id) <= ($16::text::xid8, $17::bigint)
+          AND pg_visible_in_snapshot(o.xid, $13::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $12::pg_snapshot)
+          AND CASE WHEN $19::bool THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
+                   ELSE true`+streamFilter("o", 4)+` END`+notCompleted("o", 4),
+	"$12::pg_snapshot", "$14::text::xid8", "$15::bigint", "") + `) AS u
+    ON CONFLICT (subscription_id, message_id) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM moved`
+
+// fetchRows reads the next rows of snapshot pair ($2 prev, $3 cur) after
+// ($4, $5), in commit-safe order: only transactions that committed between
+// the two snapshots, whatever their ids.
+var fetchRows = nextUnseenRows(streamFilter("o", 7))
+
+// nextUnseenRows is a statement that reads the next $6 messages of topic
+// $1 committed between snapshots $2 and $3, after ($4, $5) in (xid, id)
+// order, that also match filter (over alias o, from $7 on): an index
+// read per part of unseenRows, at most $6 rows each, merged. It returns
+// id, xid (as text), payload, headers, correlation_id, message_group (”:
+// none), priority, created_at, available_at and whether the message is
+// scheduled: sent to be available later than it was written (Delay,
+// NotBefore), and not due yet. It orders by the
+// xid8 itself: the text of an xid orders differently from the resume point
+// once xids cross a power of ten (rows then came twice, or never).
+func nextUnseenRows(filter string) string {
+	const cols = `o.id, o.xid::text AS xid_text, o.payload, o.headers, o.correlation_id,
+           coalesce(o.message_group, '') AS message_group, o.priority, o.created_at, o.available_at, o.xid AS sort_xid`
+	return `
+SELECT r.id, r.xid_text, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, r.created_at,
+       r.available_at, r.available_at > greatest(r.created_at, now())
+FROM (` + unseenRows(cols, `o.topic = $1 AND o.status = 'PUBLISHED' AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
+      AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot)
+      AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)`+filter,
+		"$2::pg_snapshot", "$4::text::xid8", "$5::bigint", "$6") + `) AS r
+ORDER BY r.sort_xid, r.id
+LIMIT $6`
+}
+
+// anyWork tells an idle instance of subscription $1 (topic $2, stream
+// $3..$7, now $8) whether a full look could find anything: its state and
+// how it tracks messages (see trackingState), and
+// whether it is in the middle of a pair or a backfill, has a batch whose
+// lease ran out, a retry that is due, leased past its lease or a dead
+// letter without its copy, or a message its position has not seen. One
+// statement without a transaction instead of the ten of a look: a
+// thousand idle groups polling once a second were most of the database's
+// work.
+var anyWork = `
+WITH p AS (
+    SELECT s.subscription_status, f.position, f.pair_cur IS NOT NULL OR f.backfill_upto IS NOT NULL AS busy,
+           ` + trackingState + `
+    FROM {{schema}}.outbox_subscription_offsets AS f
+    JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = f.subscription_id
+    JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
+    WHERE f.subscription_id = $1
+)
+SELECT p.subscription_status, p.bit, p.tracking_mode, p.mode_changing,
+       p.busy
+       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches
+                  WHERE subscription_id = $1 AND lease_until < coalesce($8::timestamptz, now()))
+       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries
+                  WHERE subscription_id = $1
+                        AND CASE status WHEN 'RETRY' THEN available_at <= coalesce($8::timestamptz, now())
+                                        WHEN 'PROCESSING' THEN lease_until < coalesce($8::timestamptz, now())
+                                        ELSE payload IS NULL END)
+       OR EXISTS (SELECT 1 FROM (` + unseenRows("1", `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())`+streamFilter("o", 3),
+	"(SELECT position FROM p)", "'0'::xid8", "-1", "1") + `) AS u)
+FROM p`
+
+const insertBatch = `
+INSERT INTO {{schema}}.outbox_group_batches
+    (subscription_id, prev, cur, after_xid, after_id, last_xid, last_id, member, lease_until, catchup)
+VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::text::xid8, $5, $6::text::xid8, $7, $8,
+        coalesce($9::timestamptz, now()) + $10 * interval '1 microsecond', $11)
+RETURNING id, lease_until`
+
+const advanceOffset = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET position = $2::pg_snapshot, pair_cur = $3::pg_snapshot,
+    resume_xid = $4::text::xid8, resume_id = $5, updated_at = now()
+WHERE subscription_id = $1`
+
+// reapRetries returns retries whose lease ran out to the queue (or the
+// dead letters, on their last attempt), counting the expiry.
+const reapRetries = `
+UPDATE {{schema}}.outbox_group_retries
+SET status = CASE WHEN attempts >= $3 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
+    dead_lettered_at = CASE WHEN attempts >= $3 THEN coalesce($2::timestamptz, now()) END,
+    available_at = coalesce($2::timestamptz, now()),
+    last_error = 'lease expired (member ' || coalesce(lease_owner, '?') || ')',
+    lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, $2::timestamptz, now()),
+    lease_owner = NULL, lease_until = NULL
+WHERE subscription_id = $1 AND message_id = ANY (ARRAY(
+    SELECT message_id FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())
+    FOR UPDATE SKIP LOCKED))` // a locked row is being acked in a handler's transaction (see takeRetry)
+
+// deleteOrphanRetries drops retries of messages that no longer exist
+// (deleted while the group was DEAD, or by the retention cap) of which the
+// retry kept no copy.
+const deleteOrphanRetries = `
+DELETE FROM {{schema}}.outbox_group_retries AS r
+WHERE r.subscription_id = $1 AND r.payload IS NULL
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o WHERE o.id = r.message_id)`
+
+// deadLettersToComplete: per subscription of topic $1, the dead letters
+// with a copy whose message is stored and not completed by the group (by
+// the message's own record: see mixedCleanup): completing them lets cleanup delete the message (the dead
+// letter stays, with its copy).
+var deadLettersToComplete = `
+SELECT r.subscription_id, coalesce(s.bit, -1), array_agg(r.message_id ORDER BY r.message_id)
+FROM {{schema}}.outbox_group_retries AS r
+JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
+JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
+WHERE s.topic = $1 AND r.status = 'DEAD_LETTER' AND r.payload IS NOT NULL
+      AND CASE WHEN o.required_bits IS NOT NULL
+               THEN s.bit IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) = 0
+                    AND NOT ` + recordedBy("o", "s.id") + `
+               WHEN o.required_count IS NOT NULL
+               THEN NOT ` + recordedBy("o", "s.id") + `
+               ELSE false END -- Offset: the group's position passes it
+GROUP BY r.subscription_id, s.bit`
+
+// copyDeadLetters gives the dead letters of subscription $1 (of every
+// subscription when $1 is NULL) a copy of their message, so they survive
+// its row and no longer keep it from cleanup.
+const copyDeadLetters = `
+UPDATE {{schema}}.outbox_group_retries AS r
+SET payload = o.payload, headers = o.headers, correlation_id = o.correlation_id,
+    message_group = o.message_group, priority = o.priority, created_at = o.created_at, xid = o.xid
+FROM {{schema}}.outbox_published AS o
+WHERE o.id = r.message_id AND r.status = 'DEAD_LETTER' AND r.payload IS NULL
+      AND ($1::bigint IS NULL OR r.subscription_id = $1)`
+
+// claimRetries leases due retries of subscription $1 to member $2: up to
+// $5 ordinary ones, and at most one suspect (see isSuspect) while no other
+// suspect of the group is leased. A message that crashes every process
+// handling it is so tried apart from the other suspects, and runs out of
+// attempts alone.
+var claimRetries = `
+WITH ordinary AS (
+    SELECT message_id FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+          AND NOT ` + isSuspect("") + `
+    ORDER BY available_at LIMIT $5 FOR UPDATE SKIP LOCKED
+), suspect AS (
+    SELECT message_id FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+          AND ` + isSuspect("") + ` AND NOT ` + suspectLeased + `
+    ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT message_id FROM ordinary UNION ALL SELECT message_id FROM suspect
+)` + leaseDue
+
+// leaseDue ends claimRetries and claimOrderedRetries: it leases the
+// retries of subscription $1 that CTE due lists to member $2, for $4
+// microseconds from $3, and returns their messages in commit order. A
+// retry settled since the statement's snapshot is left alone. The ids in
+// due are looked up as one array (primary key probes): joined with due,
+// the planner, guessing it holds a row or two, scanned the group's due
+// retries and compared each with every row of due (1.5 s a claim with
+// 14,000 messages queued).
+const leaseDue = `, claimed AS (
+    UPDATE {{schema}}.outbox_group_retries AS r
+    SET status = 'PROCESSING', attempts = r.attempts + 1, lease_owner = $2,
+        lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
+    WHERE r.subscription_id = $1 AND r.message_id = ANY (ARRAY(SELECT message_id FROM due)) AND r.status = 'RETRY'
+    RETURNING r.message_id, r.attempts, r.lease_until
+)
+SELECT c.message_id, coalesce(o.xid, r.xid)::text, coalesce(o.payload, r.payload), coalesce(o.headers, r.headers),
+       coalesce(o.correlation_id, r.correlation_id), coalesce(o.message_group, r.message_group, ''),
+       coalesce(o.priority, r.priority), coalesce(o.created_at, r.created_at), c.attempts, c.lease_until
+FROM claimed AS c
+JOIN {{schema}}.outbox_group_retries AS r ON r.subscription_id = $1 AND r.message_id = c.message_id
+LEFT JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
+WHERE coalesce(o.payload, r.payload) IS NOT NULL -- neither: an orphan, deleted at the next reap
+ORDER BY coalesce(o.xid, r.xid), c.message_id`
+
+// parkRows puts messages ($3 ids, $4 message groups, empty for none, $5
+// the times they are due) in the retry table of subscription $1, as
+// retries that never ran, available from their due time or now ($2),
+// the later: an ordered group queues what it reads there (and takes it
+// with claimOrderedRetries), and every group parks a scheduled message
+// there until it is due (and takes it with claimRetries). A message
+// already there (a batch read again after a takeover) keeps its row.
+const parkRows = `
+INSERT INTO {{schema}}.outbox_group_retries
+    (subscription_id, message_id, status, attempts, available_at, message_group)
+SELECT $1, u.id, 'RETRY', 0, greatest(coalesce($2::timestamptz, now()), u.due), nullif(u.message_group, '')
+FROM unnest($3::bigint[], $4::text[], $5::timestamptz[]) AS u(id, message_group, due)
+ON CONFLICT (subscription_id, message_id) DO NOTHING`
+
+// claimOrderedRetries is claimRetries for an ordered group: $1..$5 as
+// there, $6 the message group to start the walk after (empty: the first),
+// $7 whether a dead letter blocks its message group, $8 the most messages
+// of one message group a claim takes (a run).
+//
+// The group's queue is its retry table (see parkRows). A message group's
+// head is its retry with the lowest message id (a dead letter counts only
+// when it blocks): on an ordered topic, ids follow commit order within a
+// message group. A head is free when it is due and not leased; only a
+// free head, and the retries right behind it that are due and not
+// suspects (a run, up to $8), are claimed, so a message group never
+// has two deliveries that could overlap or overtake each other except in
+// one run, which one executor handles in order.
+//
+// Heads are found by walking outbox_group_retries_group_idx from one
+// message group to the next (one index probe each), from the group after
+// $6 to the last, then from the first, until the walk is back at $6 or
+// has met $5 free heads. A message group with a long queue so never
+// crowds out the others. A head that is a suspect (see isSuspect) is, as
+// in claimRetries, claimed alone (no run) and only while no other suspect
+// is leased. Retries of
+// messages without a group are claimed as in claimRetries.
+var claimOrderedRetries = `
+WITH RECURSIVE walk AS (
+    SELECT n.message_group, n.wrapped, h.message_id, coalesce(h.free, false) AS free, h.suspect,
+           coalesce(h.free, false)::int AS found
+    FROM (` + nextMessageGroup("$6::text", "false") + `) AS n
+    LEFT JOIN LATERAL (` + orderedHead("n") + `) AS h ON true
+    UNION ALL
+    SELECT n.message_group, n.wrapped, h.message_id, coalesce(h.free, false), h.suspect,
+           w.found + coalesce(h.free, false)::int
+    FROM walk AS w
+    CROSS JOIN LATERAL (` + nextMessageGroup("w.message_group", "w.wrapped") + `) AS n
+    LEFT JOIN LATERAL (` + orderedHead("n") + `) AS h ON true
+    WHERE w.found < $5 AND NOT (n.wrapped AND n.message_group COLLATE "C" > $6::text)
+), runs AS (
+    SELECT message_id, 1 AS pos, suspect FROM walk WHERE free
+    UNION ALL
+    SELECT b.message_id, b.pos, false
+    FROM walk AS h
+    CROSS JOIN LATERAL (
+        SELECT message_id, pos FROM (
+            SELECT message_id, 1 + row_number() OVER (ORDER BY message_id) AS pos,
+                   bool_and(status = 'RETRY' AND NOT ` + isSuspect("") + ` AND available_at <= coalesce($3::timestamptz, now()))
+                       OVER (ORDER BY message_id) AS unbroken
+            FROM (SELECT message_id, status, lease_expiries, available_at FROM {{schema}}.outbox_group_retries
+                  WHERE subscription_id = $1 AND message_group COLLATE "C" = h.message_group
+                        AND message_id > h.message_id AND (status <> 'DEAD_LETTER' OR $7::bool)
+                  ORDER BY message_id LIMIT $8 - 1) AS x) AS y
+        WHERE unbroken) AS b
+    WHERE h.free AND NOT h.suspect
+), ungrouped AS (
+    SELECT message_id, ` + isSuspect("") + ` AS suspect FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND message_group IS NULL AND status = 'RETRY'
+          AND available_at <= coalesce($3::timestamptz, now())
+          AND (NOT ` + isSuspect("") + ` OR NOT ` + suspectLeased + `)
+    ORDER BY ` + isSuspect("") + `, available_at LIMIT $5
+), due AS (
+    (SELECT message_id FROM (SELECT message_id, pos FROM runs WHERE NOT suspect
+                             UNION ALL SELECT message_id, 1 FROM ungrouped WHERE NOT suspect) AS ordinary
+     ORDER BY pos, message_id LIMIT $5)
+    UNION ALL
+    (SELECT message_id FROM (SELECT message_id FROM runs WHERE suspect
+                             UNION ALL SELECT message_id FROM ungrouped WHERE suspect) AS suspects
+     LIMIT 1)
+)` + leaseDue
+
+// nextMessageGroup is the first message group, in the walk of
+// claimOrderedRetries, after message group after: the next one in
+// outbox_group_retries_group_idx, or once past the last (wrapped is
+// false), the first, with wrapped true.
+func nextMessageGroup(after, wrapped string) string {
+	return `SELECT * FROM (
+        (SELECT message_group, ` + wrapped + ` AS wrapped FROM {{schema}}.outbox_group_retries
+         WHERE subscription_id = $1 AND message_group COLLATE "C" > ` + after + `
+         ORDER BY message_group COLLATE "C" LIMIT 1)
+        UNION ALL
+        (SELECT message_group, true FROM {{schema}}.outbox_group_retries
+         WHERE subscription_id = $1 AND message_group IS NOT NULL AND NOT ` + wrapped + `
+         ORDER BY message_group COLLATE "C" LIMIT 1)) AS next
+    LIMIT 1`
+}
+
+// orderedHead is the head of message group g.message_group in
+// claimOrderedRetries: its id, whether it is free, and whether it is a
+// suspect (see there).
+func orderedHead(g string) string {
+	return `SELECT message_id, status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+                   AND (NOT ` + isSuspect("") + ` OR NOT ` + suspectLeased + `) AS free,
+                   ` + isSuspect("") + ` AS suspect
+            FROM {{schema}}.outbox_group_retries
+            WHERE subscription_id = $1 AND message_group COLLATE "C" = ` + g + `.message_group
+                  AND (status <> 'DEAD_LETTER' OR $7::bool)
+            ORDER BY message_id LIMIT 1`
+}
+
+// isSuspect: the retry (of table alias alias, "" for none) is suspected
+// of crashing the processes that handle it. Its lease ran out twice in a
+// row: it was in flight in two instances that died or froze, with no
+// outcome recorded in between. One expiry is no suspicion: an instance
+// killed (a deploy, the OOM killer, a lost node) takes its whole window
+// of messages with it, and retrying each of them alone made a group
+// crawl for minutes after every crash. A message that does crash every
+// process takes one more instance down with its first retry, and is a
+// suspect after that.
+func isSuspect(alias string) string {
+	if alias != "" {
+		alias += "."
+	}
+	return "(" + alias + "lease_expiries >= 2)"
+}
+
+// suspectLeased: subscription $1 has a suspect retry (see isSuspect)
+// leased.
+var suspectLeased = `EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS p
+                WHERE p.subscription_id = $1 AND p.status = 'PROCESSING' AND ` + isSuspect("p") + `)`

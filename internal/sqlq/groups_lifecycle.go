@@ -1,0 +1,446 @@
+package sqlq
+
+// The SQL of a consumer group's subscription and lifecycle: registering,
+// heartbeats, DEAD, resurrection, forgetting.
+
+// lockTopic serialises changes of a topic's subscribed set with the
+// producers that copy it (see insertPublished): it takes the topic's lock
+// exclusively, waiting for every producer transaction that read the set
+// (producers arriving meanwhile queue behind it), then the row FOR UPDATE,
+// which makes a producer statement that waited re-read the row.
+const lockTopic = `
+SELECT semantics, coalesce(tracking_mode, '') FROM {{schema}}.outbox_topics AS t
+WHERE t.topic = $1 AND pg_advisory_xact_lock(` + topicLockClass + `, hashtext(t.topic)) IS NOT NULL
+FOR UPDATE`
+
+// lockTopicShared is what cleanup takes (like a producer): subscription
+// changes wait for it.
+const lockTopicShared = `SELECT pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1))`
+
+// holdsClaims is true for a subscription s whose claims on messages
+// count: an ACTIVE or PAUSED group, and a DEAD one for its topic's
+// ZombieTTL after it died (it may come back for them; it claims only
+// what it had not finished when it died, see deadClaims).
+const holdsClaims = `(s.subscription_status IN ('ACTIVE', 'PAUSED')
+       OR (s.subscription_status = 'DEAD'
+           AND s.released_at > now() - (SELECT t.zombie_ttl FROM {{schema}}.outbox_topics AS t WHERE t.topic = s.topic)))`
+
+// bySubscriptionName picks the subscription of a name: the live one (at
+// most one is not CANCELLED), else the latest cancelled one.
+const bySubscriptionName = `WHERE topic = $1 AND group_name = $2
+ORDER BY subscription_status = 'CANCELLED', id DESC LIMIT 1`
+
+const selectSubscription = `
+SELECT id, subscription_status, coalesce(bit, -1), start_position,
+       start_from_timestamp, start_from_message_id
+FROM {{schema}}.outbox_topic_subscriptions
+` + bySubscriptionName + `
+FOR UPDATE`
+
+// deletedTombstone tells (and forgets) that a group of this name was
+// deleted by subscription cleanup.
+const deletedTombstone = `
+DELETE FROM {{schema}}.outbox_deleted_subscriptions WHERE topic = $1 AND group_name = $2
+RETURNING last_status, deleted_at`
+
+const insertSubscription = `
+INSERT INTO {{schema}}.outbox_topic_subscriptions
+    (topic, group_name, bit, start_position, start_from_timestamp, start_from_message_id, heartbeat_timeout)
+VALUES ($1, $2, $3, $4, $5, $6, $7 * interval '1 microsecond')
+RETURNING id`
+
+// insertOffset sets a new group's start: the current snapshot for "from
+// now" (taken inside the registering transaction after it locked the topic
+// row, so every message written with the old subscribed set is visible in
+// it), or the empty snapshot, which sees nothing, for every other start.
+// $3 > 0 asks for a backfill of up to $3 older messages: the group's
+// stream then starts now, and a catch-up reads the older ones beside it
+// (the rows visible now and in the empty snapshot's future).
+const insertOffset = `
+INSERT INTO {{schema}}.outbox_subscription_offsets
+    (subscription_id, position, backfill_from, backfill_upto, backfill_left, backfill_started_at)
+VALUES ($1, CASE WHEN $2 OR $3 > 0 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END,
+        CASE WHEN $3 > 0 THEN '1:1:'::pg_snapshot END, CASE WHEN $3 > 0 THEN pg_current_snapshot() END,
+        $3, CASE WHEN $3 > 0 THEN now() END)`
+
+// subscribedBits are the bits taken on topic $1: a bit belongs to its
+// subscription until a CANCELLED group was forgotten everywhere.
+const subscribedBits = `
+SELECT bit FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND bit IS NOT NULL`
+
+// addSubscribed and removeSubscribed keep the topic row's subscribed set,
+// which every insert copies into the message, idempotently.
+const addSubscribed = `
+UPDATE {{schema}}.outbox_topics
+SET subscribed_bits = subscribed_bits | $2,
+    subscribed_ids = CASE WHEN $3::bigint = ANY(subscribed_ids) THEN subscribed_ids
+                          ELSE array_append(subscribed_ids, $3::bigint) END
+WHERE topic = $1`
+
+const removeSubscribed = `
+UPDATE {{schema}}.outbox_topics
+SET subscribed_bits = subscribed_bits & ~$2::bigint,
+    subscribed_ids = array_remove(subscribed_ids, $3::bigint)
+WHERE topic = $1`
+
+// setStatus records a state change; leaving (DEAD, CANCELLED) makes
+// forgetting pending, coming back (ACTIVE) ends it. A group declared DEAD
+// records the current snapshot (dead_upto): run under the topic's lock,
+// it sees every message written before, and none written after, which
+// are not the DEAD group's claim (see deadClaims).
+const setStatus = `
+UPDATE {{schema}}.outbox_topic_subscriptions
+SET subscription_status = $2, last_active_at = now(),
+    released_at = CASE WHEN $2 IN ('DEAD', 'CANCELLED') THEN now() END,
+    dead_upto = CASE WHEN $2 = 'DEAD' THEN pg_current_snapshot() END,
+    forget_pending = $2 IN ('DEAD', 'CANCELLED'),
+    last_heartbeat_at = CASE WHEN $2 = 'ACTIVE' THEN now() ELSE last_heartbeat_at END
+WHERE id = $1`
+
+// lockOffsetWait: a state change waits for a fetch in progress, so every
+// fetch sees the state it runs under until it commits.
+const lockOffsetWait = `
+SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1 FOR UPDATE`
+
+// resurrectOffset prepares a Bitmap or Counter group that comes back. Its
+// stream starts now; a catch-up reads, beside it, what lies between its
+// position (or the start of a catch-up it left unfinished) and now and it
+// has not completed, up to $2 rows: what it owed, and what was written
+// while it was DEAD (still stored) and so does not require it. Its open
+// batches are expired: the next fetch moves their rows to the retry
+// table, which the catch-up leaves alone.
+const resurrectOffset = `
+WITH expired AS (
+    UPDATE {{schema}}.outbox_group_batches SET lease_until = '-infinity' WHERE subscription_id = $1
+)
+UPDATE {{schema}}.outbox_subscription_offsets AS o
+SET backfill_from = CASE WHEN o.backfill_upto IS NOT NULL THEN o.backfill_from ELSE o.position END,
+    backfill_upto = pg_current_snapshot(), backfill_xid = NULL, backfill_id = NULL, backfill_left = $2,
+    backfill_lower = NULL, backfill_next = NULL,
+    backfill_total = 0, backfill_done = 0, backfill_started_at = now(), backfill_ended_at = NULL, backfill_outcome = NULL,
+    position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
+WHERE o.subscription_id = $1`
+
+// resurrectOffsetMode is resurrectOffset for a group of an Offset topic,
+// which records nothing per message: its catch-up cannot skip what it
+// completed, so it reads exactly what the group had not read, pair after
+// pair (see backfillSegment): the rest of the backfill it was reading
+// when it died, then the rest of the snapshot pair its stream had begun,
+// then what lies between there and now (what it owed, and what was
+// written while it was DEAD and is still stored), up to $2 rows in all.
+// Its stream starts now. Cleanup keeps, until the catch-up ends,
+// everything its committed position had not seen (backfill_from), the
+// rows of its open batches too: they are expired, and the next fetch
+// moves them to the retry table.
+var resurrectOffsetMode = `
+WITH expired AS (
+    UPDATE {{schema}}.outbox_group_batches SET lease_until = '-infinity' WHERE subscription_id = $1
+), reading AS (
+    SELECT CASE WHEN o.backfill_upto IS NOT NULL AND o.backfill_ended_at IS NULL
+                THEN jsonb_build_array(` + backfillSegment("coalesce(o.backfill_lower, o.backfill_from)", "o.backfill_upto", "o.backfill_xid", "o.backfill_id") + `)
+                     || coalesce(o.backfill_next, '[]')
+                ELSE '[]' END
+           || CASE WHEN o.pair_cur IS NOT NULL
+                   THEN jsonb_build_array(` + backfillSegment("o.position", "o.pair_cur", "o.resume_xid", "o.resume_id") + `)
+                   ELSE '[]' END
+           || jsonb_build_array(` + backfillSegment("coalesce(o.pair_cur, o.position)", "pg_current_snapshot()", "NULL::xid8", "NULL::bigint") + `) AS pairs,
+           ` + committedOf("s", "o") + ` AS committed
+    FROM {{schema}}.outbox_subscription_offsets AS o
+    JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = o.subscription_id
+    WHERE o.subscription_id = $1
+)
+UPDATE {{schema}}.outbox_subscription_offsets AS o
+SET backfill_from = r.committed, ` + popBackfillPair("r.pairs") + `,
+    backfill_left = $2, backfill_total = 0, backfill_done = 0, backfill_started_at = now(), backfill_ended_at = NULL,
+    backfill_outcome = NULL,
+    position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
+FROM reading AS r
+WHERE o.subscription_id = $1`
+
+// backfillSegment is a snapshot pair a backfill reads, after a cursor,
+// as an element of backfill_next.
+func backfillSegment(lower, upto, xid, id string) string {
+	return `jsonb_build_object('lower', ` + lower + `::text, 'upto', ` + upto + `::text, 'xid', ` + xid + `::text, 'id', ` + id + `)`
+}
+
+// popBackfillPair sets a backfill's current pair and cursor to the first
+// of pairs (a jsonb array of backfillSegment) and queues the rest.
+func popBackfillPair(pairs string) string {
+	return `backfill_lower = (` + pairs + `->0->>'lower')::pg_snapshot, backfill_upto = (` + pairs + `->0->>'upto')::pg_snapshot,
+    backfill_xid = (` + pairs + `->0->>'xid')::xid8, backfill_id = (` + pairs + `->0->>'id')::bigint,
+    backfill_next = nullif(` + pairs + ` - 0, '[]')`
+}
+
+// nextBackfillPair moves subscription $1's backfill, whose current pair
+// is read, to the next it queues, returning it (lower, upto, cursor) and
+// whether more are queued behind it.
+var nextBackfillPair = `
+UPDATE {{schema}}.outbox_subscription_offsets
+SET ` + popBackfillPair("backfill_next") + `, backfill_total = 0, updated_at = now()
+WHERE subscription_id = $1 AND backfill_next IS NOT NULL
+RETURNING backfill_lower::text, backfill_upto::text, coalesce(backfill_xid::text, '0'), coalesce(backfill_id, 0),
+          backfill_next IS NOT NULL`
+
+// resurrectFromNow prepares a group that comes back without a backfill:
+// its stream starts now, a backfill it left unfinished ends (SKIPPED),
+// and its open batches are dropped (their messages, like every other it
+// had not completed, were released before: see Group.Resurrect). Its
+// retries and dead letters stay.
+const resurrectFromNow = `
+WITH batches AS (
+    DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1
+)
+UPDATE {{schema}}.outbox_subscription_offsets
+SET backfill_from = NULL, backfill_upto = NULL, backfill_xid = NULL, backfill_id = NULL, backfill_left = 0,
+    backfill_lower = NULL, backfill_next = NULL,
+    backfill_ended_at = CASE WHEN backfill_upto IS NOT NULL AND backfill_ended_at IS NULL THEN now() ELSE backfill_ended_at END,
+    backfill_outcome = CASE WHEN backfill_upto IS NOT NULL AND backfill_ended_at IS NULL THEN 'SKIPPED' ELSE backfill_outcome END,
+    position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
+WHERE subscription_id = $1`
+
+// forceCompleteRetries deletes up to $3 retries and dead letters of
+// subscription $1 (not leased: an instance is handling those) of messages
+// written before $2, returning their message ids.
+const forceCompleteRetries = `
+DELETE FROM {{schema}}.outbox_group_retries WHERE (subscription_id, message_id) IN (
+    SELECT r.subscription_id, r.message_id FROM {{schema}}.outbox_group_retries AS r
+    LEFT JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
+    WHERE r.subscription_id = $1 AND r.status <> 'PROCESSING' AND coalesce(o.created_at, r.created_at) < $2
+    ORDER BY r.message_id LIMIT $3 FOR UPDATE OF r SKIP LOCKED)
+RETURNING message_id`
+
+// forceCompleteRows lists up to $6 stored messages of topic $1 with ids
+// above $5 written before $2 that require subscription $4 (by bit $3 or
+// by id) and that it has not completed, in id order.
+var forceCompleteRows = `
+SELECT o.id FROM {{schema}}.outbox_published AS o
+WHERE o.topic = $1 AND o.id > $5 AND o.created_at < $2 AND o.status = 'PUBLISHED'
+      AND ((o.required_bits & $3::bigint <> 0 AND coalesce(o.done_bits, 0) & $3::bigint = 0)
+           OR $4::bigint = ANY(o.required_ids))
+      AND NOT ` + recordedBy("o", "$4") + `
+ORDER BY o.id LIMIT $6`
+
+// forceTarget is where ForceComplete may move subscription $1's read
+// position to pass the messages of topic $2 written before $3 that it has
+// not read: a snapshot that sees every xid below X, the lesser of the
+// database's xmin (every xid below it has ended) and the first xid, in
+// commit order, of a message it has not read written at or after $3. X is
+// returned as text.
+var forceTarget = `
+SELECT least(pg_snapshot_xmin(pg_current_snapshot()),
+             (SELECT u.xid FROM (` + unseenRows("o.xid, o.id", "o.topic = $2 AND o.created_at >= $3", "p.position", "'0'::xid8", "-1", "1") + `) AS u
+              ORDER BY u.xid, u.id LIMIT 1))::text
+FROM {{schema}}.outbox_subscription_offsets AS p WHERE p.subscription_id = $1`
+
+// forceAdvance moves subscription $1's read position to see every xid
+// below $2 (forceTarget's), when it can without reading anything twice:
+// no batch open, no snapshot pair in progress, and $2 past the position's
+// xmax (so the new position sees all the old one saw).
+const forceAdvance = `
+UPDATE {{schema}}.outbox_subscription_offsets AS f
+SET position = ($2 || ':' || $2 || ':')::pg_snapshot, updated_at = now()
+WHERE f.subscription_id = $1 AND f.pair_cur IS NULL AND $2::xid8 > pg_snapshot_xmax(f.position)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches AS b WHERE b.subscription_id = $1)`
+
+// inconsistencies reads every stored PUB_SUB message (up to $1 per topic
+// and kind are counted) and reports, per topic, the messages whose
+// completion record does not add up: COUNT, a Counter record whose count
+// is not its number of required groups; GROUP, a message that requires a group (by id or
+// bit) that no longer has a subscription that may complete it; MODE, a
+// record of another mode than the topic's while no mode change is under
+// way. None should ever exist: each is a bug, or a hand edit.
+const inconsistencies = `
+WITH bad AS (
+    SELECT o.topic, o.id, CASE
+        WHEN o.required_count IS NOT NULL
+             AND o.required_count <> cardinality(o.required_ids) THEN 'COUNT'
+        WHEN o.required_ids IS NOT NULL
+             AND EXISTS (SELECT 1 FROM unnest(o.required_ids) AS r(id)
+                         WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions AS s
+                                           WHERE s.id = r.id AND s.topic = o.topic
+                                                 AND (s.subscription_status <> 'CANCELLED' OR s.forget_pending))) THEN 'GROUP'
+        WHEN o.required_bits IS NOT NULL
+             AND o.required_bits & ~(SELECT coalesce(bit_or(1::bigint << s.bit), 0) FROM {{schema}}.outbox_topic_subscriptions AS s
+                                     WHERE s.topic = o.topic AND s.bit IS NOT NULL) <> 0 THEN 'GROUP'
+        WHEN t.mode_changed_below IS NULL
+             AND ((t.tracking_mode = 'BITMAP') <> (o.required_bits IS NOT NULL)
+                  OR (t.tracking_mode = 'COUNTER') <> (o.required_count IS NOT NULL)) THEN 'MODE'
+        END AS kind
+    FROM {{schema}}.outbox_published AS o
+    JOIN {{schema}}.outbox_topics AS t ON t.topic = o.topic
+    WHERE t.semantics = 'PUB_SUB'
+), ranked AS (
+    SELECT topic, kind, id, row_number() OVER (PARTITION BY topic, kind ORDER BY id) AS n FROM bad WHERE kind IS NOT NULL
+)
+SELECT topic, kind, count(*), min(id) FROM ranked WHERE n <= $1 GROUP BY topic, kind ORDER BY topic, kind`
+
+const subscriptionStatus = `
+SELECT id, subscription_status FROM {{schema}}.outbox_topic_subscriptions
+` + bySubscriptionName
+
+// groupHealthHead reads what a group's health starts from (by name): its
+// subscription, as streamFor needs it, and its liveness.
+const groupHealthHead = `
+SELECT id, subscription_status, coalesce(bit, -1), start_position, start_from_timestamp, start_from_message_id,
+       last_heartbeat_at, extract(epoch FROM heartbeat_timeout)::float8, subscribed_at
+FROM {{schema}}.outbox_topic_subscriptions
+` + bySubscriptionName
+
+// scheduledRetry is true for a retry row that waits for its message to be
+// due (Delay, NotBefore: see parkRows), having never failed.
+const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND available_at > now())`
+
+// groupHealth measures subscription $1 of topic $2 (stream $3..$7, see
+// streamFilter; completions of bit $8 or subscription $9, see
+// notCompleted), each count at most $10: the committed rows its position
+// had not seen and it has not completed (their count, read in no order so
+// the count stops early, and the created_at of the first in commit order), its batches and retry deliveries under lease, its waiting
+// retries (messages that failed: failing_since is set), its queued
+// messages (due for a delivery that is not a retry: an ordered group's
+// queue, replayed dead letters, messages a stopping instance handed back
+// untried), the created_at of the oldest message it retries or queues
+// (the lowest id: one probe),
+// and its dead letters. The unread rows are read only when $11 is true:
+// a DEAD group is in no new message's required set, so reading its
+// stream would walk everything written since it died to find nothing.
+var groupHealth = `
+WITH f AS (
+    SELECT position FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1
+), unread AS (
+    SELECT 1 FROM (` + unseenRows("1", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "") + `) AS o
+    WHERE $11::bool
+    LIMIT $10
+), oldest_unread AS (
+    SELECT o.created_at FROM (` + unseenRows("o.created_at, o.xid, o.id", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "1") + `) AS o
+    WHERE $11::bool
+    ORDER BY o.xid, o.id LIMIT 1
+), oldest_retry AS (
+    SELECT min(message_id) AS id FROM {{schema}}.outbox_group_retries
+    WHERE subscription_id = $1 AND status <> 'DEAD_LETTER' AND NOT ` + scheduledRetry + `
+)
+SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
+       (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND status = 'PROCESSING' LIMIT $10) AS r),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND status = 'RETRY' AND failing_since IS NOT NULL
+                              LIMIT $10) AS r),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND status = 'RETRY' AND failing_since IS NULL
+                                    AND available_at <= now() LIMIT $10) AS r),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND ` + scheduledRetry + ` LIMIT $10) AS r),
+       (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest_retry WHERE o.topic = $2 AND o.id = oldest_retry.id),
+       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                              WHERE subscription_id = $1 AND status = 'DEAD_LETTER' LIMIT $10) AS r),
+       now()`
+
+// healthUnread is what groupHealth counts as unread: committed rows of
+// the group's stream it has not completed.
+var healthUnread = `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())` + streamFilter("o", 3) + notCompleted("o", 8)
+
+// heartbeat records database time only. It reports the status, so a DEAD
+// group's instance can resurrect it; no row: the subscription is gone.
+const heartbeat = `
+UPDATE {{schema}}.outbox_topic_subscriptions
+SET last_heartbeat_at = now(), heartbeat_timeout = $2 * interval '1 microsecond'
+WHERE id = $1
+RETURNING subscription_status`
+
+// anyDeadCandidate is deadCandidates' cheap, lock-free pre-check.
+const anyDeadCandidate = `
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions
+               WHERE topic = $1 AND subscription_status = 'ACTIVE'
+                     AND last_heartbeat_at < now() - heartbeat_timeout)`
+
+// deadCandidates: ACTIVE groups of topic $1 whose heartbeats stopped.
+const deadCandidates = `
+SELECT id, group_name, coalesce(bit, -1) FROM {{schema}}.outbox_topic_subscriptions
+WHERE topic = $1 AND subscription_status = 'ACTIVE'
+      AND last_heartbeat_at < now() - heartbeat_timeout
+FOR UPDATE SKIP LOCKED`
+
+// lockOffsetsSkipLocked locks the offsets rows of subscriptions $1 that no
+// fetch holds: a group fetching right now is not dead.
+const lockOffsetsSkipLocked = `
+SELECT subscription_id FROM {{schema}}.outbox_subscription_offsets
+WHERE subscription_id = ANY($1::bigint[])
+FOR UPDATE SKIP LOCKED`
+
+// pendingForgets: groups of topic $1 that left and may still be referred
+// to: CANCELLED ones, and DEAD ones whose ZombieTTL ran out.
+const pendingForgets = `
+SELECT id FROM {{schema}}.outbox_topic_subscriptions AS s
+WHERE topic = $1 AND forget_pending AND NOT ` + holdsClaims
+
+// lockForget: a forget pass holds the subscription row, so a resurrection
+// waits for the pass in progress and later passes see it came back. The
+// last column says whether the group still holds its claims (a DEAD group
+// within its ZombieTTL).
+const lockForget = `
+SELECT subscription_status, coalesce(bit, -1), forget_pending, ` + holdsClaims + `
+FROM {{schema}}.outbox_topic_subscriptions AS s WHERE id = $1 FOR UPDATE`
+
+// forgetDone: nothing refers to the group any more. A CANCELLED group's
+// bit is free again; a backfill the group had pending ends (its rows are
+// no longer kept for it).
+const forgetDone = `
+WITH catchup AS (
+    UPDATE {{schema}}.outbox_subscription_offsets
+    SET backfill_from = NULL, backfill_upto = NULL, backfill_lower = NULL, backfill_next = NULL, backfill_left = 0,
+        backfill_ended_at = now(), backfill_outcome = 'FORGOTTEN'
+    WHERE subscription_id = $1 AND backfill_from IS NOT NULL
+)
+UPDATE {{schema}}.outbox_topic_subscriptions
+SET forget_pending = false,
+    bit = CASE WHEN subscription_status = 'CANCELLED' THEN NULL ELSE bit END
+WHERE id = $1`
+
+// deleteGroupState drops a cancelled group's batches and retries.
+const deleteGroupState = `
+WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1)
+DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
+
+// committedPosition is, for each ACTIVE or PAUSED group of topic $1,
+// what it has finished (see committedOf). A DEAD group within its
+// ZombieTTL holds only what it owes (see deadClaims).
+var committedPosition = `
+SELECT s.id, ` + committedOf("s", "o") + `::text
+FROM {{schema}}.outbox_topic_subscriptions AS s
+JOIN {{schema}}.outbox_subscription_offsets AS o ON o.subscription_id = s.id
+WHERE s.topic = $1 AND s.subscription_status IN ('ACTIVE', 'PAUSED')`
+
+// deadClaims lists the claims of topic $1's DEAD groups within their
+// ZombieTTL: such a group owes the messages visible in upto (the snapshot
+// taken when it was declared DEAD: written before it died) and not in
+// done (its committed position: not finished). Messages written after it
+// died are not its claim. In Bitmap and Counter mode the messages' own
+// records say the same (it is in the required set of those it owes);
+// Offset messages record nothing, so cleanup and the partition check ask
+// this (see owedToDead).
+var deadClaims = `
+SELECT coalesce(s.dead_upto, pg_current_snapshot()) AS upto, ` + committedOf("s", "p") + ` AS done
+FROM {{schema}}.outbox_topic_subscriptions AS s
+JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id
+WHERE s.topic = $1 AND s.subscription_status = 'DEAD' AND ` + holdsClaims
+
+// withDeadClaims begins a statement that reads deadClaims, once, as dead.
+var withDeadClaims = `WITH dead AS MATERIALIZED (` + deadClaims + `)`
+
+// owedToDead is true for a row of alias that a DEAD group of its topic
+// owes (see deadClaims; the statement begins withDeadClaims).
+func owedToDead(alias string) string {
+	return `EXISTS (SELECT 1 FROM dead AS d WHERE pg_visible_in_snapshot(` + alias + `.xid, d.upto)
+                                   AND NOT pg_visible_in_snapshot(` + alias + `.xid, d.done))`
+}
+
+// committedOf is what subscription sub (its offsets row: offsets) has
+// finished: the lower bound of its pending backfill, else the prev of its
+// oldest open batch, else its position. Rows visible in it are done by
+// the group (except its pending retries).
+func committedOf(sub, offsets string) string {
+	return `coalesce(` + offsets + `.backfill_from,
+                      (SELECT b.prev FROM {{schema}}.outbox_group_batches AS b
+                       WHERE b.subscription_id = ` + sub + `.id ORDER BY b.id LIMIT 1),
+                      ` + offsets + `.position)`
+}

@@ -1,0 +1,255 @@
+package sqlq
+
+import "strconv"
+
+// The SQL producers write messages with, on every kind of topic.
+
+// insertQueued writes one message of a topic configured as QUEUE: a plain
+// single-row INSERT into outbox. Such a row needs nothing from the topic
+// row (a topic's semantics never change once configured); it is available
+// at once (the column default now()).
+const insertQueued = `
+INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING id`
+
+// insertQueuedAt is insertQueued with a delivery time: $7 not-before, $8
+// delay in microseconds, $9 now.
+const insertQueuedAt = `
+INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
+VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `)
+RETURNING id`
+
+// queuedAtColumns are the columns insertQueuedAt and insertUnconfigured write.
+const queuedAtColumns = `(topic, payload, headers, correlation_id, message_group, priority, available_at)`
+
+// availableAt is when a message may first be delivered: $7 (not-before), or
+// $8 microseconds after $9 (the injected clock) or the database's now().
+const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond')`
+
+// insertUnconfigured is insertQueuedAt for a topic the producer has not
+// seen configured, which is a QUEUE topic with the defaults, unless it has
+// been configured as PUB_SUB or ordered since: then it writes nothing and
+// returns no row, and the producer reads the configuration and sends with
+// the statement it calls for. It holds the topic's lock in shared mode
+// until the transaction ends, so that a configuration waits for it (see
+// ConfigureTopic and markOrdered).
+const insertUnconfigured = `
+INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `
+WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)) IS NOT NULL
+  AND NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
+RETURNING id`
+
+// topicConfigured: topic $1 has a configuration.
+const topicConfigured = `SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topics WHERE topic = $1)`
+
+// markOrdered marks the unmarked messages of ordered topic $1.
+const markOrdered = `UPDATE {{schema}}.outbox SET ordered = true WHERE topic = $1 AND ordered IS NULL`
+
+// orderedLockClass is the first key of the advisory lock a send to an
+// ordered topic takes per (topic, message group) ("pgoo"); the second is
+// hashtext of topic/group (a topic name has no '/', so no two pairs
+// share the text; two pairs sharing a hash only wait for each other).
+const orderedLockClass = `1885826927`
+
+// insertOrdered writes one message of a configured ordered QUEUE topic
+// ($1..$9 as insertQueuedAt). A message with a group first takes its
+// group's lock until the transaction ends, and only then draws its id
+// (the filter runs before the row is formed): a second transaction
+// sending to the group waits for the first to commit or roll back, so
+// the group's ids follow commit order, which is the order the ordered
+// claim delivers them in.
+const insertOrdered = `
+INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority, available_at, ordered)
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, true
+WHERE ` + groupLock + `
+RETURNING id`
+
+// groupLock takes the lock of message group $5 of topic $1 until the
+// transaction ends (see insertOrdered); true.
+const groupLock = `($5::text IS NULL OR pg_advisory_xact_lock(` + orderedLockClass + `, hashtext($1 || '/' || $5::text)) IS NOT NULL)`
+
+// insertPublished writes one message of a topic configured as PUB_SUB,
+// with the groups it needs from the topic row (the "snapshot at insert").
+//
+// It holds the topic's lock (see TopicLock) in shared mode, and the topic
+// row FOR KEY SHARE (the lock a foreign key takes), until the transaction
+// ends. A change of the subscribed set (a group registering, dying, coming
+// back or cancelled) takes the topic's lock exclusively: it waits for the
+// producer transactions that read the old set, and producers arriving
+// meanwhile queue behind it (the lock manager is fair, so a steady stream
+// of producers cannot starve it), then read the new set (the row lock makes
+// a statement that waited re-read the row). So a message's required groups
+// and the groups' read positions always agree, in every isolation level (a
+// REPEATABLE READ producer that raced a change gets a serialization error).
+var insertPublished = insertPublishedWhere("")
+
+// insertPublishedWhere is insertPublished with first ahead of its filter
+// (empty, or a condition followed by AND).
+func insertPublishedWhere(first string) string {
+	return `
+INSERT INTO {{schema}}.outbox_published
+    (topic, payload, headers, correlation_id, message_group, priority, available_at,
+     status, ` + requiredGroupColumns + `)
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
+       ` + publishedStatus + `,
+       ` + requiredGroups + `
+FROM {{schema}}.outbox_topics AS t
+WHERE ` + first + `t.topic = $1 AND ` + topicLockShared + `
+FOR KEY SHARE OF t
+RETURNING id`
+}
+
+// insertPublishedOrdered is insertPublished for an ordered PUB_SUB topic:
+// a message with a group first takes its group's lock, as insertOrdered
+// does (a filter without columns, so it runs before the topic row is
+// read, as in insertRows: group locks before the topic's), and only then
+// draws its id.
+var insertPublishedOrdered = insertPublishedWhere(groupLock + " AND ")
+
+// topicLockClass is the first key of the advisory lock pgoutbox takes per
+// topic ("pgob"); the second is hashtext of the topic's name.
+const topicLockClass = `1885826914`
+
+// topicLockShared takes the lock of topic row t's topic in shared mode,
+// until the transaction ends (a filter that is always true).
+const topicLockShared = `pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext(t.topic)) IS NOT NULL`
+
+// requiredGroupColumns are the columns requiredGroups fills.
+const requiredGroupColumns = `required_bits, required_ids, required_count, done_bits, completed_count`
+
+// requiredGroups are the groups a PUB_SUB message of topic row t must be
+// completed by, per the topic's tracking mode (see requiredGroupColumns).
+const requiredGroups = `CASE WHEN t.tracking_mode = 'BITMAP' THEN t.subscribed_bits END AS required_bits,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN t.subscribed_ids END AS required_ids,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN cardinality(t.subscribed_ids) END AS required_count,
+       CASE WHEN t.tracking_mode = 'BITMAP' THEN 0 END AS done_bits,
+       CASE WHEN t.tracking_mode = 'COUNTER' THEN 0 END AS completed_count`
+
+// blocked is true for a topic that blocks writes while nobody subscribes.
+// Such a row fails the whole statement (so a batch is never half-written):
+// casting the marker text to integer raises invalid_text_representation
+// (22P02) with the marker in its message; the producer maps it to
+// outbox.ErrNoSubscriptions.
+const blocked = `coalesce(t.block_writes_on_zero_subscriptions AND cardinality(t.subscribed_ids) = 0, false)`
+
+// publishedStatus is a PUB_SUB message's status, PUBLISHED, unless its
+// topic row t blocks the write: then it fails the statement with the
+// marker and the topic's name.
+const publishedStatus = `CASE WHEN ` + blocked + ` THEN (` + NoSubscriptionsMarker + ` || t.topic)::integer::text ELSE 'PUBLISHED' END`
+
+// NoSubscriptionsMarker starts the error message of a blocked write.
+const NoSubscriptionsMarker = `'pgoutbox: no subscriptions on topic '`
+
+// notifying wraps a single-row insert returning id so that it also notifies
+// channel $channelParam with the topic ($1) when the transaction commits.
+func notifying(insert string, channelParam int) string {
+	return "WITH inserted AS (" + insert + "\n)\nSELECT inserted.id FROM inserted, (SELECT pg_notify($" +
+		strconv.Itoa(channelParam) + ", $1)) AS n"
+}
+
+// selectSemantics reads a topic's semantics and whether it is ordered
+// (no row: never configured).
+const selectSemantics = `SELECT semantics, ordered FROM {{schema}}.outbox_topics WHERE topic = $1`
+
+// insertRows writes SendBatch's messages, given as parallel arrays, each
+// into the table of its topic's semantics, and returns (position, id) for
+// every row written. Ids are drawn in input order from the sequence both
+// tables share. A message with an idempotency key is written only if it
+// records the key first: a key of the topic that has not expired yet (an
+// earlier send, or an earlier message of the batch) skips it. $10 is now,
+// $11 the idempotency window (microseconds) of topics never configured.
+//
+// Messages of topics never configured take their topics' locks in shared
+// mode, as insertUnconfigured does (configured ones take it in the join).
+// Messages with a group on ordered topics first take their groups' locks
+// (as insertOrdered does), all of them, in key order (so that two batches
+// never deadlock), before any id is drawn: the filter is an initplan, a
+// one-time filter run before any row reaches nextval.
+const insertRows = `
+WITH m AS MATERIALIZED (
+    SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
+    FROM (SELECT m.*,
+                 CASE WHEN t.ordered THEN true END AS ordered,
+                 coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
+                     AS available_at,
+                 t.semantics IS NOT DISTINCT FROM 'PUB_SUB' AS published,
+                 coalesce(t.idempotency_window, $11 * interval '1 microsecond') AS idempotency_window,
+                 ` + publishedStatus + ` AS status,
+                 ` + requiredGroups + `
+          FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
+                      $7::text[], $8::timestamptz[], $9::bigint[])
+               WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
+                                    idempotency_key, not_before, delay_us, ord)
+          LEFT JOIN (SELECT * FROM {{schema}}.outbox_topics AS t
+                     WHERE t.topic = ANY($1::text[]) AND ` + topicLockShared + `
+                     FOR KEY SHARE) AS t
+                 ON t.topic = m.topic -- held until commit, as in insertPublished
+          WHERE (SELECT count(pg_advisory_xact_lock(` + orderedLockClass + `, g.key))
+                 FROM (SELECT DISTINCT hashtext(u.topic || '/' || u.grp) AS key
+                       FROM unnest($1::text[], $5::text[]) AS u(topic, grp)
+                       JOIN {{schema}}.outbox_topics AS ot ON ot.topic = u.topic AND ot.ordered
+                       WHERE u.grp IS NOT NULL
+                       ORDER BY 1) AS g) >= 0
+            AND (SELECT count(pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext(u.topic)))
+                 FROM (SELECT DISTINCT topic FROM unnest($1::text[]) AS u(topic)
+                       WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics AS ct WHERE ct.topic = u.topic)) AS u) >= 0
+          ORDER BY m.ord) AS r
+), keyed AS (
+    INSERT INTO {{schema}}.outbox_idempotency_keys AS k (topic, idempotency_key, message_id, expires_at)
+    SELECT DISTINCT ON (topic, idempotency_key)
+           topic, idempotency_key, id, coalesce($10::timestamptz, now()) + idempotency_window
+    FROM m WHERE idempotency_key IS NOT NULL
+    ORDER BY topic, idempotency_key, ord
+    ON CONFLICT (topic, idempotency_key) DO UPDATE
+        SET message_id = excluded.message_id, expires_at = excluded.expires_at
+        WHERE k.expires_at <= coalesce($10::timestamptz, now())
+    RETURNING message_id
+), fresh AS (
+    SELECT * FROM m WHERE idempotency_key IS NULL OR id IN (SELECT message_id FROM keyed)
+), queued AS (
+    INSERT INTO {{schema}}.outbox
+        (id, topic, payload, headers, correlation_id, message_group, priority, available_at, ordered)
+    SELECT id, topic, payload, headers, correlation_id, message_group, priority, available_at, ordered
+    FROM fresh WHERE NOT published
+    RETURNING id
+), published AS (
+    INSERT INTO {{schema}}.outbox_published
+        (id, topic, payload, headers, correlation_id, message_group, priority, available_at,
+         status, ` + requiredGroupColumns + `)
+    OVERRIDING SYSTEM VALUE
+    SELECT id, topic, payload, headers, correlation_id, message_group, priority, available_at,
+           status, ` + requiredGroupColumns + `
+    FROM fresh WHERE published
+    RETURNING id
+), written AS (
+    SELECT id FROM queued UNION ALL SELECT id FROM published
+)`
+
+// insert is insertRows' result: positions (1-based) and ids.
+const insert = insertRows + `
+SELECT m.ord, m.id FROM m JOIN written USING (id)`
+
+// insertNotify is insert that also wakes listening consumers of the topics
+// in $13, on channel $12, when the producer's transaction commits (NOTIFY
+// is transactional: a rollback notifies nobody).
+const insertNotify = insertRows + `, notified AS (
+    SELECT pg_notify($12, t) FROM unnest($13::text[]) AS t
+)
+SELECT m.ord, m.id FROM m JOIN written USING (id), (SELECT count(*) FROM notified) AS n -- the join makes notified run`
+
+// selectIdempotent finds the messages an idempotent send collided with.
+const selectIdempotent = `
+SELECT idempotency_key, message_id FROM {{schema}}.outbox_idempotency_keys
+WHERE topic = $1 AND idempotency_key = ANY($2::text[])`
+
+// expireIdempotencyKeys deletes up to $2 keys that expired before $1 (now).
+const expireIdempotencyKeys = `
+DELETE FROM {{schema}}.outbox_idempotency_keys AS k
+USING (SELECT topic, idempotency_key FROM {{schema}}.outbox_idempotency_keys
+       WHERE expires_at <= coalesce($1::timestamptz, now())
+       ORDER BY expires_at
+       LIMIT $2
+       FOR UPDATE SKIP LOCKED) AS e
+WHERE k.topic = e.topic AND k.idempotency_key = e.idempotency_key`

@@ -1,0 +1,133 @@
+package sqlq
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/pgoutbox/pgoutbox/internal/ident"
+)
+
+// The SQL of the Bitmap tracking mode.
+
+// Completion is recorded off the message row, in every mode that records
+// it per message: a row (message, subscription) in outbox_consumer_groups,
+// inserted by the group that finished the message. No completion writes,
+// locks or versions the message row, so groups completing the same
+// messages never wait for each other (a frozen member's open completion
+// used to hold the row locks every other group's completion needed) and a
+// held xmin leaves no dead versions of message rows behind. Rows written
+// before this (done_bits, completed_count) keep their own record, which the
+// checks below still read.
+
+// completeRecords records that subscription $2 finished the messages $1.
+// A redelivered message is recorded once.
+const completeRecords = `
+INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
+SELECT unnest($1::bigint[]), $2
+ON CONFLICT DO NOTHING`
+
+// recordedBy is true when subscription sub recorded finishing row alias.
+func recordedBy(alias, sub string) string {
+	return `EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                      WHERE c.message_id = ` + alias + `.id AND c.subscription_id = ` + sub + perRow + `)`
+}
+
+// bitmapCompleted lists which of the messages $1 the group (bit $2,
+// subscription $3) finished.
+const bitmapCompleted = `
+SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0
+UNION
+SELECT message_id FROM {{schema}}.outbox_consumer_groups WHERE message_id = ANY($1::bigint[]) AND subscription_id = $3`
+
+// bitmapForget drops a DEAD group (bit $2, subscription $4) from up to $3
+// rows it had not finished. The row conditions are repeated outside the
+// subquery so that a completion committed while the update waited for a
+// row is seen.
+var bitmapForget = `
+UPDATE {{schema}}.outbox_published AS o SET required_bits = o.required_bits & ~$2::bigint
+WHERE o.id IN (
+    SELECT o.id FROM {{schema}}.outbox_published AS o
+    WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND o.required_bits & $2 <> 0 AND o.done_bits & $2 = 0
+          AND NOT ` + recordedBy("o", "$4") + `
+    ORDER BY o.id LIMIT $3)
+  AND o.required_bits & $2 <> 0 AND o.done_bits & $2 = 0 AND NOT ` + recordedBy("o", "$4")
+
+// bitmapStrip removes a CANCELLED group's bit $2 from up to $3 rows,
+// required or done: its completions no longer matter, and the bit can go
+// to another group once no row has it.
+const bitmapStrip = `
+UPDATE {{schema}}.outbox_published
+SET required_bits = required_bits & ~$2::bigint, done_bits = done_bits & ~$2::bigint
+WHERE id IN (
+    SELECT id FROM {{schema}}.outbox_published
+    WHERE topic = $1 AND (required_bits | done_bits) & $2 <> 0
+    ORDER BY id LIMIT $3)
+  AND (required_bits | done_bits) & $2 <> 0`
+
+// retention: rows older than the topic's retention (and, for rows nobody
+// was subscribed to, older than the zero-subscription floor), with no
+// pending retry of a subscribed group, and out of reach of every pending
+// backfill (a group that came back, or subscribed with Backfill, may still
+// be raised on them). Cleanup runs under the topic's lock in shared mode
+// (see lockTopicShared), so a subscription change that starts a backfill
+// waits for cleanups in progress and later ones see it.
+const retention = `
+      AND o.created_at < coalesce($2::timestamptz, now()) - $3 * interval '1 microsecond'
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
+                      JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
+                      WHERE r.message_id = o.id AND r.payload IS NULL AND ` + holdsClaims + `)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets AS b
+                      JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = b.subscription_id
+                      WHERE s.topic = o.topic AND ` + holdsClaims + `
+                            AND b.backfill_from IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, b.backfill_from))`
+
+// pastZeroFloor: row o is older than the zero-subscription floor ($5
+// microseconds before now, $2), as every cleanup asks of the rows no group
+// required.
+const pastZeroFloor = `o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'`
+
+// bitmapDone is true for row alias of a Bitmap topic when every required
+// group finished it: each required bit is a done bit or belongs to a
+// subscription that recorded the message.
+func bitmapDone(alias string) string {
+	a := alias + "."
+	return a + `required_bits & ~(coalesce(` + a + `done_bits, 0)
+        | coalesce((SELECT bit_or(1::bigint << s.bit) FROM {{schema}}.outbox_consumer_groups AS c
+                    JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = c.subscription_id
+                    WHERE c.message_id = ` + a + `id AND s.bit IS NOT NULL), 0)) = 0`
+}
+
+// FinishedByAll is, for tests and tools, the condition on row alias of
+// schema's outbox_published that cleanup deletes Bitmap and Counter rows
+// by: every group its record requires has finished it.
+func FinishedByAll(schema, alias string) string {
+	return strings.NewReplacer("{{schema}}", ident.Quote(schema)).Replace(
+		`CASE WHEN ` + alias + `.required_bits IS NOT NULL THEN ` + bitmapDone(alias) + ` ELSE ` + counterDone(alias) + ` END`)
+}
+
+// FinishedBy is, for tests and tools, the condition on row alias of
+// schema's outbox_published that subscription sub recorded finishing it.
+func FinishedBy(schema, alias string, sub int64) string {
+	return strings.NewReplacer("{{schema}}", ident.Quote(schema)).Replace(recordedBy(alias, strconv.FormatInt(sub, 10)))
+}
+
+// bitmapCleanup deletes up to $4 rows of topic $1 below xid $6 that every
+// required group finished and that retention lets go, in (topic, xid)
+// index order, skipping rows another cleanup holds, with their records; it
+// returns how many it deleted. Finishing is never undone (a group only adds
+// records, a forget only drops required bits), so a row found done stays
+// done and needs no re-check under its lock.
+var bitmapCleanup = `
+WITH gone AS (
+DELETE FROM {{schema}}.outbox_published WHERE id IN (
+    SELECT o.id FROM {{schema}}.outbox_published AS o
+    WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
+          AND ` + bitmapDone("o") + `
+          AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)` +
+	retention + `
+    ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
+RETURNING id
+), dedupe AS (
+    DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone`

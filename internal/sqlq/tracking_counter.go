@@ -1,0 +1,64 @@
+package sqlq
+
+// The SQL of the Counter tracking mode.
+
+// completeTracked is completeRecords for a topic whose tracking mode
+// changed, back in Offset mode: only the messages ids $1 that carry a
+// Bitmap or Counter record get one of the group's.
+const completeTracked = `
+INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
+SELECT o.id, $2 FROM {{schema}}.outbox_published AS o
+WHERE o.id = ANY($1::bigint[]) AND (o.required_count IS NOT NULL OR o.required_bits IS NOT NULL)
+ON CONFLICT DO NOTHING`
+
+const counterCompleted = `
+SELECT message_id FROM {{schema}}.outbox_consumer_groups
+WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
+
+// counterForgetCandidates locks up to $3 rows that still require
+// subscription $2 and that it had not finished when the statement began.
+// counterForget, a later statement, re-checks them under those locks: a
+// completion that committed meanwhile is visible to it. One that commits
+// later is not counted (the group is no longer in the row's required ids),
+// which is what forgetting the group means.
+var counterForgetCandidates = `
+SELECT o.id FROM {{schema}}.outbox_published AS o
+WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND $2::bigint = ANY(o.required_ids)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                      WHERE c.message_id = o.id AND c.subscription_id = $2` + perRow + `)
+ORDER BY o.id LIMIT $3
+FOR UPDATE`
+
+const counterForget = `
+UPDATE {{schema}}.outbox_published AS o
+SET required_ids = array_remove(o.required_ids, $2::bigint), required_count = o.required_count - 1
+WHERE o.id = ANY($1::bigint[]) AND $2::bigint = ANY(o.required_ids)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
+                      WHERE c.message_id = o.id AND c.subscription_id = $2)`
+
+// counterDone is true for row alias of a Counter topic when every
+// required group finished it: as many of its required ids recorded it as
+// it requires. A row without a Counter record (written under another
+// mode, see mixedCleanup) is never done by it.
+func counterDone(alias string) string {
+	a := alias + "."
+	return a + `required_count IS NOT NULL
+          AND (SELECT count(*) FROM {{schema}}.outbox_consumer_groups AS c
+               WHERE c.message_id = ` + a + `id AND c.subscription_id = ANY(` + a + `required_ids)) >= ` + a + `required_count`
+}
+
+// counterCleanup is bitmapCleanup for a Counter topic.
+var counterCleanup = `
+WITH gone AS (
+    DELETE FROM {{schema}}.outbox_published WHERE id IN (
+        SELECT o.id FROM {{schema}}.outbox_published AS o
+        WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
+              AND ` + counterDone("o") + `
+              AND (o.required_count > 0 OR ` + pastZeroFloor + `)` +
+	retention + `
+        ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
+    RETURNING id
+), dedupe AS (
+    DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone`
