@@ -5,12 +5,13 @@
 //
 //   - [Client]: the settings every component needs (schema, logger, meter
 //     provider, clock), sending, and one Start/Stop for every consumer,
-//     group and router created from it.
+//     group, router and relay created from it.
 //   - [github.com/pgoutbox/pgoutbox/migrations]: create and upgrade the tables at boot.
 //   - [github.com/pgoutbox/pgoutbox/outbox]: topics, the Producer, the QUEUE Consumer,
 //     dead letters.
 //   - [github.com/pgoutbox/pgoutbox/consumergroup]: PUB_SUB consumer groups (fan-out).
-//   - [github.com/pgoutbox/pgoutbox/pubsub]: the completion tracking modes of PUB_SUB topics.
+//   - [github.com/pgoutbox/pgoutbox/relay]: forwarding a topic to NATS JetStream.
+//   - [github.com/pgoutbox/pgoutbox/admin]: the operator API (also [Client.Admin]).
 //   - [github.com/pgoutbox/pgoutbox/router]: delivery to HTTP endpoints, FIFO per message group.
 //   - [github.com/pgoutbox/pgoutbox/outboxtest]: helpers for the service's own tests.
 //

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/completion"
 	"github.com/pgoutbox/pgoutbox/outbox"
-	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 // shortTx begins the transactions of groups, all of which are short: if
@@ -119,7 +119,7 @@ func (g *Group) DiscardDeadLetters(ctx context.Context, ids ...int64) (int64, er
 		if err != nil {
 			return err
 		}
-		sub := pubsub.Subscription{Topic: g.cfg.Topic, Group: g.cfg.Group}
+		sub := completion.Subscription{Topic: g.cfg.Topic, Group: g.cfg.Group}
 		var gone []int64
 		var id int64
 		if _, err := pgx.ForEachRow(rows, []any{&sub.ID, &sub.Bit, &id}, func() error {
@@ -137,7 +137,7 @@ func (g *Group) DiscardDeadLetters(ctx context.Context, ids ...int64) (int64, er
 		// its own record (none for an Offset message: the group's
 		// position is past it): the topic's mode may have changed since
 		// it was read.
-		tracker, err := pubsub.NewMixed(topic.Tracking, g.schema)
+		tracker, err := completion.NewMixed(topic.Tracking, g.schema)
 		if err != nil {
 			return err
 		}
@@ -234,8 +234,8 @@ func (g *Group) Resurrect(ctx context.Context, backfill bool) error {
 }
 
 // subscriptionRef reads the group's subscription (ErrNotFound: none).
-func (g *Group) subscriptionRef(ctx context.Context) (pubsub.Subscription, error) {
-	var sub pubsub.Subscription
+func (g *Group) subscriptionRef(ctx context.Context) (completion.Subscription, error) {
+	var sub completion.Subscription
 	err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
 		s, err := g.foundSubscription(ctx, tx)
 		if err == nil {
@@ -271,7 +271,7 @@ func (g *Group) deadSubscription(ctx context.Context, tx pgx.Tx) (*subscription,
 // group's messages by each one's own record, whatever mode the topic had
 // when each was written (an operator's action reads the topic's mode
 // outside its transactions: a change may race it).
-func (g *Group) mixedTracker(ctx context.Context) (*pubsub.Mixed, error) {
+func (g *Group) mixedTracker(ctx context.Context) (*completion.Mixed, error) {
 	topic, err := g.client.Topic(ctx, g.cfg.Topic)
 	if err != nil {
 		return nil, err
@@ -279,7 +279,7 @@ func (g *Group) mixedTracker(ctx context.Context) (*pubsub.Mixed, error) {
 	if topic.Semantics != outbox.PubSub {
 		return nil, fmt.Errorf("%w: %q is a %s topic", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
 	}
-	return pubsub.NewMixed(topic.Tracking, g.schema)
+	return completion.NewMixed(topic.Tracking, g.schema)
 }
 
 // releaseOwed drops the DEAD group from every stored message it had not

@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/completion"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
-	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 // A member of group B stops in the middle of completing a batch (a
@@ -63,12 +63,12 @@ func TestGroupsNeverWaitForAnotherGroupsCompletion(t *testing.T) {
 // completeAs records, in tx, that group finished ids, as its completer
 // would.
 func completeAs(ctx context.Context, tx pgx.Tx, b *bundle, group string, mode outbox.TrackingMode, ids []int64) error {
-	var sub pubsub.Subscription
+	var sub completion.Subscription
 	if err := tx.QueryRow(ctx, `SELECT id, topic, group_name, coalesce(bit, -1) FROM `+b.db.Table("outbox_topic_subscriptions")+
 		` WHERE topic = $1 AND group_name = $2`, b.topic, group).Scan(&sub.ID, &sub.Topic, &sub.Group, &sub.Bit); err != nil {
 		return fmt.Errorf("subscription of %s: %w", group, err)
 	}
-	tracker, err := pubsub.New(mode, b.db.Schema)
+	tracker, err := completion.New(mode, b.db.Schema)
 	if err != nil {
 		return err
 	}

@@ -24,8 +24,8 @@
 // finish. A handler that overruns Config.HandlerTimeout is abandoned and
 // its message retried.
 //
-// Which groups a message needs is fixed when it is written (package pubsub
-// records completion per mode). Every change of a group's state keeps the
+// Which groups a message needs is fixed when it is written (each tracking
+// mode records completion its own way). Every change of a group's state keeps the
 // groups a message needs and what each group reads in agreement, against
 // producers, other instances and crashes: see State for the state machine
 // and what DEAD costs. Stop leaves the subscription ACTIVE: a rolling
@@ -47,6 +47,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/completion"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
@@ -54,7 +55,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/internal/tracing"
 	"github.com/pgoutbox/pgoutbox/outbox"
-	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 type member struct {
@@ -87,7 +87,7 @@ type Group struct {
 	// Set by Start, read-only afterwards.
 	opts   SubscriptionOptions
 	topic  outbox.TopicConfig
-	sub    pubsub.Subscription // the bit may change: see tracking
+	sub    completion.Subscription // the bit may change: see tracking
 	subRow subscription
 	run    *runner
 
@@ -337,8 +337,12 @@ func (g *Group) Err() error {
 	return r.cause()
 }
 
+// Subscription identifies a group's subscription to a topic: its id, its
+// topic and group, and in Bitmap mode its bit (Mask).
+type Subscription = completion.Subscription
+
 // Subscription returns the group's subscription (valid after Start).
-func (g *Group) Subscription() pubsub.Subscription {
+func (g *Group) Subscription() Subscription {
 	if t := g.track.Load(); t != nil {
 		return t.sub
 	}

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/completion"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
-	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 // The subscription lifecycle: creating, continuing and resurrecting a
@@ -53,9 +53,9 @@ func (s streamArgs) binds() []any { return []any{s.bit, s.subID, s.all, s.from, 
 // messages, so a batch is always completed by a tracker that knows how
 // its messages are tracked.
 type tracking struct {
-	sub     pubsub.Subscription
+	sub     completion.Subscription
 	stream  streamArgs
-	tracker pubsub.Tracker
+	tracker completion.Tracker
 	mode    outbox.TrackingMode
 	mixing  bool
 }
@@ -71,7 +71,7 @@ func (g *Group) setTracking(bit int, mode outbox.TrackingMode, mixing bool) (boo
 	if cur != nil && cur.sub.Bit == bit && cur.mode == mode && cur.mixing == mixing {
 		return false, nil
 	}
-	tracker, err := pubsub.ForTopic(outbox.TopicConfig{Tracking: mode, ModeChanging: mixing}, g.schema)
+	tracker, err := completion.ForTopic(outbox.TopicConfig{Tracking: mode, ModeChanging: mixing}, g.schema)
 	if err != nil {
 		return false, err
 	}
@@ -96,8 +96,8 @@ type subscription struct {
 	fromID *int64
 }
 
-func (s subscription) ref(topic, group string) pubsub.Subscription {
-	return pubsub.Subscription{ID: s.id, Topic: topic, Group: group, Bit: s.bit}
+func (s subscription) ref(topic, group string) completion.Subscription {
+	return completion.Subscription{ID: s.id, Topic: topic, Group: group, Bit: s.bit}
 }
 
 // selectSubscription reads and locks the group's subscription (nil: none).
@@ -384,7 +384,7 @@ func (g *Group) resurrect(ctx context.Context, opts SubscriptionOptions) error {
 // that require it, plus, for starts before the subscription, the old ones
 // its start position selects. Offset mode has no required sets: a group's
 // position alone decides. While the topic's mode changes (mixing, see
-// pubsub.Mixed), rows may require the group by bit or by id, and rows
+// completion.Mixed), rows may require the group by bit or by id, and rows
 // written in Offset mode by neither: a group that started now reads every
 // row after its position (all of which require it, or were written in
 // Offset mode), and one that started earlier also those its start

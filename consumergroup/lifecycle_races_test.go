@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/completion"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
-	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 // makeDead makes group's heartbeat look stale and runs dead-group detection
@@ -95,9 +95,9 @@ func TestBackfillGoesOnWhenARowIsDeletedUnderIt(t *testing.T) {
 			tx, err := b.db.Pool.Begin(ctx)
 			require.NoError(t, err)
 			defer tx.Rollback(ctx)
-			tracker, err := pubsub.New(mode, b.db.Schema)
+			tracker, err := completion.New(mode, b.db.Schema)
 			require.NoError(t, err)
-			n, err := tracker.Cleanup(ctx, tx, b.topic, pubsub.Retention{Completed: time.Microsecond, ZeroSubscription: time.Microsecond}, 100)
+			n, err := tracker.Cleanup(ctx, tx, b.topic, completion.Retention{Completed: time.Microsecond, ZeroSubscription: time.Microsecond}, 100)
 			require.NoError(t, err)
 			require.EqualValues(t, 1, n, "only seq 1 is finished")
 

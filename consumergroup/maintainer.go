@@ -11,10 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/completion"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
-	"github.com/pgoutbox/pgoutbox/pubsub"
 )
 
 // Maintainer does the work that concerns every group of a topic rather
@@ -199,7 +199,7 @@ func (m *Maintainer) forgetPending(ctx context.Context, db beginQuerier, topic s
 // in progress) is never stripped. When a pass finds nothing, forgetting
 // is done (and a CANCELLED group's bit is free).
 func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.TopicConfig, id int64) error {
-	tracker, err := pubsub.ForTopic(topic, m.schema)
+	tracker, err := completion.ForTopic(topic, m.schema)
 	if err != nil {
 		return err
 	}
@@ -223,7 +223,7 @@ func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.T
 				done = true // back, or DEAD within its ZombieTTL: its claims stand
 				return nil
 			}
-			sub := pubsub.Subscription{ID: id, Topic: topic.Name, Bit: bit}
+			sub := completion.Subscription{ID: id, Topic: topic.Name, Bit: bit}
 			if n, err = tracker.Forget(ctx, tx, sub, st == Cancelled, forgetBatch); err != nil {
 				return err
 			}
@@ -248,7 +248,7 @@ func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) erro
 	if err != nil || t.Semantics != outbox.PubSub || (t.Tracking == outbox.Offset && !t.ModeChanging) {
 		return err // Offset records nothing per message: its positions pass them
 	}
-	tracker, err := pubsub.NewMixed(t.Tracking, m.schema) // by each message's own record: t may be stale
+	tracker, err := completion.NewMixed(t.Tracking, m.schema) // by each message's own record: t may be stale
 	if err != nil {
 		return err
 	}
@@ -258,11 +258,11 @@ func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) erro
 			return err
 		}
 		type due struct {
-			sub pubsub.Subscription
+			sub completion.Subscription
 			ids []int64
 		}
 		dues, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (due, error) {
-			d := due{sub: pubsub.Subscription{Topic: topic}}
+			d := due{sub: completion.Subscription{Topic: topic}}
 			return d, row.Scan(&d.sub.ID, &d.sub.Bit, &d.ids)
 		})
 		if err != nil {
@@ -315,12 +315,12 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 		if err != nil {
 			return err
 		}
-		tracker, err := pubsub.ForTopic(t, m.schema)
+		tracker, err := completion.ForTopic(t, m.schema)
 		if err != nil {
 			return err
 		}
-		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention + delay, ZeroSubscription: t.ZeroSubscriptionRetention + delay}
-		if keep.Bounds, err = pubsub.CleanupBounds(ctx, tx, m.schema, t, keep); err != nil {
+		keep := completion.Retention{Now: m.client.Now(), Completed: t.Retention + delay, ZeroSubscription: t.ZeroSubscriptionRetention + delay}
+		if keep.Bounds, err = completion.CleanupBounds(ctx, tx, m.schema, t, keep); err != nil {
 			return err
 		}
 		if n, err = tracker.Cleanup(ctx, tx, topic, keep, limit); err != nil || !t.ModeChanging {
@@ -346,7 +346,7 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 // writes into any more since sealed: a group holding claims has not
 // finished one (its position has not passed it), a retry of one is
 // pending, a backfill may still read it, or the topic's retention has not
-// passed since sealed (see pubsub.Tracker.Holds). It takes the topic's
+// passed since sealed (see completion.Tracker.Holds). It takes the topic's
 // lock in shared mode, like Cleanup, so the answer stands until tx ends: a
 // subscription change that would start a backfill waits for tx. Run
 // CompleteDeadLetters first.
@@ -368,11 +368,11 @@ func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi
 	if t, err = m.client.LoadTopic(ctx, tx, topic); err != nil {
 		return false, err
 	}
-	tracker, err := pubsub.ForTopic(t, m.schema)
+	tracker, err := completion.ForTopic(t, m.schema)
 	if err != nil {
 		return false, err
 	}
-	keep := pubsub.Retention{Now: m.client.Now(), Completed: t.Retention, ZeroSubscription: t.ZeroSubscriptionRetention}
+	keep := completion.Retention{Now: m.client.Now(), Completed: t.Retention, ZeroSubscription: t.ZeroSubscriptionRetention}
 	held, err := tracker.Holds(ctx, tx, topic, keep, lo, hi, sealed)
 	if err != nil {
 		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
@@ -401,8 +401,8 @@ func (m *Maintainer) CapRetention(ctx context.Context, topic string, limit int) 
 		if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
 			return err
 		}
-		keep := pubsub.Retention{Now: m.client.Now(), Completed: t.MaxRetention, ZeroSubscription: t.MaxRetention}
-		below, err := pubsub.RetentionFrontier(ctx, tx, m.schema, topic, keep)
+		keep := completion.Retention{Now: m.client.Now(), Completed: t.MaxRetention, ZeroSubscription: t.MaxRetention}
+		below, err := completion.RetentionFrontier(ctx, tx, m.schema, topic, keep)
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ const (
 )
 
 // TrackingMode says how a PUB_SUB topic records that every required consumer
-// group is done with a message (package pubsub implements them).
+// group is done with a message.
 type TrackingMode string
 
 const (

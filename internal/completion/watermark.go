@@ -1,4 +1,4 @@
-package pubsub
+package completion
 
 import (
 	"context"
@@ -36,7 +36,7 @@ func Watermark(ctx context.Context, db DB, schema, topic string) (string, error)
 func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string, error) {
 	rows, err := db.Query(ctx, q.CommittedPosition, topic)
 	if err != nil {
-		return "", fmt.Errorf("pubsub: committed positions: %w", err)
+		return "", fmt.Errorf("completion: committed positions: %w", err)
 	}
 	defer rows.Close()
 	least := ""
@@ -45,7 +45,7 @@ func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string
 		var id int64
 		var pos string
 		if err := rows.Scan(&id, &pos); err != nil {
-			return "", fmt.Errorf("pubsub: committed positions: %w", err)
+			return "", fmt.Errorf("completion: committed positions: %w", err)
 		}
 		k, err := parseSnapshot(pos)
 		if err != nil {
@@ -56,7 +56,7 @@ func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return "", fmt.Errorf("pubsub: committed positions: %w", err)
+		return "", fmt.Errorf("completion: committed positions: %w", err)
 	}
 	return least, nil
 }
@@ -80,12 +80,12 @@ func (a snapKey) before(b snapKey) bool {
 func parseSnapshot(s string) (snapKey, error) {
 	parts := strings.SplitN(s, ":", 3)
 	if len(parts) != 3 {
-		return snapKey{}, fmt.Errorf("pubsub: bad snapshot %q", s)
+		return snapKey{}, fmt.Errorf("completion: bad snapshot %q", s)
 	}
 	xmin, err1 := strconv.ParseUint(parts[0], 10, 64)
 	xmax, err2 := strconv.ParseUint(parts[1], 10, 64)
 	if err1 != nil || err2 != nil {
-		return snapKey{}, fmt.Errorf("pubsub: bad snapshot %q", s)
+		return snapKey{}, fmt.Errorf("completion: bad snapshot %q", s)
 	}
 	n := 0
 	if parts[2] != "" {
@@ -123,7 +123,7 @@ func CleanupBounds(ctx context.Context, db DB, schema string, t outbox.TopicConf
 	var b Bounds
 	var now time.Time
 	if err := db.QueryRow(ctx, q.SnapshotXmax).Scan(&b.Below, &now); err != nil {
-		return Bounds{}, fmt.Errorf("pubsub: cleanup bounds: %w", err)
+		return Bounds{}, fmt.Errorf("completion: cleanup bounds: %w", err)
 	}
 	if keep.Now != nil {
 		now = *keep.Now
@@ -155,7 +155,7 @@ func RetentionFrontier(ctx context.Context, db DB, schema, topic string, keep Re
 	var xmax string
 	var now time.Time
 	if err := db.QueryRow(ctx, q.SnapshotXmax).Scan(&xmax, &now); err != nil {
-		return "", fmt.Errorf("pubsub: retention frontier: %w", err)
+		return "", fmt.Errorf("completion: retention frontier: %w", err)
 	}
 	if keep.Now != nil {
 		now = *keep.Now
@@ -168,7 +168,7 @@ func RetentionFrontier(ctx context.Context, db DB, schema, topic string, keep Re
 func frontier(ctx context.Context, db DB, q *sqlq.PubSub, topic, below string, cutoff time.Time) (string, error) {
 	var xid *string
 	if err := db.QueryRow(ctx, q.RetentionFrontier, topic, below, cutoff).Scan(&xid); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("pubsub: retention frontier: %w", err)
+		return "", fmt.Errorf("completion: retention frontier: %w", err)
 	}
 	if xid != nil {
 		return *xid, nil

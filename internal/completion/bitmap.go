@@ -1,0 +1,72 @@
+package completion
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Bitmap fixes each message's required groups at insert as one bit per
+// group (at most 64 groups); a group records finishing a message in its
+// own row of the completion table, never in the message row.
+type Bitmap struct{ q *sqlq.PubSub }
+
+// Mode implements Tracker.
+func (*Bitmap) Mode() outbox.TrackingMode { return outbox.Bitmap }
+
+// Complete implements Tracker: one INSERT for the whole batch.
+func (b *Bitmap) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
+	_, err := exec(ctx, tx, "bitmap complete", b.q.CompleteRecords, ids, sub.ID)
+	return err
+}
+
+// Completed implements Tracker.
+func (b *Bitmap) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
+	return idSet(ctx, db, "bitmap completed", b.q.BitmapCompleted, ids, sub.Mask(), sub.ID)
+}
+
+// Forget implements Tracker: a cancelled group's bit is stripped from
+// every row, so it can be given to another group.
+func (b *Bitmap) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {
+	if cancelled {
+		return exec(ctx, tx, "bitmap strip", b.q.BitmapStrip, sub.Topic, sub.Mask(), limit)
+	}
+	return exec(ctx, tx, "bitmap forget", b.q.BitmapForget, sub.Topic, sub.Mask(), limit, sub.ID)
+}
+
+// Cleanup implements Tracker.
+func (b *Bitmap) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
+	return cleanup(ctx, db, "bitmap cleanup", b.q.BitmapCleanup, topic, keep, limit)
+}
+
+// cleanup runs a cleanup statement that returns how many messages it
+// deleted.
+func cleanup(ctx context.Context, db DB, what, sql, topic string, keep Retention, limit int) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, sql, topic, keep.Now, keep.Completed.Microseconds(), limit,
+		keep.ZeroSubscription.Microseconds(), keep.below()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("completion: %s: %w", what, err)
+	}
+	return n, nil
+}
+
+// Holds implements Tracker.
+func (b *Bitmap) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
+	return holds(ctx, db, b.q.BitmapHeld, topic, keep, lo, hi, sealed)
+}
+
+func holds(ctx context.Context, db DB, sql, topic string, keep Retention, lo, hi string, sealed time.Time, more ...any) (bool, error) {
+	var held bool
+	args := append([]any{topic, keep.Now, keep.Completed.Microseconds(), lo, keep.ZeroSubscription.Microseconds(), sealed, hi}, more...)
+	err := db.QueryRow(ctx, sql, args...).Scan(&held)
+	if err != nil {
+		return false, fmt.Errorf("completion: partition held: %w", err)
+	}
+	return held, nil
+}

@@ -1,0 +1,173 @@
+// Package completion records, for PUB_SUB topics, which consumer groups a
+// message needs and which of them are done with it, in one of three modes
+// behind the Tracker interface, one file each:
+//
+//   - Bitmap (bitmap.go): the required groups as a bit each (at most 64
+//     per topic), fixed in the message row at insert.
+//   - Counter (counter.go): the required groups as a list of ids and a
+//     count, fixed in the message row at insert; unlimited groups.
+//   - Offset (offset.go): nothing per message; a group's committed read
+//     position says what it finished, and the topic watermark (the least
+//     position of the subscribed groups, watermark.go) says what every
+//     group finished.
+//
+// No mode writes the message row when a group finishes it: Bitmap and
+// Counter groups insert a completion record (message, group) beside it,
+// one INSERT per batch, and cleanup deletes a message with its records
+// once every required group recorded it. Groups finishing the same
+// messages therefore never wait for each other's locks.
+//
+// A topic's mode may change while messages are stored: each message keeps
+// the record of the mode it was written under, and until none written
+// under an earlier mode is left, the Mixed tracker (mixed.go) reads each
+// message's own.
+//
+// Package consumergroup drives the trackers; their SQL is sqlq's
+// tracking_*.go.
+package completion
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// DB is what trackers run their statements with: a pgx.Tx or a pool.
+type DB interface {
+	outbox.Executor
+	outbox.QueryRower
+}
+
+// Subscription identifies a group's subscription to a topic.
+type Subscription struct {
+	ID    int64
+	Topic string
+	Group string
+	// Bit is the group's bit in Bitmap mode, -1 otherwise.
+	Bit int
+}
+
+// Mask is the subscription's bitmap mask (0 without a bit).
+func (s Subscription) Mask() int64 {
+	if s.Bit < 0 {
+		return 0
+	}
+	return int64(1) << uint(s.Bit)
+}
+
+// Retention says which finished rows cleanup may delete.
+type Retention struct {
+	// Now is the time base (nil: database time).
+	Now *time.Time
+	// Completed rows older than this go.
+	Completed time.Duration
+	// Rows no group was subscribed to go only after this floor.
+	ZeroSubscription time.Duration
+	// Bounds of the pass (see CleanupBounds); the zero value scans every
+	// row of the topic.
+	Bounds
+}
+
+// maxXid8 sorts after every transaction id.
+const maxXid8 = "18446744073709551615"
+
+func (r Retention) below() string { return cmp.Or(r.Below, maxXid8) }
+
+// Tracker is one completion tracking mode.
+type Tracker interface {
+	// Mode names the mode.
+	Mode() outbox.TrackingMode
+	// Complete records, inside tx, that sub finished the messages ids.
+	// It is idempotent: a message completed twice counts once.
+	Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error
+	// Completed returns which of ids sub already finished, for re-read
+	// batches. Offset mode cannot tell per message and returns none.
+	Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error)
+	// Forget removes sub from the required sets of at most limit rows it
+	// had not finished (the group died or was cancelled), inside tx,
+	// returning how many rows it looked at; fewer than limit means none
+	// is left. For a cancelled group it also drops its completions, so
+	// that nothing refers to it afterwards. Forgetting is idempotent, and
+	// never counts a completion that commits while it runs as another
+	// group's.
+	Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error)
+	// Cleanup deletes at most limit rows of topic that every required group
+	// finished and that retention lets go, returning how many it deleted.
+	// Run it in a transaction holding the topic's lock in shared mode (as
+	// consumergroup.Group.Cleanup does), so that a subscription change that
+	// starts a backfill is never overtaken by a cleanup that missed it.
+	Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error)
+	// Holds reports whether topic may still need a row with an xid in
+	// [lo, hi) (xid8s as text), a range no transaction writes into any
+	// more since sealed: a group holding claims has not finished one,
+	// has a retry of one pending or a backfill that may read it, or the
+	// topic's retention (keep's, without Bounds) has not passed since
+	// sealed. It errs on the side of holding (a backfill holds ranges past
+	// its start's xmin). Run it like Cleanup.
+	Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error)
+}
+
+// ForTopic returns the tracker for topic: its mode's, or, while messages
+// written under an earlier mode may be stored (topic.ModeChanging),
+// Mixed.
+func ForTopic(topic outbox.TopicConfig, schema string) (Tracker, error) {
+	if topic.ModeChanging {
+		return NewMixed(topic.Tracking, schema)
+	}
+	return New(topic.Tracking, schema)
+}
+
+// NewMixed returns the Mixed tracker of a topic whose mode is now mode.
+// It handles messages of every mode: a caller that read the topic's
+// configuration outside its transaction uses it to complete messages
+// that a mode change may have raced.
+func NewMixed(mode outbox.TrackingMode, schema string) (*Mixed, error) {
+	if _, err := New(mode, schema); err != nil {
+		return nil, err
+	}
+	return &Mixed{q: sqlq.ForPubSub(schema), mode: mode}, nil
+}
+
+// New returns the tracker for mode, using the statements for schema.
+func New(mode outbox.TrackingMode, schema string) (Tracker, error) {
+	q := sqlq.ForPubSub(schema)
+	switch mode {
+	case outbox.Bitmap:
+		return &Bitmap{q: q}, nil
+	case outbox.Counter:
+		return &Counter{q: q}, nil
+	case outbox.Offset:
+		return &Offset{q: q}, nil
+	}
+	return nil, fmt.Errorf("%w: unknown tracking mode %q", outbox.ErrInvalidConfig, mode)
+}
+
+func exec(ctx context.Context, db DB, what, sql string, args ...any) (int64, error) {
+	tag, err := db.Exec(ctx, sql, args...)
+	if err != nil {
+		return 0, fmt.Errorf("completion: %s: %w", what, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+func idSet(ctx context.Context, db DB, what, sql string, args ...any) (map[int64]bool, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("completion: %s: %w", what, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("completion: %s: %w", what, err)
+	}
+	out := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, nil
+}

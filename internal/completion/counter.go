@@ -1,0 +1,64 @@
+package completion
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Counter fixes each message's required groups at insert as a list of
+// subscription ids and their count; a group records finishing a message
+// in its own row of the completion table, never in the message row.
+type Counter struct{ q *sqlq.PubSub }
+
+// Mode implements Tracker.
+func (*Counter) Mode() outbox.TrackingMode { return outbox.Counter }
+
+// Complete implements Tracker: one INSERT for the whole batch (a
+// redelivered message is recorded once).
+func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
+	_, err := exec(ctx, tx, "counter complete", c.q.CompleteRecords, ids, sub.ID)
+	return err
+}
+
+// Completed implements Tracker.
+func (c *Counter) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
+	return idSet(ctx, db, "counter completed", c.q.CounterCompleted, ids, sub.ID)
+}
+
+// Forget implements Tracker in two statements: lock the candidate rows,
+// then re-check each under its lock with a fresh snapshot, so a completion
+// by the group that committed in between is never undone into a count that
+// another group's completion would then satisfy.
+func (c *Counter) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, _ bool, limit int) (int64, error) {
+	rows, err := tx.Query(ctx, c.q.CounterForgetCandidates, sub.Topic, sub.ID, limit)
+	if err != nil {
+		return 0, fmt.Errorf("completion: counter forget: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return 0, fmt.Errorf("completion: counter forget: %w", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if _, err := exec(ctx, tx, "counter forget", c.q.CounterForget, ids, sub.ID); err != nil {
+		return 0, err
+	}
+	return int64(len(ids)), nil
+}
+
+// Cleanup implements Tracker.
+func (c *Counter) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
+	return cleanup(ctx, db, "counter cleanup", c.q.CounterCleanup, topic, keep, limit)
+}
+
+// Holds implements Tracker.
+func (c *Counter) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
+	return holds(ctx, db, c.q.CounterHeld, topic, keep, lo, hi, sealed)
+}

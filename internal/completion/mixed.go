@@ -1,0 +1,86 @@
+package completion
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// Mixed tracks a topic whose mode changed while messages were stored:
+// each message by the record it carries (required bits: Bitmap; required
+// count: Counter; neither: Offset). Completing a batch costs a statement
+// per record kind a group can have.
+type Mixed struct {
+	q    *sqlq.PubSub
+	mode outbox.TrackingMode
+}
+
+// Mode implements Tracker: the mode new messages are written under.
+func (m *Mixed) Mode() outbox.TrackingMode { return m.mode }
+
+// Complete implements Tracker: the group's completion record on Bitmap
+// and Counter messages. Offset messages need none while the topic is in
+// Offset mode; in the others each gets one too, so that a backfill (the
+// way a DEAD group comes back there) skips those the group completed.
+func (m *Mixed) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
+	sql := m.q.CompleteRecords
+	if m.mode == outbox.Offset {
+		sql = m.q.CompleteTracked
+	}
+	_, err := exec(ctx, tx, "complete", sql, ids, sub.ID)
+	return err
+}
+
+// Completed implements Tracker.
+func (m *Mixed) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
+	done, err := idSet(ctx, db, "counter completed", m.q.CounterCompleted, ids, sub.ID)
+	if err != nil || sub.Mask() == 0 {
+		return done, err
+	}
+	bits, err := idSet(ctx, db, "bitmap completed", m.q.BitmapCompleted, ids, sub.Mask(), sub.ID)
+	for id := range bits {
+		done[id] = true
+	}
+	return done, err
+}
+
+// Forget implements Tracker: Bitmap and Counter messages as their
+// trackers forget them.
+func (m *Mixed) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {
+	var n int64
+	if sub.Mask() != 0 {
+		var err error
+		if n, err = (&Bitmap{q: m.q}).Forget(ctx, tx, sub, cancelled, limit); err != nil || n >= int64(limit) {
+			return n, err
+		}
+	}
+	c, err := (&Counter{q: m.q}).Forget(ctx, tx, sub, cancelled, limit)
+	return n + c, err
+}
+
+// Cleanup implements Tracker: each message as its own mode's cleanup
+// would delete it (keep.Watermark for Offset messages).
+func (m *Mixed) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, m.q.MixedCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
+		keep.ZeroSubscription.Microseconds(), snapshotOrNull(keep.Watermark), keep.below()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("completion: cleanup: %w", err)
+	}
+	return n, nil
+}
+
+// Holds implements Tracker: a message of the range its own record says is
+// unfinished holds it.
+func (m *Mixed) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
+	wm, err := watermark(ctx, db, m.q, topic)
+	if err != nil {
+		return false, err
+	}
+	return holds(ctx, db, m.q.MixedHeld, topic, keep, lo, hi, sealed, snapshotOrNull(wm))
+}
