@@ -76,6 +76,17 @@ func (l *deliveryLog) notYet(t *testing.T, seq int, why string) {
 	require.Empty(t, l.of(seq), why)
 }
 
+// startLogging starts group "g" on b's topic, from now, on clock, logging
+// every delivery.
+func (b *bundle) startLogging(t *testing.T, clock outbox.Clock) (*consumergroup.Group, *deliveryLog) {
+	t.Helper()
+	log := newDeliveryLog()
+	g := b.newGroup(t, "g", func(c *consumergroup.Config) { c.Clock = clock })
+	require.NoError(t, g.AddConsumer("m", log.handler, nil))
+	start(t, g, consumergroup.FromNow())
+	return g, log
+}
+
 // A message sent with Delay or NotBefore reaches a group when it is due,
 // not when the group reads it; the messages read with it are not held
 // back, and it is delivered once, as a first attempt.
@@ -86,10 +97,7 @@ func TestScheduledMessagesWaitUntilDue(t *testing.T) {
 			t.Parallel()
 			clock := clocktest.New(time.Now())
 			b := setup(t, mode)
-			log := newDeliveryLog()
-			g := b.newGroup(t, "g", func(c *consumergroup.Config) { c.Clock = clock })
-			require.NoError(t, g.AddConsumer("m", log.handler, nil))
-			start(t, g, consumergroup.FromNow())
+			g, log := b.startLogging(t, clock)
 
 			b.sendMessages(t, clock, b.scheduledMessage(1, "", clock.Now().Add(time.Hour)), b.scheduledMessage(2, "", time.Time{}))
 			pgtest.Eventually(t, 20*time.Second, "the message due at once is delivered", func() bool { return len(log.of(2)) > 0 })
@@ -122,10 +130,7 @@ func TestScheduledMessageHoldsOnlyItsMessageGroup(t *testing.T) {
 			t.Parallel()
 			clock := clocktest.New(time.Now())
 			b := setupOrdered(t, mode, outbox.BlockGroup)
-			log := newDeliveryLog()
-			g := b.newGroup(t, "g", func(c *consumergroup.Config) { c.Clock = clock })
-			require.NoError(t, g.AddConsumer("m", log.handler, nil))
-			start(t, g, consumergroup.FromNow())
+			_, log := b.startLogging(t, clock)
 
 			b.sendMessages(t, clock, b.scheduledMessage(1, "late", clock.Now().Add(time.Hour)), b.scheduledMessage(2, "late", time.Time{}),
 				b.scheduledMessage(3, "other", time.Time{}))
