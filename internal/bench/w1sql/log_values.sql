@@ -1,0 +1,1 @@
+INSERT INTO bench_pgoutbox.outbox_published (topic, payload, headers, correlation_id, message_group, priority, available_at, status, required_bits, done_bits) VALUES ('w1', '{"seq": 1}', NULL, 'c0ffee00-0000-4000-8000-000000000000', NULL, 0, now(), 'PUBLISHED', 15, 0) RETURNING id;
