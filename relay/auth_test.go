@@ -23,35 +23,36 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/natsrelay"
 )
 
 // The relay connects with each of NATS's ways to authenticate, and over
 // TLS, and relays through the connection.
 func TestNATSAuthentication(t *testing.T) {
 	dir := t.TempDir()
-	for name, setup := range map[string]func(t *testing.T) (serverConfig string, auth relay.NATSConfig){
-		"token": func(*testing.T) (string, relay.NATSConfig) {
-			return `authorization { token: "s3cret" }`, relay.NATSConfig{Token: "s3cret"}
+	for name, setup := range map[string]func(t *testing.T) (serverConfig string, auth natsrelay.NATSConfig){
+		"token": func(*testing.T) (string, natsrelay.NATSConfig) {
+			return `authorization { token: "s3cret" }`, natsrelay.NATSConfig{Token: "s3cret"}
 		},
-		"user and password": func(*testing.T) (string, relay.NATSConfig) {
-			return `authorization { user: relay, password: "pa ss" }`, relay.NATSConfig{User: "relay", Password: "pa ss"}
+		"user and password": func(*testing.T) (string, natsrelay.NATSConfig) {
+			return `authorization { user: relay, password: "pa ss" }`, natsrelay.NATSConfig{User: "relay", Password: "pa ss"}
 		},
-		"nkey": func(t *testing.T) (string, relay.NATSConfig) {
+		"nkey": func(t *testing.T) (string, natsrelay.NATSConfig) {
 			user, err := nkeys.CreateUser()
 			require.NoError(t, err)
 			seed, _ := user.Seed()
 			pub, _ := user.PublicKey()
 			file := filepath.Join(dir, "user.nk")
 			require.NoError(t, os.WriteFile(file, seed, 0o600))
-			return fmt.Sprintf(`authorization { users: [ {nkey: %q} ] }`, pub), relay.NATSConfig{NKeySeedFile: file}
+			return fmt.Sprintf(`authorization { users: [ {nkey: %q} ] }`, pub), natsrelay.NATSConfig{NKeySeedFile: file}
 		},
-		"credentials": func(t *testing.T) (string, relay.NATSConfig) {
+		"credentials": func(t *testing.T) (string, natsrelay.NATSConfig) {
 			return credentials(t, dir)
 		},
-		"tls and token": func(t *testing.T) (string, relay.NATSConfig) {
+		"tls and token": func(t *testing.T) (string, natsrelay.NATSConfig) {
 			cert, key, roots := serverCert(t, dir)
 			return fmt.Sprintf("tls { cert_file: %q, key_file: %q }\nauthorization { token: \"s3cret\" }", cert, key),
-				relay.NATSConfig{Token: "s3cret", TLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+				natsrelay.NATSConfig{Token: "s3cret", TLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -67,7 +68,7 @@ func TestNATSAuthentication(t *testing.T) {
 
 // credentials sets up operator mode: an operator, an account with
 // JetStream, a user of it, and the user's credentials file.
-func credentials(t *testing.T, dir string) (string, relay.NATSConfig) {
+func credentials(t *testing.T, dir string) (string, natsrelay.NATSConfig) {
 	t.Helper()
 	operator, err := nkeys.CreateOperator()
 	require.NoError(t, err)
@@ -100,7 +101,7 @@ func credentials(t *testing.T, dir string) (string, relay.NATSConfig) {
 	require.NoError(t, err)
 	conf := fmt.Sprintf("operator: %q\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: { %s: %q, %s: %q }\n",
 		opJWT, sysPub, acPub, acJWT, sysPub, sysJWT)
-	return conf, relay.NATSConfig{CredentialsFile: file}
+	return conf, natsrelay.NATSConfig{CredentialsFile: file}
 }
 
 // serverCert writes a CA and a server certificate for 127.0.0.1 signed by

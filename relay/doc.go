@@ -6,10 +6,10 @@
 // records nothing per message) whose handler publishes each batch and acks
 // it only once the broker confirmed every message of it:
 //
-//	nc, err := relay.Connect(relay.NATSConfig{URL: "nats://nats:4222", CredentialsFile: "relay.creds"})
+//	nc, err := natsrelay.Connect(natsrelay.NATSConfig{URL: "nats://nats:4222", CredentialsFile: "relay.creds"})
 //	js, err := jetstream.New(nc)
-//	_, err = relay.EnsureStream(ctx, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
-//	pub, err := relay.NewJetStreamPublisher(relay.JetStreamConfig{Conn: nc, Stream: "ORDERS"})
+//	_, err = natsrelay.EnsureStream(ctx, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+//	pub, err := natsrelay.NewJetStreamPublisher(natsrelay.JetStreamConfig{Conn: nc, Stream: "ORDERS"})
 //	r, err := relay.New(pool, relay.Config{
 //		Consumer:  consumergroup.Config{Topic: "orders", Client: client.Outbox()},
 //		Publisher: pub,
@@ -40,7 +40,7 @@
 //     time, to one instance, and never the next while one is leased (see
 //     package consumergroup), so instances share the topic without
 //     reordering it;
-//   - within a batch, a JetStreamPublisher sends a message group's next
+//   - within a batch, a natsrelay.JetStreamPublisher sends a message group's next
 //     message only once JetStream confirmed the one before it (other
 //     message groups' messages go at the same time). Asynchronous
 //     publishing with every message in flight at once would reorder a
@@ -59,7 +59,7 @@
 // # Faults
 //
 //   - The NATS server is down, slow or unreachable: publishes fail or time
-//     out (JetStreamConfig.AckTimeout), and the relay publishes them again
+//     out (natsrelay.JetStreamConfig.AckTimeout), and the relay publishes them again
 //     with backoff (Config.RetryInitial to RetryMax) under the same message
 //     id. Nothing is acked that JetStream did not confirm. While a batch
 //     waits, the group fetches no more than its window: back-pressure, not
@@ -98,7 +98,7 @@
 //	+ the topic's Lease (a killed instance's batch is taken over after it)
 //	+ Config.RetryMax
 //
-// EnsureStream sets DefaultDuplicateWindow, 15 minutes: outages up to about
+// natsrelay.EnsureStream sets natsrelay.DefaultDuplicateWindow, 15 minutes: outages up to about
 // 14 minutes with the default lease. JetStream keeps every message id of
 // the window in memory: at 1,000 messages a second, 15 minutes is 900,000
 // ids, so size the window to the outage, not beyond. A republish after the window is

@@ -17,6 +17,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/outboxtest"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/natsrelay"
 )
 
 // A relay forwards the ordered topic "orders" to a JetStream stream, one
@@ -43,7 +44,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	nc, err := relay.Connect(relay.NATSConfig{URL: cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL)})
+	nc, err := natsrelay.Connect(natsrelay.NATSConfig{URL: cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL)})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -55,12 +56,12 @@ func Example() {
 	// The stream, with the relay's duplicate window. (Named after the
 	// schema so that examples running at once do not share it.)
 	stream, prefix := strings.ToUpper(schema), schema
-	if _, err := relay.EnsureStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: []string{prefix + ".>"}}); err != nil {
+	if _, err := natsrelay.EnsureStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: []string{prefix + ".>"}}); err != nil {
 		log.Fatal(err)
 	}
 	defer js.DeleteStream(context.Background(), stream)
 
-	pub, err := relay.NewJetStreamPublisher(relay.JetStreamConfig{Conn: nc, Stream: stream})
+	pub, err := natsrelay.NewJetStreamPublisher(natsrelay.JetStreamConfig{Conn: nc, Stream: stream})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/testmetrics"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/natsrelay"
 )
 
 // send sends one message of group with seq and a payload padded to size
@@ -126,12 +127,12 @@ func TestPermissionViolationIsMisconfigured(t *testing.T) {
     {user: relay, password: relay, permissions: {publish: {allow: ["$JS.API.>", "_INBOX.>", "events.allowed.>"]}, subscribe: {allow: [">"]}}}
   ]
 }`
-	e := newEnvOn(t, orderedTopic, eventsStream, natstest.Options{Config: conf}, relay.NATSConfig{User: "admin", Password: "admin"})
+	e := newEnvOn(t, orderedTopic, eventsStream, natstest.Options{Config: conf}, natsrelay.NATSConfig{User: "admin", Password: "admin"})
 	logs := &testlog.Buffer{}
-	nc, err := relay.Connect(relay.NATSConfig{URL: e.nats.URL(), User: "relay", Password: "relay", Logger: logs.Logger()})
+	nc, err := natsrelay.Connect(natsrelay.NATSConfig{URL: e.nats.URL(), User: "relay", Password: "relay", Logger: logs.Logger()})
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
-	pub := e.publisher(t, relay.JetStreamConfig{Conn: nc, AckTimeout: 500 * time.Millisecond})
+	pub := e.publisher(t, natsrelay.JetStreamConfig{Conn: nc, AckTimeout: 500 * time.Millisecond})
 	r := e.startRelay(t, relay.Config{Publisher: pub, Subject: "events.denied.{message_group}",
 		Consumer: consumergroup.Config{Logger: logs.Logger()}})
 	e.sendGroups(t, 2, 3, 6, 0, nil)
@@ -171,7 +172,7 @@ func TestNothingAckedWhileTheServerIsDown(t *testing.T) {
 func TestClosedConnectionIsMisconfigured(t *testing.T) {
 	e := newEnv(t, orderedTopic, eventsStream)
 	nc, _ := e.connect(t)
-	pub := e.publisher(t, relay.JetStreamConfig{Conn: nc})
+	pub := e.publisher(t, natsrelay.JetStreamConfig{Conn: nc})
 	nc.Close()
 	errs := pub.Publish(context.Background(), []relay.Message{{ID: 1, DedupID: "events:1", Subject: "events.a", Payload: []byte("{}")}})
 	require.ErrorIs(t, errs[0], relay.ErrMisconfigured)
@@ -180,7 +181,7 @@ func TestClosedConnectionIsMisconfigured(t *testing.T) {
 // A topic that is not ordered needs AllowUnordered.
 func TestUnorderedTopicNeedsAllowUnordered(t *testing.T) {
 	e := newEnv(t, outbox.TopicConfig{Tracking: outbox.Offset}, eventsStream)
-	pub := e.publisher(t, relay.JetStreamConfig{})
+	pub := e.publisher(t, natsrelay.JetStreamConfig{})
 	r, err := relay.New(e.db.Pool, relay.Config{Consumer: consumergroup.Config{Topic: e.topic, Schema: e.db.Schema}, Publisher: pub})
 	require.NoError(t, err)
 	require.ErrorIs(t, r.Start(context.Background(), consumergroup.FromNow()), relay.ErrUnorderedTopic)
@@ -219,9 +220,9 @@ func TestNewRefusals(t *testing.T) {
 	require.ErrorIs(t, err, relay.ErrInvalidSubject)
 	_, err = relay.New(db.Pool, relay.Config{Consumer: consumergroup.Config{Topic: "t"}})
 	require.ErrorIs(t, err, relay.ErrInvalidConfig)
-	_, err = relay.NewJetStreamPublisher(relay.JetStreamConfig{})
+	_, err = natsrelay.NewJetStreamPublisher(natsrelay.JetStreamConfig{})
 	require.ErrorIs(t, err, relay.ErrInvalidConfig)
-	_, err = relay.Connect(relay.NATSConfig{Token: "t", User: "u"})
+	_, err = natsrelay.Connect(natsrelay.NATSConfig{Token: "t", User: "u"})
 	require.ErrorIs(t, err, relay.ErrInvalidConfig)
 }
 
@@ -230,10 +231,10 @@ func TestNewRefusals(t *testing.T) {
 func TestEnsureStreamSetsTheDuplicateWindow(t *testing.T) {
 	e := newEnv(t, orderedTopic, nil)
 	ctx := context.Background()
-	s, err := relay.EnsureStream(ctx, e.js, jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}})
+	s, err := natsrelay.EnsureStream(ctx, e.js, jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}})
 	require.NoError(t, err)
-	require.Equal(t, relay.DefaultDuplicateWindow, s.CachedInfo().Config.Duplicates)
-	s, err = relay.EnsureStream(ctx, e.js, jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}, Duplicates: time.Hour})
+	require.Equal(t, natsrelay.DefaultDuplicateWindow, s.CachedInfo().Config.Duplicates)
+	s, err = natsrelay.EnsureStream(ctx, e.js, jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}, Duplicates: time.Hour})
 	require.NoError(t, err)
 	info, err := s.Info(ctx)
 	require.NoError(t, err)

@@ -20,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/natsrelay"
 )
 
 const streamName = "EVENTS"
@@ -32,7 +33,7 @@ type env struct {
 	topic    string
 	nats     *natstest.Server
 	// auth is how the test's own connections authenticate.
-	auth relay.NATSConfig
+	auth natsrelay.NATSConfig
 	nc   *nats.Conn
 	js   jetstream.JetStream
 }
@@ -47,7 +48,7 @@ func newEnv(t *testing.T, tc outbox.TopicConfig, stream *jetstream.StreamConfig)
 
 // newEnvOn is newEnv with a NATS server configured by opts, which the
 // test's own connections authenticate to as auth says.
-func newEnvOn(t *testing.T, tc outbox.TopicConfig, stream *jetstream.StreamConfig, opts natstest.Options, auth ...relay.NATSConfig) *env {
+func newEnvOn(t *testing.T, tc outbox.TopicConfig, stream *jetstream.StreamConfig, opts natstest.Options, auth ...natsrelay.NATSConfig) *env {
 	t.Helper()
 	db := pgtest.NewDB(t)
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
@@ -78,7 +79,7 @@ func (e *env) connect(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	cfg := e.auth
 	cfg.URL = e.nats.URL()
-	nc, err := relay.Connect(cfg)
+	nc, err := natsrelay.Connect(cfg)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -90,17 +91,17 @@ func (e *env) ensureStream(t *testing.T, cfg jetstream.StreamConfig) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := relay.EnsureStream(ctx, e.js, cfg)
+	_, err := natsrelay.EnsureStream(ctx, e.js, cfg)
 	require.NoError(t, err)
 }
 
 // publisher is a JetStreamPublisher on a connection of its own.
-func (e *env) publisher(t *testing.T, cfg relay.JetStreamConfig) *relay.JetStreamPublisher {
+func (e *env) publisher(t *testing.T, cfg natsrelay.JetStreamConfig) *natsrelay.JetStreamPublisher {
 	t.Helper()
 	if cfg.Conn == nil {
 		cfg.Conn, _ = e.connect(t)
 	}
-	p, err := relay.NewJetStreamPublisher(cfg)
+	p, err := natsrelay.NewJetStreamPublisher(cfg)
 	require.NoError(t, err)
 	return p
 }
@@ -110,7 +111,7 @@ func (e *env) publisher(t *testing.T, cfg relay.JetStreamConfig) *relay.JetStrea
 func (e *env) startRelay(t *testing.T, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	if cfg.Publisher == nil {
-		cfg.Publisher = e.publisher(t, relay.JetStreamConfig{AckTimeout: time.Second})
+		cfg.Publisher = e.publisher(t, natsrelay.JetStreamConfig{AckTimeout: time.Second})
 	}
 	cfg.Consumer.Topic = e.topic
 	cfg.Consumer.Schema = e.db.Schema
@@ -297,12 +298,12 @@ func childMain() {
 		fmt.Fprintln(os.Stderr, "child pool:", err)
 		os.Exit(2)
 	}
-	nc, err := relay.Connect(relay.NATSConfig{URL: cs.NATSURL})
+	nc, err := natsrelay.Connect(natsrelay.NATSConfig{URL: cs.NATSURL})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child nats:", err)
 		os.Exit(2)
 	}
-	pub, err := relay.NewJetStreamPublisher(relay.JetStreamConfig{Conn: nc, AckTimeout: time.Second})
+	pub, err := natsrelay.NewJetStreamPublisher(natsrelay.JetStreamConfig{Conn: nc, AckTimeout: time.Second})
 	if err != nil {
 		os.Exit(2)
 	}

@@ -30,9 +30,10 @@ type Message struct {
 	CreatedAt time.Time
 }
 
-// Publisher stores messages in a broker. JetStreamPublisher is the one
-// pgoutbox provides; anything that implements this contract can stand in
-// for it (Kafka with franz-go, say: see the package documentation).
+// Publisher stores messages in a broker. natsrelay.JetStreamPublisher is
+// the one pgoutbox provides; anything that implements this contract can
+// stand in for it (Kafka with franz-go, say: see the package
+// documentation).
 type Publisher interface {
 	// Publish stores msgs and returns one result per message, in the
 	// same order, once each is known: nil when the broker confirmed the

@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/natsrelay"
 )
 
 // The relay publishes each message once, with its headers, the relay's
@@ -65,7 +66,7 @@ func TestRelayThroughServerAndRelayKills(t *testing.T) {
 	const groups = 200
 	perGroup := total / groups
 	e := newEnv(t, orderedTopic, eventsStream)
-	counting := &countingPublisher{Publisher: e.publisher(t, relay.JetStreamConfig{AckTimeout: time.Second})}
+	counting := &countingPublisher{Publisher: e.publisher(t, natsrelay.JetStreamConfig{AckTimeout: time.Second})}
 	r := e.startRelay(t, relay.Config{Publisher: counting})
 	victim := e.startChild(t, "events.{message_group}", false)
 
@@ -129,10 +130,10 @@ func TestRelayOrderThroughConnectionCuts(t *testing.T) {
 	const groups, perGroup = 50, 200
 	e := newEnv(t, orderedTopic, eventsStream)
 	proxy := pgtest.NewProxyTo(t, strings.TrimPrefix(e.nats.URL(), "nats://"))
-	nc, err := relay.Connect(relay.NATSConfig{URL: "nats://" + proxy.Addr(), Logger: slog.New(slog.DiscardHandler)})
+	nc, err := natsrelay.Connect(natsrelay.NATSConfig{URL: "nats://" + proxy.Addr(), Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
-	counting := &countingPublisher{Publisher: e.publisher(t, relay.JetStreamConfig{Conn: nc, AckTimeout: time.Second})}
+	counting := &countingPublisher{Publisher: e.publisher(t, natsrelay.JetStreamConfig{Conn: nc, AckTimeout: time.Second})}
 	r := e.startRelay(t, relay.Config{Publisher: counting})
 
 	stop := make(chan struct{})
@@ -176,7 +177,7 @@ func TestRelayKilledBetweenPublishAndAck(t *testing.T) {
 	<-hanging.Exited()
 	time.Sleep(200 * time.Millisecond) // what it sent before it died is stored
 	published := e.streamCount(t)
-	pub := e.publisher(t, relay.JetStreamConfig{AckTimeout: time.Second})
+	pub := e.publisher(t, natsrelay.JetStreamConfig{AckTimeout: time.Second})
 	r := e.startRelay(t, relay.Config{Publisher: pub})
 	pgtest.Eventually(t, time.Minute, "relayed by the survivor", func() bool { return drained(t, r) })
 	got := e.readStream(t)

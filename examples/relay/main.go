@@ -27,6 +27,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/natsrelay"
 )
 
 // OrderEvent is the payload of our messages.
@@ -74,7 +75,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	nc, err := relay.Connect(relay.NATSConfig{URL: cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), Logger: logger})
+	nc, err := natsrelay.Connect(natsrelay.NATSConfig{URL: cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -83,13 +84,13 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = relay.EnsureStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: []string{"example.orders.>"}})
+	_, err = natsrelay.EnsureStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: []string{"example.orders.>"}})
 	if err != nil {
 		return fmt.Errorf("stream (is NATS running with JetStream at %s? set NATS_URL): %w", nc.Opts.Url, err)
 	}
 	defer js.DeleteStream(context.Background(), stream)
 
-	pub, err := relay.NewJetStreamPublisher(relay.JetStreamConfig{Conn: nc, Stream: stream})
+	pub, err := natsrelay.NewJetStreamPublisher(natsrelay.JetStreamConfig{Conn: nc, Stream: stream})
 	if err != nil {
 		return err
 	}

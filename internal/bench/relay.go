@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/natsrelay"
 )
 
 // relay (workload RELAY) measures the relay to NATS JetStream (-nats),
@@ -48,7 +49,7 @@ func (b *bench) relay(ctx context.Context) error {
 	}
 	freshStream := func(name, subjects string) error {
 		_ = js.DeleteStream(ctx, name)
-		_, err := relay.EnsureStream(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{subjects}, Storage: jetstream.FileStorage})
+		_, err := natsrelay.EnsureStream(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{subjects}, Storage: jetstream.FileStorage})
 		return err
 	}
 	defer func() {
@@ -61,7 +62,7 @@ func (b *bench) relay(ctx context.Context) error {
 	if err := freshStream("BENCH_RAW", "benchraw.>"); err != nil {
 		return err
 	}
-	rawJS, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(relay.DefaultMaxPending))
+	rawJS, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(natsrelay.DefaultMaxPending))
 	if err != nil {
 		return err
 	}
@@ -99,7 +100,7 @@ func (b *bench) relay(ctx context.Context) error {
 	if err := freshStream("BENCH_RELAY", "bench.>"); err != nil {
 		return err
 	}
-	pub, err := relay.NewJetStreamPublisher(relay.JetStreamConfig{Conn: nc, Stream: "BENCH_RELAY"})
+	pub, err := natsrelay.NewJetStreamPublisher(natsrelay.JetStreamConfig{Conn: nc, Stream: "BENCH_RELAY"})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package relay
+package natsrelay
 
 import (
 	"cmp"
@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
+	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
 // NATSConfig says how to connect to NATS. Give at most one of
@@ -55,7 +56,7 @@ func Connect(cfg NATSConfig) (*nats.Conn, error) {
 		}
 	}
 	if auths > 1 {
-		return nil, fmt.Errorf("%w: give at most one of CredentialsFile, NKeySeedFile, Token and User/Password", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: give at most one of CredentialsFile, NKeySeedFile, Token and User/Password", outbox.ErrInvalidConfig)
 	}
 	logger := cmp.Or(cfg.Logger, slog.Default())
 	events := ratelog.New(logger, time.Minute, time.Now)
@@ -87,7 +88,7 @@ func Connect(cfg NATSConfig) (*nats.Conn, error) {
 	case cfg.NKeySeedFile != "":
 		opt, err := nats.NkeyOptionFromSeed(cfg.NKeySeedFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: NKeySeedFile: %v", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: NKeySeedFile: %v", outbox.ErrInvalidConfig, err)
 		}
 		opts = append(opts, opt)
 	case cfg.Token != "":

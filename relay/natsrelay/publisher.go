@@ -1,4 +1,4 @@
-package relay
+package natsrelay
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/relay"
 )
 
 // Defaults of JetStreamConfig.
@@ -80,10 +82,10 @@ type outcome struct {
 // NewJetStreamPublisher returns a publisher on cfg.Conn.
 func NewJetStreamPublisher(cfg JetStreamConfig) (*JetStreamPublisher, error) {
 	if cfg.Conn == nil {
-		return nil, fmt.Errorf("%w: JetStreamConfig.Conn is required", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: JetStreamConfig.Conn is required", outbox.ErrInvalidConfig)
 	}
 	if cfg.AckTimeout < 0 || cfg.MaxPending < 0 {
-		return nil, fmt.Errorf("%w: negative AckTimeout or MaxPending", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: negative AckTimeout or MaxPending", outbox.ErrInvalidConfig)
 	}
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = DefaultAckTimeout
@@ -134,7 +136,7 @@ func (p *JetStreamPublisher) settle(m *nats.Msg, err error, duplicate bool) {
 }
 
 // Publish implements Publisher (see JetStreamPublisher).
-func (p *JetStreamPublisher) Publish(ctx context.Context, msgs []Message) []error {
+func (p *JetStreamPublisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 	errs := make([]error, len(msgs))
 	settled := make([]bool, len(msgs))
 	results := make(chan outcome, len(msgs)) // each message settles once
@@ -164,7 +166,7 @@ func (p *JetStreamPublisher) Publish(ctx context.Context, msgs []Message) []erro
 			return
 		}
 		for n := next[i]; n >= 0; n = next[n] {
-			errs[n], settled[n] = fmt.Errorf("%w: %v", ErrHeldBack, err), true
+			errs[n], settled[n] = fmt.Errorf("%w: %v", relay.ErrHeldBack, err), true
 		}
 	}
 	send := func(i int) {
@@ -229,7 +231,7 @@ func (p *JetStreamPublisher) Publish(ctx context.Context, msgs []Message) []erro
 }
 
 // natsMsg is m as a NATS message.
-func (p *JetStreamPublisher) natsMsg(m Message) *nats.Msg {
+func (p *JetStreamPublisher) natsMsg(m relay.Message) *nats.Msg {
 	nm := nats.NewMsg(m.Subject)
 	nm.Data = m.Payload
 	for k, v := range m.Headers {
@@ -238,33 +240,33 @@ func (p *JetStreamPublisher) natsMsg(m Message) *nats.Msg {
 	return nm
 }
 
-// classify wraps a publish's error with ErrRejected or ErrMisconfigured
+// classify wraps a publish's error with relay.ErrRejected or relay.ErrMisconfigured
 // where it is one of those.
-func (p *JetStreamPublisher) classify(m Message, err error) error {
+func (p *JetStreamPublisher) classify(m relay.Message, err error) error {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
-		return fmt.Errorf("%w: %d bytes: %v", ErrRejected, len(m.Payload), err)
+		return fmt.Errorf("%w: %d bytes: %v", relay.ErrRejected, len(m.Payload), err)
 	case errors.As(err, &apiErr):
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamMessageExceedsMaximum:
-			return fmt.Errorf("%w: %d bytes: %v", ErrRejected, len(m.Payload), err)
+			return fmt.Errorf("%w: %d bytes: %v", relay.ErrRejected, len(m.Payload), err)
 		case jetstream.JSErrCodeStreamNotFound, jetstream.JSErrCodeJetStreamNotEnabled,
 			jetstream.JSErrCodeJetStreamNotEnabledForAccount, jsErrCodeStreamNotMatch:
-			return fmt.Errorf("%w: subject %q: %v", ErrMisconfigured, m.Subject, err)
+			return fmt.Errorf("%w: subject %q: %v", relay.ErrMisconfigured, m.Subject, err)
 		}
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-		return fmt.Errorf("%w: no stream captures subject %q: %v", ErrMisconfigured, m.Subject, err)
+		return fmt.Errorf("%w: no stream captures subject %q: %v", relay.ErrMisconfigured, m.Subject, err)
 	case p.cfg.Conn.IsClosed():
 		// A closed connection never reconnects (the server refused it
 		// for good: authorization expired, a protocol violation).
-		return fmt.Errorf("%w: the NATS connection is closed; make a new one: %v", ErrMisconfigured, err)
+		return fmt.Errorf("%w: the NATS connection is closed; make a new one: %v", relay.ErrMisconfigured, err)
 	case errors.Is(err, jetstream.ErrAsyncPublishTimeout):
 		// A publish the server refused for permissions gets no reply;
 		// the connection reports the violation on its own.
 		if last := p.cfg.Conn.LastError(); last != nil && errors.Is(last, nats.ErrPermissionViolation) &&
 			strings.Contains(last.Error(), `"`+m.Subject+`"`) {
-			return fmt.Errorf("%w: %v", ErrMisconfigured, last)
+			return fmt.Errorf("%w: %v", relay.ErrMisconfigured, last)
 		}
 	}
 	return err
