@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -241,6 +242,22 @@ func (c *Client) NewGroup(cfg consumergroup.Config, opts consumergroup.Subscript
 			}
 			return g.Stop(ctx)
 		},
+	})
+}
+
+// NewRelay returns a relay instance (see package relay) that starts (with
+// opts) and stops with the client. Its consumer group's schema, logger,
+// meter provider and clock are the client's.
+func (c *Client) NewRelay(cfg relay.Config, opts consumergroup.SubscriptionOptions) (*relay.Relay, error) {
+	cfg.Consumer.Client = c.outbox
+	r, err := relay.New(c.pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return r, c.add(&component{
+		name:  "relay of " + cfg.Consumer.Topic,
+		start: func(ctx context.Context) error { return r.Start(ctx, opts) },
+		stop:  func(ctx context.Context, _ bool) error { return r.Stop(ctx) },
 	})
 }
 

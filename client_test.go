@@ -22,6 +22,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -76,6 +77,8 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap,
 		Retention: time.Millisecond}))
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks"}))
+	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "relayed", Semantics: outbox.PubSub, Tracking: outbox.Offset,
+		Ordered: true, Retention: time.Millisecond}))
 
 	var jobs, events atomic.Int64
 	_, err = c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
@@ -93,19 +96,27 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 		Group: consumergroup.Config{Client: c.Outbox(), Topic: "events", Group: "webhooks", PollInterval: 20 * time.Millisecond}})
 	require.NoError(t, err)
 	rt.AddSource(gs)
+	var relayed atomic.Int64
+	_, err = c.NewRelay(relay.Config{Consumer: consumergroup.Config{Topic: "relayed", PollInterval: 20 * time.Millisecond},
+		Publisher: relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) []error {
+			relayed.Add(int64(len(msgs)))
+			return make([]error, len(msgs))
+		})}, consumergroup.FromNow())
+	require.NoError(t, err)
 
 	require.NoError(t, c.Start(ctx))
-	pgtest.Eventually(t, 10*time.Second, "both groups subscribed", func() bool {
+	pgtest.Eventually(t, 10*time.Second, "the groups and the relay subscribed", func() bool {
 		var n int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("outbox_topic_subscriptions")).Scan(&n))
-		return n == 2
+		return n == 3
 	})
 	hook := map[string]string{router.HeaderPool: "P", router.HeaderTarget: srv.URL + "/hook"}
 	send(t, c, "jobs", 10, nil)
 	send(t, c, "events", 10, hook)
 	send(t, c, "hooks", 10, hook)
+	send(t, c, "relayed", 10, nil)
 	pgtest.Eventually(t, 20*time.Second, "everything handled", func() bool {
-		return jobs.Load() == 10 && events.Load() == 10 && delivered.Load() == 20
+		return jobs.Load() == 10 && events.Load() == 10 && delivered.Load() == 20 && relayed.Load() == 10
 	})
 	pgtest.Eventually(t, 10*time.Second, "maintenance deleted what both groups finished", func() bool {
 		var n int

@@ -5,7 +5,7 @@
 //
 //   - [Client]: the settings every component needs (schema, logger, meter
 //     provider, clock), sending, and one Start/Stop for every consumer,
-//     group and router created from it.
+//     group, router and relay created from it.
 //   - [github.com/pgoutbox/pgoutbox/migrations]: create and upgrade the tables at boot.
 //   - [github.com/pgoutbox/pgoutbox/outbox]: topics, the Producer, the QUEUE Consumer,
 //     dead letters.
