@@ -377,7 +377,7 @@ type row struct {
 	d         *outbox.Delivery
 	xid       string
 	due       time.Time // when the message is available (Delay, NotBefore)
-	scheduled bool      // due later than now: it waits in the retry table (see park)
+	scheduled bool      // sent to be available later and not due yet: it waits in the retry table (see park)
 }
 
 // idlePositionEvery is how often a look that found nothing new moves the
@@ -474,16 +474,19 @@ func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...
 }
 
 // park puts rows in the group's retry table, in tx, as retries that never
-// ran, each available from its due time (sqlq's parkRows): an ordered
-// group's queue, and every group's scheduled messages.
+// ran (sqlq's parkRows), available now, or a scheduled one from its due
+// time: an ordered group's queue, and every group's scheduled messages.
 func (r *runner) park(ctx context.Context, tx pgx.Tx, rows []row) error {
 	if len(rows) == 0 {
 		return nil
 	}
 	g := r.g
-	ids, groups, due := make([]int64, len(rows)), make([]string, len(rows)), make([]time.Time, len(rows))
+	ids, groups, due := make([]int64, len(rows)), make([]string, len(rows)), make([]*time.Time, len(rows))
 	for i, x := range rows {
-		ids[i], due[i] = x.d.ID, x.due
+		ids[i] = x.d.ID
+		if x.scheduled {
+			due[i] = &x.due
+		}
 		if g.topic.Ordered { // the queue is walked by message group
 			groups[i] = x.d.Group
 		}

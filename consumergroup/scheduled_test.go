@@ -192,3 +192,16 @@ func TestTakeoverKeepsScheduledMessagesWaiting(t *testing.T) {
 		})
 	}
 }
+
+// A group with a clock of its own (a test's, standing still) reading
+// messages from a producer without one: nothing is scheduled, so the
+// ordered queue hands them out at once, whatever the two clocks say.
+func TestOrderedGroupOnItsOwnClockQueuesMessagesDueNow(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now().Add(-time.Minute))
+	b := setupOrdered(t, outbox.Offset, outbox.BlockGroup)
+	_, log := b.startLogging(t, clock)
+	b.sendMessages(t, nil, b.scheduledMessage(1, "x", time.Time{}), b.scheduledMessage(2, "x", time.Time{}))
+	pgtest.Eventually(t, 20*time.Second, "both delivered", func() bool { return len(log.order()) == 2 })
+	require.Equal(t, []int{1, 2}, log.order())
+}

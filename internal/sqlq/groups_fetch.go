@@ -361,9 +361,9 @@ WHERE coalesce(o.payload, r.payload) IS NOT NULL -- neither: an orphan, deleted 
 ORDER BY coalesce(o.xid, r.xid), c.message_id`
 
 // parkRows puts messages ($3 ids, $4 message groups, empty for none, $5
-// the times they are due) in the retry table of subscription $1, as
-// retries that never ran, available from their due time or now ($2),
-// the later: an ordered group queues what it reads there (and takes it
+// the times scheduled ones are due, NULL for the others) in the retry
+// table of subscription $1, as retries that never ran, available from
+// their due time or now ($2), the later: an ordered group queues what it reads there (and takes it
 // with claimOrderedRetries), and every group parks a scheduled message
 // there until it is due (and takes it with claimRetries). A message
 // already there (a batch read again after a takeover) keeps its row.
