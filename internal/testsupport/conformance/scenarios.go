@@ -46,6 +46,7 @@ var scenarios = []scenario{
 	{"BackfillBesideNewMessagesAndAKill", true, backfillBesideNew},
 	{"TrackingModeChangesUnderLoad", true, modeChangesUnderLoad},
 	{"AckInTxExactlyOnceThroughKills", false, exactlyOnceThroughKills},
+	{"SlowHandlersSpreadOverProcesses", false, workSpreads},
 }
 
 // Run runs every scenario that applies to s, each in a database of its own.
@@ -766,4 +767,34 @@ func exactlyOnceThroughKills(t *testing.T, s *Subject) {
 	t.Logf("%d messages, %d kills, %d handled after a lost attempt", n, kills, redelivered)
 	require.GreaterOrEqual(t, kills, 2)
 	require.Positive(t, redelivered, "no kill landed while a message was in flight")
+}
+
+// workSpreads: three processes share a backlog of slow messages (100 ms
+// each). The backlog is finished within 15% of the ideal makespan (every
+// handler slot of every process busy until the end): a process fetches no
+// more than its handlers can start soon, so none holds back messages that
+// another one's idle handlers could run. Ordered subjects are left out:
+// their message groups, not the processes, bound how much runs at once.
+func workSpreads(t *testing.T, s *Subject) {
+	if s.Ordered {
+		t.Skip("an ordered topic runs one message per message group at a time")
+	}
+	const procs, concurrency, n, slow = 3, 10, 3000, 100 * time.Millisecond
+	e := newEnv(t, s, nil)
+	for i := range procs {
+		e.StartChild(t, ChildSpec{Spec: Spec{Group: "g1", Instance: fmt.Sprintf("p%d", i), Concurrency: concurrency,
+			BatchSize: 100}, Slow: slow})
+	}
+	ids := e.Send(t, n)
+	e.WaitDelivered(t, "g1", ids, 3*time.Minute)
+	e.Check(t, "g1", ids, nil)
+
+	var span time.Duration
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `SELECT max(handled_at) - min(handled_at) FROM `+
+		e.DB.Table("conformance_ledger")+` WHERE grp = 'g1'`).Scan(&span))
+	makespan := span + slow // the first handling started one handling before it was recorded
+	ideal := n * slow / (procs * concurrency)
+	t.Logf("makespan %v, ideal %v (%.2fx); handled per process: %d, %d, %d", makespan, ideal,
+		float64(makespan)/float64(ideal), e.handledBy(t, "p0"), e.handledBy(t, "p1"), e.handledBy(t, "p2"))
+	require.LessOrEqual(t, makespan, ideal*115/100, "the backlog finished within 15%% of the ideal makespan")
 }
