@@ -251,6 +251,9 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 				return 0, fmt.Errorf("finish backfill: %w", err)
 			}
 		}
+		if _, err := tx.Exec(ctx, g.q.ForgetTakenAhead, g.sub.ID); err != nil {
+			return 0, fmt.Errorf("forget messages taken ahead: %w", err)
+		}
 	}
 	if g.topic.Ordered {
 		return r.lookOrdered(ctx, tx, p, snapshot, limit)
@@ -401,10 +404,36 @@ func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot
 	if len(pr.rows) == 0 {
 		return fetchedNothing, tx.Commit(ctx)
 	}
+	if !pr.exhausted || p.pairCur != nil { // rows are left behind this batch
+		if err := r.takeAhead(ctx, tx, pr, snapshot, limit); err != nil {
+			return 0, err
+		}
+	}
 	if err := r.recordBatch(ctx, tx, pr.prev, pr.cur, pr.afterXID, pr.afterID, pr.rows, false); err != nil {
 		return 0, err
 	}
 	return fetchedWork, nil
+}
+
+// takeAhead, in tx, takes up to limit messages of a priority above 0 from
+// the rows the stream has not read once pr is read (sqlq's takeAhead): the
+// next look claims them from the retry table, ahead of the backlog.
+func (r *runner) takeAhead(ctx context.Context, tx pgx.Tx, pr pairRows, snapshot string, limit int) error {
+	g := r.g
+	position, pairCur := pr.cur, (*string)(nil) // the read reached the end of the pair
+	var resumeXID *string
+	var resumeID *int64
+	if !pr.exhausted {
+		last := pr.rows[len(pr.rows)-1]
+		position, pairCur, resumeXID, resumeID = pr.prev, &pr.cur, &last.xid, &last.d.ID
+	}
+	args := append([]any{g.sub.ID, g.cfg.Topic, snapshot, position, pairCur, resumeXID, resumeID, g.now(), limit},
+		g.tracking().stream.binds()...)
+	var taken int64
+	if err := tx.QueryRow(ctx, g.q.TakeAhead, args...).Scan(&taken); err != nil {
+		return fmt.Errorf("take prioritized messages ahead: %w", err)
+	}
+	return nil
 }
 
 // pairRows are rows read from a snapshot pair.
@@ -425,7 +454,7 @@ func (r *runner) nextRows(ctx context.Context, tx pgx.Tx, p position, snapshot s
 		pr.cur, pr.afterXID, pr.afterID = *p.pairCur, *p.resumeXID, *p.resumeID
 	}
 	args := append([]any{g.cfg.Topic, pr.prev, pr.cur, pr.afterXID, pr.afterID, limit}, g.tracking().stream.binds()...)
-	got, err := r.readRows(ctx, tx, g.q.FetchRows, args...)
+	got, err := r.readRows(ctx, tx, g.q.FetchRows, append(args, g.sub.ID)...)
 	if err != nil {
 		return pr, fmt.Errorf("fetch rows: %w", err)
 	}

@@ -75,7 +75,7 @@ func TestFetchUnderHeldXminReadsOnlyUnseenRows(t *testing.T) {
 			require.NoError(t, err)
 			var cur string
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&cur))
-			args := append([]any{"events", prev, cur, "0", int64(0), 1000}, g.tracking().stream.binds()...)
+			args := append([]any{"events", prev, cur, "0", int64(0), 1000}, append(g.tracking().stream.binds(), g.sub.ID)...)
 			var plan []map[string]any
 			require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+g.q.FetchRows, args...).Scan(&plan))
 			read := rowsRead(plan[0]["Plan"].(map[string]any))

@@ -44,7 +44,8 @@ const trackingState = `coalesce(s.bit, -1) AS bit, coalesce(t.tracking_mode, '')
 var catchupRows = nextUnseenRows(`
       AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)` + notCompleted("o", 10) + `
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
-                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id` + perRow + `)`)
+                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id` + perRow + `)` +
+	notTakenAhead("o", "$11::bigint"))
 
 // catchupSize estimates a backfill's size: the rows of its pair, at most $4.
 var catchupSize = `
@@ -184,7 +185,7 @@ WITH moved AS (
     FROM (` + unseenRows("o.id", `o.topic = $3 AND (o.xid, o.id) <= ($16::text::xid8, $17::bigint)
           AND pg_visible_in_snapshot(o.xid, $13::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $12::pg_snapshot)
           AND CASE WHEN $19::bool THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
-                   ELSE true`+streamFilter("o", 4)+` END`+notCompleted("o", 4),
+                   ELSE true`+streamFilter("o", 4)+` END`+notCompleted("o", 4)+notTakenAhead("o", "$1"),
 	"$12::pg_snapshot", "$14::text::xid8", "$15::bigint", "") + `) AS u
     ON CONFLICT (subscription_id, message_id) DO NOTHING
     RETURNING 1
@@ -193,8 +194,81 @@ SELECT count(*) FROM moved`
 
 // fetchRows reads the next rows of snapshot pair ($2 prev, $3 cur) after
 // ($4, $5), in commit-safe order: only transactions that committed between
-// the two snapshots, whatever their ids.
-var fetchRows = nextUnseenRows(streamFilter("o", 7))
+// the two snapshots, whatever their ids; of them, those of the group's
+// stream ($7..$11) that subscription $12 did not take ahead.
+var fetchRows = nextUnseenRows(streamFilter("o", 7) + notTakenAhead("o", "$12::bigint"))
+
+// Priority. A group reads its stream in commit order, a batch at a time,
+// so a message sent behind a backlog would wait for all of it, whatever
+// its priority. A look that leaves unread rows behind its batch (a
+// backlog) therefore also takes the messages of a priority above 0 from
+// that backlog, highest first (takeAhead): they wait in the group's retry
+// table as retries that never ran, which the next look claims before it
+// reads the stream again, and outbox_group_taken_ahead records that they
+// were taken, so the stream skips them when it reaches them (as do a
+// batch read again after a takeover and a backfill). A group with no
+// backlog reads prioritized messages in its batches like the others.
+
+// notTakenAhead excludes the rows (over alias) that subscription sub took
+// ahead of its stream. Only rows of a priority above 0 are ever taken
+// ahead: the others cost no probe.
+func notTakenAhead(alias, sub string) string {
+	return `
+      AND (` + alias + `.priority <= 0 OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_taken_ahead AS t
+                      WHERE t.subscription_id = ` + sub + ` AND t.message_id = ` + alias + `.id` + perRow + `))`
+}
+
+// takeAhead takes up to $9 messages of a priority above 0 ahead of
+// subscription $1's stream, highest priority first: messages of topic $2
+// committed in snapshot $3 (the look's) that its stream has not read (not
+// visible in its position $4, nor among the rows of pair $5 read up to
+// ($6, $7)), that belong to it (stream $10..$14) and that it has not taken
+// already. Each goes to the retry table as a retry that never ran,
+// available now ($8), or when it is due if it was sent to be available
+// later, and is recorded as taken ahead. It returns how many it took. The
+// rows come from outbox_published_priority_idx, which holds only
+// prioritized messages.
+var takeAhead = `
+WITH ahead AS (
+    SELECT o.id, o.xid, CASE WHEN o.available_at > o.created_at THEN o.available_at END AS due
+    FROM {{schema}}.outbox_published AS o
+    WHERE o.topic = $2 AND o.priority > 0 AND o.status = 'PUBLISHED'
+          AND o.xid >= pg_snapshot_xmin($4::pg_snapshot) AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
+          AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $4::pg_snapshot)
+          AND NOT coalesce(pg_visible_in_snapshot(o.xid, $5::pg_snapshot)
+                           AND (o.xid, o.id) <= ($6::text::xid8, $7::bigint), false)
+          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_taken_ahead AS t
+                          WHERE t.subscription_id = $1 AND t.message_id = o.id)
+          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
+                          WHERE r.subscription_id = $1 AND r.message_id = o.id)` + streamFilter("o", 10) + `
+    ORDER BY o.priority DESC, o.xid, o.id
+    LIMIT $9
+), taken AS (
+    INSERT INTO {{schema}}.outbox_group_taken_ahead (subscription_id, message_id, xid)
+    SELECT $1, id, xid FROM ahead
+    ON CONFLICT DO NOTHING
+    RETURNING message_id
+), parked AS (
+    INSERT INTO {{schema}}.outbox_group_retries (subscription_id, message_id, status, attempts, available_at)
+    SELECT $1, a.id, 'RETRY', 0, greatest(coalesce($8::timestamptz, now()), a.due)
+    FROM ahead AS a WHERE a.id IN (SELECT message_id FROM taken)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM parked`
+
+// forgetTakenAhead drops the records of messages subscription $1 took
+// ahead that no read of the group can reach any more: its position has
+// passed them, no open batch (which a takeover reads again) spans them,
+// and no backfill is pending.
+const forgetTakenAhead = `
+DELETE FROM {{schema}}.outbox_group_taken_ahead AS t
+USING {{schema}}.outbox_subscription_offsets AS f
+WHERE t.subscription_id = $1 AND f.subscription_id = $1 AND f.backfill_from IS NULL
+      AND pg_visible_in_snapshot(t.xid, f.position)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches AS b
+                      WHERE b.subscription_id = $1 AND pg_visible_in_snapshot(t.xid, b.cur)
+                            AND NOT pg_visible_in_snapshot(t.xid, b.prev))`
 
 // nextUnseenRows is a statement that reads the next $6 messages of topic
 // $1 committed between snapshots $2 and $3, after ($4, $5) in (xid, id)
@@ -225,7 +299,8 @@ LIMIT $6`
 // how it tracks messages (see trackingState), and
 // whether it is in the middle of a pair or a backfill, has a batch whose
 // lease ran out, a retry that is due, leased past its lease or a dead
-// letter without its copy, or a message its position has not seen. One
+// letter without its copy, a record of a message taken ahead to forget
+// (see forgetTakenAhead), or a message its position has not seen. One
 // statement without a transaction instead of the ten of a look: a
 // thousand idle groups polling once a second were most of the database's
 // work.
@@ -247,6 +322,7 @@ SELECT p.subscription_status, p.bit, p.tracking_mode, p.mode_changing,
                         AND CASE status WHEN 'RETRY' THEN available_at <= coalesce($8::timestamptz, now())
                                         WHEN 'PROCESSING' THEN lease_until < coalesce($8::timestamptz, now())
                                         ELSE payload IS NULL END)
+       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_taken_ahead WHERE subscription_id = $1)
        OR EXISTS (SELECT 1 FROM (` + unseenRows("1", `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())`+streamFilter("o", 3),
 	"(SELECT position FROM p)", "'0'::xid8", "-1", "1") + `) AS u)
 FROM p`

@@ -396,9 +396,11 @@ SET forget_pending = false,
     bit = CASE WHEN subscription_status = 'CANCELLED' THEN NULL ELSE bit END
 WHERE id = $1`
 
-// deleteGroupState drops a cancelled group's batches and retries.
+// deleteGroupState drops a cancelled group's batches, retries and
+// records of messages taken ahead.
 const deleteGroupState = `
-WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1)
+WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
+     t AS (DELETE FROM {{schema}}.outbox_group_taken_ahead WHERE subscription_id = $1)
 DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
 
 // committedPosition is, for each ACTIVE or PAUSED group of topic $1,

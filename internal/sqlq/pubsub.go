@@ -33,6 +33,7 @@ type PubSub struct {
 	NextBackfillPair                               string
 	TakeExpiredBatch, MoveBatchToRetries           string
 	FetchRows, AdvanceOffset, InsertBatch, AnyWork string
+	TakeAhead, ForgetTakenAhead                    string
 	ReapRetries, DeleteOrphanRetries, ClaimRetries string
 	ParkRows, ClaimOrderedRetries                  string
 	CopyDeadLetters, DeadLettersToComplete         string
@@ -103,6 +104,8 @@ func ForPubSub(schema string) *PubSub {
 		TakeExpiredBatch:    q(takeExpiredBatch),
 		MoveBatchToRetries:  q(moveBatchToRetries),
 		FetchRows:           q(fetchRows),
+		TakeAhead:           q(takeAhead),
+		ForgetTakenAhead:    q(forgetTakenAhead),
 		AnyWork:             q(anyWork),
 		AdvanceOffset:       q(advanceOffset),
 		InsertBatch:         q(insertBatch),
