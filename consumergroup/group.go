@@ -24,6 +24,12 @@
 // finish. A handler that overruns Config.HandlerTimeout is abandoned and
 // its message retried.
 //
+// Messages come in commit order, with two exceptions: a message sent with
+// a Delay or NotBefore waits in the retry table until it is due, and, on a
+// topic that is not ordered, a message of a priority above 0 waiting
+// behind a backlog is taken ahead of it (highest first) and delivered
+// next; the stream skips it when it gets there.
+//
 // Which groups a message needs is fixed when it is written (each tracking
 // mode records completion its own way). Every change of a group's state keeps the
 // groups a message needs and what each group reads in agreement, against

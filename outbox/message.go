@@ -42,8 +42,10 @@ type Message struct {
 	Group string
 	// Priority: on a QUEUE topic, higher is claimed first (int16 range).
 	// On an ordered topic it chooses between message groups, never
-	// within one (see TopicConfig.Ordered). Consumer groups of a PUB_SUB
-	// topic read in commit order and do not use it. Defaults to 0.
+	// within one (see TopicConfig.Ordered). A consumer group of a PUB_SUB
+	// topic that is not ordered takes a message above 0 ahead of the
+	// backlog it is reading, highest first; with no backlog, and on an
+	// ordered topic, it reads in commit order. Defaults to 0.
 	Priority int
 	// Delay makes the message available this long after the transaction's
 	// start (database time). Must not be negative; exclusive with NotBefore.

@@ -176,8 +176,8 @@ type TopicConfig struct {
 	// claim a bounded read); a head beyond those still comes in its
 	// group's turn. Below 0, priority only orders the heads a claim's turn
 	// reaches. As on any QUEUE topic, a steady flow of urgent messages
-	// holds the other groups back. Consumer groups of a PUB_SUB topic do
-	// not use priority.
+	// holds the other groups back. Consumer groups of an ordered PUB_SUB
+	// topic read in commit order and do not use priority.
 	//
 	// Sends to an ordered topic take a lock per (topic, group) until their
 	// transaction ends, so that ids follow commit order: two transactions
