@@ -211,11 +211,15 @@ var fetchRows = nextUnseenRows(streamFilter("o", 7) + notTakenAhead("o", "$12::b
 
 // notTakenAhead excludes the rows (over alias) that subscription sub took
 // ahead of its stream. Only rows of a priority above 0 are ever taken
-// ahead: the others cost no probe.
+// ahead: the others cost no lookup. The ids taken are read once per
+// statement, as an array (there are few: they are forgotten once the
+// group is past them). As a NOT EXISTS probe per row, the planner's
+// estimate of the fetch crossed jit_above_cost, and JIT compiled it on
+// every fetch: 86 ms of a 87 ms fetch, a third of a drain's throughput.
 func notTakenAhead(alias, sub string) string {
 	return `
-      AND (` + alias + `.priority <= 0 OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_taken_ahead AS t
-                      WHERE t.subscription_id = ` + sub + ` AND t.message_id = ` + alias + `.id` + perRow + `))`
+      AND (` + alias + `.priority <= 0 OR ` + alias + `.id <> ALL (ARRAY(SELECT t.message_id FROM {{schema}}.outbox_group_taken_ahead AS t
+                                                          WHERE t.subscription_id = ` + sub + `)))`
 }
 
 // takeAhead takes up to $9 messages of a priority above 0 ahead of
