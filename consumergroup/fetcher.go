@@ -183,8 +183,9 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	var from, upto, bxid *string
 	var bid *int64
 	var b backfill
+	var noJIT bool // see sqlq's lockOffset
 	err = tx.QueryRow(ctx, g.q.LockOffset, g.sub.ID).Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
-		&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more)
+		&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more, &noJIT)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var exists bool
 		if err := tx.QueryRow(ctx, g.q.OffsetExists, g.sub.ID).Scan(&exists); err != nil {

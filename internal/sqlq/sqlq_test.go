@@ -50,3 +50,4 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 	}
 	t.Logf("%d statements prepared", n)
 }
+

@@ -1,0 +1,74 @@
+package consumergroup
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// No statement of a fetch is compiled with JIT, on a topic of 100,000
+// stored messages written by 100 transactions. A fetch reads a batch in
+// about a millisecond, many times a second; the planner's estimates of
+// snapshot reads (it takes pg_snapshot_xip for 50 transactions, whatever
+// the snapshot holds) put some of them past jit_above_cost, and JIT then
+// compiled every fetch: 86 ms of an 87 ms fetch in a drain, a third of
+// its throughput, and every catch-up read of a backfill.
+func TestFetchesAreNotCompiledWithJIT(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g, db, _ := runGroup(t, outbox.Offset, false, time.Hour, func(context.Context, *outbox.Delivery) error { return nil })
+	require.NoError(t, g.Stop(ctx))
+	for range 100 {
+		_, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("outbox_published")+` (topic, payload, correlation_id, status)
+SELECT 'events', '{"seq": 1}', 'c', 'PUBLISHED' FROM generate_series(1, 1000)`)
+		require.NoError(t, err)
+	}
+	_, err := db.Pool.Exec(ctx, `ANALYZE `+db.Table("outbox_published"))
+	require.NoError(t, err)
+
+	var prev, cur string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT position::text, pg_current_snapshot()::text FROM `+
+		db.Table("outbox_subscription_offsets")+` WHERE subscription_id = $1`, g.sub.ID).Scan(&prev, &cur))
+	stream := g.tracking().stream.binds()
+	statements := []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"FetchRows", g.q.FetchRows, append(append([]any{"events", prev, cur, "0", int64(0), 1000}, stream...), g.sub.ID)},
+		{"CatchupRows", g.q.CatchupRows, []any{"events", prev, cur, "0", int64(0), 1000, true, nil, nil, int64(0), g.sub.ID}},
+		{"TakeAhead", g.q.TakeAhead, append([]any{g.sub.ID, "events", cur, prev, nil, nil, nil, nil, 1000}, stream...)},
+		{"ClaimRetries", g.q.ClaimRetries, []any{g.sub.ID, "m", nil, int64(1000), 1000}},
+	}
+
+	// A fetch's statements run in its transaction, after LockOffset.
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	rows, err := tx.Query(ctx, g.q.LockOffset, g.sub.ID)
+	require.NoError(t, err)
+	rows.Close()
+	require.NoError(t, rows.Err())
+	for _, s := range statements {
+		var plan []map[string]any
+		require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+s.sql, s.args...).Scan(&plan), s.name)
+		_, jit := plan[0]["JIT"]
+		require.False(t, jit, "%s is compiled with JIT (estimated cost %v)", s.name, cost(plan))
+	}
+
+	// An idle instance's look runs alone.
+	var plan []map[string]any
+	args := append(append([]any{g.sub.ID, "events"}, stream...), nil)
+	require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+g.q.AnyWork, args...).Scan(&plan))
+	_, jit := plan[0]["JIT"]
+	require.False(t, jit, "AnyWork is compiled with JIT (estimated cost %v)", cost(plan))
+}
+
+func cost(plan []map[string]any) string {
+	return fmt.Sprint(plan[0]["Plan"].(map[string]any)["Total Cost"])
+}
