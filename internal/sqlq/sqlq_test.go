@@ -50,4 +50,3 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 	}
 	t.Logf("%d statements prepared", n)
 }
-
