@@ -24,14 +24,12 @@ import (
 // the lease's row locked: a takeover, and the reaping or renewal of a
 // retry delivery's lease, pass over it.
 //
-// What it writes, per tracking mode: the group's bit (Bitmap), the dedupe
-// row and count (Counter), or one dedupe row per message (Offset, which
-// otherwise records nothing per message; the row is deleted when the
-// message's batch completes, or with the message). The instance's own
-// completion afterwards finds the message done, and a takeover of its
-// batch, or a failure recorded after it, skips it. A message delivered as
-// a retry (and every message of an ordered group) has its retry row
-// deleted instead, in tx.
+// What it writes, in every tracking mode: a record of the message beside
+// it (no mode records anything per message otherwise; the record is
+// deleted when the message's batch completes, or with the message), so
+// that a takeover of its batch, or a failure recorded after it, skips it.
+// A message delivered as a retry (and every message of an ordered group)
+// has its retry row deleted instead, in tx.
 //
 // d must be a delivery this Group value handed to its handler, not yet
 // returned: otherwise AckTx returns outbox.ErrLeaseLost too.
@@ -58,8 +56,6 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 	if j == nil {
 		return fmt.Errorf("%w: message %d is not being handled by this instance", outbox.ErrLeaseLost, d.ID)
 	}
-	t := g.tracking()
-	ids := []int64{d.ID}
 	if j.batch == nil {
 		tag, err := tx.Exec(ctx, g.q.TakeRetry, g.sub.ID, d.ID, g.cfg.InstanceID, d.Attempt)
 		if err != nil {
@@ -68,7 +64,7 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("%w: message %d attempt %d", outbox.ErrLeaseLost, d.ID, d.Attempt)
 		}
-		return t.tracker.Complete(ctx, tx, t.sub, ids)
+		return nil // its retry gone, the message is finished (see sqlq's passedBy)
 	}
 	tag, err := tx.Exec(ctx, g.q.HoldBatch, j.batch.id, g.cfg.InstanceID)
 	if err != nil {
@@ -77,17 +73,15 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("%w: message %d: its batch was taken over", outbox.ErrLeaseLost, d.ID)
 	}
-	if err := t.tracker.Complete(ctx, tx, t.sub, ids); err != nil {
-		return err
+	// Recorded, so that the batch, read again after a takeover, skips
+	// the message, and a failure written after this skips it too; the
+	// record goes with the batch.
+	if _, err := tx.Exec(ctx, g.q.RecordHandled, g.sub.ID, d.ID); err != nil {
+		return fmt.Errorf("consumergroup: ack: %w", err)
 	}
-	if t.mode == outbox.Offset { // after Complete: a Counter message of a mode change is counted there
-		if _, err := tx.Exec(ctx, g.q.RecordHandled, g.sub.ID, d.ID); err != nil {
-			return fmt.Errorf("consumergroup: ack: %w", err)
-		}
-		j.batch.mu.Lock()
-		j.batch.ackedInTx = append(j.batch.ackedInTx, d.ID)
-		j.batch.mu.Unlock()
-	}
+	j.batch.mu.Lock()
+	j.batch.ackedInTx = append(j.batch.ackedInTx, d.ID)
+	j.batch.mu.Unlock()
 	return nil
 }
 

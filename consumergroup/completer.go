@@ -11,7 +11,6 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
-	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
 // The completer: one goroutine per instance, writing outcomes in the order
@@ -58,30 +57,23 @@ func (r *runner) write(pending []settled) {
 // retry deliveries one completion transaction acks.
 const maxAcksPerTx = 256
 
-// ackRetries ends retry deliveries that succeeded and records their
-// messages as completed, in one transaction; a delivery whose lease was
-// lost meanwhile is left alone (it is redelivered).
+// ackRetries ends retry deliveries that succeeded, in one statement: with
+// its retry gone, a message the group's position has passed is finished
+// (see sqlq's passedBy). A delivery whose lease was lost meanwhile is left
+// alone (it is redelivered).
 func (r *runner) ackRetries(ids []int64) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	slices.Sort(ids) // every group locks message rows in ascending id order
 	var done int
 	err := withRetry(ctx, func() error {
-		return pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, g.q.DeleteRetries, g.sub.ID, ids, g.cfg.InstanceID)
-			if err != nil {
-				return err
-			}
-			held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-			if err != nil || len(held) == 0 {
-				return err
-			}
-			slices.Sort(held)
-			done = len(held)
-			t := g.tracking()
-			return t.tracker.Complete(ctx, tx, t.sub, held)
-		})
+		rows, err := g.pool.Query(ctx, g.q.DeleteRetries, g.sub.ID, ids, g.cfg.InstanceID)
+		if err != nil {
+			return err
+		}
+		held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		done = len(held)
+		return err
 	})
 	if err != nil {
 		g.logger.Error("pgoutbox: acking retries failed; they are redelivered after their lease", slog.Int("messages", len(ids)), slog.Any("error", err))
@@ -90,9 +82,12 @@ func (r *runner) ackRetries(ids []int64) {
 	g.metrics.acked.Add(ctx, int64(done))
 }
 
-// completeBatch ends a batch. Messages a stopping instance never handled
-// go back to the group at once, with their attempt given back, so a
-// graceful stop redelivers nothing that was finished.
+// completeBatch ends a batch: its row goes, which moves the group's
+// committed position past the messages it acked (see sqlq's passedBy: no
+// mode writes anything per message), and its failed messages go to the
+// retry table, in one transaction. Messages a stopping instance never
+// handled go back to the group at once, with their attempt given back, so
+// a graceful stop redelivers nothing that was finished.
 func (r *runner) completeBatch(b *batch) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -108,20 +103,12 @@ func (r *runner) completeBatch(b *batch) {
 				return errBatchLost
 			}
 			t := g.tracking()
-			if len(b.acked) > 0 {
-				// Every group locks message rows in ascending id order, so
-				// groups completing the same rows never deadlock.
-				slices.Sort(b.acked)
-				if err := t.tracker.Complete(ctx, tx, t.sub, b.acked); err != nil {
-					return err
-				}
-			}
 			if len(retries) > 0 {
 				if err := r.insertRetries(ctx, tx, t, retries); err != nil {
 					return err
 				}
 			}
-			if inTx := b.handledInTx(); len(inTx) > 0 && t.mode == outbox.Offset && !t.mixing {
+			if inTx := b.handledInTx(); len(inTx) > 0 {
 				// The records AckTx wrote for a takeover are not needed once
 				// the batch is done.
 				_, err := tx.Exec(ctx, g.q.ForgetHandled, g.sub.ID, inTx)

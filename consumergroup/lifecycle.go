@@ -348,19 +348,9 @@ func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, o
 	if _, err := tx.Exec(ctx, g.q.AddSubscribed, g.cfg.Topic, mask(sub.bit), sub.id); err != nil {
 		return fmt.Errorf("consumergroup: resurrect: %w", err)
 	}
-	topic, err := g.client.LoadTopic(ctx, tx, g.cfg.Topic)
-	if err != nil {
-		return err
-	}
-	// A Bitmap or Counter group's backfill skips what it completed; an
-	// Offset group's (while a change from Bitmap or Counter mode is under
-	// way too: its Offset messages record nothing) reads exactly what it
-	// had not read.
-	resurrect := g.q.ResurrectOffset
-	if topic.Tracking == outbox.Offset {
-		resurrect = g.q.ResurrectOffsetMode
-	}
-	if _, err := tx.Exec(ctx, resurrect, sub.id, opts.MaxBackfill); err != nil {
+	// The group's backfill reads exactly what it had not read: no mode
+	// records per message what a group finished.
+	if _, err := tx.Exec(ctx, g.q.ResurrectOffset, sub.id, opts.MaxBackfill); err != nil {
 		return fmt.Errorf("consumergroup: resurrect: %w", err)
 	}
 	g.logger.Warn("pgoutbox: consumer group came back from DEAD; new messages flow at once, and a backfill delivers what it had not completed beside them",

@@ -21,7 +21,6 @@ type PubSub struct {
 	SelectSubscription, InsertSubscription, InsertOffset           string
 	SubscribedBits, AddSubscribed, RemoveSubscribed, SetStatus     string
 	LockOffsetWait, ResurrectOffset, SubscriptionStatus, Heartbeat string
-	ResurrectOffsetMode                                            string
 	DeadCandidates, AnyDeadCandidate, LockOffsetsSkipLocked        string
 	PendingForgets, LockForget, ForgetDone, DeleteGroupState       string
 	CommittedPosition, DeletedTombstone                            string
@@ -79,7 +78,6 @@ func ForPubSub(schema string) *PubSub {
 		SetStatus:             q(setStatus),
 		LockOffsetWait:        q(lockOffsetWait),
 		ResurrectOffset:       q(resurrectOffset),
-		ResurrectOffsetMode:   q(resurrectOffsetMode),
 		SubscriptionStatus:    q(subscriptionStatus),
 		Heartbeat:             q(heartbeat),
 		DeadCandidates:        q(deadCandidates),
@@ -150,8 +148,8 @@ func ForPubSub(schema string) *PubSub {
 		CounterForget:           q(counterForget),
 		CounterCleanup:          q(counterCleanup),
 		OffsetCleanup:           q(offsetCleanup),
-		BitmapHeld:              q(partitionHeld(unfinishedInRange(bitmapDone("o")))),
-		CounterHeld:             q(partitionHeld(unfinishedInRange(counterDone("o")))),
+		BitmapHeld:              q(partitionHeld(unfinishedInRange(bitmapDone("o", "positions")))),
+		CounterHeld:             q(partitionHeld(unfinishedInRange(counterDone("o", "positions")))),
 		OffsetHeld:              q(partitionHeld(beforeWatermark)),
 		MixedHeld:               q(partitionHeld(unfinishedInRange(mixedDone("$8")))),
 		MixedCleanup:            q(mixedCleanup),

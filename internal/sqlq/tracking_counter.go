@@ -24,8 +24,7 @@ WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
 var counterForgetCandidates = `
 SELECT o.id FROM {{schema}}.outbox_published AS o
 WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND $2::bigint = ANY(o.required_ids)
-      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
-                      WHERE c.message_id = o.id AND c.subscription_id = $2` + perRow + `)
+      AND NOT ` + finishedBy("o", "$2::bigint") + `
 ORDER BY o.id LIMIT $3
 FOR UPDATE`
 
@@ -37,23 +36,28 @@ WHERE o.id = ANY($1::bigint[]) AND $2::bigint = ANY(o.required_ids)
                       WHERE c.message_id = o.id AND c.subscription_id = $2)`
 
 // counterDone is true for row alias of a Counter topic when every
-// required group finished it: as many of its required ids recorded it as
-// it requires. A row without a Counter record (written under another
-// mode, see mixedCleanup) is never done by it.
-func counterDone(alias string) string {
+// required group finished it: as many of its required ids finished it as
+// it requires, by their committed position (in positions, see
+// withPositions) with no pending retry of it, or by a record. A row
+// without a Counter record (written under another mode, see mixedCleanup)
+// is never done by it.
+func counterDone(alias, positions string) string {
 	a := alias + "."
 	return a + `required_count IS NOT NULL
-          AND (SELECT count(*) FROM {{schema}}.outbox_consumer_groups AS c
-               WHERE c.message_id = ` + a + `id AND c.subscription_id = ANY(` + a + `required_ids)) >= ` + a + `required_count`
+          AND (SELECT count(*) FROM unnest(` + a + `required_ids) AS q(sid)
+               LEFT JOIN ` + positions + ` AS p ON p.id = q.sid
+               WHERE (pg_visible_in_snapshot(` + a + `xid, p.snap)
+                      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
+                                      WHERE r.subscription_id = q.sid AND r.message_id = ` + a + `id AND r.payload IS NULL))
+                  OR ` + recordedBy(alias, "q.sid") + `) >= ` + a + `required_count`
 }
 
 // counterCleanup is bitmapCleanup for a Counter topic.
-var counterCleanup = `
-WITH gone AS (
+var counterCleanup = withPositions + `, gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
-              AND ` + counterDone("o") + `
+              AND ` + counterDone("o", "positions") + `
               AND (o.required_count > 0 OR ` + pastZeroFloor + `)` +
 	retention + `
         ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)

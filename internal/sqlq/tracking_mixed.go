@@ -9,8 +9,8 @@ package sqlq
 // NULL when no group is ACTIVE or PAUSED, and the claims of the DEAD
 // groups: the statement begins withDeadClaims).
 func mixedDone(wm string) string {
-	return `CASE WHEN o.required_bits IS NOT NULL THEN ` + bitmapDone("o") + `
-                       WHEN o.required_count IS NOT NULL THEN ` + counterDone("o") + `
+	return `CASE WHEN o.required_bits IS NOT NULL THEN ` + bitmapDone("o", "positions") + `
+                       WHEN o.required_count IS NOT NULL THEN ` + counterDone("o", "positions") + `
                        ELSE (` + wm + `::pg_snapshot IS NULL OR pg_visible_in_snapshot(o.xid, ` + wm + `::pg_snapshot))
                             AND NOT ` + owedToDead("o") + ` END`
 }
@@ -18,14 +18,14 @@ func mixedDone(wm string) string {
 // mixedCleanup is the cleanup of a topic whose tracking mode changed, with
 // offsetCleanup's parameters: each row goes by its own record, as
 // bitmapCleanup, counterCleanup or offsetCleanup would delete it.
-var mixedCleanup = withDeadClaims + `, gone AS (
+var mixedCleanup = withDeadClaims + `, ` + positionsCTE + `, gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
         WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
               AND CASE WHEN o.required_bits IS NOT NULL
-                       THEN ` + bitmapDone("o") + ` AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)
+                       THEN ` + bitmapDone("o", "positions") + ` AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)
                        WHEN o.required_count IS NOT NULL
-                       THEN ` + counterDone("o") + ` AND (o.required_count > 0 OR ` + pastZeroFloor + `)
+                       THEN ` + counterDone("o", "positions") + ` AND (o.required_count > 0 OR ` + pastZeroFloor + `)
                        WHEN $6::pg_snapshot IS NULL THEN ` + pastZeroFloor + ` AND NOT ` + owedToDead("o") + `
                        ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) AND NOT ` + owedToDead("o") + ` END` +
 	retention + `

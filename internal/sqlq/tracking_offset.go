@@ -13,7 +13,7 @@ package sqlq
 // one; in Offset mode, those the slowest group and the DEAD ones may not
 // have finished.
 func partitionHeld(done string) string {
-	return withDeadClaims + `
+	return withDeadClaims + `, ` + positionsCTE + `
 SELECT $6::timestamptz > coalesce($2::timestamptz, now()) - greatest($3::bigint, $5::bigint) * interval '1 microsecond'
     OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
                JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
