@@ -153,8 +153,8 @@ func bitmapDone(alias, positions string) string {
 // by: every group its record requires has finished it.
 func FinishedByAll(schema, alias string) string {
 	return strings.NewReplacer("{{schema}}", ident.Quote(schema)).Replace(
-		`CASE WHEN `+alias+`.required_bits IS NOT NULL THEN `+bitmapDone(alias, "("+positionsOfTopic+alias+".topic)")+
-			` ELSE `+counterDone(alias, "("+positionsOfTopic+alias+".topic)")+` END`)
+		`CASE WHEN ` + alias + `.required_bits IS NOT NULL THEN ` + bitmapDone(alias, "("+positionsOfTopic+alias+".topic)") +
+			` ELSE ` + counterDone(alias, "("+positionsOfTopic+alias+".topic)") + ` END`)
 }
 
 // FinishedBy is, for tests and tools, the condition on row alias of
