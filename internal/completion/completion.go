@@ -11,11 +11,15 @@
 //     position of the subscribed groups, watermark.go) says what every
 //     group finished.
 //
-// No mode writes the message row when a group finishes it: Bitmap and
-// Counter groups insert a completion record (message, group) beside it,
-// one INSERT per batch, and cleanup deletes a message with its records
-// once every required group recorded it. Groups finishing the same
-// messages therefore never wait for each other's locks.
+// No mode writes anything per message when a group finishes it: a group
+// has finished a message when its committed position has passed it and
+// it holds no retry of it (sqlq's passedBy). Bitmap and Counter cleanup
+// deletes a message once every required group has, so groups finishing
+// the same messages never wait for each other's locks and a fan-out costs
+// what it costs in Offset mode. Complete writes a record (message, group)
+// beside the message, for what positions cannot say: an ack in a
+// handler's own transaction inside an open batch, a force-complete, a
+// dead letter discarded.
 //
 // A topic's mode may change while messages are stored: each message keeps
 // the record of the mode it was written under, and until none written
