@@ -252,8 +252,8 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 				return 0, fmt.Errorf("finish backfill: %w", err)
 			}
 		}
-		if _, err := tx.Exec(ctx, g.q.ForgetTakenAhead, g.sub.ID); err != nil {
-			return 0, fmt.Errorf("forget messages taken ahead: %w", err)
+		if _, err := tx.Exec(ctx, g.q.ForgetSetAside, g.sub.ID); err != nil {
+			return 0, fmt.Errorf("forget messages set aside: %w", err)
 		}
 	}
 	if g.topic.Ordered {
@@ -534,8 +534,9 @@ func (r *runner) park(ctx context.Context, tx pgx.Tx, rows []row) error {
 // commit.
 //
 // Scheduled rows are parked in the retry table until they are due (see
-// park); the batch, which still spans them, is the rest. A takeover of
-// the batch reads them again and leaves them parked.
+// park) and recorded as set aside; the batch, which still spans them, is
+// the rest. A takeover of the batch reads its rows again and skips them,
+// parked or already handled.
 func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
 	g := r.g
 	if g.topic.Ordered {
@@ -553,6 +554,13 @@ func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID
 		}
 		if err := r.park(ctx, tx, later); err != nil {
 			return err
+		}
+		ids, xids := make([]int64, len(later)), make([]string, len(later))
+		for i, x := range later {
+			ids[i], xids[i] = x.d.ID, x.xid
+		}
+		if _, err := tx.Exec(ctx, g.q.SetAside, g.sub.ID, ids, xids); err != nil {
+			return fmt.Errorf("set scheduled messages aside: %w", err)
 		}
 		if got = due; len(got) == 0 {
 			return tx.Commit(ctx)

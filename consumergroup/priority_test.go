@@ -83,7 +83,7 @@ func TestPrioritizedMessageOvertakesTheBacklog(t *testing.T) {
 			}
 			mu.Unlock()
 			pgtest.Eventually(t, 10*time.Second, "the record of the message taken ahead goes once the group is past it", func() bool {
-				return b.countIn(t, "outbox_group_taken_ahead", "true") == 0
+				return b.countIn(t, "outbox_group_set_aside", "true") == 0
 			})
 		})
 	}

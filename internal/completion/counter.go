@@ -31,11 +31,17 @@ func (c *Counter) Completed(ctx context.Context, db DB, sub Subscription, ids []
 	return idSet(ctx, db, "counter completed", c.q.CounterCompleted, ids, sub.ID)
 }
 
-// Forget implements Tracker in two statements: lock the candidate rows,
-// then re-check each under its lock with a fresh snapshot, so a completion
-// by the group that committed in between is never undone into a count that
-// another group's completion would then satisfy.
-func (c *Counter) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, _ bool, limit int) (int64, error) {
+// Forget implements Tracker. A cancelled group is removed from every row
+// that requires it, finished or not (its subscription is deleted later,
+// and nothing could then say it finished one). A DEAD group is forgotten
+// in two statements: lock the candidate rows, then re-check each under
+// its lock with a fresh snapshot, so a completion by the group that
+// committed in between is never undone into a count that another group's
+// completion would then satisfy.
+func (c *Counter) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {
+	if cancelled {
+		return exec(ctx, tx, "counter strip", c.q.CounterStrip, sub.Topic, sub.ID, limit)
+	}
 	rows, err := tx.Query(ctx, c.q.CounterForgetCandidates, sub.Topic, sub.ID, limit)
 	if err != nil {
 		return 0, fmt.Errorf("completion: counter forget: %w", err)

@@ -126,8 +126,8 @@ SELECT s.group_name, s.subscription_status,
             WHEN o.required_count IS NOT NULL AND NOT s.id = ANY(o.required_ids) THEN 'NOT_REQUIRED'
             WHEN ` + recordedBy("o", "s.id") + `
                  OR (o.required_bits IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) <> 0) THEN 'FINISHED'
-            WHEN EXISTS (SELECT 1 FROM {{schema}}.outbox_group_taken_ahead AS t
-                         WHERE t.subscription_id = s.id AND t.message_id = o.id) THEN 'FINISHED' -- taken ahead, and done
+            WHEN EXISTS (SELECT 1 FROM {{schema}}.outbox_group_set_aside AS t
+                         WHERE t.subscription_id = s.id AND t.message_id = o.id) THEN 'FINISHED' -- set aside, and done
             WHEN pg_visible_in_snapshot(o.xid, ` + committedOf("s", "p") + `) THEN 'FINISHED'
             WHEN o.required_bits IS NULL AND o.required_count IS NULL AND s.subscription_status = 'DEAD'
                  AND NOT pg_visible_in_snapshot(o.xid, coalesce(s.dead_upto, pg_current_snapshot())) THEN 'NOT_REQUIRED'

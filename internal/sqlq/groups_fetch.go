@@ -52,7 +52,7 @@ var catchupRows = nextUnseenRows(`
       AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)` + notCompleted("o", 10) + `
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
                       WHERE r.subscription_id = $11::bigint AND r.message_id = o.id` + perRow + `)` +
-	notTakenAhead("o", "$11::bigint"))
+	notSetAside("o", "$11::bigint"))
 
 // catchupSize estimates a backfill's size: the rows of its pair, at most $4.
 var catchupSize = `
@@ -192,7 +192,7 @@ WITH moved AS (
     FROM (` + unseenRows("o.id", `o.topic = $3 AND (o.xid, o.id) <= ($16::text::xid8, $17::bigint)
           AND pg_visible_in_snapshot(o.xid, $13::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $12::pg_snapshot)
           AND CASE WHEN $19::bool THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
-                   ELSE true`+streamFilter("o", 4)+` END`+notCompleted("o", 4)+notTakenAhead("o", "$1"),
+                   ELSE true`+streamFilter("o", 4)+` END`+notCompleted("o", 4)+notSetAside("o", "$1"),
 	"$12::pg_snapshot", "$14::text::xid8", "$15::bigint", "") + `) AS u
     ON CONFLICT (subscription_id, message_id) DO NOTHING
     RETURNING 1
@@ -203,31 +203,43 @@ SELECT count(*) FROM moved`
 // ($4, $5), in commit-safe order: only transactions that committed between
 // the two snapshots, whatever their ids; of them, those of the group's
 // stream ($7..$11) that subscription $12 did not take ahead.
-var fetchRows = nextUnseenRows(streamFilter("o", 7) + notTakenAhead("o", "$12::bigint"))
+var fetchRows = nextUnseenRows(streamFilter("o", 7) + notSetAside("o", "$12::bigint"))
 
-// Priority. A group reads its stream in commit order, a batch at a time,
-// so a message sent behind a backlog would wait for all of it, whatever
-// its priority. A look that leaves unread rows behind its batch (a
-// backlog) therefore also takes the messages of a priority above 0 from
-// that backlog, highest first (takeAhead): they wait in the group's retry
-// table as retries that never ran, which the next look claims before it
-// reads the stream again, and outbox_group_taken_ahead records that they
-// were taken, so the stream skips them when it reaches them (as do a
-// batch read again after a takeover and a backfill). A group with no
-// backlog reads prioritized messages in its batches like the others.
+// Messages set aside. A group reads its stream in commit order, a batch at
+// a time; two kinds of message leave it, to be delivered from the group's
+// retry table instead. A message sent to be available later is parked
+// there until it is due (see parkRows). And a message of a priority above
+// 0 behind a backlog is taken ahead of it: a look that leaves unread rows
+// behind its batch also takes the prioritized messages from among them,
+// highest first (takeAhead), and the next look claims them before it
+// reads the stream again. outbox_group_set_aside records both, so that
+// the stream, a batch read again after a takeover and a backfill skip
+// them: one may be handled, and its retry gone, long before they reach it.
+// A group with no backlog reads prioritized messages in its batches like
+// the others.
 
-// notTakenAhead excludes the rows (over alias) that subscription sub took
-// ahead of its stream. Only rows of a priority above 0 are ever taken
-// ahead: the others cost no lookup. The ids taken are read once per
-// statement, as an array (there are few: they are forgotten once the
-// group is past them). As a NOT EXISTS probe per row, the planner's
-// estimate of the fetch crossed jit_above_cost, and JIT compiled it on
-// every fetch: 86 ms of a 87 ms fetch, a third of a drain's throughput.
-func notTakenAhead(alias, sub string) string {
+// notSetAside excludes the rows (over alias) that subscription sub set
+// aside. Only rows of a priority above 0, or sent to be available later,
+// are ever set aside: the others cost no lookup. The ids set aside are
+// read once per statement, as an array (there are few: they are
+// forgotten once the group is past them). As a NOT EXISTS probe per row,
+// the planner's estimate of the fetch crossed jit_above_cost, and JIT
+// compiled it on every fetch: 86 ms of a 87 ms fetch, a third of a
+// drain's throughput.
+func notSetAside(alias, sub string) string {
+	a := alias + "."
 	return `
-      AND (` + alias + `.priority <= 0 OR ` + alias + `.id <> ALL (ARRAY(SELECT t.message_id FROM {{schema}}.outbox_group_taken_ahead AS t
-                                                          WHERE t.subscription_id = ` + sub + `)))`
+      AND ((` + a + `priority <= 0 AND ` + a + `available_at <= ` + a + `created_at)
+           OR ` + a + `id <> ALL (ARRAY(SELECT t.message_id FROM {{schema}}.outbox_group_set_aside AS t
+                                   WHERE t.subscription_id = ` + sub + `)))`
 }
+
+// setAside records that subscription $1 set the messages $2 (xids $3)
+// aside (see parkRows).
+const setAside = `
+INSERT INTO {{schema}}.outbox_group_set_aside (subscription_id, message_id, xid)
+SELECT $1, u.id, u.xid::xid8 FROM unnest($2::bigint[], $3::text[]) AS u(id, xid)
+ON CONFLICT DO NOTHING`
 
 // takeAhead takes up to $9 messages of a priority above 0 ahead of
 // subscription $1's stream, highest priority first: messages of topic $2
@@ -236,7 +248,7 @@ func notTakenAhead(alias, sub string) string {
 // ($6, $7)), that belong to it (stream $10..$14) and that it has not taken
 // already. Each goes to the retry table as a retry that never ran,
 // available now ($8), or when it is due if it was sent to be available
-// later, and is recorded as taken ahead. It returns how many it took. The
+// later, and is recorded as set aside. It returns how many it took. The
 // rows come from outbox_published_priority_idx, which holds only
 // prioritized messages.
 var takeAhead = `
@@ -248,14 +260,14 @@ WITH ahead AS (
           AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $4::pg_snapshot)
           AND NOT coalesce(pg_visible_in_snapshot(o.xid, $5::pg_snapshot)
                            AND (o.xid, o.id) <= ($6::text::xid8, $7::bigint), false)
-          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_taken_ahead AS t
+          AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_set_aside AS t
                           WHERE t.subscription_id = $1 AND t.message_id = o.id)
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
                           WHERE r.subscription_id = $1 AND r.message_id = o.id)` + streamFilter("o", 10) + `
     ORDER BY o.priority DESC, o.xid, o.id
     LIMIT $9
 ), taken AS (
-    INSERT INTO {{schema}}.outbox_group_taken_ahead (subscription_id, message_id, xid)
+    INSERT INTO {{schema}}.outbox_group_set_aside (subscription_id, message_id, xid)
     SELECT $1, id, xid FROM ahead
     ON CONFLICT DO NOTHING
     RETURNING message_id
@@ -268,12 +280,12 @@ WITH ahead AS (
 )
 SELECT count(*) FROM parked`
 
-// forgetTakenAhead drops the records of messages subscription $1 took
-// ahead that no read of the group can reach any more: its position has
+// forgetSetAside drops the records of messages subscription $1 set
+// aside that no read of the group can reach any more: its position has
 // passed them, no open batch (which a takeover reads again) spans them,
 // and no backfill is pending.
-const forgetTakenAhead = `
-DELETE FROM {{schema}}.outbox_group_taken_ahead AS t
+const forgetSetAside = `
+DELETE FROM {{schema}}.outbox_group_set_aside AS t
 USING {{schema}}.outbox_subscription_offsets AS f
 WHERE t.subscription_id = $1 AND f.subscription_id = $1 AND f.backfill_from IS NULL
       AND pg_visible_in_snapshot(t.xid, f.position)
@@ -310,8 +322,8 @@ LIMIT $6`
 // how it tracks messages (see trackingState), and
 // whether it is in the middle of a pair or a backfill, has a batch whose
 // lease ran out, a retry that is due, leased past its lease or a dead
-// letter without its copy, a record of a message taken ahead to forget
-// (see forgetTakenAhead), or a message its position has not seen. One
+// letter without its copy, a record of a message set aside to forget
+// (see forgetSetAside), or a message its position has not seen. One
 // statement without a transaction instead of the ten of a look: a
 // thousand idle groups polling once a second were most of the database's
 // work.
@@ -333,7 +345,7 @@ SELECT p.subscription_status, p.bit, p.tracking_mode, p.mode_changing,
                         AND CASE status WHEN 'RETRY' THEN available_at <= coalesce($8::timestamptz, now())
                                         WHEN 'PROCESSING' THEN lease_until < coalesce($8::timestamptz, now())
                                         ELSE payload IS NULL END)
-       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_taken_ahead WHERE subscription_id = $1)
+       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_set_aside WHERE subscription_id = $1)
        OR EXISTS (SELECT 1 FROM (` + unseenRows("1", `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())`+streamFilter("o", 3),
 	"(SELECT position FROM p)", "'0'::xid8", "-1", "1") + `) AS u)
 FROM p`

@@ -382,10 +382,10 @@ SET forget_pending = false,
 WHERE id = $1`
 
 // deleteGroupState drops a cancelled group's batches, retries and
-// records of messages taken ahead.
+// records of messages set aside.
 const deleteGroupState = `
 WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
-     t AS (DELETE FROM {{schema}}.outbox_group_taken_ahead WHERE subscription_id = $1)
+     t AS (DELETE FROM {{schema}}.outbox_group_set_aside WHERE subscription_id = $1)
 DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
 
 // committedPosition is, for each ACTIVE or PAUSED group of topic $1,

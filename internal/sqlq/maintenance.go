@@ -59,11 +59,12 @@ FROM {{schema}}.outbox_topics WHERE semantics = 'PUB_SUB' ORDER BY topic`
 // retries of them that kept no copy (dead letters keep theirs): they
 // cannot be delivered any more. It counts, for each group that holds
 // claims, the rows it had not finished: a retry of it was pending, or by
-// the row's own record (see mixedCleanup): Bitmap, its required bit
-// without its done bit or the group's completion record; Counter, a
-// required id without a completion record;
-// Offset, a row its committed position does not see (for a DEAD group,
-// written before it died: see deadClaims). The first row is the number
+// the row's own record (see mixedCleanup): Bitmap, a row requiring its bit
+// that its committed position does not see, without its done bit or a
+// completion record of the group; Counter, a row requiring its id that its
+// committed position does not see, without a completion record; Offset, a
+// row its committed position does not see (for a DEAD group, written
+// before it died: see deadClaims). The first row is the number
 // deleted, under an empty group name.
 var retentionCap = `
 WITH gone AS (
@@ -89,8 +90,10 @@ WITH gone AS (
        OR CASE
           WHEN gone.required_bits IS NOT NULL THEN s.bit IS NOT NULL AND gone.required_bits & (1::bigint << s.bit) <> 0
                              AND coalesce(gone.done_bits, 0) & (1::bigint << s.bit) = 0
+                             AND NOT pg_visible_in_snapshot(gone.xid, ` + committedOf("s", "p") + `)
                              AND NOT EXISTS (SELECT 1 FROM dedupe AS d WHERE d.message_id = gone.id AND d.subscription_id = s.id)
           WHEN gone.required_count IS NOT NULL THEN s.id = ANY(gone.required_ids)
+                              AND NOT pg_visible_in_snapshot(gone.xid, ` + committedOf("s", "p") + `)
                               AND NOT EXISTS (SELECT 1 FROM dedupe AS d WHERE d.message_id = gone.id AND d.subscription_id = s.id)
           ELSE NOT pg_visible_in_snapshot(gone.xid, ` + committedOf("s", "p") + `)
                AND (s.subscription_status <> 'DEAD' OR pg_visible_in_snapshot(gone.xid, coalesce(s.dead_upto, pg_current_snapshot())))

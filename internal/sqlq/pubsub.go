@@ -32,7 +32,7 @@ type PubSub struct {
 	NextBackfillPair                               string
 	TakeExpiredBatch, MoveBatchToRetries           string
 	FetchRows, AdvanceOffset, InsertBatch, AnyWork string
-	TakeAhead, ForgetTakenAhead                    string
+	TakeAhead, SetAside, ForgetSetAside            string
 	ReapRetries, DeleteOrphanRetries, ClaimRetries string
 	ParkRows, ClaimOrderedRetries                  string
 	CopyDeadLetters, DeadLettersToComplete         string
@@ -54,6 +54,7 @@ type PubSub struct {
 	CounterCompleted                                              string
 	CounterForgetCandidates                                       string
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark string
+	CounterStrip                                                  string
 	BitmapHeld, CounterHeld, OffsetHeld                           string
 	MixedHeld, MixedCleanup, ModeChangeOver                       string
 	RetentionFrontier, SnapshotXmax                               string
@@ -103,7 +104,8 @@ func ForPubSub(schema string) *PubSub {
 		MoveBatchToRetries:  q(moveBatchToRetries),
 		FetchRows:           q(fetchRows),
 		TakeAhead:           q(takeAhead),
-		ForgetTakenAhead:    q(forgetTakenAhead),
+		SetAside:            q(setAside),
+		ForgetSetAside:      q(forgetSetAside),
 		AnyWork:             q(anyWork),
 		AdvanceOffset:       q(advanceOffset),
 		InsertBatch:         q(insertBatch),
@@ -146,6 +148,7 @@ func ForPubSub(schema string) *PubSub {
 		CounterCompleted:        q(counterCompleted),
 		CounterForgetCandidates: q(counterForgetCandidates),
 		CounterForget:           q(counterForget),
+		CounterStrip:            q(counterStrip),
 		CounterCleanup:          q(counterCleanup),
 		OffsetCleanup:           q(offsetCleanup),
 		BitmapHeld:              q(partitionHeld(unfinishedInRange(bitmapDone("o", "positions")))),

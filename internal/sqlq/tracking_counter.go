@@ -28,6 +28,19 @@ WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND $2::bigint = ANY(o.required_id
 ORDER BY o.id LIMIT $3
 FOR UPDATE`
 
+// counterStrip removes a CANCELLED group (subscription $2) from the
+// required groups of up to $3 rows of topic $1, finished or not: its
+// completions no longer matter, and once its subscription is deleted
+// nothing could say it finished a row it still required.
+const counterStrip = `
+UPDATE {{schema}}.outbox_published
+SET required_ids = array_remove(required_ids, $2::bigint), required_count = required_count - 1
+WHERE id IN (
+    SELECT id FROM {{schema}}.outbox_published
+    WHERE topic = $1 AND $2::bigint = ANY(required_ids)
+    ORDER BY id LIMIT $3)
+  AND $2::bigint = ANY(required_ids)`
+
 const counterForget = `
 UPDATE {{schema}}.outbox_published AS o
 SET required_ids = array_remove(o.required_ids, $2::bigint), required_count = o.required_count - 1

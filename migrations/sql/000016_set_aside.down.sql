@@ -1,2 +1,2 @@
 DROP INDEX IF EXISTS outbox_published_priority_idx;
-DROP TABLE IF EXISTS outbox_group_taken_ahead;
+DROP TABLE IF EXISTS outbox_group_set_aside;
