@@ -48,6 +48,7 @@ var scenarios = []scenario{
 	{"TrackingModeChangesUnderLoad", true, modeChangesUnderLoad},
 	{"AckInTxExactlyOnceThroughKills", false, exactlyOnceThroughKills},
 	{"SlowHandlersSpreadOverProcesses", false, workSpreads},
+	{"FrozenMemberHoldsNoOtherGroupBack", true, frozenMember},
 }
 
 // Run runs every scenario that applies to s, each in a database of its own.
@@ -821,4 +822,63 @@ FROM `+e.DB.Table("conformance_ledger")+` WHERE grp = 'g1' GROUP BY instance ORD
 	for i, h := range handled {
 		require.GreaterOrEqual(t, h, n/4, "process p%d handled a quarter of the backlog or more", i)
 	}
+}
+
+// frozenMember: a member of group b, in a process of its own, is frozen
+// (SIGSTOP) for 15 s while it acks messages in its handlers' transactions
+// (each holds one open, with what the ack wrote and locked). Group a,
+// handling the same messages meanwhile, goes on at its pace: its pickup
+// p99 (commit to handling) while b is frozen stays within twice its p99
+// before, or 100 ms on a busy machine (the failure this guards against
+// is seconds: a group that waited for another's locks handled nothing
+// until the frozen transaction ended). Group b, thawed, loses nothing.
+func frozenMember(t *testing.T, s *Subject) {
+	if s.Router {
+		t.Skip("a router's receiver acks nothing in a transaction of ours")
+	}
+	e := newEnv(t, s, nil)
+	b := e.StartChild(t, ChildSpec{Spec: Spec{Group: "b", Instance: "frozen", Concurrency: 4}, AckInTx: true,
+		Slow: 20 * time.Millisecond})
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "a", Instance: "a"}, nil)
+	wait := e.ProduceAsync(t, ProduceOptions{Workers: 1, Messages: 2500, PerTx: 1, Pause: 10 * time.Millisecond})
+	time.Sleep(8 * time.Second)
+	frozeAt := time.Now()
+	b.Freeze()
+	time.Sleep(15 * time.Second)
+	thawedAt := time.Now()
+	b.Thaw()
+	sent := wait()
+	e.WaitDelivered(t, "a", sent.Committed, time.Minute)
+	e.WaitDelivered(t, "b", sent.Committed, 2*time.Minute)
+	e.Check(t, "a", sent.Committed, sent.RolledBack)
+	e.Check(t, "b", sent.Committed, sent.RolledBack)
+
+	handledAt := map[int64]time.Time{}
+	rows, err := e.DB.Pool.Query(context.Background(), `SELECT message_id, min(handled_at) FROM `+
+		e.DB.Table("conformance_ledger")+` WHERE grp = 'a' GROUP BY message_id`)
+	require.NoError(t, err)
+	var id int64
+	var at time.Time
+	_, err = pgx.ForEachRow(rows, []any{&id, &at}, func() error { handledAt[id] = at; return nil })
+	require.NoError(t, err)
+	var before, during []time.Duration
+	for id, committed := range sent.CommitStarted {
+		pickup := handledAt[id].Sub(committed)
+		switch {
+		case committed.After(frozeAt.Add(-6*time.Second)) && committed.Before(frozeAt):
+			before = append(before, pickup)
+		case committed.After(frozeAt) && committed.Before(thawedAt):
+			during = append(during, pickup)
+		}
+	}
+	require.NotEmpty(t, before)
+	require.NotEmpty(t, during)
+	p99 := func(d []time.Duration) time.Duration {
+		slices.Sort(d)
+		return d[len(d)*99/100]
+	}
+	t.Logf("group a's pickup p99: %v before b froze (%d messages), %v while it was frozen (%d)",
+		p99(before), len(before), p99(during), len(during))
+	require.LessOrEqual(t, p99(during), max(2*p99(before), 100*time.Millisecond),
+		"group a slowed down while a member of group b was frozen")
 }
