@@ -25,11 +25,6 @@ func (b *Bitmap) Complete(ctx context.Context, tx DB, sub Subscription, ids []in
 	return err
 }
 
-// Completed implements Tracker.
-func (b *Bitmap) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
-	return idSet(ctx, db, "bitmap completed", b.q.BitmapCompleted, ids, sub.Mask(), sub.ID)
-}
-
 // Forget implements Tracker: a cancelled group's bit is stripped from
 // every row, so it can be given to another group.
 func (b *Bitmap) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {

@@ -87,12 +87,11 @@ func (r Retention) below() string { return cmp.Or(r.Below, maxXid8) }
 type Tracker interface {
 	// Mode names the mode.
 	Mode() outbox.TrackingMode
-	// Complete records, inside tx, that sub finished the messages ids.
-	// It is idempotent: a message completed twice counts once.
+	// Complete records, inside tx, that sub finished the messages ids,
+	// where its position cannot say so (a force-complete, a discarded
+	// dead letter). It is idempotent: a message completed twice counts
+	// once.
 	Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error
-	// Completed returns which of ids sub already finished, for re-read
-	// batches. Offset mode cannot tell per message and returns none.
-	Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error)
 	// Forget removes sub from the required sets of at most limit rows it
 	// had not finished (the group died or was cancelled), inside tx,
 	// returning how many rows it looked at; fewer than limit means none
@@ -158,20 +157,4 @@ func exec(ctx context.Context, db DB, what, sql string, args ...any) (int64, err
 		return 0, fmt.Errorf("completion: %s: %w", what, err)
 	}
 	return tag.RowsAffected(), nil
-}
-
-func idSet(ctx context.Context, db DB, what, sql string, args ...any) (map[int64]bool, error) {
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("completion: %s: %w", what, err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("completion: %s: %w", what, err)
-	}
-	out := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		out[id] = true
-	}
-	return out, nil
 }

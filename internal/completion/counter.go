@@ -26,11 +26,6 @@ func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []i
 	return err
 }
 
-// Completed implements Tracker.
-func (c *Counter) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
-	return idSet(ctx, db, "counter completed", c.q.CounterCompleted, ids, sub.ID)
-}
-
 // Forget implements Tracker. A cancelled group is removed from every row
 // that requires it, finished or not (its subscription is deleted later,
 // and nothing could then say it finished one). A DEAD group is forgotten

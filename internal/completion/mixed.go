@@ -25,8 +25,8 @@ func (m *Mixed) Mode() outbox.TrackingMode { return m.mode }
 
 // Complete implements Tracker: the group's completion record on Bitmap
 // and Counter messages. Offset messages need none while the topic is in
-// Offset mode; in the others each gets one too, so that a backfill (the
-// way a DEAD group comes back there) skips those the group completed.
+// Offset mode (the watermark judges them); in the others each gets one
+// too.
 func (m *Mixed) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
 	sql := m.q.CompleteRecords
 	if m.mode == outbox.Offset {
@@ -34,19 +34,6 @@ func (m *Mixed) Complete(ctx context.Context, tx DB, sub Subscription, ids []int
 	}
 	_, err := exec(ctx, tx, "complete", sql, ids, sub.ID)
 	return err
-}
-
-// Completed implements Tracker.
-func (m *Mixed) Completed(ctx context.Context, db DB, sub Subscription, ids []int64) (map[int64]bool, error) {
-	done, err := idSet(ctx, db, "counter completed", m.q.CounterCompleted, ids, sub.ID)
-	if err != nil || sub.Mask() == 0 {
-		return done, err
-	}
-	bits, err := idSet(ctx, db, "bitmap completed", m.q.BitmapCompleted, ids, sub.Mask(), sub.ID)
-	for id := range bits {
-		done[id] = true
-	}
-	return done, err
 }
 
 // Forget implements Tracker: Bitmap and Counter messages as their

@@ -19,11 +19,6 @@ func (*Offset) Mode() outbox.TrackingMode { return outbox.Offset }
 // Complete implements Tracker: nothing to write per message.
 func (*Offset) Complete(context.Context, DB, Subscription, []int64) error { return nil }
 
-// Completed implements Tracker: offset mode cannot tell per message.
-func (*Offset) Completed(context.Context, DB, Subscription, []int64) (map[int64]bool, error) {
-	return nil, nil
-}
-
 // Forget implements Tracker: a group that left holds the watermark back
 // no more (a DEAD one, within its ZombieTTL, only what it owes).
 func (*Offset) Forget(context.Context, pgx.Tx, Subscription, bool, int) (int64, error) { return 0, nil }

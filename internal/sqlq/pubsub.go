@@ -50,8 +50,7 @@ type PubSub struct {
 	Inconsistencies                                           string
 
 	CompleteRecords, CompleteTracked                              string
-	BitmapCompleted, BitmapForget, BitmapStrip, BitmapCleanup     string
-	CounterCompleted                                              string
+	BitmapForget, BitmapStrip, BitmapCleanup                      string
 	CounterForgetCandidates                                       string
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark string
 	CounterStrip                                                  string
@@ -141,11 +140,9 @@ func ForPubSub(schema string) *PubSub {
 
 		CompleteRecords:         q(completeRecords),
 		CompleteTracked:         q(completeTracked),
-		BitmapCompleted:         q(bitmapCompleted),
 		BitmapForget:            q(bitmapForget),
 		BitmapStrip:             q(bitmapStrip),
 		BitmapCleanup:           q(bitmapCleanup),
-		CounterCompleted:        q(counterCompleted),
 		CounterForgetCandidates: q(counterForgetCandidates),
 		CounterForget:           q(counterForget),
 		CounterStrip:            q(counterStrip),

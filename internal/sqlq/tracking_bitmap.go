@@ -60,13 +60,6 @@ func finishedBy(alias, sub string) string {
                      WHERE s.id = ` + sub + ` AND ` + passedBy(alias, "s", "f") + `))`
 }
 
-// bitmapCompleted lists which of the messages $1 the group (bit $2,
-// subscription $3) finished.
-const bitmapCompleted = `
-SELECT id FROM {{schema}}.outbox_published WHERE id = ANY($1::bigint[]) AND done_bits & $2 <> 0
-UNION
-SELECT message_id FROM {{schema}}.outbox_consumer_groups WHERE message_id = ANY($1::bigint[]) AND subscription_id = $3`
-
 // bitmapForget drops a DEAD group (bit $2, subscription $4) from up to $3
 // rows it had not finished. The row conditions are repeated outside the
 // subquery so that a completion committed while the update waited for a

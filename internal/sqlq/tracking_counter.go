@@ -11,10 +11,6 @@ SELECT o.id, $2 FROM {{schema}}.outbox_published AS o
 WHERE o.id = ANY($1::bigint[]) AND (o.required_count IS NOT NULL OR o.required_bits IS NOT NULL)
 ON CONFLICT DO NOTHING`
 
-const counterCompleted = `
-SELECT message_id FROM {{schema}}.outbox_consumer_groups
-WHERE message_id = ANY($1::bigint[]) AND subscription_id = $2`
-
 // counterForgetCandidates locks up to $3 rows that still require
 // subscription $2 and that it had not finished when the statement began.
 // counterForget, a later statement, re-checks them under those locks: a
