@@ -96,10 +96,7 @@ func TestCrashedMemberBatchRedeliveredAfterLease(t *testing.T) {
 			require.NoError(t, doomed.Start(ctx, consumergroup.FromNow()))
 			b.sendRange(t, 0, 10)
 			pgtest.Eventually(t, 10*time.Second, "doomed member holds the batch", func() bool { return doomedGot.Load() > 0 })
-			doomedPool.Close() // crash: nothing it does from now reaches the database
-			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-			_ = doomed.Stop(stopCtx)
-			cancel()
+			crash(doomed, doomedPool)
 
 			r := newRecorder()
 			survivor := b.newGroup(t, "g", withClock)

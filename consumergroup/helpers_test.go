@@ -205,3 +205,13 @@ func (b *bundle) subscribe(t *testing.T, name string) {
 	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
 	require.NoError(t, g.Stop(ctx))
 }
+
+// crash ends instance g as a crashed process ends: its pool is closed
+// first, so nothing it does from then on reaches the database, and it is
+// stopped without waiting for anything.
+func crash(g *consumergroup.Group, pool *pgxpool.Pool) {
+	pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	_ = g.Stop(ctx)
+}

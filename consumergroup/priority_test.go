@@ -130,10 +130,7 @@ func TestTakeoverSkipsAMessageTakenAhead(t *testing.T) {
 			})
 			require.Equal(t, []int{1}, doomedLog.of(urgent), "the prioritized message was handled, once")
 			require.NotEqual(t, urgent, doomedLog.order()[200], "it was taken ahead of the backlog")
-			doomedPool.Close() // crash: nothing it does from now reaches the database
-			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-			_ = doomed.Stop(stopCtx)
-			cancel()
+			crash(doomed, doomedPool)
 
 			survivorLog := newDeliveryLog()
 			survivor := b.newGroup(t, "g")

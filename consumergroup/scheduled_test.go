@@ -171,10 +171,7 @@ func TestTakeoverKeepsScheduledMessagesWaiting(t *testing.T) {
 			require.NoError(t, doomed.Start(ctx, consumergroup.FromNow()))
 			b.sendMessages(t, clock, b.scheduledMessage(1, "", clock.Now().Add(time.Hour)), b.scheduledMessage(2, "", time.Time{}))
 			pgtest.Eventually(t, 10*time.Second, "the doomed member holds the batch", func() bool { return doomedGot.Load() > 0 })
-			doomedPool.Close() // crash: nothing it does from now reaches the database
-			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-			_ = doomed.Stop(stopCtx)
-			cancel()
+			crash(doomed, doomedPool)
 
 			log := newDeliveryLog()
 			survivor := b.newGroup(t, "g", withClock)

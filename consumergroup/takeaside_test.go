@@ -82,10 +82,7 @@ func TestTakeoverSkipsAScheduledMessageAlreadyHandled(t *testing.T) {
 			pgtest.Eventually(t, 10*time.Second, "the scheduled message is delivered and acked", func() bool {
 				return got1.Load() > 0 && b.countIn(t, "outbox_group_retries", "true") == 0
 			})
-			doomedPool.Close() // crash
-			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-			_ = doomed.Stop(stopCtx)
-			cancel()
+			crash(doomed, doomedPool)
 
 			log := newDeliveryLog()
 			survivor := b.newGroup(t, "g", withClock)
