@@ -87,13 +87,22 @@ func (r *runner) ackRetries(ids []int64) {
 // mode writes anything per message), and its failed messages go to the
 // retry table, in one transaction. Messages a stopping instance never
 // handled go back to the group at once, with their attempt given back, so
-// a graceful stop redelivers nothing that was finished.
+// a graceful stop redelivers nothing that was finished. A batch whose
+// every message succeeded, none acked in a handler's transaction, is one
+// statement, with no transaction around it.
 func (r *runner) completeBatch(b *batch) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	retries := append(slices.Clip(b.failed), b.released...)
 	err := withRetry(ctx, func() error {
+		if len(retries) == 0 && len(b.handledInTx()) == 0 {
+			tag, err := g.pool.Exec(ctx, g.q.FinishBatch, b.id, g.cfg.InstanceID)
+			if err == nil && tag.RowsAffected() == 0 {
+				return errBatchLost
+			}
+			return err
+		}
 		return pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
 			tag, err := tx.Exec(ctx, g.q.FinishBatch, b.id, g.cfg.InstanceID)
 			if err != nil {

@@ -208,8 +208,8 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	}
 	var status, snapshot, mode string
 	var bit int
-	var mixing bool
-	err = tx.QueryRow(ctx, g.q.FetchState, g.sub.ID).Scan(&status, &snapshot, &bit, &mode, &mixing)
+	var mixing, expired, due bool
+	err = tx.QueryRow(ctx, g.q.FetchState, g.sub.ID, g.now()).Scan(&status, &snapshot, &bit, &mode, &mixing, &expired, &due)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)
 	}
@@ -237,6 +237,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			// paths): a look that fails is rolled back, and the next one
 			// reaps, and counts, the same leases again.
 			r.loggedTakeover(n, "")
+			due = true
 		}
 		if _, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
@@ -259,11 +260,15 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	if g.topic.Ordered {
 		return r.lookOrdered(ctx, tx, p, snapshot, limit)
 	}
-	if took, err := r.takeOver(ctx, tx); err != nil || took {
-		return fetchedWork, err
+	if expired {
+		if took, err := r.takeOver(ctx, tx); err != nil || took {
+			return fetchedWork, err
+		}
 	}
-	if n, err := r.claimRetries(ctx, tx, limit); err != nil || n > 0 {
-		return fetchedWork, err
+	if due {
+		if n, err := r.claimRetries(ctx, tx, limit); err != nil || n > 0 {
+			return fetchedWork, err
+		}
 	}
 	catchup := p.backfill != nil && !p.backfill.readingEnded
 	r.backfilling.Store(catchup)

@@ -31,9 +31,16 @@ SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscr
 
 // fetchState runs after lockOffset: a state change holds the offsets row
 // while it commits, so this read is current until the fetch commits.
-// It also reads how the group tracks messages (see trackingState).
+// It also reads how the group tracks messages (see trackingState), and
+// whether a batch's lease ran out or a retry is due (at $2, now), so that
+// a look with neither runs neither takeExpiredBatch nor claimRetries: two
+// round trips of about nine.
 const fetchState = `
-SELECT s.subscription_status, pg_current_snapshot()::text, ` + trackingState + `
+SELECT s.subscription_status, pg_current_snapshot()::text, ` + trackingState + `,
+       EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches
+               WHERE subscription_id = $1 AND lease_until < coalesce($2::timestamptz, now())),
+       EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries
+               WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($2::timestamptz, now()))
 FROM {{schema}}.outbox_topic_subscriptions AS s JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
 WHERE s.id = $1`
 
