@@ -829,9 +829,13 @@ FROM `+e.DB.Table("conformance_ledger")+` WHERE grp = 'g1' GROUP BY instance ORD
 // (each holds one open, with what the ack wrote and locked). Group a,
 // handling the same messages meanwhile, goes on at its pace: its pickup
 // p99 (commit to handling) while b is frozen stays within twice its p99
-// before, or 100 ms on a busy machine (the failure this guards against
-// is seconds: a group that waited for another's locks handled nothing
-// until the frozen transaction ended). Group b, thawed, loses nothing.
+// before, or within a second. The failure this guards against is
+// seconds: a group that waited for another's locks handled nothing until
+// the frozen transaction ended (10 s, when the server ended it). On a
+// quiet machine the p99 during the freeze is within the twice; beside a
+// second copy of the suite it was three times a 66 ms p99 before, the
+// machine's load, not the frozen member's. Group b, thawed, loses
+// nothing.
 func frozenMember(t *testing.T, s *Subject) {
 	if s.Router {
 		t.Skip("a router's receiver acks nothing in a transaction of ours")
@@ -879,6 +883,6 @@ func frozenMember(t *testing.T, s *Subject) {
 	}
 	t.Logf("group a's pickup p99: %v before b froze (%d messages), %v while it was frozen (%d)",
 		p99(before), len(before), p99(during), len(during))
-	require.LessOrEqual(t, p99(during), max(2*p99(before), 100*time.Millisecond),
+	require.LessOrEqual(t, p99(during), max(2*p99(before), time.Second),
 		"group a slowed down while a member of group b was frozen")
 }
