@@ -435,8 +435,7 @@ func (r *runner) takeAhead(ctx context.Context, tx pgx.Tx, pr pairRows, snapshot
 	}
 	args := append([]any{g.sub.ID, g.cfg.Topic, snapshot, position, pairCur, resumeXID, resumeID, g.now(), limit},
 		g.tracking().stream.binds()...)
-	var taken int64
-	if err := tx.QueryRow(ctx, g.q.TakeAhead, args...).Scan(&taken); err != nil {
+	if _, err := tx.Exec(ctx, g.q.TakeAhead, args...); err != nil {
 		return fmt.Errorf("take prioritized messages ahead: %w", err)
 	}
 	return nil
