@@ -12,14 +12,17 @@ import (
 )
 
 // Bitmap fixes each message's required groups at insert as one bit per
-// group (at most 64 groups); a group records finishing a message in its
-// own row of the completion table, never in the message row.
+// group (at most 64 groups); a group has finished a message once its
+// committed position has passed it with no retry of it pending (or it
+// recorded the message, see Complete), and cleanup deletes a message
+// every required group finished.
 type Bitmap struct{ q *sqlq.PubSub }
 
 // Mode implements Tracker.
 func (*Bitmap) Mode() outbox.TrackingMode { return outbox.Bitmap }
 
-// Complete implements Tracker: one INSERT for the whole batch.
+// Complete implements Tracker: one INSERT of a record per message, beside
+// it (a message recorded twice counts once).
 func (b *Bitmap) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
 	_, err := exec(ctx, tx, "bitmap complete", b.q.CompleteRecords, ids, sub.ID)
 	return err

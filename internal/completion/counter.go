@@ -12,15 +12,17 @@ import (
 )
 
 // Counter fixes each message's required groups at insert as a list of
-// subscription ids and their count; a group records finishing a message
-// in its own row of the completion table, never in the message row.
+// subscription ids and their count; a group has finished a message once
+// its committed position has passed it with no retry of it pending (or
+// it recorded the message, see Complete), and cleanup deletes a message
+// every required group finished.
 type Counter struct{ q *sqlq.PubSub }
 
 // Mode implements Tracker.
 func (*Counter) Mode() outbox.TrackingMode { return outbox.Counter }
 
-// Complete implements Tracker: one INSERT for the whole batch (a
-// redelivered message is recorded once).
+// Complete implements Tracker: one INSERT of a record per message, beside
+// it (a message recorded twice counts once).
 func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
 	_, err := exec(ctx, tx, "counter complete", c.q.CompleteRecords, ids, sub.ID)
 	return err
