@@ -35,14 +35,21 @@ SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscr
 // whether a batch's lease ran out or a retry is due (at $2, now), so that
 // a look with neither runs neither takeExpiredBatch nor claimRetries: two
 // round trips of about nine.
-const fetchState = `
+var fetchState = `
 SELECT s.subscription_status, pg_current_snapshot()::text, ` + trackingState + `,
-       EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches
-               WHERE subscription_id = $1 AND lease_until < coalesce($2::timestamptz, now())),
+       ` + aBatchLeaseRanOut("$2") + `,
        EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries
                WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($2::timestamptz, now()))
 FROM {{schema}}.outbox_topic_subscriptions AS s JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
 WHERE s.id = $1`
+
+// aBatchLeaseRanOut is true when a batch of subscription $1 has a lease
+// that ran out before now (a parameter: NULL for the database's time),
+// which takeExpiredBatch takes over.
+func aBatchLeaseRanOut(now string) string {
+	return `EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches
+               WHERE subscription_id = $1 AND lease_until < coalesce(` + now + `::timestamptz, now()))`
+}
 
 // trackingState is how subscription s of topic t tracks messages: its
 // bit (-1: none), the topic's mode, and whether messages written under an
@@ -345,8 +352,7 @@ WITH p AS (
 )
 SELECT p.subscription_status, p.bit, p.tracking_mode, p.mode_changing,
        p.busy
-       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches
-                  WHERE subscription_id = $1 AND lease_until < coalesce($8::timestamptz, now()))
+       OR ` + aBatchLeaseRanOut("$8") + `
        OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries
                   WHERE subscription_id = $1
                         AND CASE status WHEN 'RETRY' THEN available_at <= coalesce($8::timestamptz, now())
