@@ -173,20 +173,44 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	r.catchupWait, r.idle = 0, false
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.fetchCtx), 30*time.Second)
 	defer cancel()
-	tx, err := g.pool.BeginTx(ctx, shortTx)
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback(ctx)
-
 	var p position
 	var from, upto, bxid *string
 	var bid *int64
 	var b backfill
 	var noJIT bool // see sqlq's lockOffset
-	err = tx.QueryRow(ctx, g.q.LockOffset, g.sub.ID).Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
-		&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more, &noJIT)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var status, snapshot, mode string
+	var bit int
+	var mixing, expired, due, locked, found bool
+	tx, err := beginLook(ctx, g.pool, func(batch *pgx.Batch) {
+		batch.Queue(g.q.LockOffset, g.sub.ID).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
+				&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more, &noJIT)
+			locked = err == nil
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // another instance holds it, or the subscription is gone
+			}
+			if err != nil {
+				return fmt.Errorf("lock position: %w", err)
+			}
+			return nil
+		})
+		batch.Queue(g.q.FetchState, g.sub.ID, g.now()).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&status, &snapshot, &bit, &mode, &mixing, &expired, &due)
+			found = err == nil
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("read state: %w", err)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer tx.end(ctx)
+	if !locked {
 		var exists bool
 		if err := tx.QueryRow(ctx, g.q.OffsetExists, g.sub.ID).Scan(&exists); err != nil {
 			return 0, fmt.Errorf("lock position: %w", err)
@@ -196,9 +220,6 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		}
 		return fetchBusy, nil
 	}
-	if err != nil {
-		return 0, fmt.Errorf("lock position: %w", err)
-	}
 	if from != nil && upto != nil {
 		b.from, b.upto, b.afterXID = *from, *upto, "0"
 		if bxid != nil && bid != nil {
@@ -206,15 +227,8 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		}
 		p.backfill = &b
 	}
-	var status, snapshot, mode string
-	var bit int
-	var mixing, expired, due bool
-	err = tx.QueryRow(ctx, g.q.FetchState, g.sub.ID, g.now()).Scan(&status, &snapshot, &bit, &mode, &mixing, &expired, &due)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if !found {
 		return 0, fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("read state: %w", err)
 	}
 	if _, err := g.setTracking(bit, outbox.TrackingMode(mode), mixing); err != nil {
 		return 0, fmt.Errorf("read state: %w", err)
@@ -239,23 +253,15 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			r.loggedTakeover(n, "")
 			due = true
 		}
-		if _, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID); err != nil {
-			return 0, fmt.Errorf("reap retries: %w", err)
-		}
+		tx.queue("copy dead letters", g.q.CopyDeadLetters, g.sub.ID)
 		if time.Since(r.lastOrphanSweep) >= orphanSweepEvery {
 			r.lastOrphanSweep = time.Now()
-			if _, err := tx.Exec(ctx, g.q.DeleteOrphanRetries, g.sub.ID); err != nil {
-				return 0, fmt.Errorf("reap retries: %w", err)
-			}
+			tx.queue("drop retries of deleted messages", g.q.DeleteOrphanRetries, g.sub.ID)
 		}
 		if p.backfill != nil && p.backfill.readingEnded {
-			if _, err := tx.Exec(ctx, g.q.FinishBackfill, g.sub.ID); err != nil {
-				return 0, fmt.Errorf("finish backfill: %w", err)
-			}
+			tx.queue("finish backfill", g.q.FinishBackfill, g.sub.ID)
 		}
-		if _, err := tx.Exec(ctx, g.q.ForgetSetAside, g.sub.ID); err != nil {
-			return 0, fmt.Errorf("forget messages set aside: %w", err)
-		}
+		tx.queue("forget messages set aside", g.q.ForgetSetAside, g.sub.ID)
 	}
 	if g.topic.Ordered {
 		return r.lookOrdered(ctx, tx, p, snapshot, limit)
@@ -293,7 +299,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 
 // takeOver moves the messages of one batch whose lease ran out to the
 // retry table (and commits), reporting whether there was one.
-func (r *runner) takeOver(ctx context.Context, tx pgx.Tx) (bool, error) {
+func (r *runner) takeOver(ctx context.Context, tx *lookTx) (bool, error) {
 	g := r.g
 	var prev, cur, afterXID, lastXID, member string
 	var afterID, lastID int64
@@ -340,7 +346,7 @@ func (r *runner) loggedTakeover(n int64, member string) {
 
 // claimRetries leases due retries of the group (and commits), and hands
 // them out.
-func (r *runner) claimRetries(ctx context.Context, tx pgx.Tx, limit int) (int, error) {
+func (r *runner) claimRetries(ctx context.Context, tx *lookTx, limit int) (int, error) {
 	g := r.g
 	args := []any{g.sub.ID, g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), limit}
 	query := g.q.ClaimRetries
@@ -402,7 +408,7 @@ const idlePositionEvery = time.Second
 
 // fetchBatch reads the next rows of the snapshot pair, records them as a
 // batch with a lease and moves the position, and commits.
-func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot string, limit int) (fetchResult, error) {
+func (r *runner) fetchBatch(ctx context.Context, tx *lookTx, p position, snapshot string, limit int) (fetchResult, error) {
 	pr, err := r.nextRows(ctx, tx, p, snapshot, limit)
 	if err != nil {
 		return 0, err
@@ -424,7 +430,7 @@ func (r *runner) fetchBatch(ctx context.Context, tx pgx.Tx, p position, snapshot
 // takeAhead, in tx, takes up to limit messages of a priority above 0 from
 // the rows the stream has not read once pr is read (sqlq's takeAhead): the
 // next look claims them from the retry table, ahead of the backlog.
-func (r *runner) takeAhead(ctx context.Context, tx pgx.Tx, pr pairRows, snapshot string, limit int) error {
+func (r *runner) takeAhead(ctx context.Context, tx *lookTx, pr pairRows, snapshot string, limit int) error {
 	g := r.g
 	position, pairCur := pr.cur, (*string)(nil) // the read reached the end of the pair
 	var resumeXID *string
@@ -435,9 +441,7 @@ func (r *runner) takeAhead(ctx context.Context, tx pgx.Tx, pr pairRows, snapshot
 	}
 	args := append([]any{g.sub.ID, g.cfg.Topic, snapshot, position, pairCur, resumeXID, resumeID, g.now(), limit},
 		g.tracking().stream.binds()...)
-	if _, err := tx.Exec(ctx, g.q.TakeAhead, args...); err != nil {
-		return fmt.Errorf("take prioritized messages ahead: %w", err)
-	}
+	tx.queue("take prioritized messages ahead", g.q.TakeAhead, args...)
 	return nil
 }
 
@@ -452,7 +456,7 @@ type pairRows struct {
 // nextRows reads the next rows of the snapshot pair in progress, or of a
 // new pair ending at snapshot, at most limit, and moves the position past
 // them (when nothing new came, at most every idlePositionEvery).
-func (r *runner) nextRows(ctx context.Context, tx pgx.Tx, p position, snapshot string, limit int) (pairRows, error) {
+func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot string, limit int) (pairRows, error) {
 	g := r.g
 	pr := pairRows{prev: p.position, cur: snapshot, afterXID: "0"}
 	if p.pairCur != nil {
@@ -466,18 +470,15 @@ func (r *runner) nextRows(ctx context.Context, tx pgx.Tx, p position, snapshot s
 	pr.rows, pr.exhausted = got, len(got) < limit
 	switch {
 	case len(got) == 0 && p.pairCur == nil && time.Since(r.idleSince) < idlePositionEvery:
-		return pr, nil // nothing new: the position stays (no row version written)
+		// nothing new: the position stays (no row version written)
 	case pr.exhausted: // the position moves to cur
 		if len(got) == 0 && p.pairCur == nil {
 			r.idleSince = time.Now()
 		}
-		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, pr.cur, nil, nil, nil)
+		tx.queue("advance position", g.q.AdvanceOffset, g.sub.ID, pr.cur, nil, nil, nil)
 	default:
 		last := got[len(got)-1]
-		_, err = tx.Exec(ctx, g.q.AdvanceOffset, g.sub.ID, pr.prev, pr.cur, last.xid, last.d.ID)
-	}
-	if err != nil {
-		return pr, fmt.Errorf("advance position: %w", err)
+		tx.queue("advance position", g.q.AdvanceOffset, g.sub.ID, pr.prev, pr.cur, last.xid, last.d.ID)
 	}
 	return pr, nil
 }
@@ -486,7 +487,7 @@ func (r *runner) nextRows(ctx context.Context, tx pgx.Tx, p position, snapshot s
 // deliveries. Whether one is scheduled (sent to be available later than it
 // was written, and not due yet) is the database's answer, or by the
 // group's clock when it has one.
-func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]row, error) {
+func (r *runner) readRows(ctx context.Context, tx *lookTx, query string, args ...any) ([]row, error) {
 	g := r.g
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
@@ -510,7 +511,7 @@ func (r *runner) readRows(ctx context.Context, tx pgx.Tx, query string, args ...
 // park puts rows in the group's retry table, in tx, as retries that never
 // ran (sqlq's parkRows), available now, or a scheduled one from its due
 // time: an ordered group's queue, and every group's scheduled messages.
-func (r *runner) park(ctx context.Context, tx pgx.Tx, rows []row) error {
+func (r *runner) park(ctx context.Context, tx *lookTx, rows []row) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -525,9 +526,7 @@ func (r *runner) park(ctx context.Context, tx pgx.Tx, rows []row) error {
 			groups[i] = x.d.Group
 		}
 	}
-	if _, err := tx.Exec(ctx, g.q.ParkRows, g.sub.ID, g.now(), ids, groups, due); err != nil {
-		return fmt.Errorf("park rows: %w", err)
-	}
+	tx.queue("park rows", g.q.ParkRows, g.sub.ID, g.now(), ids, groups, due)
 	return nil
 }
 
@@ -541,7 +540,7 @@ func (r *runner) park(ctx context.Context, tx pgx.Tx, rows []row) error {
 // park) and recorded as set aside; the batch, which still spans them, is
 // the rest. A takeover of the batch reads its rows again and skips them,
 // parked or already handled.
-func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
+func (r *runner) recordBatch(ctx context.Context, tx *lookTx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
 	g := r.g
 	if g.topic.Ordered {
 		return r.park(ctx, tx, got)
@@ -563,19 +562,16 @@ func (r *runner) recordBatch(ctx context.Context, tx pgx.Tx, prev, cur, afterXID
 		for i, x := range later {
 			ids[i], xids[i] = x.d.ID, x.xid
 		}
-		if _, err := tx.Exec(ctx, g.q.SetAside, g.sub.ID, ids, xids); err != nil {
-			return fmt.Errorf("set scheduled messages aside: %w", err)
-		}
+		tx.queue("set scheduled messages aside", g.q.SetAside, g.sub.ID, ids, xids)
 		if got = due; len(got) == 0 {
 			return tx.Commit(ctx)
 		}
 	}
 	var bid int64
 	var leaseUntil time.Time
-	if err := tx.QueryRow(ctx, g.q.InsertBatch, g.sub.ID, prev, cur, afterXID, afterID, last.xid, last.d.ID,
-		g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), catchup).Scan(&bid, &leaseUntil); err != nil {
-		return fmt.Errorf("record batch: %w", err)
-	}
+	tx.queue("record batch", g.q.InsertBatch, g.sub.ID, prev, cur, afterXID, afterID, last.xid, last.d.ID,
+		g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), catchup).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&bid, &leaseUntil) })
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}

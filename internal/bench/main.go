@@ -176,7 +176,7 @@ func run(ctx context.Context, c *config) error {
 			return err
 		}
 	}
-	b := &bench{c: c, pool: pool, client: client, producer: producer}
+	b := &bench{c: c, pool: pool, client: client, producer: producer, fetches: &fetchRecorder{}}
 	if c.mode == "" && c.workload != "W5" && c.workload != "SKEW" { // QUEUE workloads: configure the topic, as a service would at boot
 		if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: strings.ToLower(c.workload), Ordered: c.ordered}); err != nil {
 			return err
@@ -212,6 +212,7 @@ func run(ctx context.Context, c *config) error {
 
 type bench struct {
 	c        *config
+	fetches  *fetchRecorder // the group's looks (W4, W5 with -mode)
 	pool     *pgxpool.Pool
 	client   *outbox.Client
 	producer *outbox.Producer
@@ -408,15 +409,17 @@ func (b *bench) drainGroups(ctx context.Context, topic string, nGroups int) (tim
 }
 
 // w4: messages produced at a fixed rate while the consumer runs; latency
-// from the producer's commit returning to the handler starting.
+// from the producer's commit returning to the handler starting. With
+// -mode, the topic is PUB_SUB and one group reads it (see
+// startTopicConsumer).
 func (b *bench) w4(ctx context.Context) error {
 	const topic = "w4"
 	tr := newTracker(b.c.n)
-	k, err := b.startConsumer(ctx, topic, tr)
+	stop, err := b.startTopicConsumer(ctx, topic, tr)
 	if err != nil {
 		return err
 	}
-	defer k.Stop(context.Background())
+	defer stop()
 	time.Sleep(500 * time.Millisecond)
 	if err := b.paced(ctx, topic, tr, 0, b.c.n, b.c.rate); err != nil {
 		return err
@@ -428,6 +431,9 @@ func (b *bench) w4(ctx context.Context) error {
 		return err
 	}
 	p50, p99 := tr.latencies()
+	if n, f50, _, f99 := b.fetches.percentiles(); n > 0 {
+		logf("W4: %d looks, p50 %.3f ms, p99 %.3f ms", n, f50, f99)
+	}
 	emit(b.c, tr.lastStart().Sub(tr.firstCommit()), b.c.n, p50, p99)
 	return nil
 }

@@ -139,7 +139,7 @@ func (b *bench) startTopicConsumer(ctx context.Context, topic string, tr *tracke
 		return nil, err
 	}
 	g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: "g0", Schema: schema,
-		Concurrency: b.c.workers, HeartbeatPool: b.pool})
+		Concurrency: b.c.workers, HeartbeatPool: b.pool, MeterProvider: b.fetches})
 	if err != nil {
 		return nil, err
 	}

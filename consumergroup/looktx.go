@@ -1,0 +1,147 @@
+package consumergroup
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// lookTx is the transaction of one look (see fetchOnce), on a connection
+// of its own. It spends fewer round trips than pgx.Tx, which spends one on
+// BEGIN and one on COMMIT:
+//   - beginLook sends BEGIN in the same round trip as the look's first
+//     statements;
+//   - queue holds back a statement whose result the look does not need at
+//     once; it goes to the server with the next statement, or with COMMIT.
+//
+// A look that reads new rows runs in three round trips: the position's
+// lock and the group's state, the read, and the batch's record with the
+// commit. Statements still run one after the other, in the order the look
+// wrote them, each with its own snapshot.
+type lookTx struct {
+	conn    *pgxpool.Conn
+	pending pgx.Batch
+	labels  []string // what each pending statement does, for errors
+}
+
+// lookSettings are a look's transaction's settings:
+//   - it may sit idle for ten seconds at most (see shortTx);
+//   - its commit does not wait for the server to flush it to disk. A look
+//     writes leases, batches and positions, never a message or a
+//     completion: if the server crashes before its commit reaches the
+//     disk, the look is forgotten and its messages are delivered again (a
+//     completion or a handler's transaction that committed after it
+//     flushed it too). The wait was a third of a look's time.
+const lookSettings = `
+SELECT set_config('idle_in_transaction_session_timeout', '10s', true), set_config('synchronous_commit', 'off', true)`
+
+// beginLook takes a connection from pool and begins a look's transaction
+// on it, in one round trip with the statements first queues (whose
+// callbacks read their results). On an error the transaction is over.
+func beginLook(ctx context.Context, pool *pgxpool.Pool, first func(*pgx.Batch)) (*lookTx, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t := &lookTx{conn: conn}
+	var b pgx.Batch
+	b.Queue("BEGIN")
+	b.Queue(lookSettings)
+	first(&b)
+	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
+		t.end(ctx)
+		return nil, err
+	}
+	return t, nil
+}
+
+// queue holds a statement back until the next one, or the commit, goes to
+// the server. Its error, if any, is the error of that statement or commit,
+// prefixed with what.
+func (t *lookTx) queue(what, sql string, args ...any) *pgx.QueuedQuery {
+	t.labels = append(t.labels, what)
+	return t.pending.Queue(sql, args...)
+}
+
+// flush sends what queue held back, in one round trip. An error names
+// the statement that failed.
+func (t *lookTx) flush(ctx context.Context) error {
+	if t.pending.Len() == 0 {
+		return nil
+	}
+	b, labels := t.pending, t.labels
+	t.pending, t.labels = pgx.Batch{}, nil
+	at := 0 // the statement whose result is being read
+	for i, qq := range b.QueuedQueries {
+		read := qq.Fn
+		qq.Fn = func(br pgx.BatchResults) error {
+			at = i
+			if read == nil {
+				_, err := br.Exec()
+				return err
+			}
+			return read(br)
+		}
+	}
+	if err := t.conn.SendBatch(ctx, &b).Close(); err != nil {
+		return fmt.Errorf("%s: %w", labels[at], err)
+	}
+	return nil
+}
+
+// Exec runs sql after whatever queue held back.
+func (t *lookTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.flush(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+// Query runs sql after whatever queue held back.
+func (t *lookTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.conn.Query(ctx, sql, args...)
+}
+
+// QueryRow runs sql after whatever queue held back.
+func (t *lookTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.flush(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.conn.QueryRow(ctx, sql, args...)
+}
+
+// Commit sends what queue held back and COMMIT, in one round trip.
+func (t *lookTx) Commit(ctx context.Context) error {
+	t.queue("commit", "COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" { // a statement before it failed
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
+	return t.flush(ctx)
+}
+
+// end rolls the transaction back unless it committed, and gives the
+// connection back to the pool (which closes it if it is still in a
+// transaction, or broken).
+func (t *lookTx) end(ctx context.Context) {
+	if t.conn == nil {
+		return
+	}
+	if t.conn.Conn().PgConn().TxStatus() != 'I' {
+		_, _ = t.conn.Exec(ctx, "ROLLBACK")
+	}
+	t.conn.Release()
+	t.conn = nil
+}
+
+// errRow is a pgx.Row whose Scan reports err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
