@@ -31,7 +31,7 @@ func TestALookRunsItsStatementsInOrderAndCommitsThemTogether(t *testing.T) {
 			var first int
 			var syncCommit string
 			tx, err := beginLook(ctx, pool, func(b *pgx.Batch) {
-				b.Queue(`INSERT INTO `+table+` VALUES (1) RETURNING x`).QueryRow(func(row pgx.Row) error { return row.Scan(&first) })
+				b.Queue(`INSERT INTO ` + table + ` VALUES (1) RETURNING x`).QueryRow(func(row pgx.Row) error { return row.Scan(&first) })
 				b.Queue(`SELECT current_setting('synchronous_commit')`).QueryRow(func(row pgx.Row) error { return row.Scan(&syncCommit) })
 			})
 			require.NoError(t, err)
