@@ -181,6 +181,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	var status, snapshot, mode string
 	var bit int
 	var mixing, expired, due, locked, found bool
+	ahead := r.readAhead(limit)
 	tx, err := beginLook(ctx, g.pool, func(batch *pgx.Batch) {
 		batch.Queue(g.q.LockOffset, g.sub.ID).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
@@ -205,6 +206,16 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			}
 			return nil
 		})
+		if ahead != nil {
+			batch.Queue(g.q.FetchRowsAhead, ahead.args...).Query(func(rows pgx.Rows) error {
+				var err error
+				ahead.rows, err = r.collectRows(rows, &ahead.cur)
+				if err != nil {
+					return fmt.Errorf("fetch rows: %w", err)
+				}
+				return nil
+			})
+		}
 	})
 	if err != nil {
 		return 0, err
@@ -230,7 +241,8 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	if !found {
 		return 0, fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)
 	}
-	if _, err := g.setTracking(bit, outbox.TrackingMode(mode), mixing); err != nil {
+	changed, err := g.setTracking(bit, outbox.TrackingMode(mode), mixing)
+	if err != nil {
 		return 0, fmt.Errorf("read state: %w", err)
 	}
 	switch State(status) {
@@ -238,6 +250,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	case Cancelled:
 		return 0, fmt.Errorf("%w: group %q on %q", ErrCancelled, g.cfg.Group, g.cfg.Topic)
 	default:
+		r.noReadAhead = true // a paused group's looks would drop the rows
 		return fetchInactive, nil
 	}
 
@@ -266,6 +279,11 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	if g.topic.Ordered {
 		return r.lookOrdered(ctx, tx, p, snapshot, limit)
 	}
+	catchup := p.backfill != nil && !p.backfill.readingEnded
+	r.noReadAhead = expired || due || catchup
+	if changed { // the rows were read with the old mode's stream
+		ahead = nil
+	}
 	if expired {
 		if took, err := r.takeOver(ctx, tx); err != nil || took {
 			return fetchedWork, err
@@ -276,7 +294,6 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			return fetchedWork, err
 		}
 	}
-	catchup := p.backfill != nil && !p.backfill.readingEnded
 	r.backfilling.Store(catchup)
 	if catchup && r.catchupTurn {
 		r.catchupTurn = false
@@ -285,7 +302,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		}
 	}
 	r.catchupTurn = catchup
-	res, err := r.fetchBatch(ctx, tx, p, snapshot, limit)
+	res, err := r.fetchBatch(ctx, tx, p, snapshot, limit, ahead)
 	r.idle = res == fetchedNothing && err == nil && !catchup && p.backfill == nil
 	if res == fetchedNothing && catchup {
 		want := max(1, r.catchupSize(p.backfill, limit))
@@ -408,8 +425,8 @@ const idlePositionEvery = time.Second
 
 // fetchBatch reads the next rows of the snapshot pair, records them as a
 // batch with a lease and moves the position, and commits.
-func (r *runner) fetchBatch(ctx context.Context, tx *lookTx, p position, snapshot string, limit int) (fetchResult, error) {
-	pr, err := r.nextRows(ctx, tx, p, snapshot, limit)
+func (r *runner) fetchBatch(ctx context.Context, tx *lookTx, p position, snapshot string, limit int, ahead *rowsAhead) (fetchResult, error) {
+	pr, err := r.nextRows(ctx, tx, p, snapshot, limit, ahead)
 	if err != nil {
 		return 0, err
 	}
@@ -455,17 +472,27 @@ type pairRows struct {
 
 // nextRows reads the next rows of the snapshot pair in progress, or of a
 // new pair ending at snapshot, at most limit, and moves the position past
-// them (when nothing new came, at most every idlePositionEvery).
-func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot string, limit int) (pairRows, error) {
+// them (when nothing new came, at most every idlePositionEvery). Rows read
+// ahead (non-nil ahead) are those rows: a new pair then ends at the
+// snapshot their read took, later than snapshot (when they are none, the
+// pair ending at snapshot holds none either).
+func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot string, limit int, ahead *rowsAhead) (pairRows, error) {
 	g := r.g
 	pr := pairRows{prev: p.position, cur: snapshot, afterXID: "0"}
 	if p.pairCur != nil {
 		pr.cur, pr.afterXID, pr.afterID = *p.pairCur, *p.resumeXID, *p.resumeID
 	}
-	args := append([]any{g.cfg.Topic, pr.prev, pr.cur, pr.afterXID, pr.afterID, limit}, g.tracking().stream.binds()...)
-	got, err := r.readRows(ctx, tx, g.q.FetchRows, append(args, g.sub.ID)...)
-	if err != nil {
-		return pr, fmt.Errorf("fetch rows: %w", err)
+	var got []row
+	if ahead != nil {
+		if got = ahead.rows; len(got) > 0 {
+			pr.cur = ahead.cur
+		}
+	} else {
+		args := append([]any{g.cfg.Topic, pr.prev, pr.cur, pr.afterXID, pr.afterID, limit}, g.tracking().stream.binds()...)
+		var err error
+		if got, err = r.readRows(ctx, tx, g.q.FetchRows, append(args, g.sub.ID)...); err != nil {
+			return pr, fmt.Errorf("fetch rows: %w", err)
+		}
 	}
 	pr.rows, pr.exhausted = got, len(got) < limit
 	switch {
@@ -484,28 +511,55 @@ func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot 
 }
 
 // readRows reads messages (the columns of sqlq's nextUnseenRows) as first
-// deliveries. Whether one is scheduled (sent to be available later than it
-// was written, and not due yet) is the database's answer, or by the
-// group's clock when it has one.
+// deliveries.
 func (r *runner) readRows(ctx context.Context, tx *lookTx, query string, args ...any) ([]row, error) {
-	g := r.g
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
+	return r.collectRows(rows)
+}
+
+// collectRows collects rows read by readRows, or by sqlq's fetchRowsAhead,
+// whose last column (the pair's end) goes to cur. Whether one is scheduled
+// (sent to be available later than it was written, and not due yet) is the
+// database's answer, or by the group's clock when it has one.
+func (r *runner) collectRows(rows pgx.Rows, cur ...any) ([]row, error) {
+	g := r.g
 	now := g.now()
 	return pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
 		d := &outbox.Delivery{Topic: g.cfg.Topic, MaxAttempts: g.topic.MaxAttempts, Attempt: 1}
 		var x row
 		var prio int16
-		err := cr.Scan(&d.ID, &x.xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt,
-			&x.due, &x.scheduled)
+		err := cr.Scan(append([]any{&d.ID, &x.xid, &d.Payload, &d.Headers, &d.CorrelationID, &d.Group, &prio, &d.CreatedAt,
+			&x.due, &x.scheduled}, cur...)...)
 		if now != nil {
 			x.scheduled = x.due.After(d.CreatedAt) && x.due.After(*now)
 		}
 		d.Priority, x.d = int(prio), d
 		return x, err
 	})
+}
+
+// rowsAhead are the rows a look read ahead (see readAhead).
+type rowsAhead struct {
+	args []any  // sqlq's fetchRowsAhead's
+	rows []row  // what it read
+	cur  string // the end of the pair they belong to
+}
+
+// readAhead says whether the look about to begin reads its stream in the
+// round trip that begins it (sqlq's fetchRowsAhead), and with what: an
+// unordered group's look does, unless the last look took over a batch,
+// claimed retries or had a backfill pending (this one then likely does
+// the same, and would drop the rows).
+func (r *runner) readAhead(limit int) *rowsAhead {
+	g := r.g
+	t := g.tracking()
+	if g.topic.Ordered || r.noReadAhead || t == nil {
+		return nil
+	}
+	return &rowsAhead{args: append([]any{g.sub.ID, g.cfg.Topic, limit}, t.stream.binds()...)}
 }
 
 // park puts rows in the group's retry table, in tx, as retries that never

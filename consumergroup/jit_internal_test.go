@@ -41,6 +41,7 @@ SELECT 'events', '{"seq": 1}', 'c', 'PUBLISHED' FROM generate_series(1, 1000)`)
 		args []any
 	}{
 		{"FetchRows", g.q.FetchRows, append(append([]any{"events", prev, cur, "0", int64(0), 1000}, stream...), g.sub.ID)},
+		{"FetchRowsAhead", g.q.FetchRowsAhead, append([]any{g.sub.ID, "events", 1000}, stream...)},
 		{"CatchupRows", g.q.CatchupRows, []any{"events", prev, cur, "0", int64(0), 1000, true, nil, nil, int64(0), g.sub.ID}},
 		{"TakeAhead", g.q.TakeAhead, append([]any{g.sub.ID, "events", cur, prev, nil, nil, nil, nil, 1000}, stream...)},
 		{"ClaimRetries", g.q.ClaimRetries, []any{g.sub.ID, "m", nil, int64(1000), 1000}},

@@ -55,7 +55,7 @@ func (r *runner) lookOrdered(ctx context.Context, tx *lookTx, p position, snapsh
 		return fetchedWork, nil
 	}
 	r.backfilling.Store(false)
-	pr, err := r.nextRows(ctx, tx, p, snapshot, orderedPage)
+	pr, err := r.nextRows(ctx, tx, p, snapshot, orderedPage, nil)
 	if err != nil {
 		return 0, err
 	}

@@ -96,6 +96,7 @@ type runner struct {
 	lastFullLook    time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
 	walkAfter       string        // an ordered group's next claim walks the message groups from after this one
 	lastOrphanSweep time.Time     // see orphanSweepEvery
+	noReadAhead     bool          // the last look took over, claimed retries or had a backfill pending (see readAhead)
 }
 
 // job is one delivery to handle.

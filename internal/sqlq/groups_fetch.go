@@ -318,18 +318,43 @@ WHERE t.subscription_id = $1 AND f.subscription_id = $1 AND f.backfill_from IS N
 // xid8 itself: the text of an xid orders differently from the resume point
 // once xids cross a power of ten (rows then came twice, or never).
 func nextUnseenRows(filter string) string {
+	return unseenRowsOf("$1", "$2::pg_snapshot", "$3::pg_snapshot", "$4::text::xid8", "$5::bigint", "$6", filter)
+}
+
+// unseenRowsOf is nextUnseenRows with its topic, pair, resume point and
+// limit given as expressions.
+func unseenRowsOf(topic, prev, cur, rxid, rid, limit, filter string) string {
 	const cols = `o.id, o.xid::text AS xid_text, o.payload, o.headers, o.correlation_id,
            coalesce(o.message_group, '') AS message_group, o.priority, o.created_at, o.available_at, o.xid AS sort_xid`
 	return `
 SELECT r.id, r.xid_text, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, r.created_at,
        r.available_at, r.available_at > greatest(r.created_at, now())
-FROM (` + unseenRows(cols, `o.topic = $1 AND o.status = 'PUBLISHED' AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
-      AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot)
-      AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)`+filter,
-		"$2::pg_snapshot", "$4::text::xid8", "$5::bigint", "$6") + `) AS r
+FROM (` + unseenRows(cols, `o.topic = `+topic+` AND o.status = 'PUBLISHED' AND o.xid < pg_snapshot_xmax(`+cur+`)
+      AND pg_visible_in_snapshot(o.xid, `+cur+`)
+      AND NOT pg_visible_in_snapshot(o.xid, `+prev+`)`+filter,
+		prev, rxid, rid, limit) + `) AS r
 ORDER BY r.sort_xid, r.id
-LIMIT $6`
+LIMIT ` + limit
 }
+
+// fetchRowsAhead is fetchRows reading its pair from subscription $1's
+// offsets row, which the look's lockOffset locked earlier in its
+// transaction: the rest of the pair in progress, or the rows from the
+// position to a snapshot the statement takes, at most $3 of topic $2, of
+// the group's stream ($4..$8). Each row also carries the pair's end. It
+// goes to the server with lockOffset and fetchState, before the look
+// knows whether it will read its stream at all (see fetchState): a look
+// that reads new rows saves a round trip, and one that takes another path
+// drops them. When lockOffset did not get the row (another instance is
+// fetching), neither does this statement, and it reads nothing.
+var fetchRowsAhead = `
+WITH f AS MATERIALIZED (
+    SELECT position AS prev, coalesce(pair_cur, pg_current_snapshot()) AS cur,
+           coalesce(resume_xid, '0'::xid8) AS rxid, coalesce(resume_id, 0) AS rid
+    FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1
+    FOR UPDATE SKIP LOCKED)
+SELECT u.*, (SELECT cur FROM f)::text FROM (` + unseenRowsOf("$2", "(SELECT prev FROM f)", "(SELECT cur FROM f)",
+	"(SELECT rxid FROM f)", "(SELECT rid FROM f)", "$3", streamFilter("o", 4)+notSetAside("o", "$1")) + `) AS u`
 
 // anyWork tells an idle instance of subscription $1 (topic $2, stream
 // $3..$7, now $8) whether a full look could find anything: its state and

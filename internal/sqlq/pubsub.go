@@ -26,16 +26,16 @@ type PubSub struct {
 	CommittedPosition, DeletedTombstone                            string
 
 	// Fetching.
-	LockOffset, OffsetExists, FetchState           string
-	CatchupRows, CatchupSize, CatchupProgress      string
-	FinishBackfill, CancelBackfill, BackfillState  string
-	NextBackfillPair                               string
-	TakeExpiredBatch, MoveBatchToRetries           string
-	FetchRows, AdvanceOffset, InsertBatch, AnyWork string
-	TakeAhead, SetAside, ForgetSetAside            string
-	ReapRetries, DeleteOrphanRetries, ClaimRetries string
-	ParkRows, ClaimOrderedRetries                  string
-	CopyDeadLetters, DeadLettersToComplete         string
+	LockOffset, OffsetExists, FetchState                           string
+	CatchupRows, CatchupSize, CatchupProgress                      string
+	FinishBackfill, CancelBackfill, BackfillState                  string
+	NextBackfillPair                                               string
+	TakeExpiredBatch, MoveBatchToRetries                           string
+	FetchRows, FetchRowsAhead, AdvanceOffset, InsertBatch, AnyWork string
+	TakeAhead, SetAside, ForgetSetAside                            string
+	ReapRetries, DeleteOrphanRetries, ClaimRetries                 string
+	ParkRows, ClaimOrderedRetries                                  string
+	CopyDeadLetters, DeadLettersToComplete                         string
 
 	// Completing.
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetries, ExtendLeases string
@@ -102,6 +102,7 @@ func ForPubSub(schema string) *PubSub {
 		TakeExpiredBatch:    q(takeExpiredBatch),
 		MoveBatchToRetries:  q(moveBatchToRetries),
 		FetchRows:           q(fetchRows),
+		FetchRowsAhead:      q(fetchRowsAhead),
 		TakeAhead:           q(takeAhead),
 		SetAside:            q(setAside),
 		ForgetSetAside:      q(forgetSetAside),
