@@ -17,10 +17,11 @@ import (
 //   - queue holds back a statement whose result the look does not need at
 //     once; it goes to the server with the next statement, or with COMMIT.
 //
-// A look that reads new rows runs in three round trips: the position's
-// lock and the group's state, the read, and the batch's record with the
-// commit. Statements still run one after the other, in the order the look
-// wrote them, each with its own snapshot.
+// A look that reads new rows runs in two round trips: the position's
+// lock, the group's state and the read (see readAhead), then the
+// position's move and the batch's record with the commit. Statements
+// still run one after the other, in the order the look wrote them, each
+// with its own snapshot.
 type lookTx struct {
 	conn    *pgxpool.Conn
 	pending pgx.Batch
