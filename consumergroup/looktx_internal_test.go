@@ -18,11 +18,8 @@ import (
 // again afterwards.
 func TestALookRunsItsStatementsInOrderAndCommitsThemTogether(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	table := db.Table("look_rows")
+	db, table := lookTable(t)
 	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+table+` (x int)`)
-	require.NoError(t, err)
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			pool := pgtest.NewPool(t, db.DSN+"&default_query_exec_mode="+mode+"&pool_max_conns=1")
@@ -61,11 +58,8 @@ func TestALookRunsItsStatementsInOrderAndCommitsThemTogether(t *testing.T) {
 // pool out of any transaction.
 func TestALookWhoseStatementFailsCommitsNothing(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	table := db.Table("look_rows")
+	db, table := lookTable(t)
 	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+table+` (x int)`)
-	require.NoError(t, err)
 	pool := pgtest.NewPool(t, db.DSN+"&pool_max_conns=1")
 
 	tx, err := beginLook(ctx, pool, func(b *pgx.Batch) { b.Queue(`INSERT INTO ` + table + ` VALUES (1)`) })
@@ -98,4 +92,14 @@ func outsideATransaction(t *testing.T, pool *pgxpool.Pool) {
 	require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus())
 	_, err = conn.Exec(context.Background(), `SELECT 1`)
 	require.NoError(t, err)
+}
+
+// lookTable is a new database with an empty table of ints for looks to
+// write to.
+func lookTable(t *testing.T) (*pgtest.DB, string) {
+	db := pgtest.NewDB(t)
+	table := db.Table("look_rows")
+	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE `+table+` (x int)`)
+	require.NoError(t, err)
+	return db, table
 }
