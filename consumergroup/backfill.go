@@ -114,7 +114,8 @@ func (r *runner) fetchCatchup(ctx context.Context, tx *lookTx, b *backfill, limi
 	}
 	total := int64(0)
 	if b.total == 0 { // what it handed out, and its estimate of the pair it reads now
-		if err := tx.QueryRow(ctx, g.q.CatchupSize, g.cfg.Topic, b.from, b.upto, b.left).Scan(&total); err != nil {
+		if err := tx.QueryRow(ctx, g.q.CatchupSize,
+			pgx.StrictNamedArgs{"topic": g.cfg.Topic, "prev": b.from, "cur": b.upto, "limit": b.left}).Scan(&total); err != nil {
 			return 0, fmt.Errorf("backfill size: %w", err)
 		}
 		total += b.done
@@ -127,10 +128,11 @@ func (r *runner) fetchCatchup(ctx context.Context, tx *lookTx, b *backfill, limi
 	if capped {
 		take++
 	}
-	args := append([]any{g.cfg.Topic, b.from, b.upto, b.afterXID, b.afterID, take}, catchupFor(g.subRow).binds()...)
-	args = append(args, g.tracking().stream.bit, g.sub.ID)
+	args := catchupFor(g.subRow).bind(pgx.StrictNamedArgs{"topic": g.cfg.Topic, "prev": b.from, "cur": b.upto,
+		"after_xid": b.afterXID, "after_id": b.afterID, "limit": take, "sub": g.sub.ID,
+		"done_bit": g.tracking().stream.bit, "done_sub": g.sub.ID})
 	start := time.Now()
-	got, err := r.readRows(ctx, tx, g.q.CatchupRows, args...)
+	got, err := r.readRows(ctx, tx, g.q.CatchupRows, args)
 	if err != nil {
 		return 0, fmt.Errorf("backfill rows: %w", err)
 	}

@@ -128,11 +128,11 @@ func (r *runner) anyWork() (bool, error) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(r.fetchCtx, 30*time.Second)
 	defer cancel()
-	args := append([]any{g.sub.ID, g.cfg.Topic}, g.tracking().stream.binds()...)
+	args := g.tracking().stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": g.cfg.Topic, "now": g.now()})
 	var status, mode string
 	var bit int
 	var mixing, work bool
-	err := g.pool.QueryRow(ctx, g.q.AnyWork, append(args, g.now())...).Scan(&status, &bit, &mode, &mixing, &work)
+	err := g.pool.QueryRow(ctx, g.q.AnyWork, args).Scan(&status, &bit, &mode, &mixing, &work)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return true, nil // the subscription is gone: the full look says so
 	}
@@ -207,7 +207,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			return nil
 		})
 		if ahead != nil {
-			batch.Queue(g.q.FetchRowsAhead, ahead.args...).Query(func(rows pgx.Rows) error {
+			batch.Queue(g.q.FetchRowsAhead, ahead.args).Query(func(rows pgx.Rows) error {
 				var err error
 				ahead.rows, err = r.collectRows(rows, &ahead.cur)
 				if err != nil {
@@ -334,11 +334,11 @@ func (r *runner) takeOver(ctx context.Context, tx *lookTx) (bool, error) {
 		id := g.sub.ID
 		stream.subID = &id
 	}
-	args := append([]any{g.sub.ID, g.now(), g.cfg.Topic}, stream.binds()...)
-	args = append(args, catchupFor(g.subRow).binds()...)
-	args = append(args, prev, cur, afterXID, afterID, lastXID, lastID, member, catchup)
+	args := pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now(), "topic": g.cfg.Topic, "prev": prev, "cur": cur,
+		"after_xid": afterXID, "after_id": afterID, "last_xid": lastXID, "last_id": lastID, "member": member, "catchup": catchup}
+	catchupFor(g.subRow).bind(stream.bindDone(stream.bind(args)))
 	var moved int64
-	if err := tx.QueryRow(ctx, g.q.MoveBatchToRetries, args...).Scan(&moved); err != nil {
+	if err := tx.QueryRow(ctx, g.q.MoveBatchToRetries, args).Scan(&moved); err != nil {
 		return false, fmt.Errorf("take over batch: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -456,9 +456,9 @@ func (r *runner) takeAhead(ctx context.Context, tx *lookTx, pr pairRows, snapsho
 		last := pr.rows[len(pr.rows)-1]
 		position, pairCur, resumeXID, resumeID = pr.prev, &pr.cur, &last.xid, &last.d.ID
 	}
-	args := append([]any{g.sub.ID, g.cfg.Topic, snapshot, position, pairCur, resumeXID, resumeID, g.now(), limit},
-		g.tracking().stream.binds()...)
-	tx.queue("take prioritized messages ahead", g.q.TakeAhead, args...)
+	args := g.tracking().stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": g.cfg.Topic, "snapshot": snapshot,
+		"position": position, "pair_cur": pairCur, "resume_xid": resumeXID, "resume_id": resumeID, "now": g.now(), "limit": limit})
+	tx.queue("take prioritized messages ahead", g.q.TakeAhead, args)
 	return nil
 }
 
@@ -488,9 +488,10 @@ func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot 
 			pr.cur = ahead.cur
 		}
 	} else {
-		args := append([]any{g.cfg.Topic, pr.prev, pr.cur, pr.afterXID, pr.afterID, limit}, g.tracking().stream.binds()...)
+		args := g.tracking().stream.bind(pgx.StrictNamedArgs{"topic": g.cfg.Topic, "prev": pr.prev, "cur": pr.cur,
+			"after_xid": pr.afterXID, "after_id": pr.afterID, "limit": limit, "sub": g.sub.ID})
 		var err error
-		if got, err = r.readRows(ctx, tx, g.q.FetchRows, append(args, g.sub.ID)...); err != nil {
+		if got, err = r.readRows(ctx, tx, g.q.FetchRows, args); err != nil {
 			return pr, fmt.Errorf("fetch rows: %w", err)
 		}
 	}
@@ -543,9 +544,9 @@ func (r *runner) collectRows(rows pgx.Rows, cur ...any) ([]row, error) {
 
 // rowsAhead are the rows a look read ahead (see readAhead).
 type rowsAhead struct {
-	args []any  // sqlq's fetchRowsAhead's
-	rows []row  // what it read
-	cur  string // the end of the pair they belong to
+	args pgx.StrictNamedArgs // sqlq's fetchRowsAhead's
+	rows []row               // what it read
+	cur  string              // the end of the pair they belong to
 }
 
 // readAhead says whether the look about to begin reads its stream in the
@@ -559,7 +560,7 @@ func (r *runner) readAhead(limit int) *rowsAhead {
 	if g.topic.Ordered || r.noReadAhead || t == nil {
 		return nil
 	}
-	return &rowsAhead{args: append([]any{g.sub.ID, g.cfg.Topic, limit}, t.stream.binds()...)}
+	return &rowsAhead{args: t.stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": g.cfg.Topic, "limit": limit})}
 }
 
 // park puts rows in the group's retry table, in tx, as retries that never

@@ -79,13 +79,14 @@ func TestFetchUnderHeldXminReadsOnlyUnseenRows(t *testing.T) {
 			require.NoError(t, err)
 			var cur string
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&cur))
-			stream := g.tracking().stream.binds()
+			stream := g.tracking().stream
 			for _, f := range []struct {
 				name, sql string
 				args      []any
 			}{
-				{"FetchRows", g.q.FetchRows, append([]any{"events", prev, cur, "0", int64(0), 1000}, append(stream, g.sub.ID)...)},
-				{"FetchRowsAhead", g.q.FetchRowsAhead, append([]any{g.sub.ID, "events", 1000}, stream...)},
+				{"FetchRows", g.q.FetchRows, []any{stream.bind(pgx.StrictNamedArgs{"topic": "events", "prev": prev, "cur": cur,
+					"after_xid": "0", "after_id": int64(0), "limit": 1000, "sub": g.sub.ID})}},
+				{"FetchRowsAhead", g.q.FetchRowsAhead, []any{stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": "events", "limit": 1000})}},
 			} {
 				var plan []map[string]any
 				require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+f.sql, f.args...).Scan(&plan))

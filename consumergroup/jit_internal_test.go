@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -34,16 +35,23 @@ SELECT 'events', '{"seq": 1}', 'c', 'PUBLISHED' FROM generate_series(1, 1000)`)
 	var prev, cur string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT position::text, pg_current_snapshot()::text FROM `+
 		db.Table("outbox_subscription_offsets")+` WHERE subscription_id = $1`, g.sub.ID).Scan(&prev, &cur))
-	stream := g.tracking().stream.binds()
+	stream := g.tracking().stream
+	pair := func() pgx.StrictNamedArgs {
+		return pgx.StrictNamedArgs{"topic": "events", "prev": prev, "cur": cur, "after_xid": "0", "after_id": int64(0),
+			"limit": 1000, "sub": g.sub.ID}
+	}
+	catchup := catchupFor(g.subRow).bind(pair())
+	catchup["done_bit"], catchup["done_sub"] = int64(0), g.sub.ID
 	statements := []struct {
 		name string
 		sql  string
 		args []any
 	}{
-		{"FetchRows", g.q.FetchRows, append(append([]any{"events", prev, cur, "0", int64(0), 1000}, stream...), g.sub.ID)},
-		{"FetchRowsAhead", g.q.FetchRowsAhead, append([]any{g.sub.ID, "events", 1000}, stream...)},
-		{"CatchupRows", g.q.CatchupRows, []any{"events", prev, cur, "0", int64(0), 1000, true, nil, nil, int64(0), g.sub.ID}},
-		{"TakeAhead", g.q.TakeAhead, append([]any{g.sub.ID, "events", cur, prev, nil, nil, nil, nil, 1000}, stream...)},
+		{"FetchRows", g.q.FetchRows, []any{stream.bind(pair())}},
+		{"FetchRowsAhead", g.q.FetchRowsAhead, []any{stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": "events", "limit": 1000})}},
+		{"CatchupRows", g.q.CatchupRows, []any{catchup}},
+		{"TakeAhead", g.q.TakeAhead, []any{stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": "events", "snapshot": cur,
+			"position": prev, "pair_cur": nil, "resume_xid": nil, "resume_id": nil, "now": nil, "limit": 1000})}},
 		{"ClaimRetries", g.q.ClaimRetries, []any{g.sub.ID, "m", nil, int64(1000), 1000}},
 	}
 
@@ -64,8 +72,8 @@ SELECT 'events', '{"seq": 1}', 'c', 'PUBLISHED' FROM generate_series(1, 1000)`)
 
 	// An idle instance's look runs alone.
 	var plan []map[string]any
-	args := append(append([]any{g.sub.ID, "events"}, stream...), nil)
-	require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+g.q.AnyWork, args...).Scan(&plan))
+	args := stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": "events", "now": nil})
+	require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+g.q.AnyWork, args).Scan(&plan))
 	_, jit := plan[0]["JIT"]
 	require.False(t, jit, "AnyWork is compiled with JIT (estimated cost %v)", cost(plan))
 }

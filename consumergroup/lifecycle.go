@@ -45,7 +45,21 @@ type streamArgs struct {
 	fromID *int64     // rows from this id
 }
 
-func (s streamArgs) binds() []any { return []any{s.bit, s.subID, s.all, s.from, s.fromID} }
+// bind sets args' stream_* arguments (see sqlq's streamFilter) and returns
+// args.
+func (s streamArgs) bind(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
+	args["stream_bit"], args["stream_sub"], args["stream_all"] = s.bit, s.subID, s.all
+	args["stream_from"], args["stream_from_id"] = s.from, s.fromID
+	return args
+}
+
+// bindDone sets args' done_* arguments (see sqlq's notCompleted): what the
+// stream reads by, the group's bit and subscription, is what its
+// completions are recorded by.
+func (s streamArgs) bindDone(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
+	args["done_bit"], args["done_sub"] = s.bit, s.subID
+	return args
+}
 
 // tracking is how an instance reads and records its group's messages. A
 // change of the topic's tracking mode changes it (and may give the group a
@@ -416,7 +430,12 @@ func catchupFor(sub subscription) catchupRange {
 	return catchupRange{all: sub.kind == StartNow || sub.kind == StartBeginning, from: sub.fromTS, fromID: sub.fromID}
 }
 
-func (c catchupRange) binds() []any { return []any{c.all, c.from, c.fromID} }
+// bind sets args' catchup_* arguments (see sqlq's catchupRows) and returns
+// args.
+func (c catchupRange) bind(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
+	args["catchup_all"], args["catchup_from"], args["catchup_from_id"] = c.all, c.from, c.fromID
+	return args
+}
 
 func mask(bit int) int64 {
 	if bit < 0 {

@@ -1,7 +1,5 @@
 package sqlq
 
-import "strconv"
-
 // The SQL a consumer group fetches with: snapshot pairs, batches,
 // backfills, takeovers, retries and ordered queues.
 
@@ -37,18 +35,18 @@ SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscr
 // round trips of about nine.
 var fetchState = `
 SELECT s.subscription_status, pg_current_snapshot()::text, ` + trackingState + `,
-       ` + aBatchLeaseRanOut("$2") + `,
+       ` + aBatchLeaseRanOut("$1", "$2") + `,
        EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries
                WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($2::timestamptz, now()))
 FROM {{schema}}.outbox_topic_subscriptions AS s JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
 WHERE s.id = $1`
 
-// aBatchLeaseRanOut is true when a batch of subscription $1 has a lease
+// aBatchLeaseRanOut is true when a batch of subscription sub has a lease
 // that ran out before now (a parameter: NULL for the database's time),
 // which takeExpiredBatch takes over.
-func aBatchLeaseRanOut(now string) string {
+func aBatchLeaseRanOut(sub, now string) string {
 	return `EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches
-               WHERE subscription_id = $1 AND lease_until < coalesce(` + now + `::timestamptz, now()))`
+               WHERE subscription_id = ` + sub + ` AND lease_until < coalesce(` + now + `::timestamptz, now()))`
 }
 
 // trackingState is how subscription s of topic t tracks messages: its
@@ -58,21 +56,24 @@ const trackingState = `coalesce(s.bit, -1) AS bit, coalesce(t.tracking_mode, '')
        t.mode_changed_below IS NOT NULL AS mode_changing`
 
 // catchupRows reads the next rows of a pending backfill: the rows of pair
-// ($2 from, $3 upto) after ($4, $5), in commit order, of the group's start
-// range ($7 every row, or from time $8 or message id $9), that the group
-// has not completed (bit $10, subscription $11) and that do not wait in its
-// retry table.
+// (@prev, @cur: the backfill's from and upto) after (@after_xid,
+// @after_id), in commit order, of the group's start range (@catchup_all
+// every row, or from time @catchup_from or message id @catchup_from_id),
+// that the group has not completed (see notCompleted) and that do not wait
+// in subscription @sub's retry table.
 var catchupRows = nextUnseenRows(`
-      AND ($7::bool OR o.created_at >= $8::timestamptz OR o.id >= $9::bigint)` + notCompleted("o", 10) + `
+      AND (@catchup_all::bool OR o.created_at >= @catchup_from::timestamptz OR o.id >= @catchup_from_id::bigint)` +
+	notCompleted("o") + `
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
-                      WHERE r.subscription_id = $11::bigint AND r.message_id = o.id` + perRow + `)` +
-	notSetAside("o", "$11::bigint"))
+                      WHERE r.subscription_id = @sub::bigint AND r.message_id = o.id` + perRow + `)` +
+	notSetAside("o", "@sub::bigint"))
 
-// catchupSize estimates a backfill's size: the rows of its pair, at most $4.
+// catchupSize estimates a backfill's size: the rows of its pair (@prev,
+// @cur) of @topic, at most @limit.
 var catchupSize = `
-SELECT count(*) FROM (SELECT 1 FROM (` + unseenRows("o.id", `o.topic = $1 AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
-          AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $2::pg_snapshot)`,
-	"$2::pg_snapshot", "'0'::xid8", "-1", "$4") + `) AS u LIMIT $4) AS r`
+SELECT count(*) FROM (SELECT 1 FROM (` + unseenRows("o.id", `o.topic = @topic AND o.xid < pg_snapshot_xmax(@cur::pg_snapshot)
+          AND pg_visible_in_snapshot(o.xid, @cur::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, @prev::pg_snapshot)`,
+	"@prev::pg_snapshot", "'0'::xid8", "-1", "@limit") + `) AS u LIMIT @limit) AS r`
 
 // catchupProgress records a catch-up batch: the cursor moves to ($2, $3),
 // $4 more rows are handed out; $5 ends the reading ($6 says why: DONE, or
@@ -143,31 +144,29 @@ UNION ALL
       AND ` + where + order("o.xid, o.id") + `)`
 }
 
-// streamFilter says which rows of a pair belong to the group, with bind
-// parameters from $first: rows requiring it (bit $first / subscription
-// $first+1), or every row ($first+2), or rows from a start time
-// ($first+3) or message id ($first+4).
-func streamFilter(alias string, first int) string {
-	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+// streamFilter says which rows of a pair belong to the group (over
+// alias): rows requiring it (@stream_bit, @stream_sub), or every row
+// (@stream_all), or rows from a start time (@stream_from) or message id
+// (@stream_from_id). consumergroup's streamArgs binds them.
+func streamFilter(alias string) string {
 	a := alias + "."
 	return `
-      AND ((` + a + `required_bits & ` + p(0) + `::bigint <> 0) OR (` + p(1) + `::bigint = ANY(` + a + `required_ids)) OR ` + p(2) + `::bool
-           OR ` + a + `created_at >= ` + p(3) + `::timestamptz OR ` + a + `id >= ` + p(4) + `::bigint)`
+      AND ((` + a + `required_bits & @stream_bit::bigint <> 0) OR (@stream_sub::bigint = ANY(` + a + `required_ids))
+           OR @stream_all::bool OR ` + a + `created_at >= @stream_from::timestamptz OR ` + a + `id >= @stream_from_id::bigint)`
 }
 
 // notCompleted excludes rows the group finished: recorded by subscription
-// $first+1, or, on a row written before completions were recorded off the
-// row, its done bit $first (Bitmap mode; 0 in the others). The bit test
+// @done_sub, or, on a row written before completions were recorded off the
+// row, its done bit @done_bit (Bitmap mode; 0 in the others). The bit test
 // is written as "<> bit" on purpose: the planner guesses 0.5% of rows for
 // an "= 0" on an expression, which made it sort a whole topic instead of
 // reading the (topic, xid, id) index in order (a catch-up read of a
 // 300,000-row Counter topic took seconds, not ms).
-func notCompleted(alias string, first int) string {
-	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
-	bit := p(0) + `::bigint`
+func notCompleted(alias string) string {
+	const bit = `@done_bit::bigint`
 	return `
       AND (` + bit + ` = 0 OR coalesce(` + alias + `.done_bits & ` + bit + `, 0) <> ` + bit + `)
-      AND NOT ` + recordedBy(alias, p(1)+`::bigint`)
+      AND NOT ` + recordedBy(alias, `@done_sub::bigint`)
 }
 
 // perRow ends a NOT EXISTS that must stay a per-row index probe. Without
@@ -194,30 +193,36 @@ WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
             ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING prev::text, cur::text, after_xid::text, after_id, last_xid::text, last_id, member, catchup`
 
-// moveBatchToRetries: see takeExpiredBatch. $1 subscription, $2 now, $3
-// topic, $4.. the stream, $9.. the catch-up filter, $12.. the batch (prev,
-// cur, after, last, member, catchup); it returns how many rows it moved.
+// moveBatchToRetries: see takeExpiredBatch. It moves subscription @sub's
+// rows of @topic of the batch (pair @prev, @cur, after (@after_xid,
+// @after_id) up to (@last_xid, @last_id), of @member, a catch-up batch
+// when @catchup) at @now, read as the batch was: with the stream's filter
+// (see streamFilter) or the catch-up's (@catchup_*: see catchupRows), less
+// what the group completed (see notCompleted) or set aside. It returns how
+// many rows it moved.
 var moveBatchToRetries = `
 WITH moved AS (
     INSERT INTO {{schema}}.outbox_group_retries
         (subscription_id, message_id, status, attempts, available_at, last_error, lease_expiries, failing_since)
-    SELECT $1, u.id, 'RETRY', 1, coalesce($2::timestamptz, now()), 'lease expired (member ' || $18::text || ')', 1,
-           coalesce($2::timestamptz, now())
-    FROM (` + unseenRows("o.id", `o.topic = $3 AND (o.xid, o.id) <= ($16::text::xid8, $17::bigint)
-          AND pg_visible_in_snapshot(o.xid, $13::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $12::pg_snapshot)
-          AND CASE WHEN $19::bool THEN ($9::bool OR o.created_at >= $10::timestamptz OR o.id >= $11::bigint)
-                   ELSE true`+streamFilter("o", 4)+` END`+notCompleted("o", 4)+notSetAside("o", "$1"),
-	"$12::pg_snapshot", "$14::text::xid8", "$15::bigint", "") + `) AS u
+    SELECT @sub, u.id, 'RETRY', 1, coalesce(@now::timestamptz, now()), 'lease expired (member ' || @member::text || ')', 1,
+           coalesce(@now::timestamptz, now())
+    FROM (` + unseenRows("o.id", `o.topic = @topic AND (o.xid, o.id) <= (@last_xid::text::xid8, @last_id::bigint)
+          AND pg_visible_in_snapshot(o.xid, @cur::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, @prev::pg_snapshot)
+          AND CASE WHEN @catchup::bool
+                   THEN (@catchup_all::bool OR o.created_at >= @catchup_from::timestamptz OR o.id >= @catchup_from_id::bigint)
+                   ELSE true`+streamFilter("o")+` END`+notCompleted("o")+notSetAside("o", "@sub::bigint"),
+	"@prev::pg_snapshot", "@after_xid::text::xid8", "@after_id::bigint", "") + `) AS u
     ON CONFLICT (subscription_id, message_id) DO NOTHING
     RETURNING 1
 )
 SELECT count(*) FROM moved`
 
-// fetchRows reads the next rows of snapshot pair ($2 prev, $3 cur) after
-// ($4, $5), in commit-safe order: only transactions that committed between
-// the two snapshots, whatever their ids; of them, those of the group's
-// stream ($7..$11) that subscription $12 did not take ahead.
-var fetchRows = nextUnseenRows(streamFilter("o", 7) + notSetAside("o", "$12::bigint"))
+// fetchRows reads the next rows of snapshot pair (@prev, @cur) after
+// (@after_xid, @after_id), in commit-safe order: only transactions that
+// committed between the two snapshots, whatever their ids; of them, those
+// of the group's stream (see streamFilter) that subscription @sub did not
+// set aside.
+var fetchRows = nextUnseenRows(streamFilter("o") + notSetAside("o", "@sub::bigint"))
 
 // Messages set aside. A group reads its stream in commit order, a batch at
 // a time; two kinds of message leave it, to be delivered from the group's
@@ -255,39 +260,39 @@ INSERT INTO {{schema}}.outbox_group_set_aside (subscription_id, message_id, xid)
 SELECT $1, u.id, u.xid::xid8 FROM unnest($2::bigint[], $3::text[]) AS u(id, xid)
 ON CONFLICT DO NOTHING`
 
-// takeAhead takes up to $9 messages of a priority above 0 ahead of
-// subscription $1's stream, highest priority first: messages of topic $2
-// committed in snapshot $3 (the look's) that its stream has not read (not
-// visible in its position $4, nor among the rows of pair $5 read up to
-// ($6, $7)), that belong to it (stream $10..$14) and that it has not taken
-// already. Each goes to the retry table as a retry that never ran,
-// available now ($8), or when it is due if it was sent to be available
-// later, and is recorded as set aside. It returns how many it took. The
-// rows come from outbox_published_priority_idx, which holds only
-// prioritized messages.
+// takeAhead takes up to @limit messages of a priority above 0 ahead of
+// subscription @sub's stream, highest priority first: messages of @topic
+// committed in @snapshot (the look's) that its stream has not read (not
+// visible in its @position, nor among the rows of pair @pair_cur read up
+// to (@resume_xid, @resume_id)), that belong to it (see streamFilter) and
+// that it has not taken already. Each goes to the retry table as a retry
+// that never ran, available now (@now), or when it is due if it was sent
+// to be available later, and is recorded as set aside. It returns how
+// many it took. The rows come from outbox_published_priority_idx, which
+// holds only prioritized messages.
 var takeAhead = `
 WITH ahead AS (
     SELECT o.id, o.xid, CASE WHEN o.available_at > o.created_at THEN o.available_at END AS due
     FROM {{schema}}.outbox_published AS o
-    WHERE o.topic = $2 AND o.priority > 0 AND o.status = 'PUBLISHED'
-          AND o.xid >= pg_snapshot_xmin($4::pg_snapshot) AND o.xid < pg_snapshot_xmax($3::pg_snapshot)
-          AND pg_visible_in_snapshot(o.xid, $3::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, $4::pg_snapshot)
-          AND NOT coalesce(pg_visible_in_snapshot(o.xid, $5::pg_snapshot)
-                           AND (o.xid, o.id) <= ($6::text::xid8, $7::bigint), false)
+    WHERE o.topic = @topic AND o.priority > 0 AND o.status = 'PUBLISHED'
+          AND o.xid >= pg_snapshot_xmin(@position::pg_snapshot) AND o.xid < pg_snapshot_xmax(@snapshot::pg_snapshot)
+          AND pg_visible_in_snapshot(o.xid, @snapshot::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, @position::pg_snapshot)
+          AND NOT coalesce(pg_visible_in_snapshot(o.xid, @pair_cur::pg_snapshot)
+                           AND (o.xid, o.id) <= (@resume_xid::text::xid8, @resume_id::bigint), false)
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_set_aside AS t
-                          WHERE t.subscription_id = $1 AND t.message_id = o.id)
+                          WHERE t.subscription_id = @sub AND t.message_id = o.id)
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
-                          WHERE r.subscription_id = $1 AND r.message_id = o.id)` + streamFilter("o", 10) + `
+                          WHERE r.subscription_id = @sub AND r.message_id = o.id)` + streamFilter("o") + `
     ORDER BY o.priority DESC, o.xid, o.id
-    LIMIT $9
+    LIMIT @limit
 ), taken AS (
     INSERT INTO {{schema}}.outbox_group_set_aside (subscription_id, message_id, xid)
-    SELECT $1, id, xid FROM ahead
+    SELECT @sub, id, xid FROM ahead
     ON CONFLICT DO NOTHING
     RETURNING message_id
 ), parked AS (
     INSERT INTO {{schema}}.outbox_group_retries (subscription_id, message_id, status, attempts, available_at)
-    SELECT $1, a.id, 'RETRY', 0, greatest(coalesce($8::timestamptz, now()), a.due)
+    SELECT @sub, a.id, 'RETRY', 0, greatest(coalesce(@now::timestamptz, now()), a.due)
     FROM ahead AS a WHERE a.id IN (SELECT message_id FROM taken)
     ON CONFLICT DO NOTHING
     RETURNING 1
@@ -307,10 +312,10 @@ WHERE t.subscription_id = $1 AND f.subscription_id = $1 AND f.backfill_from IS N
                       WHERE b.subscription_id = $1 AND pg_visible_in_snapshot(t.xid, b.cur)
                             AND NOT pg_visible_in_snapshot(t.xid, b.prev))`
 
-// nextUnseenRows is a statement that reads the next $6 messages of topic
-// $1 committed between snapshots $2 and $3, after ($4, $5) in (xid, id)
-// order, that also match filter (over alias o, from $7 on): an index
-// read per part of unseenRows, at most $6 rows each, merged. It returns
+// nextUnseenRows is a statement that reads the next @limit messages of
+// @topic committed between snapshots @prev and @cur, after (@after_xid,
+// @after_id) in (xid, id) order, that also match filter (over alias o):
+// an index read per part of unseenRows, at most @limit rows each, merged. It returns
 // id, xid (as text), payload, headers, correlation_id, message_group (”:
 // none), priority, created_at, available_at and whether the message is
 // scheduled: sent to be available later than it was written (Delay,
@@ -318,7 +323,8 @@ WHERE t.subscription_id = $1 AND f.subscription_id = $1 AND f.backfill_from IS N
 // xid8 itself: the text of an xid orders differently from the resume point
 // once xids cross a power of ten (rows then came twice, or never).
 func nextUnseenRows(filter string) string {
-	return unseenRowsOf("$1", "$2::pg_snapshot", "$3::pg_snapshot", "$4::text::xid8", "$5::bigint", "$6", filter)
+	return unseenRowsOf("@topic", "@prev::pg_snapshot", "@cur::pg_snapshot", "@after_xid::text::xid8", "@after_id::bigint",
+		"@limit", filter)
 }
 
 // unseenRowsOf is nextUnseenRows with its topic, pair, resume point and
@@ -337,11 +343,11 @@ ORDER BY r.sort_xid, r.id
 LIMIT ` + limit
 }
 
-// fetchRowsAhead is fetchRows reading its pair from subscription $1's
+// fetchRowsAhead is fetchRows reading its pair from subscription @sub's
 // offsets row, which the look's lockOffset locked earlier in its
 // transaction: the rest of the pair in progress, or the rows from the
-// position to a snapshot the statement takes, at most $3 of topic $2, of
-// the group's stream ($4..$8). Each row also carries the pair's end. It
+// position to a snapshot the statement takes, at most @limit of @topic,
+// of the group's stream (see streamFilter). Each row also carries the pair's end. It
 // goes to the server with lockOffset and fetchState, before the look
 // knows whether it will read its stream at all (see fetchState): a look
 // that reads new rows saves a round trip, and one that takes another path
@@ -351,13 +357,13 @@ var fetchRowsAhead = `
 WITH f AS MATERIALIZED (
     SELECT position AS prev, coalesce(pair_cur, pg_current_snapshot()) AS cur,
            coalesce(resume_xid, '0'::xid8) AS rxid, coalesce(resume_id, 0) AS rid
-    FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1
+    FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = @sub
     FOR UPDATE SKIP LOCKED)
-SELECT u.*, (SELECT cur FROM f)::text FROM (` + unseenRowsOf("$2", "(SELECT prev FROM f)", "(SELECT cur FROM f)",
-	"(SELECT rxid FROM f)", "(SELECT rid FROM f)", "$3", streamFilter("o", 4)+notSetAside("o", "$1")) + `) AS u`
+SELECT u.*, (SELECT cur FROM f)::text FROM (` + unseenRowsOf("@topic", "(SELECT prev FROM f)", "(SELECT cur FROM f)",
+	"(SELECT rxid FROM f)", "(SELECT rid FROM f)", "@limit", streamFilter("o")+notSetAside("o", "@sub::bigint")) + `) AS u`
 
-// anyWork tells an idle instance of subscription $1 (topic $2, stream
-// $3..$7, now $8) whether a full look could find anything: its state and
+// anyWork tells an idle instance of subscription @sub (@topic, its stream:
+// see streamFilter, at @now) whether a full look could find anything: its state and
 // how it tracks messages (see trackingState), and
 // whether it is in the middle of a pair or a backfill, has a batch whose
 // lease ran out, a retry that is due, leased past its lease or a dead
@@ -373,18 +379,18 @@ WITH p AS (
     FROM {{schema}}.outbox_subscription_offsets AS f
     JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = f.subscription_id
     JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
-    WHERE f.subscription_id = $1
+    WHERE f.subscription_id = @sub
 )
 SELECT p.subscription_status, p.bit, p.tracking_mode, p.mode_changing,
        p.busy
-       OR ` + aBatchLeaseRanOut("$8") + `
+       OR ` + aBatchLeaseRanOut("@sub", "@now") + `
        OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries
-                  WHERE subscription_id = $1
-                        AND CASE status WHEN 'RETRY' THEN available_at <= coalesce($8::timestamptz, now())
-                                        WHEN 'PROCESSING' THEN lease_until < coalesce($8::timestamptz, now())
+                  WHERE subscription_id = @sub
+                        AND CASE status WHEN 'RETRY' THEN available_at <= coalesce(@now::timestamptz, now())
+                                        WHEN 'PROCESSING' THEN lease_until < coalesce(@now::timestamptz, now())
                                         ELSE payload IS NULL END)
-       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_set_aside WHERE subscription_id = $1)
-       OR EXISTS (SELECT 1 FROM (` + unseenRows("1", `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())`+streamFilter("o", 3),
+       OR EXISTS (SELECT 1 FROM {{schema}}.outbox_group_set_aside WHERE subscription_id = @sub)
+       OR EXISTS (SELECT 1 FROM (` + unseenRows("1", `o.topic = @topic AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())`+streamFilter("o"),
 	"(SELECT position FROM p)", "'0'::xid8", "-1", "1") + `) AS u)
 FROM p`
 

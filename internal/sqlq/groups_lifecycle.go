@@ -275,9 +275,9 @@ FROM {{schema}}.outbox_topic_subscriptions
 // due (Delay, NotBefore: see parkRows), having never failed.
 const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND available_at > now())`
 
-// groupHealth measures subscription $1 of topic $2 (stream $3..$7, see
-// streamFilter; completions of bit $8 or subscription $9, see
-// notCompleted), each count at most $10: the committed rows its position
+// groupHealth measures subscription @sub of @topic (its stream: see
+// streamFilter; what it completed: see notCompleted), each count at most
+// @limit: the committed rows its position
 // had not seen and it has not completed (their count, read in no order so
 // the count stops early, and the created_at of the first in commit order), its batches and retry deliveries under lease, its waiting
 // retries (messages that failed: failing_since is set), its queued
@@ -285,44 +285,44 @@ const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND availabl
 // queue, replayed dead letters, messages a stopping instance handed back
 // untried), the created_at of the oldest message it retries or queues
 // (the lowest id: one probe),
-// and its dead letters. The unread rows are read only when $11 is true:
+// and its dead letters. The unread rows are read only when @read_unread is true:
 // a DEAD group is in no new message's required set, so reading its
 // stream would walk everything written since it died to find nothing.
 var groupHealth = `
 WITH f AS (
-    SELECT position FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1
+    SELECT position FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = @sub
 ), unread AS (
     SELECT 1 FROM (` + unseenRows("1", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "") + `) AS o
-    WHERE $11::bool
-    LIMIT $10
+    WHERE @read_unread::bool
+    LIMIT @limit
 ), oldest_unread AS (
     SELECT o.created_at FROM (` + unseenRows("o.created_at, o.xid, o.id", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "1") + `) AS o
-    WHERE $11::bool
+    WHERE @read_unread::bool
     ORDER BY o.xid, o.id LIMIT 1
 ), oldest_retry AS (
     SELECT min(message_id) AS id FROM {{schema}}.outbox_group_retries
-    WHERE subscription_id = $1 AND status <> 'DEAD_LETTER' AND NOT ` + scheduledRetry + `
+    WHERE subscription_id = @sub AND status <> 'DEAD_LETTER' AND NOT ` + scheduledRetry + `
 )
 SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
-       (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
+       (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = @sub),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
-                              WHERE subscription_id = $1 AND status = 'PROCESSING' LIMIT $10) AS r),
+                              WHERE subscription_id = @sub AND status = 'PROCESSING' LIMIT @limit) AS r),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
-                              WHERE subscription_id = $1 AND status = 'RETRY' AND failing_since IS NOT NULL
-                              LIMIT $10) AS r),
+                              WHERE subscription_id = @sub AND status = 'RETRY' AND failing_since IS NOT NULL
+                              LIMIT @limit) AS r),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
-                              WHERE subscription_id = $1 AND status = 'RETRY' AND failing_since IS NULL
-                                    AND available_at <= now() LIMIT $10) AS r),
+                              WHERE subscription_id = @sub AND status = 'RETRY' AND failing_since IS NULL
+                                    AND available_at <= now() LIMIT @limit) AS r),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
-                              WHERE subscription_id = $1 AND ` + scheduledRetry + ` LIMIT $10) AS r),
-       (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest_retry WHERE o.topic = $2 AND o.id = oldest_retry.id),
+                              WHERE subscription_id = @sub AND ` + scheduledRetry + ` LIMIT @limit) AS r),
+       (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest_retry WHERE o.topic = @topic AND o.id = oldest_retry.id),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
-                              WHERE subscription_id = $1 AND status = 'DEAD_LETTER' LIMIT $10) AS r),
+                              WHERE subscription_id = @sub AND status = 'DEAD_LETTER' LIMIT @limit) AS r),
        now()`
 
 // healthUnread is what groupHealth counts as unread: committed rows of
 // the group's stream it has not completed.
-var healthUnread = `o.topic = $2 AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())` + streamFilter("o", 3) + notCompleted("o", 8)
+var healthUnread = `o.topic = @topic AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())` + streamFilter("o") + notCompleted("o")
 
 // heartbeat records database time only. It reports the status, so a DEAD
 // group's instance can resurrect it; no row: the subscription is gone.

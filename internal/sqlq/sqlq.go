@@ -10,7 +10,14 @@
 // the caller's schema, quoted, once per client. Nothing else is ever spliced
 // into SQL: every value is a bind parameter.
 //
-// A parameter named now (coalesce($n::timestamptz, now())) carries an
+// A statement built from shared pieces (a group's stream filter, what it
+// completed, a snapshot pair's unseen rows) names its parameters
+// (@topic, @stream_bit, …) and is called with pgx.StrictNamedArgs, which
+// refuses a missing or unknown name. Numbered from an offset each caller
+// computed, such a statement had up to 19 parameters that only a count
+// could tell apart. The others still number theirs ($1, …).
+//
+// A parameter named now (coalesce(@now::timestamptz, now()), or $n) carries an
 // injected test clock; production code passes NULL and database time is used.
 package sqlq
 

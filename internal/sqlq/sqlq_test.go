@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 )
@@ -37,6 +39,13 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 			sql := v.Field(i).String()
 			if sql == "" {
 				t.Errorf("%s is empty", name)
+				continue
+			}
+			// A statement with named arguments (@name) prepares as pgx
+			// sends it: numbered in order of appearance.
+			sql, _, err := pgx.NamedArgs{}.RewriteQuery(ctx, conn.Conn(), sql, nil)
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
 				continue
 			}
 			if _, err := conn.Conn().Prepare(ctx, name, sql); err != nil {
