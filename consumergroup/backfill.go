@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -114,8 +115,8 @@ func (r *runner) fetchCatchup(ctx context.Context, tx *lookTx, b *backfill, limi
 	}
 	total := int64(0)
 	if b.total == 0 { // what it handed out, and its estimate of the pair it reads now
-		if err := tx.QueryRow(ctx, g.q.CatchupSize,
-			pgx.StrictNamedArgs{"topic": g.cfg.Topic, "prev": b.from, "cur": b.upto, "limit": b.left}).Scan(&total); err != nil {
+		args := sqlq.Args{"topic": g.cfg.Topic, "prev": b.from, "cur": b.upto, "limit": b.left}
+		if err := tx.QueryRow(ctx, g.q.CatchupSize.Numbered, g.q.CatchupSize.Bind(args)...).Scan(&total); err != nil {
 			return 0, fmt.Errorf("backfill size: %w", err)
 		}
 		total += b.done
@@ -128,11 +129,11 @@ func (r *runner) fetchCatchup(ctx context.Context, tx *lookTx, b *backfill, limi
 	if capped {
 		take++
 	}
-	args := catchupFor(g.subRow).bind(pgx.StrictNamedArgs{"topic": g.cfg.Topic, "prev": b.from, "cur": b.upto,
+	args := catchupFor(g.subRow).bind(sqlq.Args{"topic": g.cfg.Topic, "prev": b.from, "cur": b.upto,
 		"after_xid": b.afterXID, "after_id": b.afterID, "limit": take, "sub": g.sub.ID,
 		"done_bit": g.tracking().stream.bit, "done_sub": g.sub.ID})
 	start := time.Now()
-	got, err := r.readRows(ctx, tx, g.q.CatchupRows, args)
+	got, err := r.readRows(ctx, tx, g.q.CatchupRows.Numbered, g.q.CatchupRows.Bind(args)...)
 	if err != nil {
 		return 0, fmt.Errorf("backfill rows: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/groupwalk"
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -128,11 +129,11 @@ func (r *runner) anyWork() (bool, error) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(r.fetchCtx, 30*time.Second)
 	defer cancel()
-	args := g.tracking().stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": g.cfg.Topic, "now": g.now()})
+	args := g.tracking().stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": g.cfg.Topic, "now": g.now()})
 	var status, mode string
 	var bit int
 	var mixing, work bool
-	err := g.pool.QueryRow(ctx, g.q.AnyWork, args).Scan(&status, &bit, &mode, &mixing, &work)
+	err := g.pool.QueryRow(ctx, g.q.AnyWork.Numbered, g.q.AnyWork.Bind(args)...).Scan(&status, &bit, &mode, &mixing, &work)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return true, nil // the subscription is gone: the full look says so
 	}
@@ -207,7 +208,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			return nil
 		})
 		if ahead != nil {
-			batch.Queue(g.q.FetchRowsAhead, ahead.args).Query(func(rows pgx.Rows) error {
+			batch.Queue(g.q.FetchRowsAhead.Numbered, g.q.FetchRowsAhead.Bind(ahead.args)...).Query(func(rows pgx.Rows) error {
 				var err error
 				ahead.rows, err = r.collectRows(rows, &ahead.cur)
 				if err != nil {
@@ -334,11 +335,11 @@ func (r *runner) takeOver(ctx context.Context, tx *lookTx) (bool, error) {
 		id := g.sub.ID
 		stream.subID = &id
 	}
-	args := pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now(), "topic": g.cfg.Topic, "prev": prev, "cur": cur,
+	args := sqlq.Args{"sub": g.sub.ID, "now": g.now(), "topic": g.cfg.Topic, "prev": prev, "cur": cur,
 		"after_xid": afterXID, "after_id": afterID, "last_xid": lastXID, "last_id": lastID, "member": member, "catchup": catchup}
 	catchupFor(g.subRow).bind(stream.bindDone(stream.bind(args)))
 	var moved int64
-	if err := tx.QueryRow(ctx, g.q.MoveBatchToRetries, args).Scan(&moved); err != nil {
+	if err := tx.QueryRow(ctx, g.q.MoveBatchToRetries.Numbered, g.q.MoveBatchToRetries.Bind(args)...).Scan(&moved); err != nil {
 		return false, fmt.Errorf("take over batch: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -456,9 +457,9 @@ func (r *runner) takeAhead(ctx context.Context, tx *lookTx, pr pairRows, snapsho
 		last := pr.rows[len(pr.rows)-1]
 		position, pairCur, resumeXID, resumeID = pr.prev, &pr.cur, &last.xid, &last.d.ID
 	}
-	args := g.tracking().stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": g.cfg.Topic, "snapshot": snapshot,
+	args := g.tracking().stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": g.cfg.Topic, "snapshot": snapshot,
 		"position": position, "pair_cur": pairCur, "resume_xid": resumeXID, "resume_id": resumeID, "now": g.now(), "limit": limit})
-	tx.queue("take prioritized messages ahead", g.q.TakeAhead, args)
+	tx.queue("take prioritized messages ahead", g.q.TakeAhead.Numbered, g.q.TakeAhead.Bind(args)...)
 	return nil
 }
 
@@ -488,10 +489,10 @@ func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot 
 			pr.cur = ahead.cur
 		}
 	} else {
-		args := g.tracking().stream.bind(pgx.StrictNamedArgs{"topic": g.cfg.Topic, "prev": pr.prev, "cur": pr.cur,
+		args := g.tracking().stream.bind(sqlq.Args{"topic": g.cfg.Topic, "prev": pr.prev, "cur": pr.cur,
 			"after_xid": pr.afterXID, "after_id": pr.afterID, "limit": limit, "sub": g.sub.ID})
 		var err error
-		if got, err = r.readRows(ctx, tx, g.q.FetchRows, args); err != nil {
+		if got, err = r.readRows(ctx, tx, g.q.FetchRows.Numbered, g.q.FetchRows.Bind(args)...); err != nil {
 			return pr, fmt.Errorf("fetch rows: %w", err)
 		}
 	}
@@ -544,9 +545,9 @@ func (r *runner) collectRows(rows pgx.Rows, cur ...any) ([]row, error) {
 
 // rowsAhead are the rows a look read ahead (see readAhead).
 type rowsAhead struct {
-	args pgx.StrictNamedArgs // sqlq's fetchRowsAhead's
-	rows []row               // what it read
-	cur  string              // the end of the pair they belong to
+	args sqlq.Args // sqlq's fetchRowsAhead's
+	rows []row     // what it read
+	cur  string    // the end of the pair they belong to
 }
 
 // readAhead says whether the look about to begin reads its stream in the
@@ -560,7 +561,7 @@ func (r *runner) readAhead(limit int) *rowsAhead {
 	if g.topic.Ordered || r.noReadAhead || t == nil {
 		return nil
 	}
-	return &rowsAhead{args: t.stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": g.cfg.Topic, "limit": limit})}
+	return &rowsAhead{args: t.stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": g.cfg.Topic, "limit": limit})}
 }
 
 // park puts rows in the group's retry table, in tx, as retries that never

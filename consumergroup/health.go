@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -102,11 +103,11 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 	if stream.subID != nil {
 		doneSub = *stream.subID
 	}
-	args := stream.bind(pgx.StrictNamedArgs{"sub": sub.id, "topic": g.cfg.Topic, "done_bit": stream.bit, "done_sub": doneSub,
+	args := stream.bind(sqlq.Args{"sub": sub.id, "topic": g.cfg.Topic, "done_bit": stream.bit, "done_sub": doneSub,
 		"limit": limit, "read_unread": sub.status != Dead})
 	var oldestUnread, oldestRetry *time.Time
 	var now time.Time
-	err = g.pool.QueryRow(ctx, g.q.GroupHealth, args).Scan(&h.Unread, &oldestUnread, &h.LeasedBatches,
+	err = g.pool.QueryRow(ctx, g.q.GroupHealth.Numbered, g.q.GroupHealth.Bind(args)...).Scan(&h.Unread, &oldestUnread, &h.LeasedBatches,
 		&h.LeasedRetries, &h.Waiting, &h.Queued, &h.Scheduled, &oldestRetry, &h.DeadLetters, &now)
 	if err != nil {
 		return h, fmt.Errorf("consumergroup: health: %w", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -84,9 +85,9 @@ func TestFetchUnderHeldXminReadsOnlyUnseenRows(t *testing.T) {
 				name, sql string
 				args      []any
 			}{
-				{"FetchRows", g.q.FetchRows, []any{stream.bind(pgx.StrictNamedArgs{"topic": "events", "prev": prev, "cur": cur,
-					"after_xid": "0", "after_id": int64(0), "limit": 1000, "sub": g.sub.ID})}},
-				{"FetchRowsAhead", g.q.FetchRowsAhead, []any{stream.bind(pgx.StrictNamedArgs{"sub": g.sub.ID, "topic": "events", "limit": 1000})}},
+				{"FetchRows", g.q.FetchRows.Numbered, g.q.FetchRows.Bind(stream.bind(sqlq.Args{"topic": "events", "prev": prev, "cur": cur,
+					"after_xid": "0", "after_id": int64(0), "limit": 1000, "sub": g.sub.ID}))},
+				{"FetchRowsAhead", g.q.FetchRowsAhead.Numbered, g.q.FetchRowsAhead.Bind(stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "limit": 1000}))},
 			} {
 				var plan []map[string]any
 				require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+f.sql, f.args...).Scan(&plan))

@@ -47,7 +47,7 @@ type streamArgs struct {
 
 // bind sets args' stream_* arguments (see sqlq's streamFilter) and returns
 // args.
-func (s streamArgs) bind(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
+func (s streamArgs) bind(args sqlq.Args) sqlq.Args {
 	args["stream_bit"], args["stream_sub"], args["stream_all"] = s.bit, s.subID, s.all
 	args["stream_from"], args["stream_from_id"] = s.from, s.fromID
 	return args
@@ -56,7 +56,7 @@ func (s streamArgs) bind(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
 // bindDone sets args' done_* arguments (see sqlq's notCompleted): what the
 // stream reads by, the group's bit and subscription, is what its
 // completions are recorded by.
-func (s streamArgs) bindDone(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
+func (s streamArgs) bindDone(args sqlq.Args) sqlq.Args {
 	args["done_bit"], args["done_sub"] = s.bit, s.subID
 	return args
 }
@@ -432,7 +432,7 @@ func catchupFor(sub subscription) catchupRange {
 
 // bind sets args' catchup_* arguments (see sqlq's catchupRows) and returns
 // args.
-func (c catchupRange) bind(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
+func (c catchupRange) bind(args sqlq.Args) sqlq.Args {
 	args["catchup_all"], args["catchup_from"], args["catchup_from_id"] = c.all, c.from, c.fromID
 	return args
 }

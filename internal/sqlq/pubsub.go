@@ -26,16 +26,18 @@ type PubSub struct {
 	CommittedPosition, DeletedTombstone                            string
 
 	// Fetching.
-	LockOffset, OffsetExists, FetchState                           string
-	CatchupRows, CatchupSize, CatchupProgress                      string
-	FinishBackfill, CancelBackfill, BackfillState                  string
-	NextBackfillPair                                               string
-	TakeExpiredBatch, MoveBatchToRetries                           string
-	FetchRows, FetchRowsAhead, AdvanceOffset, InsertBatch, AnyWork string
-	TakeAhead, SetAside, ForgetSetAside                            string
-	ReapRetries, DeleteOrphanRetries, ClaimRetries                 string
-	ParkRows, ClaimOrderedRetries                                  string
-	CopyDeadLetters, DeadLettersToComplete                         string
+	LockOffset, OffsetExists, FetchState           string
+	CatchupProgress                                string
+	FinishBackfill, CancelBackfill, BackfillState  string
+	NextBackfillPair, TakeExpiredBatch             string
+	AdvanceOffset, InsertBatch                     string
+	SetAside, ForgetSetAside                       string
+	ReapRetries, DeleteOrphanRetries, ClaimRetries string
+	ParkRows, ClaimOrderedRetries                  string
+	CopyDeadLetters, DeadLettersToComplete         string
+	// Built from shared pieces, with named parameters.
+	FetchRows, FetchRowsAhead, TakeAhead, AnyWork Named
+	CatchupRows, CatchupSize, MoveBatchToRetries  Named
 
 	// Completing.
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetries, ExtendLeases string
@@ -44,7 +46,8 @@ type PubSub struct {
 	// Administration.
 	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters    string
 	BlockedMessageGroups, BlockedGroupsSummary                string
-	GroupHealthHead, GroupHealth                              string
+	GroupHealthHead                                           string
+	GroupHealth                                               Named
 	ResurrectFromNow, ForceCompleteRetries, ForceCompleteRows string
 	ForceTarget, ForceAdvance                                 string
 	Inconsistencies                                           string
@@ -92,21 +95,21 @@ func ForPubSub(schema string) *PubSub {
 		LockOffset:          q(lockOffset),
 		OffsetExists:        q(offsetExists),
 		FetchState:          q(fetchState),
-		CatchupRows:         q(catchupRows),
-		CatchupSize:         q(catchupSize),
+		CatchupRows:         named(q(catchupRows)),
+		CatchupSize:         named(q(catchupSize)),
 		CatchupProgress:     q(catchupProgress),
 		FinishBackfill:      q(finishBackfill),
 		CancelBackfill:      q(cancelBackfill),
 		BackfillState:       q(backfillState),
 		NextBackfillPair:    q(nextBackfillPair),
 		TakeExpiredBatch:    q(takeExpiredBatch),
-		MoveBatchToRetries:  q(moveBatchToRetries),
-		FetchRows:           q(fetchRows),
-		FetchRowsAhead:      q(fetchRowsAhead),
-		TakeAhead:           q(takeAhead),
+		MoveBatchToRetries:  named(q(moveBatchToRetries)),
+		FetchRows:           named(q(fetchRows)),
+		FetchRowsAhead:      named(q(fetchRowsAhead)),
+		TakeAhead:           named(q(takeAhead)),
 		SetAside:            q(setAside),
 		ForgetSetAside:      q(forgetSetAside),
-		AnyWork:             q(anyWork),
+		AnyWork:             named(q(anyWork)),
 		AdvanceOffset:       q(advanceOffset),
 		InsertBatch:         q(insertBatch),
 		ReapRetries:         q(reapRetries),
@@ -131,7 +134,7 @@ func ForPubSub(schema string) *PubSub {
 		BlockedMessageGroups: q(blockedMessageGroups),
 		BlockedGroupsSummary: q(blockedGroupsSummary),
 		GroupHealthHead:      q(groupHealthHead),
-		GroupHealth:          q(groupHealth),
+		GroupHealth:          named(q(groupHealth)),
 		ResurrectFromNow:     q(resurrectFromNow),
 		ForceCompleteRetries: q(forceCompleteRetries),
 		ForceCompleteRows:    q(forceCompleteRows),

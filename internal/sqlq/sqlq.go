@@ -12,7 +12,7 @@
 //
 // A statement built from shared pieces (a group's stream filter, what it
 // completed, a snapshot pair's unseen rows) names its parameters
-// (@topic, @stream_bit, …) and is called with pgx.StrictNamedArgs, which
+// (@topic, @stream_bit, …): it is a Named, numbered once, and its Bind
 // refuses a missing or unknown name. Numbered from an offset each caller
 // computed, such a statement had up to 19 parameters that only a count
 // could tell apart. The others still number theirs ($1, …).
