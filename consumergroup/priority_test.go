@@ -130,6 +130,14 @@ func TestTakeoverSkipsAMessageTakenAhead(t *testing.T) {
 			})
 			require.Equal(t, []int{1}, doomedLog.of(urgent), "the prioritized message was handled, once")
 			require.NotEqual(t, urgent, doomedLog.order()[200], "it was taken ahead of the backlog")
+			// Handled is not yet recorded: completions are written after the
+			// handler returns. Until they are, a crash makes them come again,
+			// the prioritized message too, as it should.
+			pgtest.Eventually(t, 30*time.Second, "the doomed member recorded all but its last batch", func() bool {
+				return b.countIn(t, "outbox_group_batches", "true") == 1 &&
+					b.countIn(t, "outbox_group_retries", "message_id IN (SELECT id FROM "+b.db.Table("outbox_published")+
+						" WHERE priority > 0)") == 0
+			})
 			crash(doomed, doomedPool)
 
 			survivorLog := newDeliveryLog()
