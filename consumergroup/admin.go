@@ -19,7 +19,11 @@ import (
 // the server ends the session after ten idle seconds, so the locks it
 // holds (a group's position, rows being completed) do not stall the
 // group's other instances, or other groups, for longer.
-var shortTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '10s'"}
+var shortTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '" + idleInTransaction + "'"}
+
+// idleInTransaction is how long a group's transaction may sit idle (see
+// shortTx and lookSettings).
+const idleInTransaction = "10s"
 
 // beginQuerier is what lifecycle work runs on: the main or the heartbeat pool.
 type beginQuerier interface {

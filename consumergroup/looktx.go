@@ -29,7 +29,7 @@ type lookTx struct {
 }
 
 // lookSettings are a look's transaction's settings:
-//   - it may sit idle for ten seconds at most (see shortTx);
+//   - it may sit idle for idleInTransaction at most (see shortTx);
 //   - its commit does not wait for the server to flush it to disk. A look
 //     writes leases, batches and positions, never a message or a
 //     completion: if the server crashes before its commit reaches the
@@ -37,7 +37,7 @@ type lookTx struct {
 //     completion or a handler's transaction that committed after it
 //     flushed it too). The wait was a third of a look's time.
 const lookSettings = `
-SELECT set_config('idle_in_transaction_session_timeout', '10s', true), set_config('synchronous_commit', 'off', true)`
+SELECT set_config('idle_in_transaction_session_timeout', '` + idleInTransaction + `', true), set_config('synchronous_commit', 'off', true)`
 
 // beginLook takes a connection from pool and begins a look's transaction
 // on it, in one round trip with the statements first queues (whose
