@@ -280,7 +280,7 @@ func (g *Group) mixedTracker(ctx context.Context) (*completion.Mixed, error) {
 	if err != nil {
 		return nil, err
 	}
-	if topic.Semantics != outbox.PubSub {
+	if !onLog(topic) {
 		return nil, fmt.Errorf("%w: %q is a %s topic", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
 	}
 	return completion.NewMixed(topic.Tracking, g.schema)

@@ -156,10 +156,17 @@ func lockTopic(ctx context.Context, tx pgx.Tx, q *sqlq.PubSub, topic string) err
 	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = DEFAULT"); err != nil {
 		return fmt.Errorf("consumergroup: lock topic: %w", err)
 	}
-	if outbox.Semantics(semantics) != outbox.PubSub {
+	if outbox.Semantics(semantics) != outbox.PubSub && tracking == "" {
 		return fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, topic, semantics)
 	}
 	return nil
+}
+
+// onLog reports whether topic's messages live on the log, read by groups:
+// a PUB_SUB topic's, and a QUEUE topic's that has a tracking mode (its
+// consumers are the members of its one group, sqlq.QueueGroup).
+func onLog(topic outbox.TopicConfig) bool {
+	return topic.Semantics == outbox.PubSub || topic.Tracking != ""
 }
 
 // changeTx runs a lifecycle change in a transaction, and runs it again
@@ -220,6 +227,9 @@ func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOpti
 	if err != nil {
 		return nil, err
 	}
+	if g.cfg.Group == sqlq.QueueGroup && sub == nil { // it is created with the topic's move to the log
+		return nil, fmt.Errorf("%w: %q is not a QUEUE topic whose messages live on the log", outbox.ErrWrongSemantics, g.cfg.Topic)
+	}
 	created := false
 	if sub == nil || sub.status == Cancelled {
 		// Creating (a cancelled group's name makes a new group): the topic
@@ -252,7 +262,7 @@ func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOpti
 	if err != nil {
 		return nil, err
 	}
-	if topic.Semantics != outbox.PubSub {
+	if topic.Semantics != outbox.PubSub && (g.cfg.Group != sqlq.QueueGroup || !onLog(topic)) {
 		return nil, fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
 	}
 	return &registration{topic: topic, sub: *sub, created: created}, nil

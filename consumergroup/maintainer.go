@@ -245,7 +245,7 @@ func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.T
 // (it is listed and replayed from its copy). Cleanup calls it first.
 func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) error {
 	t, err := m.client.Topic(ctx, topic)
-	if err != nil || t.Semantics != outbox.PubSub || (t.Tracking == outbox.Offset && !t.ModeChanging) {
+	if err != nil || !onLog(t) || (t.Tracking == outbox.Offset && !t.ModeChanging) {
 		return err // Offset records nothing per message: its positions pass them
 	}
 	tracker, err := completion.NewMixed(t.Tracking, m.schema) // by each message's own record: t may be stale
@@ -297,7 +297,7 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 	if err != nil {
 		return 0, err
 	}
-	if t.Semantics != outbox.PubSub {
+	if !onLog(t) {
 		return 0, fmt.Errorf("%w: %q", outbox.ErrWrongSemantics, topic)
 	}
 	if err := m.CompleteDeadLetters(ctx, topic); err != nil {
@@ -358,7 +358,7 @@ func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi
 	if err != nil {
 		return false, err
 	}
-	if t.Semantics != outbox.PubSub {
+	if !onLog(t) {
 		return false, nil
 	}
 	if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
@@ -392,8 +392,11 @@ func (m *Maintainer) CapRetention(ctx context.Context, topic string, limit int) 
 	if err != nil {
 		return 0, nil, err
 	}
-	if t.Semantics != outbox.PubSub {
+	if !onLog(t) {
 		return 0, nil, fmt.Errorf("%w: %q", outbox.ErrWrongSemantics, topic)
+	}
+	if t.Semantics == outbox.Queue {
+		return 0, nil, nil // a queue keeps its messages until they are consumed
 	}
 	var total int64
 	var unread map[string]int64

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -337,8 +338,10 @@ func (c Config) validate() error {
 	if err := outbox.ValidateTopic(c.Topic); err != nil {
 		return err
 	}
-	if err := ValidateGroup(c.Group); err != nil {
-		return err
+	if c.Group != sqlq.QueueGroup { // a QUEUE topic's group on the log
+		if err := ValidateGroup(c.Group); err != nil {
+			return err
+		}
 	}
 	check := cfgcheck.New(fmt.Sprintf("group %q of %q", c.Group, c.Topic))
 	check.Count("BatchSize", c.BatchSize, 1)

@@ -111,6 +111,7 @@ type Producer struct {
 type learnedSemantics struct {
 	semantics Semantics // "" while the topic is not configured
 	ordered   bool
+	onLog     bool // a QUEUE topic whose messages live on the log
 	readAt    time.Time
 }
 
@@ -229,12 +230,18 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 func (p *Producer) insertStatement(topic learnedSemantics, atOnce, notify bool) string {
 	var query, notifyQuery string
 	switch {
+	case atOnce && topic.onLog:
+		query, notifyQuery = p.sql.InsertLogged, p.sql.InsertLoggedNotify
 	case atOnce:
 		query, notifyQuery = p.sql.InsertQueued, p.sql.InsertQueuedNotify
 	case topic.ordered && topic.semantics == PubSub:
 		query, notifyQuery = p.sql.InsertPublishedOrdered, p.sql.InsertPublishedOrderedNotify
+	case topic.ordered && topic.onLog:
+		query, notifyQuery = p.sql.InsertLoggedOrdered, p.sql.InsertLoggedOrderedNotify
 	case topic.ordered:
 		query, notifyQuery = p.sql.InsertOrdered, p.sql.InsertOrderedNotify
+	case topic.semantics == Queue && topic.onLog:
+		query, notifyQuery = p.sql.InsertLoggedAt, p.sql.InsertLoggedAtNotify
 	case topic.semantics == Queue:
 		query, notifyQuery = p.sql.InsertQueuedAt, p.sql.InsertQueuedAtNotify
 	case topic.semantics == PubSub:
@@ -289,7 +296,9 @@ func (p *Producer) topicSemantics(ctx context.Context, tx Executor, topic string
 		return learnedSemantics{}, sendError(err)
 	}
 	l := learnedSemantics{readAt: time.Now()}
-	_, err = pgx.ForEachRow(rows, []any{&l.semantics, &l.ordered}, func() error { return nil })
+	var onLog bool
+	_, err = pgx.ForEachRow(rows, []any{&l.semantics, &l.ordered, &onLog}, func() error { return nil })
+	l.onLog = onLog && l.semantics == Queue
 	if err != nil {
 		return learnedSemantics{}, sendError(err)
 	}

@@ -47,6 +47,32 @@ const deletedTombstone = `
 DELETE FROM {{schema}}.outbox_deleted_subscriptions WHERE topic = $1 AND group_name = $2
 RETURNING last_status, deleted_at`
 
+// QueueGroup names the one group of a QUEUE topic whose messages live on
+// the log: its members are the topic's consumers. A user's group name
+// cannot take it (it has characters group names may not have).
+const QueueGroup = "(queue)"
+
+// queueOnLog puts QUEUE topic $1 on the log, idempotently: its messages go
+// to outbox_published from then on, and its consumers are the members of
+// its one group, which reads every message ever written to the topic
+// (its position is the empty snapshot, which sees nothing) and never
+// leaves (it is never declared DEAD, see heartbeatsStopped). $2 is the
+// group's heartbeat timeout in microseconds (its instances set their own).
+const queueOnLog = `
+WITH topic AS (
+    UPDATE {{schema}}.outbox_topics SET tracking_mode = 'OFFSET'
+    WHERE topic = $1 AND semantics = 'QUEUE'
+    RETURNING topic
+), sub AS (
+    INSERT INTO {{schema}}.outbox_topic_subscriptions (topic, group_name, start_position, heartbeat_timeout)
+    SELECT topic, '` + QueueGroup + `', 'BEGINNING', $2 * interval '1 microsecond' FROM topic
+    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions
+                      WHERE topic = $1 AND group_name = '` + QueueGroup + `')
+    RETURNING id
+)
+INSERT INTO {{schema}}.outbox_subscription_offsets (subscription_id, position)
+SELECT id, '1:1:'::pg_snapshot FROM sub`
+
 const insertSubscription = `
 INSERT INTO {{schema}}.outbox_topic_subscriptions
     (topic, group_name, bit, start_position, start_from_timestamp, start_from_message_id, heartbeat_timeout)
@@ -335,15 +361,19 @@ RETURNING subscription_status`
 // anyDeadCandidate is deadCandidates' cheap, lock-free pre-check.
 const anyDeadCandidate = `
 SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions
-               WHERE topic = $1 AND subscription_status = 'ACTIVE'
-                     AND last_heartbeat_at < now() - heartbeat_timeout)`
+               WHERE topic = $1 AND ` + heartbeatsStopped + `)`
 
 // deadCandidates: ACTIVE groups of topic $1 whose heartbeats stopped.
 const deadCandidates = `
 SELECT id, group_name, coalesce(bit, -1) FROM {{schema}}.outbox_topic_subscriptions
-WHERE topic = $1 AND subscription_status = 'ACTIVE'
-      AND last_heartbeat_at < now() - heartbeat_timeout
+WHERE topic = $1 AND ` + heartbeatsStopped + `
 FOR UPDATE SKIP LOCKED`
+
+// heartbeatsStopped is true for an ACTIVE subscription whose instances'
+// heartbeats stopped, but not for a QUEUE topic's group: its messages
+// wait for its consumers however long they are away, as a queue's do.
+const heartbeatsStopped = `subscription_status = 'ACTIVE' AND last_heartbeat_at < now() - heartbeat_timeout
+      AND group_name <> '` + QueueGroup + `'`
 
 // lockOffsetsSkipLocked locks the offsets rows of subscriptions $1 that no
 // fetch holds: a group fetching right now is not dead.

@@ -42,17 +42,18 @@ func ForMaintenance(schema string) *Maintenance {
 // staleTopics: topics with an ACTIVE group whose heartbeats stopped.
 const staleTopics = `
 SELECT DISTINCT topic FROM {{schema}}.outbox_topic_subscriptions
-WHERE subscription_status = 'ACTIVE' AND last_heartbeat_at < now() - heartbeat_timeout`
+WHERE ` + heartbeatsStopped
 
 // forgetTopics: topics with a group to forget (it left, and its claims ran out).
 const forgetTopics = `
 SELECT DISTINCT topic FROM {{schema}}.outbox_topic_subscriptions AS s
 WHERE forget_pending AND NOT ` + holdsClaims
 
-// pubSubTopics: every PUB_SUB topic, its mode and its retention cap.
+// pubSubTopics: every topic whose messages live on the log, its mode and
+// its retention cap.
 const pubSubTopics = `
 SELECT topic, tracking_mode, (extract(epoch FROM max_retention) * 1e6)::bigint
-FROM {{schema}}.outbox_topics WHERE semantics = 'PUB_SUB' ORDER BY topic`
+FROM {{schema}}.outbox_topics WHERE ` + onLog + ` ORDER BY topic`
 
 // retentionCap deletes up to $5 rows of topic $1 below xid $2 written
 // before $3 less $4 microseconds, whoever still holds them, with the

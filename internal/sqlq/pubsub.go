@@ -19,6 +19,7 @@ type PubSub struct {
 	// Subscriptions and their state.
 	LockTopic, LockTopicShared                                     string
 	SelectSubscription, InsertSubscription, InsertOffset           string
+	QueueOnLog                                                     string
 	SubscribedBits, AddSubscribed, RemoveSubscribed, SetStatus     string
 	LockOffsetWait, ResurrectOffset, SubscriptionStatus, Heartbeat string
 	DeadCandidates, AnyDeadCandidate, LockOffsetsSkipLocked        string
@@ -74,6 +75,7 @@ func ForPubSub(schema string) *PubSub {
 		DeadLettersToComplete: q(deadLettersToComplete),
 		SelectSubscription:    q(selectSubscription),
 		InsertSubscription:    q(insertSubscription),
+		QueueOnLog:            q(queueOnLog),
 		InsertOffset:          q(insertOffset),
 		SubscribedBits:        q(subscribedBits),
 		AddSubscribed:         q(addSubscribed),

@@ -41,6 +41,32 @@ WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)) IS NOT 
   AND NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
 RETURNING id`
 
+// insertLogged writes one message of a QUEUE topic whose messages live on
+// the log (see QueueOnLog), available at once ($1..$6 as insertQueued): a
+// plain single-row INSERT, like insertQueued. It needs nothing from the
+// topic row, so it takes no topic lock: the topic's one group reads every
+// message ever written to it and never leaves, so there is no subscribed
+// set to agree with.
+const insertLogged = `
+INSERT INTO {{schema}}.outbox_published (topic, payload, headers, correlation_id, message_group, priority, status)
+VALUES ($1, $2, $3, $4, $5, $6, 'PUBLISHED')
+RETURNING id`
+
+// insertLoggedAt is insertLogged with a delivery time ($7..$9 as
+// insertQueuedAt).
+const insertLoggedAt = `
+INSERT INTO {{schema}}.outbox_published (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
+VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED')
+RETURNING id`
+
+// insertLoggedOrdered is insertLoggedAt for an ordered topic: a message
+// with a group takes its group's lock first, as insertOrdered does.
+const insertLoggedOrdered = `
+INSERT INTO {{schema}}.outbox_published (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
+SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
+WHERE ` + groupLock + `
+RETURNING id`
+
 // topicConfigured: topic $1 has a configuration.
 const topicConfigured = `SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topics WHERE topic = $1)`
 
@@ -149,9 +175,14 @@ func notifying(insert string, channelParam int) string {
 		strconv.Itoa(channelParam) + ", $1)) AS n"
 }
 
-// selectSemantics reads a topic's semantics and whether it is ordered
-// (no row: never configured).
-const selectSemantics = `SELECT semantics, ordered FROM {{schema}}.outbox_topics WHERE topic = $1`
+// selectSemantics reads a topic's semantics, whether it is ordered and
+// whether its messages live on the log (no row: never configured).
+const selectSemantics = `SELECT semantics, ordered, ` + onLog + ` FROM {{schema}}.outbox_topics WHERE topic = $1`
+
+// onLog is true for a topic row whose messages live on the log
+// (outbox_published): every PUB_SUB topic, and a QUEUE topic that has a
+// tracking mode (see QueueOnLog).
+const onLog = `(semantics = 'PUB_SUB' OR tracking_mode IS NOT NULL)`
 
 // insertRows writes SendBatch's messages, given as parallel arrays, each
 // into the table of its topic's semantics, and returns (position, id) for
@@ -174,7 +205,7 @@ WITH m AS MATERIALIZED (
                  CASE WHEN t.ordered THEN true END AS ordered,
                  coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
                      AS available_at,
-                 t.semantics IS NOT DISTINCT FROM 'PUB_SUB' AS published,
+                 coalesce(t.semantics = 'PUB_SUB' OR t.tracking_mode IS NOT NULL, false) AS published,
                  coalesce(t.idempotency_window, $11 * interval '1 microsecond') AS idempotency_window,
                  ` + publishedStatus + ` AS status,
                  ` + requiredGroups + `

@@ -39,6 +39,9 @@ type Outbox struct {
 	InsertPublishedOrdered                         string // configured ordered PUB_SUB topic: $1..$9
 	InsertPublishedOrderedNotify                   string
 	InsertOrdered, InsertOrderedNotify             string // configured ordered QUEUE topic: $1..$9
+	InsertLogged, InsertLoggedNotify               string // QUEUE topic on the log, available now: $1..$6
+	InsertLoggedAt, InsertLoggedAtNotify           string // QUEUE topic on the log: $1..$9
+	InsertLoggedOrdered, InsertLoggedOrderedNotify string // ordered QUEUE topic on the log: $1..$9
 	SelectSemantics                                string
 	Insert, InsertNotify, SelectIdempotent         string
 	LockTopic, AnyQueued, UpsertTopic, SelectTopic string
@@ -69,6 +72,12 @@ func For(schema string) *Outbox {
 		InsertPublishedOrderedNotify: r.Replace(notifying(insertPublishedOrdered, 10)),
 		InsertOrdered:                r.Replace(insertOrdered),
 		InsertOrderedNotify:          r.Replace(notifying(insertOrdered, 10)),
+		InsertLogged:                 r.Replace(insertLogged),
+		InsertLoggedNotify:           r.Replace(notifying(insertLogged, 7)),
+		InsertLoggedAt:               r.Replace(insertLoggedAt),
+		InsertLoggedAtNotify:         r.Replace(notifying(insertLoggedAt, 10)),
+		InsertLoggedOrdered:          r.Replace(insertLoggedOrdered),
+		InsertLoggedOrderedNotify:    r.Replace(notifying(insertLoggedOrdered, 10)),
 		SelectSemantics:              r.Replace(selectSemantics),
 		Insert:                       r.Replace(insert),
 		InsertNotify:                 r.Replace(insertNotify),

@@ -133,7 +133,7 @@ func shortRetention(tc *outbox.TopicConfig) {
 // partitions of messages all along (consumer-group subjects only). When
 // the test ends, neither service has logged an error.
 func (e *Env) cleaner(t testing.TB) {
-	if !e.Subject.Groups {
+	if !e.onLog() {
 		return
 	}
 	g, err := e.NewGroup(e.DB.Pool, Spec{Group: "cleaner"})
@@ -345,7 +345,7 @@ func poisonMessage(t *testing.T, s *Subject) {
 	}
 	r := e.Check(t, "g1", ids, nil)
 	require.True(t, e.DeadLettered(t, "g1")[ids[6]], "the poison message is dead-lettered")
-	if s.Groups {
+	if e.onLog() {
 		// A QUEUE consumer's crash spends an attempt of every message it
 		// held (like a receive count); a group retries apart from each
 		// other the messages that were in flight in two crashes in a row,

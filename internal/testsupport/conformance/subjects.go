@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/childproc"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -33,6 +34,9 @@ type Subject struct {
 	// Groups: consumer groups on a PUB_SUB topic (the group lifecycle
 	// scenarios apply).
 	Groups bool
+	// QueueOnLog: a QUEUE topic whose messages live on the log, its
+	// consumers the members of its one group (sqlq.QueueGroup).
+	QueueOnLog bool
 	// Router: delivery through the router to an HTTP receiver (see
 	// RouterSubjects).
 	Router bool
@@ -106,6 +110,8 @@ type GroupInstance struct{ *consumergroup.Group }
 var Subjects = []*Subject{
 	{Name: "queue", Semantics: outbox.Queue, Start: startQueue},
 	{Name: "queue-ordered", Semantics: outbox.Queue, Ordered: true, Start: startQueue},
+	{Name: "queue-log", Semantics: outbox.Queue, QueueOnLog: true, Start: startQueueOnLog},
+	{Name: "queue-log-ordered", Semantics: outbox.Queue, QueueOnLog: true, Ordered: true, Start: startQueueOnLog},
 	{Name: "bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Start: startGroup},
 	{Name: "counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Start: startGroup},
 	{Name: "offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Start: startGroup},
@@ -138,10 +144,28 @@ func startQueue(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h ou
 	return c, c.Start(ctx)
 }
 
+// startQueueOnLog starts a consumer of a QUEUE topic on the log: a member
+// of the topic's one group (spec.Group names only the ledger's).
+func startQueueOnLog(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error) {
+	return startGroup(ctx, e, pool, spec, h)
+}
+
+// groupName is the consumer group that a ledger's group name stands for.
+func (e *Env) groupName(group string) string {
+	if e.Subject.QueueOnLog {
+		return sqlq.QueueGroup
+	}
+	return group
+}
+
+// onLog reports whether the subject's messages live on the log, read by
+// consumer groups.
+func (e *Env) onLog() bool { return e.Subject.Groups || e.Subject.QueueOnLog }
+
 // NewGroup returns an instance of spec's group on pool, not started.
 func (e *Env) NewGroup(pool *pgxpool.Pool, spec Spec) (*consumergroup.Group, error) {
 	spec = spec.withDefaults()
-	return consumergroup.New(pool, consumergroup.Config{Topic: e.Topic.Name, Group: spec.Group, Schema: e.DB.Schema,
+	return consumergroup.New(pool, consumergroup.Config{Topic: e.Topic.Name, Group: e.groupName(spec.Group), Schema: e.DB.Schema,
 		InstanceID: spec.Instance, BatchSize: spec.BatchSize, Concurrency: spec.Concurrency, PollInterval: spec.PollInterval,
 		HeartbeatInterval: spec.HeartbeatInterval, HeartbeatTimeout: spec.HeartbeatTimeout, HandlerTimeout: spec.HandlerTimeout,
 		Logger: spec.Logger})
