@@ -207,8 +207,8 @@ func (c *Client) SendBatch(ctx context.Context, tx outbox.Executor, msgs []outbo
 // NewConsumer returns a consumer of a QUEUE topic that starts and stops
 // with the client. It fails with outbox.ErrWrongSemantics for a PUB_SUB
 // topic (use NewGroup) and outbox.ErrInvalidConfig for a bad cfg.
-func (c *Client) NewConsumer(ctx context.Context, cfg outbox.ConsumerConfig) (*outbox.Consumer, error) {
-	k, err := c.outbox.NewConsumer(ctx, cfg)
+func (c *Client) NewConsumer(ctx context.Context, cfg outbox.ConsumerConfig) (*Consumer, error) {
+	k, err := c.newConsumer(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

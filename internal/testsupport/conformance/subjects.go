@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/childproc"
@@ -144,10 +145,20 @@ func startQueue(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h ou
 	return c, c.Start(ctx)
 }
 
-// startQueueOnLog starts a consumer of a QUEUE topic on the log: a member
-// of the topic's one group (spec.Group names only the ledger's).
+// startQueueOnLog starts a consumer of a QUEUE topic on the log, through
+// the client's API: a member of the topic's one group (spec.Group names
+// only the ledger's).
 func startQueueOnLog(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error) {
-	return startGroup(ctx, e, pool, spec, h)
+	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: e.DB.Schema, Logger: spec.Logger, NoMaintenance: true})
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: e.Topic.Name, Handler: h, Concurrency: spec.Concurrency,
+		BatchSize: spec.BatchSize, PollInterval: spec.PollInterval, ID: spec.Instance})
+	if err != nil {
+		return nil, err
+	}
+	return c, c.Start(ctx)
 }
 
 // groupName is the consumer group that a ledger's group name stands for.
@@ -294,7 +305,9 @@ func ChildMain() {
 		fmt.Fprintln(os.Stderr, "child start:", err)
 		os.Exit(2)
 	}
-	if g, ok := in.(GroupInstance); ok {
+	if g, ok := in.(interface {
+		AckTx(context.Context, pgx.Tx, *outbox.Delivery) error
+	}); ok {
 		ackTx = g.AckTx
 	} else {
 		ackTx = func(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error { return client.AckTx(ctx, tx, d) }
