@@ -95,6 +95,11 @@ type Topic struct {
 	// Leased are told apart among the CountLimit due soonest: past that
 	// they add up to CountLimit.
 	Ready, Scheduled, Leased int64
+	// On a QUEUE topic whose messages live on the log, Ready also counts
+	// the messages of the batches its consumers hold (Leased counts the
+	// messages leased one by one: retries, and an ordered topic's), and
+	// Scheduled the messages that wait for a retry.
+	//
 	// OldestReady is how long the oldest deliverable message of a QUEUE
 	// topic has been waiting (0 when none is).
 	OldestReady time.Duration
@@ -133,6 +138,19 @@ func (a *Admin) Topic(ctx context.Context, name string) (Topic, error) {
 	if cfg.Semantics == outbox.PubSub {
 		t.Groups, err = a.groupNames(ctx, name)
 		return t, err
+	}
+	g, err := a.queueGroup(cfg)
+	if err != nil {
+		return Topic{}, err
+	}
+	if g != nil { // its consumers' group says it
+		h, err := g.Health(ctx, a.limit)
+		if err != nil {
+			return Topic{}, fmt.Errorf("admin: topic %q: %w", name, err)
+		}
+		t.Ready, t.Scheduled, t.Leased = h.Unread+h.Queued, h.Scheduled+h.Waiting, h.LeasedRetries
+		t.DeadLetters, t.OldestReady = h.DeadLetters, h.Lag
+		return t, nil
 	}
 	var oldest *time.Time
 	var now time.Time
@@ -335,8 +353,16 @@ func (a *Admin) DeadLetters(ctx context.Context, topic, group string, afterID in
 		return nil, fmt.Errorf("%w: admin: after id %d is negative", outbox.ErrInvalidConfig, afterID)
 	}
 	if group == "" {
-		if _, err := a.queueTopic(ctx, topic, deadLettersHint); err != nil {
+		cfg, err := a.queueTopic(ctx, topic, deadLettersHint)
+		if err != nil {
 			return nil, err
+		}
+		g, err := a.queueGroup(cfg)
+		if err != nil {
+			return nil, err
+		}
+		if g != nil {
+			return g.DeadLetters(ctx, afterID, limit)
 		}
 		return a.client.DeadLetters(ctx, topic, afterID, limit)
 	}
@@ -354,8 +380,16 @@ func (a *Admin) DeadLetters(ctx context.Context, topic, group string, afterID in
 // others are still replayed).
 func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
 	if group == "" {
-		if _, err := a.queueTopic(ctx, topic, deadLettersHint); err != nil {
+		cfg, err := a.queueTopic(ctx, topic, deadLettersHint)
+		if err != nil {
 			return 0, err
+		}
+		g, err := a.queueGroup(cfg)
+		if err != nil {
+			return 0, err
+		}
+		if g != nil {
+			return g.ReplayDeadLetters(ctx, ids...)
 		}
 		return a.client.ReplayDeadLetters(ctx, topic, ids...)
 	}
@@ -370,8 +404,16 @@ func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids 
 // picks them (the CLI's and the web UI's purge).
 func (a *Admin) DiscardDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
 	if group == "" {
-		if _, err := a.queueTopic(ctx, topic, deadLettersHint); err != nil {
+		cfg, err := a.queueTopic(ctx, topic, deadLettersHint)
+		if err != nil {
 			return 0, err
+		}
+		g, err := a.queueGroup(cfg)
+		if err != nil {
+			return 0, err
+		}
+		if g != nil {
+			return g.DiscardDeadLetters(ctx, ids...)
 		}
 		return a.client.DiscardDeadLetters(ctx, topic, ids...)
 	}
@@ -390,6 +432,15 @@ func (a *Admin) queueTopic(ctx context.Context, topic, hint string) (outbox.Topi
 		err = fmt.Errorf("%w: %q is a %s topic; %s", outbox.ErrWrongSemantics, topic, cfg.Semantics, hint)
 	}
 	return cfg, err
+}
+
+// queueGroup returns a Group value (never started) for the one group of
+// QUEUE topic cfg when its messages live on the log, else nil.
+func (a *Admin) queueGroup(cfg outbox.TopicConfig) (*consumergroup.Group, error) {
+	if cfg.Semantics != outbox.Queue || cfg.Tracking == "" {
+		return nil, nil
+	}
+	return consumergroup.New(a.pool, consumergroup.Config{Topic: cfg.Name, Group: sqlq.QueueGroup, Client: a.client})
 }
 
 // deadLettersHint is queueTopic's hint for dead letters.

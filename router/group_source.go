@@ -52,6 +52,7 @@ type GroupSource struct {
 	cfg     GroupSourceConfig
 	scope   string // where its message ids are unique
 	running atomic.Bool
+	queue   string // a QueueSource's name, when it runs this one: its messages keep a queue's ids
 }
 
 // NewGroupSource returns a source for cfg.Group.
@@ -74,7 +75,12 @@ func NewGroupSource(cfg GroupSourceConfig) (*GroupSource, error) {
 }
 
 // Name implements Source.
-func (s *GroupSource) Name() string { return "group:" + s.cfg.Group.Topic + "/" + s.cfg.Group.Group }
+func (s *GroupSource) Name() string {
+	if s.queue != "" {
+		return s.queue
+	}
+	return "group:" + s.cfg.Group.Topic + "/" + s.cfg.Group.Group
+}
 
 var _ ReadySource = (*GroupSource)(nil)
 
@@ -159,8 +165,12 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 		// key). A copy claimed again while in flight (its lease ran out)
 		// keeps the DeliveryID and is adopted.
 		id := s.Name() + "/" + strconv.FormatInt(d.ID, 10)
+		deliveryID := id
+		if s.queue != "" { // a QUEUE topic's message has one copy, whatever reads it
+			id = strconv.FormatInt(d.ID, 10)
+		}
 		batch = append(batch, &Message{
-			ID: id, DeliveryID: id, OutboxID: d.ID, scope: s.scope, stream: s.Name(),
+			ID: id, DeliveryID: deliveryID, OutboxID: d.ID, scope: s.scope, stream: s.Name(),
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st, TraceContext: d.Headers,
 			RetryDelay: backoff.Exponential(d.Attempt, topic.BackoffInitial, topic.BackoffMax),

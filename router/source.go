@@ -13,8 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -87,7 +89,9 @@ type QueueSourceConfig struct {
 
 // QueueSource claims messages of a QUEUE topic for the router. It holds
 // the lease of every message it claimed until the router settles it, and
-// renews them all together (it is a LeaseKeeper).
+// renews them all together (it is a LeaseKeeper). On a topic whose
+// messages live on the log it runs as a member of the topic's one
+// consumer group instead, as a GroupSource does.
 type QueueSource struct {
 	cfg      QueueSourceConfig
 	lastPoll atomic.Int64 // unix nanos
@@ -98,6 +102,8 @@ type QueueSource struct {
 
 	mu   sync.Mutex
 	held map[*queueSettler]struct{} // claimed, not settled
+
+	onLog atomic.Bool // Run reads the topic's group (see runOnLog)
 }
 
 // NewQueueSource returns a source for cfg.Topic.
@@ -141,6 +147,9 @@ func (s *QueueSource) Name() string { return "queue:" + s.cfg.Topic }
 
 // LastPoll implements Source.
 func (s *QueueSource) LastPoll() time.Time {
+	if s.onLog.Load() { // the group instance polls on its own
+		return time.Now()
+	}
 	n := s.lastPoll.Load()
 	if n == 0 {
 		return time.Time{}
@@ -153,6 +162,9 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 	t, err := s.cfg.Client.Topic(ctx, s.cfg.Topic)
 	if err != nil {
 		return err
+	}
+	if t.Tracking != "" {
+		return s.runOnLog(ctx, route)
 	}
 	lease := cmp.Or(s.cfg.Lease, t.Lease)
 	s.lease.Store(int64(lease))
@@ -188,6 +200,25 @@ func (s *QueueSource) Run(ctx context.Context, route func(context.Context, []*Me
 		}
 	}
 	return nil
+}
+
+// runOnLog runs the source over a QUEUE topic whose messages live on the
+// log: as a member of the topic's one group, through a GroupSource (which
+// keeps the leases of what it handed over itself; Owner, Lease,
+// RenewEvery and MaxInFlight do not apply). The member's name is its own
+// (host, process and a random part): the group tells its members apart
+// by name.
+func (s *QueueSource) runOnLog(ctx context.Context, route func(context.Context, []*Message)) error {
+	g, err := NewGroupSource(GroupSourceConfig{Pool: s.cfg.Client.Pool(), Mapper: s.cfg.Mapper,
+		Group: consumergroup.Config{Topic: s.cfg.Topic, Group: sqlq.QueueGroup, Client: s.cfg.Client,
+			BatchSize: s.cfg.BatchSize, PollInterval: s.cfg.PollInterval}})
+	if err != nil {
+		return err
+	}
+	g.queue = s.Name()
+	s.onLog.Store(true)
+	defer s.onLog.Store(false)
+	return g.RunReady(ctx, route, func() {})
 }
 
 // messages maps claimed deliveries of topic t to router messages and holds

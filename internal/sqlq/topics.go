@@ -43,7 +43,8 @@ ON CONFLICT (topic) DO UPDATE SET
     -- A topic in use keeps its mode (ConfigureTopic passes it): only an
     -- unused one changes here, and a change of mode of a topic in use is
     -- changeTracking's.
-    tracking_mode = excluded.tracking_mode,
+    -- A QUEUE topic on the log stays there.
+    tracking_mode = CASE WHEN excluded.semantics = 'QUEUE' THEN outbox_topics.tracking_mode ELSE excluded.tracking_mode END,
     updated_at = now()
 -- Semantics and ordering never change (producers rely on them, see
 -- insertQueued and insertOrdered).

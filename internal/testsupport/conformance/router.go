@@ -25,11 +25,13 @@ import (
 // the "no second first attempt" rule does not apply; duplicates are counted.
 
 // RouterSubjects are the router's delivery paths: a QueueSource (of an
-// unordered and of an ordered topic), and a GroupSource in each tracking
-// mode (router's own tests run one of an ordered topic).
+// unordered and of an ordered topic, and of a topic on the log), and a
+// GroupSource in each tracking mode (router's own tests run one of an
+// ordered topic).
 var RouterSubjects = []*Subject{
 	{Name: "router-queue", Semantics: outbox.Queue, Router: true, Start: startRouter},
 	{Name: "router-queue-ordered", Semantics: outbox.Queue, Ordered: true, Router: true, Start: startRouter},
+	{Name: "router-queue-log", Semantics: outbox.Queue, QueueOnLog: true, Router: true, Start: startRouter},
 	{Name: "router-bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Router: true, Start: startRouter},
