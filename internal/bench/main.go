@@ -31,6 +31,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -57,6 +58,7 @@ type config struct {
 	duration                    time.Duration
 	fillfactor                  int
 	noHold, ordered             bool
+	queueLog                    bool
 	msgGroups                   int
 	natsURL                     string
 	latencySeconds              int
@@ -106,6 +108,7 @@ func parseFlags() *config {
 	flag.DurationVar(&c.oltpAfter, "oltp-after", 60*time.Second, "BACKFILL_OLTP: how long after the backfill pgbench is still measured (the write-back of what it wrote)")
 	flag.IntVar(&c.msgGroups, "msg-groups", 0, "W2, W3: spread the messages over this many message groups (0 = none)")
 	flag.BoolVar(&c.ordered, "ordered", false, "W2, W3: the topic is ordered (TopicConfig.Ordered): each message group's messages one at a time")
+	flag.BoolVar(&c.queueLog, "queue-log", false, "W1, W2, W4, W5: the QUEUE topic's messages live on the log, read by its one consumer group")
 	flag.BoolVar(&c.noHold, "no-hold", false, "W5: hold no transaction (a steady run; the table stats still come at each third's end)")
 	flag.IntVar(&c.fillfactor, "fillfactor", 0, "experiment: set outbox_published's fillfactor after the migrations (0 = as migrated)")
 	flag.StringVar(&c.natsURL, "nats", "nats://127.0.0.1:4222", "RELAY: the NATS server (with JetStream)")
@@ -179,6 +182,9 @@ func run(ctx context.Context, c *config) error {
 	b := &bench{c: c, pool: pool, client: client, producer: producer, fetches: &fetchRecorder{}}
 	if c.mode == "" && c.workload != "W5" && c.workload != "SKEW" { // QUEUE workloads: configure the topic, as a service would at boot
 		if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: strings.ToLower(c.workload), Ordered: c.ordered}); err != nil {
+			return err
+		}
+		if err := b.putOnLog(ctx, strings.ToLower(c.workload)); err != nil {
 			return err
 		}
 	}
@@ -456,7 +462,30 @@ func (b *bench) paced(ctx context.Context, topic string, tr *tracker, from, n, r
 	return nil
 }
 
-func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (*outbox.Consumer, error) {
+// putOnLog puts QUEUE topic on the log with -queue-log.
+func (b *bench) putOnLog(ctx context.Context, topic string) error {
+	if !b.c.queueLog {
+		return nil
+	}
+	_, err := b.pool.Exec(ctx, sqlq.ForPubSub(schema).QueueOnLog, topic, time.Minute.Microseconds())
+	return err
+}
+
+// stopper is a running consumer.
+type stopper interface{ Stop(context.Context) error }
+
+func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (stopper, error) {
+	if b.c.queueLog { // a member of the topic's group, as pgoutbox.Consumer runs it
+		g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: sqlq.QueueGroup, Client: b.client,
+			Concurrency: b.c.workers, BatchSize: b.c.batch})
+		if err != nil {
+			return nil, err
+		}
+		if err := g.AddConsumer("bench", tr.handler, nil); err != nil {
+			return nil, err
+		}
+		return g, g.Start(ctx, consumergroup.FromBeginning(false))
+	}
 	k, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{
 		Topic:       topic,
 		Concurrency: b.c.workers,
@@ -481,7 +510,7 @@ func (b *bench) waitDrained(ctx context.Context, topic string, tr *tracker) erro
 		}
 	}
 	left := `SELECT EXISTS (SELECT 1 FROM ` + schema + `.outbox WHERE topic = $1)`
-	if b.c.mode != "" {
+	if b.c.mode != "" || b.c.queueLog {
 		left = `SELECT EXISTS (SELECT 1 FROM ` + schema + `.outbox_group_batches AS b
 		        JOIN ` + schema + `.outbox_topic_subscriptions AS s ON s.id = b.subscription_id WHERE s.topic = $1)`
 	}

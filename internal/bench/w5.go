@@ -128,6 +128,9 @@ func (b *bench) startTopicConsumer(ctx context.Context, topic string, tr *tracke
 		if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic}); err != nil {
 			return nil, err
 		}
+		if err := b.putOnLog(ctx, topic); err != nil {
+			return nil, err
+		}
 		k, err := b.startConsumer(ctx, topic, tr)
 		if err != nil {
 			return nil, err
