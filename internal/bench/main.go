@@ -265,7 +265,7 @@ func (b *bench) w1(ctx context.Context) error {
 		return err
 	}
 	var rows, distinct int
-	if err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (payload->>'seq')::int) FROM `+schema+`.`+messageTable(b.c.mode)).Scan(&rows, &distinct); err != nil {
+	if err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (payload->>'seq')::int) FROM `+schema+`.`+b.messageTable()).Scan(&rows, &distinct); err != nil {
 		return err
 	}
 	if rows != b.c.n || distinct != b.c.n {
@@ -540,14 +540,15 @@ func (b *bench) preload(ctx context.Context, topic string) error {
 			return fmt.Errorf("preload: %w", err)
 		}
 	}
-	_, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.`+messageTable(b.c.mode))
+	_, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.`+b.messageTable())
 	return err
 }
 
 // messageTable is the table the workload's messages go to: QUEUE messages
 // to outbox, PUB_SUB messages (a tracking mode is set) to outbox_published.
-func messageTable(mode string) string {
-	if mode == "" {
+// messageTable is where the workload's messages are stored.
+func (b *bench) messageTable() string {
+	if b.c.mode == "" && !b.c.queueLog {
 		return "outbox"
 	}
 	return "outbox_published"
