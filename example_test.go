@@ -97,3 +97,75 @@ func ExampleClient() {
 	// billed order 42
 	// emailed about order 42
 }
+
+// A handler whose effect is a write to the same database acks its message
+// in the transaction that writes it: the effect and the ack commit
+// together, so a redelivery (after a crash, or a lease that ran out)
+// finds the message acked and the effect there once.
+func ExampleConsumer_AckTx() {
+	ctx := context.Background()
+	pool, schema, cleanup, err := outboxtest.Open(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cleanup()
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
+		log.Fatal(err)
+	}
+	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "invoices"}); err != nil {
+		log.Fatal(err)
+	}
+	invoices := pgx.Identifier{schema, "invoices"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+invoices+` (order_id int PRIMARY KEY)`); err != nil {
+		log.Fatal(err)
+	}
+
+	done := make(chan int, 1)
+	var consumer *pgoutbox.Consumer
+	consumer, err = client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "invoices", Handler: func(ctx context.Context, d *outbox.Delivery) error {
+		o, err := outbox.Decode[OrderPlaced](d)
+		if err != nil {
+			return outbox.Permanent(err)
+		}
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+invoices+` (order_id) VALUES ($1)`, o.ID); err != nil {
+				return err
+			}
+			return consumer.AckTx(ctx, tx, d) // last, just before the commit
+		})
+		if err == nil {
+			done <- o.ID
+		}
+		return err
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		msg, err := outbox.NewMessage("invoices", OrderPlaced{ID: 7})
+		if err != nil {
+			return err
+		}
+		_, err = client.Send(ctx, tx, msg)
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("invoiced order", <-done)
+
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Stop(stopCtx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// invoiced order 7
+}
