@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
@@ -27,12 +28,38 @@ import (
 type Consumer struct {
 	client *Client
 	cfg    outbox.ConsumerConfig
-	table  *outbox.Consumer     // the topic's messages are on the queue table
-	group  *consumergroup.Group // … or on the log
+	id     string
+	table  queueRun // the topic's messages are on the queue table
+	log    queueRun // … or on the log
 
-	mu     sync.Mutex
-	onLog  bool // the last Start found the topic on the log
-	chosen bool // a Start read the topic
+	startMu sync.Mutex               // serialises Start's choice of a run
+	current atomic.Pointer[queueRun] // the run the last Start chose; nil before
+}
+
+// queueRun is one of the two ways a Consumer reads its topic.
+type queueRun interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+	StopAndCancel(ctx context.Context) error
+	Stopped() <-chan struct{}
+	AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error
+}
+
+// tableRun claims from the queue table.
+type tableRun struct {
+	*outbox.Consumer
+	client *outbox.Client
+}
+
+func (r tableRun) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error {
+	return r.client.AckTx(ctx, tx, d)
+}
+
+// logRun is a member of the topic's group.
+type logRun struct{ *consumergroup.Group }
+
+func (r logRun) Start(ctx context.Context) error {
+	return r.Group.Start(ctx, consumergroup.FromBeginning(false))
 }
 
 // newConsumer returns a consumer of cfg.Topic, not started.
@@ -49,11 +76,11 @@ func (c *Client) newConsumer(ctx context.Context, cfg outbox.ConsumerConfig) (*C
 	if err := group.AddConsumer(table.ID(), cfg.Handler, nil); err != nil {
 		return nil, err
 	}
-	return &Consumer{client: c, cfg: cfg, table: table, group: group}, nil
+	return &Consumer{client: c, cfg: cfg, id: table.ID(), table: tableRun{table, c.outbox}, log: logRun{group}}, nil
 }
 
 // ID names the consumer in leases and logs.
-func (k *Consumer) ID() string { return k.table.ID() }
+func (k *Consumer) ID() string { return k.id }
 
 // Start reads the topic's configuration and starts consuming in the
 // background; it returns at once. ctx bounds only the start-up queries.
@@ -67,21 +94,28 @@ func (k *Consumer) Start(ctx context.Context) error {
 	if topic.Semantics != outbox.Queue {
 		return fmt.Errorf("%w: %q is a %s topic; use a consumer group", outbox.ErrWrongSemantics, k.cfg.Topic, topic.Semantics)
 	}
-	onLog := topic.Tracking != ""
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.chosen && k.onLog != onLog {
-		// The topic moved to the log while this consumer was stopped: the
-		// last run must have stopped before the other one starts.
-		if err := k.stopRun(ctx, false); err != nil {
-			return err
+	want := &k.table
+	if topic.Tracking != "" {
+		want = &k.log
+	}
+	k.startMu.Lock()
+	defer k.startMu.Unlock()
+	last := k.current.Load()
+	if last != nil && last != want {
+		select {
+		case <-(*last).Stopped(): // the topic moved to the log while this consumer was stopped
+		default:
+			return fmt.Errorf("%w: consumer of %q", outbox.ErrAlreadyStarted, k.cfg.Topic)
 		}
 	}
-	k.onLog, k.chosen = onLog, true
-	if onLog {
-		return k.group.Start(ctx, consumergroup.FromBeginning(false))
+	k.current.Store(want)
+	if err := (*want).Start(ctx); err != nil {
+		if last != want {
+			k.current.Store(last)
+		}
+		return err
 	}
-	return k.table.Start(ctx)
+	return nil
 }
 
 // Stop stops consuming, hands back the messages no handler has started
@@ -89,40 +123,26 @@ func (k *Consumer) Start(ctx context.Context) error {
 // running handlers until ctx ends: then it cancels them and returns ctx's
 // error. Stop is safe to call more than once and on a consumer never
 // started.
-func (k *Consumer) Stop(ctx context.Context) error { return k.stop(ctx, false) }
-
-// StopAndCancel is Stop that cancels the running handlers' contexts at once.
-func (k *Consumer) StopAndCancel(ctx context.Context) error { return k.stop(ctx, true) }
-
-func (k *Consumer) stop(ctx context.Context, cancel bool) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.stopRun(ctx, cancel)
+func (k *Consumer) Stop(ctx context.Context) error {
+	if run := k.current.Load(); run != nil {
+		return (*run).Stop(ctx)
+	}
+	return nil
 }
 
-// stopRun stops the current run; callers hold mu.
-func (k *Consumer) stopRun(ctx context.Context, cancel bool) error {
-	switch {
-	case !k.chosen:
-		return nil
-	case k.onLog && cancel:
-		return k.group.StopAndCancel(ctx)
-	case k.onLog:
-		return k.group.Stop(ctx)
-	case cancel:
-		return k.table.StopAndCancel(ctx)
-	default:
-		return k.table.Stop(ctx)
+// StopAndCancel is Stop that cancels the running handlers' contexts at once.
+func (k *Consumer) StopAndCancel(ctx context.Context) error {
+	if run := k.current.Load(); run != nil {
+		return (*run).StopAndCancel(ctx)
 	}
+	return nil
 }
 
 // Stopped returns a channel closed once the consumer's current run
 // stopped (between runs, the last run's). Call it after Start.
 func (k *Consumer) Stopped() <-chan struct{} {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.chosen && k.onLog {
-		return k.group.Stopped()
+	if run := k.current.Load(); run != nil {
+		return (*run).Stopped()
 	}
 	return k.table.Stopped()
 }
@@ -134,11 +154,9 @@ func (k *Consumer) Stopped() <-chan struct{} {
 // since (its lease ran out), and the caller must then roll tx back. See
 // consumergroup.Group.AckTx and outbox.Client.AckTx for the details.
 func (k *Consumer) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error {
-	k.mu.Lock()
-	onLog := k.chosen && k.onLog
-	k.mu.Unlock()
-	if onLog {
-		return k.group.AckTx(ctx, tx, d)
+	run := k.current.Load()
+	if run == nil {
+		return fmt.Errorf("%w: message %d: the consumer of %q was never started", outbox.ErrLeaseLost, d.ID, k.cfg.Topic)
 	}
-	return k.client.outbox.AckTx(ctx, tx, d)
+	return (*run).AckTx(ctx, tx, d)
 }

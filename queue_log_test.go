@@ -185,6 +185,20 @@ func TestQueueTopicOnTheLog(t *testing.T) {
 	require.Equal(t, consumergroup.Active, state)
 	require.ErrorIs(t, g.Cancel(ctx), consumergroup.ErrInvalidTransition)
 	require.ErrorIs(t, c.Admin().CancelGroup(ctx, "jobs", sqlq.QueueGroup), consumergroup.ErrInvalidGroup)
+	m, err := consumergroup.NewMaintainer(db.Pool, c.Outbox())
+	require.NoError(t, err)
+	require.ErrorIs(t, m.RemoveGroup(ctx, "jobs", sqlq.QueueGroup), consumergroup.ErrInvalidTransition)
+	state, err = g.State(ctx)
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.Active, state)
+
+	// The outbox package's queue-table consumer and claim refuse the topic
+	// rather than read an empty table.
+	_, err = c.Outbox().Claim(ctx, "jobs", "operator", 1)
+	require.ErrorIs(t, err, outbox.ErrWrongSemantics)
+	table, err := c.Outbox().NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	require.NoError(t, err)
+	require.ErrorIs(t, table.Start(ctx), outbox.ErrWrongSemantics)
 }
 
 // The topic's group belongs to its QUEUE topic: no other group reads a
@@ -202,4 +216,79 @@ func TestQueueGroupBelongsToItsTopic(t *testing.T) {
 		require.NoError(t, g.AddConsumer("m", h, nil))
 		require.ErrorIs(t, g.Start(ctx, consumergroup.FromNow()), outbox.ErrWrongSemantics, "group %q of %q", tc.group, tc.topic)
 	}
+}
+
+// A handler that acks in its transaction while the consumer stops (Stop
+// waits for it) finishes: its ack and its effect commit, and Stop returns
+// once it has. Stop used to hold the lock AckTx takes, and the two waited
+// for each other until Stop's context ended. On the queue table and on the
+// log.
+func TestStopWaitsForAHandlerThatAcksInItsTransaction(t *testing.T) {
+	for _, onLog := range []bool{false, true} {
+		t.Run(map[bool]string{false: "table", true: "log"}[onLog], func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewDB(t)
+			ctx := context.Background()
+			c := newClient(t, db)
+			tc := outbox.TopicConfig{Name: "jobs"}
+			if onLog {
+				queueOnLog(t, c, tc)
+			} else {
+				require.NoError(t, c.ConfigureTopic(ctx, tc))
+			}
+			_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("effects")+` (message_id bigint PRIMARY KEY)`)
+			require.NoError(t, err)
+			handling, stopping := make(chan struct{}), make(chan struct{})
+			var consumer *pgoutbox.Consumer
+			consumer, err = c.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
+				Handler: func(ctx context.Context, d *outbox.Delivery) error {
+					close(handling)
+					<-stopping
+					return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+						if _, err := tx.Exec(ctx, `INSERT INTO `+db.Table("effects")+` VALUES ($1)`, d.ID); err != nil {
+							return err
+						}
+						return consumer.AckTx(ctx, tx, d)
+					})
+				}})
+			require.NoError(t, err)
+			require.NoError(t, consumer.Start(ctx))
+			send(t, c, "jobs", 1, nil)
+			<-handling
+			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			stopped := make(chan error, 1)
+			go func() { stopped <- consumer.Stop(stopCtx) }()
+			time.Sleep(100 * time.Millisecond) // Stop is waiting for the handler
+			close(stopping)
+			require.NoError(t, <-stopped)
+			var effects int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("effects")).Scan(&effects))
+			require.Equal(t, 1, effects)
+		})
+	}
+}
+
+// A producer that allows topics without a configuration, and saw this one
+// without, sends to the log once the topic is a QUEUE topic on the log:
+// its statement for topics without a configuration writes nothing there,
+// and it reads the configuration again.
+func TestAProducerThatSawNoConfigurationSendsToTheLog(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	c := newClient(t, db)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
+	require.NoError(t, err)
+	msg := outbox.Message{Topic: "jobs", Payload: []byte(`{}`)}
+	_, err = producer.Send(ctx, db.Pool, msg) // learns that jobs has no configuration
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `DELETE FROM `+db.Table("outbox")+` WHERE topic = 'jobs'`)
+	require.NoError(t, err)
+	queueOnLog(t, c, outbox.TopicConfig{Name: "jobs"})
+	id, err := producer.Send(ctx, db.Pool, msg)
+	require.NoError(t, err)
+	var onLog bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+db.Table("outbox_published")+` WHERE id = $1)`, id).Scan(&onLog))
+	require.True(t, onLog, "the message went to the queue table")
 }

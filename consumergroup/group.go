@@ -387,9 +387,6 @@ func (g *Group) Resume(ctx context.Context) error { return g.transition(ctx, Act
 // value that was never started, and calling it again after a failure
 // finishes what the first call left.
 func (g *Group) Cancel(ctx context.Context) error {
-	if g.cfg.Group == sqlq.QueueGroup {
-		return fmt.Errorf("%w: a QUEUE topic's consumers cannot be cancelled", ErrInvalidTransition)
-	}
 	sub, err := g.cancel(ctx)
 	if err != nil {
 		return err

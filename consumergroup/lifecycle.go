@@ -136,7 +136,8 @@ func (g *Group) selectSubscription(ctx context.Context, tx pgx.Tx) (*subscriptio
 const topicLockTimeout = "200ms"
 
 // lockTopic takes the topic's lock and row (waiting for the producers that
-// read the subscribed set) and checks it is a PUB_SUB topic.
+// read the subscribed set) and checks it is a PUB_SUB topic, or a QUEUE
+// topic on the log.
 func (g *Group) lockTopic(ctx context.Context, tx pgx.Tx) error {
 	return lockTopic(ctx, tx, g.q, g.cfg.Topic)
 }
@@ -157,7 +158,7 @@ func lockTopic(ctx context.Context, tx pgx.Tx, q *sqlq.PubSub, topic string) err
 		return fmt.Errorf("consumergroup: lock topic: %w", err)
 	}
 	if outbox.Semantics(semantics) != outbox.PubSub && tracking == "" {
-		return fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, topic, semantics)
+		return fmt.Errorf("%w: %q is a %s topic; use pgoutbox.Client.NewConsumer", outbox.ErrWrongSemantics, topic, semantics)
 	}
 	return nil
 }
@@ -263,7 +264,7 @@ func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOpti
 		return nil, err
 	}
 	if topic.Semantics != outbox.PubSub && (g.cfg.Group != sqlq.QueueGroup || !onLog(topic)) {
-		return nil, fmt.Errorf("%w: %q is a %s topic; use outbox.Consumer", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
+		return nil, fmt.Errorf("%w: %q is a %s topic; use pgoutbox.Client.NewConsumer", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
 	}
 	return &registration{topic: topic, sub: *sub, created: created}, nil
 }
@@ -486,6 +487,9 @@ func (g *Group) transition(ctx context.Context, to State) error {
 // subscribed set, its batches and retries are dropped, and forgetting it
 // becomes pending. It returns the subscription.
 func (g *Group) cancel(ctx context.Context) (*subscription, error) {
+	if g.cfg.Group == sqlq.QueueGroup { // its messages wait for its consumers, however long they are away
+		return nil, fmt.Errorf("%w: a QUEUE topic's consumers cannot be cancelled or removed", ErrInvalidTransition)
+	}
 	var sub *subscription
 	err := g.changeTx(ctx, func(tx pgx.Tx) error {
 		var err error

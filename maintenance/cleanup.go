@@ -11,7 +11,8 @@ import (
 )
 
 // cleanup deletes, in batches until a batch is not full:
-//   - on every PUB_SUB topic, the messages every group holding claims
+//   - on every topic on the log (PUB_SUB topics, and QUEUE topics whose
+//     messages live there), the messages every group holding claims
 //     finished, past the topic's retention (and records the Offset
 //     watermark), then the messages past its MaxRetention whoever holds
 //     them, counting per group those it had not finished;

@@ -43,6 +43,9 @@ func (c *Client) Claim(ctx context.Context, topic, owner string, limit int) ([]*
 	if t.Semantics != Queue {
 		return nil, fmt.Errorf("%w: %q is a %s topic", ErrWrongSemantics, topic, t.Semantics)
 	}
+	if t.Tracking != "" {
+		return nil, errOnLog(topic)
+	}
 	claimed, err := c.claim(ctx, t, owner, limit, 1)
 	if err != nil {
 		return nil, err

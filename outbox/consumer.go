@@ -223,6 +223,13 @@ func (c *Client) NewConsumer(ctx context.Context, cfg ConsumerConfig) (*Consumer
 	return &Consumer{client: c, cfg: cfg, events: ratelog.New(c.logger, c.logInterval, time.Now), attrs: metric.WithAttributes(attribute.String("topic", cfg.Topic))}, nil
 }
 
+// errOnLog refuses to read QUEUE topic's queue table: its messages live
+// on the log.
+func errOnLog(topic string) error {
+	return fmt.Errorf("%w: QUEUE topic %q lives on the log: consume it with pgoutbox.Client.NewConsumer or a router.QueueSource",
+		ErrWrongSemantics, topic)
+}
+
 func wrongSemantics(topic string, s Semantics) error {
 	return fmt.Errorf("%w: %q is a %s topic; consume it with package consumergroup", ErrWrongSemantics, topic, s)
 }
@@ -242,6 +249,9 @@ func (k *Consumer) Start(ctx context.Context) error {
 	topic, err := k.client.loadTopic(ctx, k.client.pool, k.cfg.Topic)
 	if err == nil && topic.Semantics != Queue {
 		err = wrongSemantics(k.cfg.Topic, topic.Semantics)
+	}
+	if err == nil && topic.Tracking != "" {
+		err = errOnLog(k.cfg.Topic)
 	}
 	if err != nil {
 		done()

@@ -104,10 +104,13 @@ type Producer struct {
 	clock      Clock
 }
 
-// learnedSemantics is what a producer last read of a topic's semantics
-// and ordering. Neither changes once configured, so a configured topic is
-// read once; a topic without configuration is read again after
-// recheckUnconfigured, in case it has been configured meanwhile.
+// learnedSemantics is what a producer last read of a topic's semantics,
+// ordering and storage. Semantics and ordering never change once
+// configured, so a configured topic is read once; a topic without
+// configuration is read again after recheckUnconfigured, in case it has
+// been configured meanwhile. A QUEUE topic moves to the log (onLog) only
+// while no producer sends to it: a producer that read it before keeps
+// writing to the queue table.
 type learnedSemantics struct {
 	semantics Semantics // "" while the topic is not configured
 	ordered   bool
@@ -281,7 +284,7 @@ func (p *Producer) insertOne(ctx context.Context, tx Executor, query string, arg
 // reads the configuration with tx the first time, and again every
 // recheckUnconfigured while the topic is not configured, or at once when
 // fresh is set; a configured topic's semantics and ordering never change,
-// so they are not read again. Unless the producer allows unconfigured
+// so they are not read again (see learnedSemantics). Unless the producer allows unconfigured
 // topics, a topic that is not configured fails with ErrUnknownTopic,
 // after a fresh read (it may have been configured a moment ago).
 func (p *Producer) topicSemantics(ctx context.Context, tx Executor, topic string, fresh bool) (learnedSemantics, error) {

@@ -66,8 +66,7 @@ WITH topic AS (
 ), sub AS (
     INSERT INTO {{schema}}.outbox_topic_subscriptions (topic, group_name, start_position, heartbeat_timeout)
     SELECT topic, '` + QueueGroup + `', 'BEGINNING', $2 * interval '1 microsecond' FROM topic
-    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions
-                      WHERE topic = $1 AND group_name = '` + QueueGroup + `')
+    ON CONFLICT DO NOTHING -- it has one already (the name is taken while the group is not CANCELLED, which it never is)
     RETURNING id
 )
 INSERT INTO {{schema}}.outbox_subscription_offsets (subscription_id, position)

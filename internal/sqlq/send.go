@@ -29,16 +29,16 @@ const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) 
 
 // insertUnconfigured is insertQueuedAt for a topic the producer has not
 // seen configured, which is a QUEUE topic with the defaults, unless it has
-// been configured as PUB_SUB or ordered since: then it writes nothing and
-// returns no row, and the producer reads the configuration and sends with
-// the statement it calls for. It holds the topic's lock in shared mode
+// been configured as PUB_SUB or ordered since, or its messages live on the
+// log: then it writes nothing and returns no row, and the producer reads
+// the configuration and sends with the statement it calls for. It holds the topic's lock in shared mode
 // until the transaction ends, so that a configuration waits for it (see
 // ConfigureTopic and markOrdered).
 const insertUnconfigured = `
 INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `
 WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)) IS NOT NULL
-  AND NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
+  AND NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered OR tracking_mode IS NOT NULL))
 RETURNING id`
 
 // insertLogged writes one message of a QUEUE topic whose messages live on
