@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
@@ -201,14 +202,25 @@ func TestQueueTopicOnTheLog(t *testing.T) {
 	require.ErrorIs(t, table.Start(ctx), outbox.ErrWrongSemantics)
 }
 
-// The topic's group belongs to its QUEUE topic: no other group reads a
-// QUEUE topic, and no PUB_SUB topic takes a group of its name.
+// The topic's group belongs to its QUEUE topic: the admin API shows where
+// it stands with a message, no other group reads a QUEUE topic, and no
+// PUB_SUB topic takes a group of its name.
 func TestQueueGroupBelongsToItsTopic(t *testing.T) {
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
 	c := newClient(t, db)
 	queueOnLog(t, c, outbox.TopicConfig{Name: "jobs"})
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub}))
+	// Where the topic's group stands with a message: there is one group.
+	send(t, c, "jobs", 1, nil)
+	var id int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT id FROM `+db.Table("outbox_published")+` WHERE topic = 'jobs'`).Scan(&id))
+	mg, err := c.Admin().MessageGroups(ctx, "jobs", id)
+	require.NoError(t, err)
+	require.Len(t, mg, 1)
+	require.Equal(t, sqlq.QueueGroup, mg[0].ConsumerGroup)
+	require.Equal(t, admin.MessagePending, mg[0].State)
+
 	h := func(context.Context, *outbox.Delivery) error { return nil }
 	for _, tc := range []struct{ topic, group string }{{"jobs", "g1"}, {"events", sqlq.QueueGroup}} {
 		g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: tc.topic, Group: tc.group, Client: c.Outbox()})
