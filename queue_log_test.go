@@ -220,6 +220,17 @@ func TestQueueGroupBelongsToItsTopic(t *testing.T) {
 	require.Len(t, mg, 1)
 	require.Equal(t, sqlq.QueueGroup, mg[0].ConsumerGroup)
 	require.Equal(t, admin.MessagePending, mg[0].State)
+	// Its counts: one ready, one due in an hour.
+	later, err := outbox.NewMessage("jobs", map[string]int{})
+	require.NoError(t, err)
+	later.Delay = time.Hour
+	_, err = c.Producer().SendBatch(ctx, db.Pool, []outbox.Message{later})
+	require.NoError(t, err)
+	st, err := c.Admin().Topic(ctx, "jobs")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.Ready)
+	require.EqualValues(t, 1, st.Scheduled)
+	require.Zero(t, st.Leased+st.DeadLetters)
 
 	h := func(context.Context, *outbox.Delivery) error { return nil }
 	for _, tc := range []struct{ topic, group string }{{"jobs", "g1"}, {"events", sqlq.QueueGroup}} {

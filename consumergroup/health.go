@@ -30,8 +30,8 @@ type Health struct {
 	// SinceHeartbeat is the database's time since LastHeartbeat.
 	SinceHeartbeat time.Duration
 	// Unread counts the committed messages for the group written since
-	// its position: those it has not read, and those of the read in
-	// progress (a few batches at most) it has not completed (in Offset
+	// its position, due now: those it has not read, and those of the read
+	// in progress (a few batches at most) it has not completed (in Offset
 	// mode, which records nothing per message, all of them). It is not
 	// counted for a DEAD group: what that one missed is read by the
 	// backfill its return starts (Backfill).
@@ -48,9 +48,9 @@ type Health struct {
 	// delivers each message group's oldest first), replayed dead letters,
 	// and messages a stopping instance handed back untried.
 	Queued int64
-	// Scheduled counts messages the group read that are not due yet
-	// (sent with Delay or NotBefore): it delivers them when they are.
-	// They do not count in Lag.
+	// Scheduled counts messages that are not due yet (sent with Delay or
+	// NotBefore), read by the group or not: it delivers them when they
+	// are. They do not count in Lag.
 	Scheduled int64
 	// DeadLetters counts the group's dead letters.
 	DeadLetters int64

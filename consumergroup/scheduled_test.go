@@ -255,3 +255,26 @@ func TestTakeoverSkipsAScheduledMessageAlreadyHandled(t *testing.T) {
 		})
 	}
 }
+
+// A stopped group's health counts a message sent to be available later,
+// which it has not read, as scheduled, not as unread, and not in its lag.
+func TestUnreadScheduledMessageIsNotLag(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := clocktest.New(time.Now())
+	b := setup(t, outbox.Offset)
+	g, _ := b.startLogging(t, clock)
+	require.NoError(t, g.Stop(ctx))
+	b.sendMessages(t, clock, b.scheduledMessage(1, "", clock.Now().Add(time.Hour)))
+	h, err := g.Health(ctx, 0)
+	require.NoError(t, err)
+	require.Zero(t, h.Unread)
+	require.EqualValues(t, 1, h.Scheduled)
+	require.Zero(t, h.Lag)
+	b.sendMessages(t, clock, b.scheduledMessage(2, "", time.Time{}))
+	h, err = g.Health(ctx, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, h.Unread)
+	require.EqualValues(t, 1, h.Scheduled)
+	require.Positive(t, h.Lag)
+}

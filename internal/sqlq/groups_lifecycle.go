@@ -303,32 +303,35 @@ const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND availabl
 // groupHealth measures subscription @sub of @topic (its stream: see
 // streamFilter; what it completed: see notCompleted), each count at most
 // @limit: the committed rows its position
-// had not seen and it has not completed (their count, read in no order so
-// the count stops early, and the created_at of the first in commit order), its batches and retry deliveries under lease, its waiting
+// had not seen and it has not completed, due now (their count, read in no
+// order so the count stops early, and the created_at of the first in
+// commit order), its batches and retry deliveries under lease, its waiting
 // retries (messages that failed: failing_since is set), its queued
 // messages (due for a delivery that is not a retry: an ordered group's
 // queue, replayed dead letters, messages a stopping instance handed back
-// untried), the created_at of the oldest message it retries or queues
-// (the lowest id: one probe),
-// and its dead letters. The unread rows are read only when @read_unread is true:
+// untried), the messages not due yet (parked until due, or unread and
+// sent to be available later), the created_at of the oldest message it
+// retries or queues (the lowest id: one probe), and its dead letters. The unread rows are read only when @read_unread is true:
 // a DEAD group is in no new message's required set, so reading its
 // stream would walk everything written since it died to find nothing.
 var groupHealth = `
 WITH f AS (
     SELECT position FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = @sub
 ), unread AS (
-    SELECT 1 FROM (` + unseenRows("1", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "") + `) AS o
+    SELECT o.available_at > now() AS later
+    FROM (` + unseenRows("o.available_at", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "") + `) AS o
     WHERE @read_unread::bool
     LIMIT @limit
 ), oldest_unread AS (
-    SELECT o.created_at FROM (` + unseenRows("o.created_at, o.xid, o.id", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "1") + `) AS o
+    SELECT o.created_at FROM (` + unseenRows("o.created_at, o.xid, o.id", healthUnread+` AND o.available_at <= now()`,
+	"(SELECT position FROM f)", "'0'::xid8", "-1", "1") + `) AS o
     WHERE @read_unread::bool
     ORDER BY o.xid, o.id LIMIT 1
 ), oldest_retry AS (
     SELECT min(message_id) AS id FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = @sub AND status <> 'DEAD_LETTER' AND NOT ` + scheduledRetry + `
 )
-SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
+SELECT (SELECT count(*) FILTER (WHERE NOT later) FROM unread), (SELECT created_at FROM oldest_unread),
        (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = @sub),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = @sub AND status = 'PROCESSING' LIMIT @limit) AS r),
@@ -338,16 +341,19 @@ SELECT (SELECT count(*) FROM unread), (SELECT created_at FROM oldest_unread),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = @sub AND status = 'RETRY' AND failing_since IS NULL
                                     AND available_at <= now() LIMIT @limit) AS r),
-       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
-                              WHERE subscription_id = @sub AND ` + scheduledRetry + ` LIMIT @limit) AS r),
+       least((SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
+                                    WHERE subscription_id = @sub AND ` + scheduledRetry + ` LIMIT @limit) AS r)
+             + (SELECT count(*) FILTER (WHERE later) FROM unread), @limit),
        (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest_retry WHERE o.topic = @topic AND o.id = oldest_retry.id),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = @sub AND status = 'DEAD_LETTER' LIMIT @limit) AS r),
        now()`
 
 // healthUnread is what groupHealth counts as unread: committed rows of
-// the group's stream it has not completed.
-var healthUnread = `o.topic = @topic AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())` + streamFilter("o") + notCompleted("o")
+// the group's stream it has not completed, nor set aside (those are
+// counted from its retry table).
+var healthUnread = `o.topic = @topic AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())` + streamFilter("o") + notCompleted("o") +
+	notSetAside("o", "@sub")
 
 // heartbeat records database time only. It reports the status, so a DEAD
 // group's instance can resurrect it; no row: the subscription is gone.
