@@ -33,6 +33,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/migrations"
 )
 
@@ -122,7 +123,7 @@ type Message struct {
 	CorrelationID string
 	Group         string
 	Priority      int
-	// DeadLettered reports a QUEUE message parked as a dead letter.
+	// DeadLettered reports a QUEUE message its consumers dead-lettered.
 	DeadLettered bool
 }
 
@@ -133,10 +134,20 @@ type Message struct {
 func Sent(ctx context.Context, db Querier, schema, topic string) ([]Message, error) {
 	s := pgx.Identifier{schema}.Sanitize()
 	cols := `id, topic, payload, coalesce(headers, '{}'), coalesce(correlation_id, ''), coalesce(message_group, ''), priority`
+	// A QUEUE topic's dead letters on the log are its group's, each with a
+	// copy of its message once its row may go.
+	queueDead := `SELECT r.message_id, r.payload, r.headers, r.correlation_id, r.message_group, r.priority
+FROM ` + s + `.outbox_group_retries AS r
+JOIN ` + s + `.outbox_topic_subscriptions AS g ON g.id = r.subscription_id
+WHERE g.topic = $1 AND g.group_name = '` + sqlq.QueueGroup + `' AND r.status = 'DEAD_LETTER'`
 	rows, err := db.Query(ctx, `
 SELECT `+cols+`, false FROM `+s+`.outbox WHERE topic = $1
-UNION ALL SELECT `+cols+`, false FROM `+s+`.outbox_published WHERE topic = $1
+UNION ALL SELECT `+cols+`, id IN (SELECT message_id FROM (`+queueDead+`) AS d) FROM `+s+`.outbox_published WHERE topic = $1
 UNION ALL SELECT `+cols+`, true FROM `+s+`.outbox_dead_letters WHERE topic = $1
+UNION ALL SELECT d.message_id, $1, d.payload, coalesce(d.headers, '{}'), coalesce(d.correlation_id, ''),
+                 coalesce(d.message_group, ''), coalesce(d.priority, 0), true
+          FROM (`+queueDead+`) AS d
+          WHERE d.payload IS NOT NULL AND NOT EXISTS (SELECT 1 FROM `+s+`.outbox_published AS o WHERE o.id = d.message_id)
 ORDER BY 1`, topic)
 	if err != nil {
 		return nil, fmt.Errorf("outboxtest: read messages of %q: %w", topic, err)

@@ -3,15 +3,20 @@ package outboxtest_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/outboxtest"
 )
@@ -97,4 +102,62 @@ func TestSchemaIsQuietUnlessGivenALogger(t *testing.T) { // not parallel: it swa
 	outboxtest.Schema(t, db.Pool, outboxtest.WithLogger(slog.New(slog.NewTextHandler(&mine, nil))))
 	require.Contains(t, mine.String(), "component=pgoutbox.migrations")
 	require.Empty(t, global.String())
+}
+
+// A QUEUE topic's dead letter is among its sent messages, marked, before
+// and after cleanup deleted its message row (it is then read from the
+// dead letter's copy); a message its consumers handled is not, once
+// cleanup deleted it.
+func TestSentShowsAQueueTopicsDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmptyDB(t)
+	schema := outboxtest.Schema(t, db.Pool)
+	ctx := context.Background()
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
+	_, err = db.Pool.Exec(ctx, sqlq.ForPubSub(schema).QueueOnLog, "jobs", time.Minute.Microseconds())
+	require.NoError(t, err)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
+	require.NoError(t, err)
+	ids, err := producer.SendBatch(ctx, db.Pool, []outbox.Message{
+		{Topic: "jobs", Payload: []byte(`{"id":1}`)}, {Topic: "jobs", Payload: []byte(`{"id":2}`)}})
+	require.NoError(t, err)
+	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "jobs", Group: sqlq.QueueGroup, Client: client,
+		PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, g.AddConsumer("m", func(_ context.Context, d *outbox.Delivery) error {
+		if d.ID == ids[0] {
+			return outbox.Permanent(errors.New("no"))
+		}
+		return nil
+	}, nil))
+	require.NoError(t, g.Start(ctx, consumergroup.FromBeginning(false)))
+	pgtest.Eventually(t, 20*time.Second, "one dead letter, one handled", func() bool {
+		h, err := g.Health(ctx, 0)
+		require.NoError(t, err)
+		return h.DeadLetters == 1 && h.Unread+h.LeasedBatches+h.LeasedRetries == 0
+	})
+	require.NoError(t, g.Stop(ctx))
+	sent, err := outboxtest.Sent(ctx, db.Pool, schema, "jobs")
+	require.NoError(t, err)
+	require.Len(t, sent, 2)
+	require.True(t, sent[0].DeadLettered)
+	require.False(t, sent[1].DeadLettered)
+
+	m, err := maintenance.New(db.Pool, maintenance.Config{Client: client, RowCleanupDelay: time.Nanosecond})
+	require.NoError(t, err)
+	pgtest.Eventually(t, 20*time.Second, "cleanup deleting both message rows", func() bool {
+		_, err := m.RunOnce(ctx)
+		require.NoError(t, err)
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema}.Sanitize()+`.outbox_published`).Scan(&n))
+		return n == 0
+	})
+	sent, err = outboxtest.Sent(ctx, db.Pool, schema, "jobs")
+	require.NoError(t, err)
+	require.Len(t, sent, 1)
+	require.Equal(t, ids[0], sent[0].ID)
+	require.True(t, sent[0].DeadLettered)
+	require.JSONEq(t, `{"id":1}`, string(sent[0].Payload))
 }
