@@ -2,8 +2,8 @@ package conformance
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -298,7 +298,9 @@ func ChildMain() {
 	}); ok {
 		ackTx = g.AckTx
 	} else { // a router: the scenario that acks in the handler's transaction does not run it
-		ackTx = func(context.Context, pgx.Tx, *outbox.Delivery) error { return errors.New("this instance cannot ack in a transaction") }
+		ackTx = func(context.Context, pgx.Tx, *outbox.Delivery) error {
+			return errors.New("this instance cannot ack in a transaction")
+		}
 	}
 	close(started)
 	fmt.Println("ready")
