@@ -2,9 +2,12 @@ package admin_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
+	"time"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -22,34 +25,48 @@ func Example() {
 	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		log.Fatal(err)
 	}
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
+	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: schema, NoMaintenance: true})
 	if err != nil {
 		log.Fatal(err)
 	}
 	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "emails", Semantics: outbox.Queue}); err != nil {
 		log.Fatal(err)
 	}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
-	if err != nil {
-		log.Fatal(err)
-	}
-	for range 3 {
-		if _, err := producer.Send(ctx, pool, outbox.Message{Topic: "emails", Payload: []byte(`{}`)}); err != nil {
-			log.Fatal(err)
+	send := func(n int) {
+		for range n {
+			if _, err := client.Send(ctx, pool, outbox.Message{Topic: "emails", Payload: []byte(`{}`)}); err != nil {
+				log.Fatal(err)
+			}
 		}
 	}
-	claimed, err := client.Claim(ctx, "emails", "example", 1)
+	adm, err := admin.New(client.Outbox(), admin.Options{}) // or client.Admin()
 	if err != nil {
-		log.Fatal(err)
-	}
-	if err := client.DeadLetter(ctx, claimed[0], "mailbox unavailable"); err != nil {
 		log.Fatal(err)
 	}
 
-	adm, err := admin.New(client, admin.Options{})
+	// A consumer that cannot deliver the first email dead-letters it.
+	send(1)
+	consumer, err := client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "emails", PollInterval: 10 * time.Millisecond,
+		Handler: func(context.Context, *outbox.Delivery) error { return outbox.Permanent(errors.New("mailbox unavailable")) }})
 	if err != nil {
 		log.Fatal(err)
 	}
+	if err := consumer.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	for {
+		if t, err := adm.Topic(ctx, "emails"); err != nil {
+			log.Fatal(err)
+		} else if t.DeadLetters == 1 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := consumer.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	send(2)
+
 	t, err := adm.Topic(ctx, "emails")
 	if err != nil {
 		log.Fatal(err)
