@@ -47,7 +47,9 @@ func Example() {
 	// A consumer that cannot deliver the first email dead-letters it.
 	send(1)
 	consumer, err := client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "emails", PollInterval: 10 * time.Millisecond,
-		Handler: func(context.Context, *outbox.Delivery) error { return outbox.Permanent(errors.New("mailbox unavailable")) }})
+		Handler: func(context.Context, *outbox.Delivery) error {
+			return outbox.Permanent(errors.New("mailbox unavailable"))
+		}})
 	if err != nil {
 		log.Fatal(err)
 	}
