@@ -51,9 +51,9 @@ WHERE forget_pending AND NOT ` + holdsClaims
 
 // pubSubTopics: every topic whose messages live on the log, its mode and
 // its retention cap.
-const pubSubTopics = `
+var pubSubTopics = `
 SELECT topic, tracking_mode, (extract(epoch FROM max_retention) * 1e6)::bigint
-FROM {{schema}}.outbox_topics WHERE ` + onLog + ` ORDER BY topic`
+FROM {{schema}}.outbox_topics AS t WHERE ` + onLog("t") + ` ORDER BY topic`
 
 // retentionCap deletes up to $5 rows of topic $1 below xid $2 written
 // before $3 less $4 microseconds, whoever still holds them, with the

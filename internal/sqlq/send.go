@@ -31,14 +31,14 @@ const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) 
 // seen configured, which is a QUEUE topic with the defaults, unless it has
 // been configured as PUB_SUB or ordered since, or its messages live on the
 // log: then it writes nothing and returns no row, and the producer reads
-// the configuration and sends with the statement it calls for. It holds the topic's lock in shared mode
-// until the transaction ends, so that a configuration waits for it (see
-// ConfigureTopic and markOrdered).
-const insertUnconfigured = `
+// the configuration and sends with the statement it calls for. It holds
+// the topic's lock in shared mode until the transaction ends, so that a
+// configuration waits for it (see ConfigureTopic and markOrdered).
+var insertUnconfigured = `
 INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `
 WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)) IS NOT NULL
-  AND NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered OR tracking_mode IS NOT NULL))
+  AND NOT EXISTS (SELECT FROM {{schema}}.outbox_topics AS t WHERE t.topic = $1 AND (t.ordered OR ` + onLog("t") + `))
 RETURNING id`
 
 // insertLogged writes one message of a QUEUE topic whose messages live on
@@ -55,14 +55,18 @@ RETURNING id`
 // insertLoggedAt is insertLogged with a delivery time ($7..$9 as
 // insertQueuedAt).
 const insertLoggedAt = `
-INSERT INTO {{schema}}.outbox_published (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
+INSERT INTO {{schema}}.outbox_published ` + loggedAtColumns + `
 VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED')
 RETURNING id`
+
+// loggedAtColumns are the columns insertLoggedAt and insertLoggedOrdered
+// write.
+const loggedAtColumns = `(topic, payload, headers, correlation_id, message_group, priority, available_at, status)`
 
 // insertLoggedOrdered is insertLoggedAt for an ordered topic: a message
 // with a group takes its group's lock first, as insertOrdered does.
 const insertLoggedOrdered = `
-INSERT INTO {{schema}}.outbox_published (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
+INSERT INTO {{schema}}.outbox_published ` + loggedAtColumns + `
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
 WHERE ` + groupLock + `
 RETURNING id`
@@ -177,12 +181,14 @@ func notifying(insert string, channelParam int) string {
 
 // selectSemantics reads a topic's semantics, whether it is ordered and
 // whether its messages live on the log (no row: never configured).
-const selectSemantics = `SELECT semantics, ordered, ` + onLog + ` FROM {{schema}}.outbox_topics WHERE topic = $1`
+var selectSemantics = `SELECT semantics, ordered, ` + onLog("t") + ` FROM {{schema}}.outbox_topics AS t WHERE topic = $1`
 
-// onLog is true for a topic row whose messages live on the log
+// onLog is true for topic row alias whose messages live on the log
 // (outbox_published): every PUB_SUB topic, and a QUEUE topic that has a
 // tracking mode (see QueueOnLog).
-const onLog = `(semantics = 'PUB_SUB' OR tracking_mode IS NOT NULL)`
+func onLog(alias string) string {
+	return `(` + alias + `.semantics = 'PUB_SUB' OR ` + alias + `.tracking_mode IS NOT NULL)`
+}
 
 // insertRows writes SendBatch's messages, given as parallel arrays, each
 // into the table of its topic's semantics, and returns (position, id) for
@@ -198,14 +204,14 @@ const onLog = `(semantics = 'PUB_SUB' OR tracking_mode IS NOT NULL)`
 // (as insertOrdered does), all of them, in key order (so that two batches
 // never deadlock), before any id is drawn: the filter is an initplan, a
 // one-time filter run before any row reaches nextval.
-const insertRows = `
+var insertRows = `
 WITH m AS MATERIALIZED (
     SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
     FROM (SELECT m.*,
                  CASE WHEN t.ordered THEN true END AS ordered,
                  coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
                      AS available_at,
-                 coalesce(t.semantics = 'PUB_SUB' OR t.tracking_mode IS NOT NULL, false) AS published,
+                 coalesce(` + onLog("t") + `, false) AS published,
                  coalesce(t.idempotency_window, $11 * interval '1 microsecond') AS idempotency_window,
                  ` + publishedStatus + ` AS status,
                  ` + requiredGroups + `
@@ -259,13 +265,13 @@ WITH m AS MATERIALIZED (
 )`
 
 // insert is insertRows' result: positions (1-based) and ids.
-const insert = insertRows + `
+var insert = insertRows + `
 SELECT m.ord, m.id FROM m JOIN written USING (id)`
 
 // insertNotify is insert that also wakes listening consumers of the topics
 // in $13, on channel $12, when the producer's transaction commits (NOTIFY
 // is transactional: a rollback notifies nobody).
-const insertNotify = insertRows + `, notified AS (
+var insertNotify = insertRows + `, notified AS (
     SELECT pg_notify($12, t) FROM unnest($13::text[]) AS t
 )
 SELECT m.ord, m.id FROM m JOIN written USING (id), (SELECT count(*) FROM notified) AS n -- the join makes notified run`
