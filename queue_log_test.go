@@ -192,14 +192,6 @@ func TestQueueTopicOnTheLog(t *testing.T) {
 	state, err = g.State(ctx)
 	require.NoError(t, err)
 	require.Equal(t, consumergroup.Active, state)
-
-	// The outbox package's queue-table consumer and claim refuse the topic
-	// rather than read an empty table.
-	_, err = c.Outbox().Claim(ctx, "jobs", "operator", 1)
-	require.ErrorIs(t, err, outbox.ErrWrongSemantics)
-	table, err := c.Outbox().NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
-	require.NoError(t, err)
-	require.ErrorIs(t, table.Start(ctx), outbox.ErrWrongSemantics)
 }
 
 // The topic's group belongs to its QUEUE topic: the admin API shows where

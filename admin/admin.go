@@ -143,24 +143,15 @@ func (a *Admin) Topic(ctx context.Context, name string) (Topic, error) {
 	if err != nil {
 		return Topic{}, err
 	}
-	if g != nil { // its consumers' group says it
-		h, err := g.Health(ctx, a.limit)
-		if err != nil {
-			return Topic{}, fmt.Errorf("admin: topic %q: %w", name, err)
-		}
-		t.Ready, t.Scheduled, t.Leased = h.Unread+h.Queued, h.Scheduled+h.Waiting, h.LeasedRetries
-		t.DeadLetters, t.OldestReady = h.DeadLetters, h.Lag
-		return t, nil
+	h, err := g.Health(ctx, a.limit) // its consumers' group says it
+	if errors.Is(err, outbox.ErrNotFound) {
+		return t, nil // no consumer and no message yet
 	}
-	var oldest *time.Time
-	var now time.Time
-	err = a.pool.QueryRow(ctx, a.q.QueueStats, name, a.limit).Scan(&t.Ready, &t.Scheduled, &t.Leased, &t.DeadLetters, &oldest, &now)
 	if err != nil {
 		return Topic{}, fmt.Errorf("admin: topic %q: %w", name, err)
 	}
-	if oldest != nil {
-		t.OldestReady = max(now.Sub(*oldest), 0)
-	}
+	t.Ready, t.Scheduled, t.Leased = h.Unread+h.Queued, h.Scheduled+h.Waiting, h.LeasedRetries
+	t.DeadLetters, t.OldestReady = h.DeadLetters, h.Lag
 	return t, nil
 }
 
@@ -353,18 +344,11 @@ func (a *Admin) DeadLetters(ctx context.Context, topic, group string, afterID in
 		return nil, fmt.Errorf("%w: admin: after id %d is negative", outbox.ErrInvalidConfig, afterID)
 	}
 	if group == "" {
-		cfg, err := a.queueTopic(ctx, topic, deadLettersHint)
-		if err != nil {
+		g, err := a.queueGroupOf(ctx, topic, deadLettersHint)
+		if err != nil || g == nil {
 			return nil, err
 		}
-		g, err := a.queueGroup(cfg)
-		if err != nil {
-			return nil, err
-		}
-		if g != nil {
-			return g.DeadLetters(ctx, afterID, limit)
-		}
-		return a.client.DeadLetters(ctx, topic, afterID, limit)
+		return g.DeadLetters(ctx, afterID, limit)
 	}
 	g, err := a.group(ctx, topic, group)
 	if err != nil {
@@ -380,18 +364,14 @@ func (a *Admin) DeadLetters(ctx context.Context, topic, group string, afterID in
 // others are still replayed).
 func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
 	if group == "" {
-		cfg, err := a.queueTopic(ctx, topic, deadLettersHint)
+		g, err := a.queueGroupOf(ctx, topic, deadLettersHint)
 		if err != nil {
 			return 0, err
 		}
-		g, err := a.queueGroup(cfg)
-		if err != nil {
-			return 0, err
+		if g == nil {
+			return 0, noneOf(topic, ids)
 		}
-		if g != nil {
-			return g.ReplayDeadLetters(ctx, ids...)
-		}
-		return a.client.ReplayDeadLetters(ctx, topic, ids...)
+		return g.ReplayDeadLetters(ctx, ids...)
 	}
 	g, err := a.group(ctx, topic, group)
 	if err != nil {
@@ -404,18 +384,14 @@ func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids 
 // picks them (the CLI's and the web UI's purge).
 func (a *Admin) DiscardDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
 	if group == "" {
-		cfg, err := a.queueTopic(ctx, topic, deadLettersHint)
+		g, err := a.queueGroupOf(ctx, topic, deadLettersHint)
 		if err != nil {
 			return 0, err
 		}
-		g, err := a.queueGroup(cfg)
-		if err != nil {
-			return 0, err
+		if g == nil {
+			return 0, noneOf(topic, ids)
 		}
-		if g != nil {
-			return g.DiscardDeadLetters(ctx, ids...)
-		}
-		return a.client.DiscardDeadLetters(ctx, topic, ids...)
+		return g.DiscardDeadLetters(ctx, ids...)
 	}
 	g, err := a.group(ctx, topic, group)
 	if err != nil {
@@ -435,12 +411,30 @@ func (a *Admin) queueTopic(ctx context.Context, topic, hint string) (outbox.Topi
 }
 
 // queueGroup returns a Group value (never started) for the one group of
-// QUEUE topic cfg when its messages live on the log, else nil.
+// QUEUE topic cfg, whose members are the topic's consumers.
 func (a *Admin) queueGroup(cfg outbox.TopicConfig) (*consumergroup.Group, error) {
-	if cfg.Semantics != outbox.Queue || cfg.Tracking == "" {
-		return nil, nil
-	}
 	return consumergroup.New(a.pool, consumergroup.Config{Topic: cfg.Name, Group: sqlq.QueueGroup, Client: a.client})
+}
+
+// queueGroupOf returns a Group value (never started) for the one group
+// of QUEUE topic, or nil when the topic has none (it holds messages but
+// was never configured: it has no dead letters and no blocked message
+// groups either).
+func (a *Admin) queueGroupOf(ctx context.Context, topic, hint string) (*consumergroup.Group, error) {
+	cfg, err := a.queueTopic(ctx, topic, hint)
+	if err != nil || !cfg.Configured {
+		return nil, err
+	}
+	return a.queueGroup(cfg)
+}
+
+// noneOf is what a replay or discard of ids finds on a QUEUE topic
+// without a group: nothing, so any id is not found.
+func noneOf(topic string, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %d ids are not dead letters of topic %q", outbox.ErrNotFound, len(ids), topic)
 }
 
 // deadLettersHint is queueTopic's hint for dead letters.

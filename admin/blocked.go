@@ -23,18 +23,11 @@ func (a *Admin) BlockedGroups(ctx context.Context, topic, group string, limit in
 		return nil, fmt.Errorf("%w: admin: blocked groups: limit %d is negative", outbox.ErrInvalidConfig, limit)
 	}
 	if group == "" {
-		cfg, err := a.queueTopic(ctx, topic, "name the group whose blocked message groups you mean")
-		if err != nil {
+		g, err := a.queueGroupOf(ctx, topic, "name the group whose blocked message groups you mean")
+		if err != nil || g == nil {
 			return nil, err
 		}
-		g, err := a.queueGroup(cfg)
-		if err != nil {
-			return nil, err
-		}
-		if g != nil {
-			return g.BlockedGroups(ctx, limit)
-		}
-		return a.client.BlockedGroups(ctx, topic, limit)
+		return g.BlockedGroups(ctx, limit)
 	}
 	g, err := a.group(ctx, topic, group)
 	if err != nil {

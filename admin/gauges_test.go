@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/queuetest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/testmetrics"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -20,14 +22,16 @@ func TestGauges(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, admin.Options{},
-		outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue},
+		outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue, Ordered: true},
 		outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset})
-	e.send(t, "orders", 6, 0)
-	claimed, err := e.client.Claim(ctx, "orders", "operator", 1)
-	require.NoError(t, err)
-	require.NoError(t, e.client.DeadLetter(ctx, claimed[0], "bad"))
-	_, err = e.client.Claim(ctx, "orders", "operator", 1)
-	require.NoError(t, err)
+	// A dead letter, a message leased (an ordered topic's consumer leases
+	// each message on its own), and four waiting behind it.
+	queuetest.DeadLetter(t, e.db.Pool, e.client, "bad", outbox.Message{Topic: "orders", Group: "a", Payload: json.RawMessage(`{}`)})
+	queuetest.Hold(t, e.db.Pool, e.client, outbox.Message{Topic: "orders", Group: "b", Payload: json.RawMessage(`{}`)})
+	for range 4 {
+		_, err := e.producer.Send(ctx, e.db.Pool, outbox.Message{Topic: "orders", Group: "b", Payload: json.RawMessage(`{}`)})
+		require.NoError(t, err)
+	}
 	g := e.startGroup(t, "events", "billing", &recorder{seen: map[int64]int{}})
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -57,17 +57,12 @@ type MessageGroup struct {
 // groups' records and positions (every tracking mode), one entry per
 // group that is not cancelled, by name. A message cleanup has deleted
 // (every group it required finished it, or retention dropped it) or that
-// was never stored is outbox.ErrNotFound. A QUEUE topic whose messages
-// live on the log has one entry, its consumers' group (named "(queue)");
-// one on the queue table, which has no consumer groups, is
-// outbox.ErrInvalidConfig.
+// was never stored is outbox.ErrNotFound. A QUEUE topic has one entry,
+// its consumers' group (named "(queue)").
 func (a *Admin) MessageGroups(ctx context.Context, topic string, id int64) ([]MessageGroup, error) {
-	cfg, err := a.topicConfig(ctx, topic)
+	_, err := a.topicConfig(ctx, topic)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.Semantics != outbox.PubSub && (cfg.Tracking == "" || !cfg.Configured) {
-		return nil, fmt.Errorf("%w: admin: topic %q is a QUEUE topic: it has no consumer groups", outbox.ErrInvalidConfig, topic)
 	}
 	rows, err := a.pool.Query(ctx, a.q.MessageGroups, topic, id)
 	if err != nil {

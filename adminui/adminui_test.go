@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/admin"
@@ -22,6 +23,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/blockedtest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/queuetest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
 )
@@ -49,20 +51,12 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
-	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
-		{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`), Group: "customer-7"},
-		{Topic: "orders", Payload: json.RawMessage(`{"n":2}`)},
-		{Topic: "orders", Payload: json.RawMessage(`{"n":3}`)},
-	})
-	require.NoError(t, err)
 	f := &fixture{client: client}
-	claimed, err := client.Claim(ctx, "orders", "operator", 2)
+	f.dead = queuetest.DeadLetter(t, db.Pool, client, "schema mismatch: field total missing",
+		outbox.Message{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`), Group: "customer-7"},
+		outbox.Message{Topic: "orders", Payload: json.RawMessage(`{"n":2}`)})
+	_, err = producer.Send(ctx, db.Pool, outbox.Message{Topic: "orders", Payload: json.RawMessage(`{"n":3}`)})
 	require.NoError(t, err)
-	require.Len(t, claimed, 2)
-	for _, d := range claimed {
-		require.NoError(t, client.DeadLetter(ctx, d, "schema mismatch: field total missing"))
-		f.dead = append(f.dead, d.ID)
-	}
 	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client,
 		PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
@@ -103,7 +97,9 @@ func (f *fixture) serve(t *testing.T, cfg adminui.Config, wrap func(http.Handler
 
 func (f *fixture) deadLetters(t *testing.T) []int64 {
 	t.Helper()
-	dls, err := f.client.DeadLetters(context.Background(), "orders", 0, 10)
+	adm, err := admin.New(f.client, admin.Options{})
+	require.NoError(t, err)
+	dls, err := adm.DeadLetters(context.Background(), "orders", "", 0, 10)
 	require.NoError(t, err)
 	ids := make([]int64, len(dls))
 	for i, d := range dls {
@@ -422,16 +418,16 @@ func TestConfig(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 }
 
-// A topic that holds messages without a configuration is on the topics
-// page, flagged, and its own page says what that means.
+// A topic that holds messages without a configuration (its configuration
+// was deleted by hand) is on the topics page, flagged, and its own page
+// says what that means.
 func TestPagesFlagUnconfiguredTopics(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	_, err := f.admin.Topic(context.Background(), "emials")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: f.client.Schema(), AllowUnconfiguredTopics: true})
-	require.NoError(t, err)
-	_, err = producer.Send(context.Background(), f.client.Pool(), outbox.Message{Topic: "emials", Payload: json.RawMessage(`{}`)})
+	_, err = f.client.Pool().Exec(context.Background(), `INSERT INTO `+pgx.Identifier{f.client.Schema(), "outbox_published"}.Sanitize()+
+		` (topic, payload, correlation_id, status) VALUES ('emials', '{}', 'c', 'PUBLISHED')`)
 	require.NoError(t, err)
 	srv := f.serve(t, adminui.Config{}, nil)
 	code, body := get(t, srv, "/")

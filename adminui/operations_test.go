@@ -86,7 +86,7 @@ func TestAPIBlockedGroups(t *testing.T) {
 	require.Equal(t, f.DeadHead, last.HeadID)
 	require.True(t, last.DeadLettered)
 	require.Equal(t, 2, last.Behind)
-	require.Equal(t, "no such ***", last.LastError, "through Redact, as dead letters are")
+	require.Equal(t, "permanent: no such ***", last.LastError, "through Redact, as dead letters are")
 
 	code, body = get(t, srv, "/api/topics/orders/blocked")
 	require.Equal(t, http.StatusOK, code, body)
@@ -242,12 +242,14 @@ func TestAPIMessageGroups(t *testing.T) {
 	code, body := get(t, srv, fmt.Sprintf("/api/topics/events/messages/%d/groups", f.EventsMessage(t, "cust-99", 1)))
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, `"State":"PENDING"`, "behind its blocked head")
+	code, body = get(t, srv, fmt.Sprintf("/api/topics/orders/messages/%d/groups", f.DeadHead))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"State":"DEAD_LETTER"`, "a QUEUE topic's consumers' group")
 	for path, want := range map[string]int{
-		"/api/topics/events/messages/999999999/groups":                   http.StatusNotFound,
-		"/api/topics/nope/messages/1/groups":                             http.StatusNotFound,
-		"/api/topics/events/messages/x/groups":                           http.StatusBadRequest,
-		"/api/topics/events/messages/-1/groups":                          http.StatusBadRequest,
-		fmt.Sprintf("/api/topics/orders/messages/%d/groups", f.DeadHead): http.StatusBadRequest,
+		"/api/topics/events/messages/999999999/groups": http.StatusNotFound,
+		"/api/topics/nope/messages/1/groups":           http.StatusNotFound,
+		"/api/topics/events/messages/x/groups":         http.StatusBadRequest,
+		"/api/topics/events/messages/-1/groups":        http.StatusBadRequest,
 	} {
 		code, body := get(t, srv, path)
 		require.Equal(t, want, code, "%s: %s", path, body)

@@ -140,13 +140,23 @@ func (r *runner) completeBatch(b *batch) {
 
 var errBatchLost = errors.New("batch taken over")
 
+// dueAt is the instant f was given (RetryAt, SnoozeUntil), or nil: due
+// after its delay.
+func (f failure) dueAt() *time.Time {
+	if f.at.IsZero() {
+		return nil
+	}
+	return &f.at
+}
+
 func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, t *tracking, fs []failure) error {
 	n := len(fs)
 	ids, attempts, delays, dead, errs := make([]int64, n), make([]int32, n), make([]int64, n), make([]bool, n), make([]string, n)
+	at := make([]*time.Time, n)
 	for i, f := range fs {
-		ids[i], attempts[i], delays[i], dead[i], errs[i] = f.id, int32(f.attempts), f.delay.Microseconds(), f.dead, f.err
+		ids[i], attempts[i], delays[i], dead[i], errs[i], at[i] = f.id, int32(f.attempts), f.delay.Microseconds(), f.dead, f.err, f.dueAt()
 	}
-	if _, err := tx.Exec(ctx, r.g.q.InsertRetries, r.g.sub.ID, ids, attempts, delays, dead, r.g.now(), errs, t.sub.Mask()); err != nil {
+	if _, err := tx.Exec(ctx, r.g.q.InsertRetries, r.g.sub.ID, ids, attempts, delays, dead, r.g.now(), errs, t.sub.Mask(), at); err != nil {
 		return err
 	}
 	if slices.Contains(dead, true) {
@@ -163,7 +173,7 @@ func (r *runner) completeRetry(o *retryOut) {
 	err := withRetry(ctx, func() error {
 		switch o.outcome {
 		case release:
-			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, 0, false, "", g.now(), 1)
+			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, 0, false, "", g.now(), 1, nil)
 			return err
 		default:
 			uncount := 0
@@ -172,7 +182,7 @@ func (r *runner) completeRetry(o *retryOut) {
 			}
 			err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, o.f.delay.Microseconds(),
-					o.f.dead, o.f.err, g.now(), uncount); err != nil || !o.f.dead {
+					o.f.dead, o.f.err, g.now(), uncount, o.f.dueAt()); err != nil || !o.f.dead {
 					return err
 				}
 				_, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID) // a dead letter keeps a copy of its message

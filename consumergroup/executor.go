@@ -143,10 +143,10 @@ func (r *runner) classify(j *job, err error) (outcome, failure) {
 	v := g.topic.Judge(err, j.d.Attempt)
 	if v.Snooze {
 		f.attempts--
-		f.delay, f.snoozed = v.Delay, true
+		f.delay, f.at, f.snoozed = v.Delay, v.At, true
 		return fail, f
 	}
-	f.dead, f.delay = v.DeadLetter, v.Delay
+	f.dead, f.delay, f.at = v.DeadLetter, v.Delay, v.At
 	handlers.LogFailure(g.events, g.cfg.Topic+"|"+g.cfg.Group, err, f.dead,
 		slog.Int64("id", j.d.ID), slog.Int("attempt", j.d.Attempt), slog.Duration("retry_in", f.delay))
 	return fail, f

@@ -350,7 +350,7 @@ func TestBadInput(t *testing.T) {
 	require.ErrorIs(t, g65.Start(ctx, consumergroup.FromNow()), consumergroup.ErrTooManyGroups)
 	var subs int
 	var bits int64
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+b.db.Table("outbox_topic_subscriptions")+`), subscribed_bits FROM `+
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+b.db.Table("outbox_topic_subscriptions")+` WHERE topic = $1), subscribed_bits FROM `+
 		b.db.Table("outbox_topics")+` WHERE topic = $1`, b.topic).Scan(&subs, &bits))
 	require.Equal(t, 64, subs)
 	require.Equal(t, int64(-1), bits, "all 64 bits, nothing for the refused group")

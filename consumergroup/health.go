@@ -30,9 +30,9 @@ type Health struct {
 	// SinceHeartbeat is the database's time since LastHeartbeat.
 	SinceHeartbeat time.Duration
 	// Unread counts the committed messages for the group written since
-	// its position, due now: those it has not read, and those of the read
-	// in progress (a few batches at most) it has not completed (in Offset
-	// mode, which records nothing per message, all of them). It is not
+	// its position, due now: those it has not read, and those in the
+	// batches it is handling that it has not completed (in Offset mode,
+	// which records nothing per message, all of them). It is not
 	// counted for a DEAD group: what that one missed is read by the
 	// backfill its return starts (Backfill).
 	Unread int64

@@ -69,3 +69,36 @@ func TestHealth(t *testing.T) {
 		})
 	}
 }
+
+// Health counts as unread, in every mode, the messages of a batch a
+// member is handling and has not finished, even once the read that took
+// them is over (the group's position is past them then).
+func TestHealthCountsTheMessagesBeingHandled(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t, mode)
+			g := b.newGroup(t, "billing")
+			release := make(chan struct{})
+			started := make(chan struct{}, 100)
+			require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+				started <- struct{}{}
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil
+			}, nil))
+			start(t, g, consumergroup.FromNow())
+			t.Cleanup(func() { close(release) }) // before the group stops
+			b.sendRange(t, 0, 5)
+			<-started
+			h, err := g.Health(ctx, 0)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, h.LeasedBatches)
+			require.EqualValues(t, 5, h.Unread, "the batch's messages, none finished")
+			require.Positive(t, h.Lag)
+		})
+	}
+}

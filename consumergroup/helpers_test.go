@@ -13,11 +13,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
 var modes = []outbox.TrackingMode{outbox.Bitmap, outbox.Counter, outbox.Offset}
+
+// queueTopic stands, beside the tracking modes, for a QUEUE topic read by
+// its one group (see setupSubject).
+const queueTopic outbox.TrackingMode = "QUEUE"
+
+// setupSubject is setup for mode, or, for queueTopic, a QUEUE topic; it
+// returns the group to read it with.
+func setupSubject(t *testing.T, mode outbox.TrackingMode) (*bundle, string) {
+	t.Helper()
+	if mode == queueTopic {
+		return setupTopic(t, outbox.TopicConfig{Name: "jobs"}), sqlq.QueueGroup
+	}
+	return setup(t, mode), "g"
+}
 
 type bundle struct {
 	db       *pgtest.DB

@@ -358,6 +358,14 @@ func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi
 	if err != nil {
 		return false, err
 	}
+	if !t.Configured {
+		// Messages of a topic without a configuration (sent while a
+		// configuration by the send itself was not yet committed, or
+		// whose configuration was deleted by hand) wait for the
+		// configuration that gives the topic its consumers: its group
+		// reads every message from the first.
+		return true, nil
+	}
 	if !onLog(t) {
 		return false, nil
 	}

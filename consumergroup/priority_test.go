@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,8 @@ func (b *bundle) prioritized(seq, prio int) outbox.Message {
 }
 
 // A message of a higher priority, sent behind a backlog the group is
-// draining, is handled long before the backlog is: the group takes it
+// draining (in each mode, and a QUEUE topic's consumers), is handled long
+// before the backlog is: the group takes it
 // ahead of its stream. The stream, reaching it later, skips it (one
 // delivery), and the group's record of having taken it goes once the
 // group is past it.
@@ -38,18 +40,18 @@ func TestPrioritizedMessageOvertakesTheBacklog(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("PGOUTBOX_PRIORITY_BACKLOG")); err == nil && n > 0 {
 		backlog = n
 	}
-	for _, mode := range modes {
+	for _, mode := range append(slices.Clone(modes), queueTopic) {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, mode)
-			b.subscribe(t, "g")
+			b, group := setupSubject(t, mode)
+			b.subscribe(t, group)
 			b.sendRange(t, 0, backlog)
 
 			var mu sync.Mutex
 			handled := map[int]int{}
 			var urgentAt time.Time
 			var backlogLeft int
-			g := b.newGroup(t, "g")
+			g := b.newGroup(t, group)
 			require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
 				p, err := outbox.Decode[seqPayload](d)
 				if err != nil {

@@ -122,6 +122,7 @@ type failure struct {
 	id       int64
 	attempts int // attempts spent
 	delay    time.Duration
+	at       time.Time // when set, the instant it is due again (delay approximates it)
 	dead     bool
 	snoozed  bool // the handler did not try it: the attempt is given back
 	err      string

@@ -84,7 +84,7 @@ var ErrInvalidKey = errors.New("inbox: invalid key")
 
 // Handler does a message's work in tx, the inbox's transaction, which
 // commits when it returns nil. It may ack the message there too
-// (outbox.Client.AckTx, consumergroup.Group.AckTx).
+// (pgoutbox.Consumer.AckTx, consumergroup.Group.AckTx).
 type Handler func(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error
 
 // Config configures an Inbox.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/maintenance"
@@ -94,14 +95,10 @@ func TestRedeliveryAfterLeaseExpiryHasOneEffect(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, e.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "work", Lease: 30 * time.Second}))
 	first, second := e.newInbox(t, inbox.Config{}), e.newInbox(t, inbox.Config{})
-	e.send(t, "work", 2)
-	stale, err := e.client.Claim(ctx, "work", "slow", 2)
-	require.NoError(t, err)
-	require.Len(t, stale, 2)
-	clock.Advance(31 * time.Second)
-	fresh, err := e.client.Claim(ctx, "work", "fast", 2)
-	require.NoError(t, err)
-	require.Len(t, fresh, 2)
+	ids := e.send(t, "work", 2)
+	// Each message as delivered twice: first, then again after its lease ran out.
+	stale := []*outbox.Delivery{{ID: ids[0], Topic: "work", Attempt: 1}, {ID: ids[1], Topic: "work", Attempt: 1}}
+	fresh := []*outbox.Delivery{{ID: ids[0], Topic: "work", Attempt: 2}, {ID: ids[1], Topic: "work", Attempt: 2}}
 
 	// Message 1: the stale delivery committed first.
 	ran, err := first.Handle(ctx, stale[0], e.effect("stale"))
@@ -198,16 +195,18 @@ func TestReplayedDeadLetterHasOneEffect(t *testing.T) {
 		}
 		return nil
 	}
-	c, err := e.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "work", Handler: h, PollInterval: 10 * time.Millisecond})
+	c, err := consumergroup.New(e.db.Pool, consumergroup.Config{Topic: "work", Group: sqlq.QueueGroup, Client: e.client,
+		PollInterval: 10 * time.Millisecond}) // the topic's consumer
 	require.NoError(t, err)
-	require.NoError(t, c.Start(ctx))
+	require.NoError(t, c.AddConsumer("m", h, nil))
+	require.NoError(t, c.Start(ctx, consumergroup.FromBeginning(false)))
 	t.Cleanup(func() { _ = c.Stop(context.Background()) })
 	pgtest.Eventually(t, 10*time.Second, "one dead letter", func() bool {
-		dl, err := e.client.DeadLetters(ctx, "work", 0, 10)
+		dl, err := c.DeadLetters(ctx, 0, 10)
 		require.NoError(t, err)
 		return len(dl) == 1
 	})
-	n, err := e.client.ReplayDeadLetters(ctx, "work", ids[1])
+	n, err := c.ReplayDeadLetters(ctx, ids[1])
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	pgtest.Eventually(t, 10*time.Second, "the replay handled", func() bool {

@@ -16,9 +16,8 @@ import (
 //     finished, past the topic's retention (and records the Offset
 //     watermark), then the messages past its MaxRetention whoever holds
 //     them, counting per group those it had not finished;
-//   - QUEUE and group dead letters past DeadLetterRetention (group dead
-//     letters first get a copy of their message, so none is lost with its
-//     message row);
+//   - dead letters past DeadLetterRetention (a dead letter first gets a
+//     copy of its message, so none is lost with its message row);
 //   - expired idempotency keys and inbox keys (package inbox);
 //   - Counter dedupe rows whose message is gone (a sweep over the table,
 //     one batch per pass).
@@ -49,7 +48,6 @@ func (s *Service) cleanup(ctx context.Context, j *job, r *Report) error {
 		table, query string
 		args         []any
 	}{
-		{"outbox_dead_letters", s.q.ExpireDeadLetters, []any{s.cfg.DeadLetterRetention.Microseconds()}},
 		{"outbox_group_retries", s.q.ExpireGroupDeadLetters, []any{s.cfg.DeadLetterRetention.Microseconds()}},
 		{"outbox_idempotency_keys", s.q.ExpireIdempotencyKeys, []any{s.cfg.Client.Now()}},
 		{"outbox_inbox", s.q.ExpireInbox, []any{s.cfg.Client.Now()}},

@@ -32,8 +32,8 @@ const (
 	// DefaultStatementTimeout bounds each statement; one that times out
 	// makes the job's batches ten times smaller until a pass succeeds.
 	DefaultStatementTimeout = 30 * time.Second
-	// DefaultDeadLetterRetention is how long dead letters (QUEUE and
-	// group) are kept before they are deleted: two weeks, SQS's longest
+	// DefaultDeadLetterRetention is how long dead letters (of QUEUE
+	// topics and of groups) are kept before they are deleted: two weeks, SQS's longest
 	// retention, enough to notice and replay them.
 	DefaultDeadLetterRetention = 14 * 24 * time.Hour
 	// DefaultSubscriptionRetention is how long a CANCELLED or DEAD

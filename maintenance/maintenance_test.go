@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/maintenance"
@@ -381,21 +382,25 @@ func TestDeadLettersOutliveTheirMessageThenExpire(t *testing.T) {
 	require.EqualValues(t, 1, n)
 	pgtest.Eventually(t, 10*time.Second, "the replayed dead letter delivered from its copy", func() bool { return c.has(ids[0]) })
 
-	// QUEUE dead letters too; then both expire.
+	// A QUEUE topic's dead letters (its group's) too; then all expire.
 	b.topic(t, outbox.TopicConfig{Name: "jobs", MaxAttempts: 1})
-	k, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "jobs", PollInterval: 20 * time.Millisecond,
-		Handler: func(context.Context, *outbox.Delivery) error { return outbox.Permanent(fmt.Errorf("no")) }})
+	k, err := consumergroup.New(b.db.Pool, consumergroup.Config{Topic: "jobs", Group: sqlq.QueueGroup, Client: b.client,
+		PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
-	require.NoError(t, k.Start(ctx))
+	require.NoError(t, k.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return outbox.Permanent(fmt.Errorf("no")) }, nil))
+	require.NoError(t, k.Start(ctx, consumergroup.FromBeginning(false)))
 	defer k.Stop(ctx)
 	b.send(t, "jobs", 2)
-	pgtest.Eventually(t, 10*time.Second, "QUEUE dead letters", func() bool { return b.count(t, "outbox_dead_letters", "true") == 2 })
+	pgtest.Eventually(t, 10*time.Second, "QUEUE dead letters", func() bool {
+		dl, err := k.DeadLetters(ctx, 0, 10)
+		require.NoError(t, err)
+		return len(dl) == 2
+	})
 	short := b.service(t, maintenance.Config{DeadLetterRetention: time.Millisecond})
 	time.Sleep(10 * time.Millisecond)
 	r, err := short.RunOnce(ctx)
 	require.NoError(t, err)
-	require.EqualValues(t, 2, r.Deleted["outbox_dead_letters"])
-	require.EqualValues(t, 2, r.Deleted["outbox_group_retries"])
+	require.EqualValues(t, 4, r.Deleted["outbox_group_retries"])
 	dl, err = g.DeadLetters(ctx, 0, 10)
 	require.NoError(t, err)
 	require.Empty(t, dl)

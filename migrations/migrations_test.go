@@ -63,11 +63,11 @@ func TestUpConcurrentIdempotentDownUp(t *testing.T) {
 	require.Empty(t, tables(t, db.Pool, "public"), "nothing leaks into public")
 
 	// Up again: nothing to do, nothing lost.
-	_, err = db.Pool.Exec(ctx, `INSERT INTO svc_outbox.outbox (topic, payload, correlation_id) VALUES ('t', '{}', 'c')`)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO svc_outbox.outbox_published (topic, payload, correlation_id, status) VALUES ('t', '{}', 'c', 'PUBLISHED')`)
 	require.NoError(t, err)
 	require.NoError(t, migrations.Up(ctx, db.Pool, cfg))
 	var n int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM svc_outbox.outbox`).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM svc_outbox.outbox_published`).Scan(&n))
 	require.Equal(t, 1, n)
 
 	// Down, then Up from a DSN.

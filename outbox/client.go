@@ -95,14 +95,6 @@ type Client struct {
 	wake          wakeups  // the shared LISTEN connection
 	walks         sync.Map // ordered topic -> the message group its last claim's walk ended at
 
-	watchedMu sync.Mutex
-	watched   map[string]watchedTopic // ordered topics this client's consumers read (blocked-group gauges)
-}
-
-// watchedTopic is an ordered topic some of this client's consumers read.
-type watchedTopic struct {
-	cfg       TopicConfig
-	consumers int
 }
 
 // NewClient returns a client using pool and the tables in cfg.Schema.
@@ -151,9 +143,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		takeovers:     ratelog.New(logger, cfg.LogInterval, time.Now),
 		metrics:       newMetrics(cfg.MeterProvider),
 		clock:         cfg.Clock,
-		watched:       map[string]watchedTopic{},
 	}
-	c.observeBlockedGroups(cfg.MeterProvider)
 	return c, nil
 }
 
@@ -208,7 +198,6 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 		orderedDeadLetters = &s
 	}
 	var tag pgconn.CommandTag
-	var wasConfigured bool
 	var kept TrackingMode // a topic in use keeps its mode
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
@@ -225,25 +214,6 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 				kept, tracking = TrackingMode(current), &current
 			}
 		}
-		if cfg.Semantics == PubSub || cfg.Ordered {
-			// Sends before the topic's first configuration wrote QUEUE
-			// messages, which no consumer group would ever read, and which
-			// were not written in order. (A send whose statement began
-			// before this configuration committed still can: configure
-			// topics before sending to them.)
-			var queued bool
-			if err := tx.QueryRow(ctx, c.sql.AnyQueued, cfg.Name).Scan(&queued); err != nil {
-				return err
-			}
-			if queued {
-				return errQueuedMessages
-			}
-		}
-		if cfg.Ordered {
-			if err := tx.QueryRow(ctx, c.sql.TopicConfigured, cfg.Name).Scan(&wasConfigured); err != nil {
-				return err
-			}
-		}
 		var err error
 		tag, err = tx.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
 			cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
@@ -251,12 +221,13 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions,
 			cfg.IdempotencyWindow.Microseconds(), cfg.MaxRetention.Microseconds(), cfg.ZombieTTL.Microseconds(),
 			cfg.Ordered, orderedDeadLetters)
+		if err != nil || cfg.Semantics != Queue {
+			return err
+		}
+		// A QUEUE topic's messages live on the log, read by its one group.
+		_, err = tx.Exec(ctx, c.sql.QueueOnLog, cfg.Name, queueGroupHeartbeatTimeout.Microseconds())
 		return err
 	})
-	if errors.Is(err, errQueuedMessages) {
-		return fmt.Errorf("%w: topic %q has QUEUE messages (sent before it was configured); consume or delete them before configuring it PubSub or ordered",
-			ErrInvalidConfig, cfg.Name)
-	}
 	if err != nil {
 		return fmt.Errorf("outbox: configure topic %q: %w", cfg.Name, err)
 	}
@@ -274,9 +245,6 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	if kept != "" {
 		c.logger.Warn("pgoutbox: the topic's tracking mode is not the configured one; it keeps its own (change it with ChangeTrackingMode or pgoutbox mode migrate)",
 			slog.String("topic", cfg.Name), slog.String("mode", string(kept)), slog.String("configured", string(cfg.Tracking)))
-	}
-	if cfg.Ordered && cfg.Semantics == Queue && !wasConfigured {
-		return c.markOrdered(ctx, cfg.Name, true)
 	}
 	return nil
 }
@@ -343,35 +311,10 @@ func (c *Client) ChangeTrackingMode(ctx context.Context, topic string, mode Trac
 	return nil
 }
 
-// markOrdered marks as ordered the messages of an ordered topic that
-// sends which raced its first configuration wrote unmarked (their
-// statement read the topic table before the configuration committed): the
-// ordered claim reads marked messages only.
-//
-// ConfigureTopic runs it with waitForSends, right after the first
-// configuration: taking the topic's lock again waits for the sends that
-// waited for the configuration's lock, which hold it shared until their
-// transactions end. An ordered topic's consumer runs it at start, without
-// waiting, for a send that committed later still (a REPEATABLE READ
-// transaction that began before the configuration, say).
-func (c *Client) markOrdered(ctx context.Context, topic string, waitForSends bool) error {
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		if waitForSends {
-			if _, err := tx.Exec(ctx, c.sql.LockTopic, topic); err != nil {
-				return err
-			}
-		}
-		_, err := tx.Exec(ctx, c.sql.MarkOrdered, topic)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: mark messages of ordered topic %q: %w", topic, err)
-	}
-	return nil
-}
-
-// errQueuedMessages: a topic about to become PUB_SUB has QUEUE messages.
-var errQueuedMessages = errors.New("queued messages")
+// queueGroupHeartbeatTimeout is the heartbeat timeout a QUEUE topic's
+// group is created with (its consumers set their own; it never becomes
+// DEAD, whatever it is).
+const queueGroupHeartbeatTimeout = 5 * time.Minute
 
 // LoadTopic is Topic for a topic name read with db (a pool or a transaction).
 func (c *Client) LoadTopic(ctx context.Context, db QueryRower, name string) (TopicConfig, error) {
@@ -407,6 +350,28 @@ func (c *Client) Topic(ctx context.Context, name string) (TopicConfig, error) {
 		return TopicConfig{}, err
 	}
 	return c.loadTopic(ctx, c.pool, name)
+}
+
+// QueueTopic returns the configuration of QUEUE topic name, whose
+// consumers are the members of its one consumer group. A topic without a
+// configuration is configured with the defaults first, and one configured
+// by an earlier release is moved onto the log (its group made). It fails
+// with ErrWrongSemantics for a PUB_SUB topic.
+func (c *Client) QueueTopic(ctx context.Context, name string) (TopicConfig, error) {
+	t, err := c.Topic(ctx, name)
+	if err != nil {
+		return t, err
+	}
+	if t.Semantics != Queue {
+		return t, fmt.Errorf("%w: %q is a %s topic; use a consumer group", ErrWrongSemantics, name, t.Semantics)
+	}
+	if t.Configured && t.Tracking != "" {
+		return t, nil
+	}
+	if err := c.ConfigureTopic(ctx, t); err != nil {
+		return t, err
+	}
+	return c.Topic(ctx, name)
 }
 
 // QueryRower is what reading one row needs: pgx.Tx, *pgxpool.Pool, *pgx.Conn.

@@ -1,6 +1,7 @@
 // Package outbox is pgoutbox's core: topics and their configuration, the
-// Producer that writes messages inside the caller's transaction, and the
-// QUEUE Consumer that processes them with competing consumers.
+// Producer that writes messages inside the caller's transaction, and what
+// consumers share: the Handler, the errors that steer a retry (RetryAfter,
+// RetryAt, Snooze, Permanent) and ConsumerConfig.
 //
 // # Producing
 //
@@ -24,33 +25,19 @@
 //
 // # Consuming
 //
-// A Consumer claims batches with FOR UPDATE SKIP LOCKED, so any number of
-// consumers in any number of processes share a topic without handing a
-// message to two of them at once. Each claim sets a lease (the topic's
-// Lease, the visibility timeout); handlers run with no transaction open, and
-// their outcomes are written back in batches:
+// Every topic's messages are written once to one log and read by consumer
+// groups (package consumergroup): a PUB_SUB topic by each group
+// subscribed to it, a QUEUE topic by its one group, whose members are the
+// topic's consumers (pgoutbox.Client.NewConsumer, router.QueueSource). A
+// Handler's result says what becomes of its message (TopicConfig.Judge):
 //
-//   - nil: the message is deleted (acked);
+//   - nil: acked;
 //   - an error: retried after exponential backoff with jitter
 //     (TopicConfig.BackoffInitial doubling up to BackoffMax), or after the
-//     delay given with RetryAfter;
+//     delay given with RetryAfter, or at the instant given with RetryAt;
+//   - Snooze(delay, err), SnoozeUntil(at, err): back later without spending
+//     an attempt;
 //   - Permanent(err), or an error on the last of MaxAttempts: dead-lettered.
-//
-// A message whose lease expires (its consumer crashed or hung) is available
-// again: the next claim by any consumer of the topic takes it back and
-// redelivers it; when that was its last attempt it is dead-lettered instead.
-// Nothing stays leased forever. Dead letters live in a table of their own
-// (Client.DeadLetters, Client.ReplayDeadLetters).
-//
-// Ordering is not promised: handlers run concurrently and retries reorder
-// messages. Higher Message.Priority values are claimed first.
-//
-// # Stopping
-//
-// Consumer.Stop stops claiming, gives back claimed messages no handler has
-// started (they are redelivered at once, their attempt not counted), and
-// waits for running handlers until its context ends; then it cancels them
-// and releases their messages too.
 //
 // # Time
 //

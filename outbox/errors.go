@@ -32,7 +32,7 @@ var (
 	ErrInvalidConfig = cfgcheck.ErrInvalidConfig
 	// ErrInvalidSchema: a schema name pgoutbox refuses to use.
 	ErrInvalidSchema = ident.ErrInvalidSchema
-	// ErrWrongSemantics: a QUEUE consumer was started on a PUB_SUB topic
+	// ErrWrongSemantics: a QUEUE topic's consumer was made for a PUB_SUB topic
 	// (use the consumergroup package) or the other way round.
 	ErrWrongSemantics = errors.New("outbox: topic has other semantics")
 	// ErrAlreadyStarted: Start was called on something that already
@@ -56,4 +56,7 @@ var (
 	// subscription) and the topic was never configured. It matches
 	// ErrNotFound too.
 	ErrUnknownTopic = cfgcheck.NotFound("outbox: unknown topic")
+	// ErrLeaseLost: the delivery's lease ran out and its message was
+	// taken back (or handed out again); its outcome was not recorded.
+	ErrLeaseLost = errors.New("outbox: lease lost")
 )

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/outboxtest"
@@ -73,7 +74,11 @@ func Example() {
 	wg.Add(3)
 	var mu sync.Mutex
 	total := 0
-	consumer, err := client.NewConsumer(ctx, outbox.ConsumerConfig{
+	app, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: schema, NoMaintenance: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	consumer, err := app.NewConsumer(ctx, outbox.ConsumerConfig{
 		Topic: "orders.paid",
 		Handler: func(ctx context.Context, d *outbox.Delivery) error {
 			defer wg.Done()
@@ -103,49 +108,10 @@ func Example() {
 	// Output: sum of handled order ids: 6
 }
 
-// Dead letters are kept, listed and replayed.
-func ExampleClient_ReplayDeadLetters() {
-	ctx := context.Background()
-	pool, schema, cleanup := exampleDB()
-	defer cleanup()
-	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
-		log.Fatal(err)
-	}
-	client, _ := outbox.NewClient(pool, outbox.Config{Schema: schema})
-	producer, _ := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
-	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "emails", MaxAttempts: 1}); err != nil {
-		log.Fatal(err)
-	}
-	msg, _ := outbox.NewMessage("emails", map[string]string{"to": "ada@example.com"})
-	if _, err := producer.Send(ctx, pool, msg); err != nil {
-		log.Fatal(err)
-	}
-
-	failed := make(chan struct{})
-	consumer, _ := client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "emails",
-		Handler: func(ctx context.Context, d *outbox.Delivery) error {
-			defer close(failed)
-			return fmt.Errorf("smtp: connection refused")
-		}})
-	_ = consumer.Start(ctx)
-	<-failed
-	_ = consumer.Stop(ctx) // waits for the outcome to be written
-
-	dead, err := client.DeadLetters(ctx, "emails", 0, 10)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(len(dead), "dead letter:", dead[0].LastError)
-	n, err := client.ReplayDeadLetters(ctx, "emails", dead[0].ID)
-	fmt.Println("replayed", n, err)
-	// Output:
-	// 1 dead letter: smtp: connection refused
-	// replayed 1 <nil>
-}
-
 // An ordered topic hands out each message group's messages one at a
-// time: a claim takes the oldest message of every group, and the next one
-// of a group only once the previous one is acked.
+// time, in the order they were sent: a consumer gets the next message of
+// a group only once the previous one is acked, while groups go on side by
+// side.
 func ExampleTopicConfig_ordered() {
 	ctx := context.Background()
 	pool, schema, cleanup := exampleDB()
@@ -153,25 +119,21 @@ func ExampleTopicConfig_ordered() {
 	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
 		log.Fatal(err)
 	}
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: schema})
+	app, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: schema, NoMaintenance: true})
 	if err != nil {
 		log.Fatal(err)
 	}
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "ledger.entries", Ordered: true}); err != nil {
+	if err := app.ConfigureTopic(ctx, outbox.TopicConfig{Name: "ledger.entries", Ordered: true}); err != nil {
 		log.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		for _, account := range []string{"alice", "bob", "alice", "bob"} {
-			msg, err := outbox.NewMessage("ledger.entries", map[string]string{"account": account})
+		for i, account := range []string{"alice", "bob", "alice", "bob"} {
+			msg, err := outbox.NewMessage("ledger.entries", map[string]int{"entry": i + 1})
 			if err != nil {
 				return err
 			}
 			msg.Group = account
-			if _, err := producer.Send(ctx, tx, msg); err != nil {
+			if _, err := app.Send(ctx, tx, msg); err != nil {
 				return err
 			}
 		}
@@ -180,22 +142,35 @@ func ExampleTopicConfig_ordered() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for round := 1; round <= 3; round++ {
-		ds, err := client.Claim(ctx, "ledger.entries", "worker-1", 10)
-		if err != nil {
-			log.Fatal(err)
-		}
-		fmt.Printf("claim %d:", round)
-		for _, d := range ds {
-			fmt.Printf(" %s#%d", d.Group, d.ID)
-		}
-		fmt.Println()
-		if err := client.Ack(ctx, ds...); err != nil {
-			log.Fatal(err)
-		}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	wg.Add(4)
+	seen := map[string][]int{}
+	consumer, err := app.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "ledger.entries", Concurrency: 4,
+		Handler: func(ctx context.Context, d *outbox.Delivery) error {
+			defer wg.Done()
+			e, err := outbox.Decode[map[string]int](d)
+			if err != nil {
+				return outbox.Permanent(err)
+			}
+			mu.Lock()
+			seen[d.Group] = append(seen[d.Group], e["entry"])
+			mu.Unlock()
+			return nil
+		}})
+	if err != nil {
+		log.Fatal(err)
 	}
+	if err := consumer.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	wg.Wait()
+	if err := consumer.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("alice:", seen["alice"])
+	fmt.Println("bob:", seen["bob"])
 	// Output:
-	// claim 1: alice#1 bob#2
-	// claim 2: alice#3 bob#4
-	// claim 3:
+	// alice: [1 3]
+	// bob: [2 4]
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -57,17 +58,10 @@ func (b *testBundle) sendN(t *testing.T, topic string, n int) {
 	}
 }
 
-// count counts the queued messages (pending: lease_owner IS NULL, leased:
-// NOT NULL) that match where.
+// count counts the stored messages that match where.
 func (b *testBundle) count(t *testing.T, where string, args ...any) int {
 	t.Helper()
-	return b.countIn(t, "outbox", where, args...)
-}
-
-// countDead counts the dead letters that match where.
-func (b *testBundle) countDead(t *testing.T, where string, args ...any) int {
-	t.Helper()
-	return b.countIn(t, "outbox_dead_letters", where, args...)
+	return b.countIn(t, "outbox_published", where, args...)
 }
 
 func (b *testBundle) countIn(t *testing.T, table, where string, args ...any) int {
@@ -78,11 +72,14 @@ func (b *testBundle) countIn(t *testing.T, table, where string, args ...any) int
 	return n
 }
 
-func startConsumer(t *testing.T, c *outbox.Client, cfg outbox.ConsumerConfig) *outbox.Consumer {
+func startConsumer(t *testing.T, c *outbox.Client, cfg outbox.ConsumerConfig) *pgoutbox.Consumer {
 	t.Helper()
-	k, err := c.NewConsumer(context.Background(), cfg)
+	ctx := context.Background()
+	client, err := pgoutbox.NewClient(ctx, c.Pool(), pgoutbox.Config{Schema: c.Schema(), NoMaintenance: true})
 	require.NoError(t, err)
-	require.NoError(t, k.Start(context.Background()))
+	k, err := client.NewConsumer(ctx, cfg)
+	require.NoError(t, err)
+	require.NoError(t, k.Start(ctx))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

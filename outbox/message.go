@@ -37,15 +37,13 @@ type Message struct {
 	Headers map[string]string
 	// CorrelationID ties messages of one flow together. A random UUID when empty.
 	CorrelationID string
-	// Group is the message group: the router and the ordered mode keep
-	// messages of one group in order. QUEUE consumers do not.
+	// Group is the message group: the router and ordered topics keep
+	// messages of one group in order; other consumers do not.
 	Group string
-	// Priority: on a QUEUE topic, higher is claimed first (int16 range).
-	// On an ordered topic it chooses between message groups, never
-	// within one (see TopicConfig.Ordered). A consumer group of a PUB_SUB
-	// topic that is not ordered takes a message above 0 ahead of the
-	// backlog it is reading, highest first; with no backlog, and on an
-	// ordered topic, it reads in commit order. Defaults to 0.
+	// Priority (int16 range): a consumer group (a QUEUE topic's consumers
+	// included) of a topic that is not ordered takes a message above 0
+	// ahead of the backlog it is reading, highest first; with no backlog,
+	// and on an ordered topic, it reads in commit order. Defaults to 0.
 	Priority int
 	// Delay makes the message available this long after the transaction's
 	// start (database time). Must not be negative; exclusive with NotBefore.

@@ -108,9 +108,10 @@ type Producer struct {
 // ordering and storage. Semantics and ordering never change once
 // configured, so a configured topic is read once; a topic without
 // configuration is read again after recheckUnconfigured, in case it has
-// been configured meanwhile. A QUEUE topic moves to the log (onLog) only
-// while no producer sends to it: a producer that read it before keeps
-// writing to the queue table.
+// been configured meanwhile. A QUEUE topic configured by an earlier
+// release is not on the log (onLog false) until a consumer of this one
+// starts: its sends go to the queue table, whose trigger moves each to
+// the log as it is written (see migration 18).
 type learnedSemantics struct {
 	semantics Semantics // "" while the topic is not configured
 	ordered   bool

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/testlog"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -40,7 +41,7 @@ func TestSendWritesRow(t *testing.T) {
 		pending, xidMatches bool
 	)
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT topic, correlation_id, message_group, lease_owner IS NULL, headers,
-		priority, xid::text::bigint > 0 FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).
+		priority, xid::text::bigint > 0 FROM `+b.db.Table("outbox_published")+` WHERE id = $1`, id).
 		Scan(&topic, &corr, &group, &pending, &headers, &prio, &xidMatches))
 	require.Equal(t, "orders", topic)
 	require.Len(t, corr, 36, "a correlation id is generated")
@@ -61,7 +62,7 @@ func TestSendRecordsWritingTransaction(t *testing.T) {
 	id, err := b.producer.Send(ctx, tx, seqMessage("t", 1))
 	require.NoError(t, err)
 	var same bool
-	require.NoError(t, tx.QueryRow(ctx, `SELECT xid = pg_current_xact_id() FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&same))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT xid = pg_current_xact_id() FROM `+b.db.Table("outbox_published")+` WHERE id = $1`, id).Scan(&same))
 	require.True(t, same)
 }
 
@@ -90,15 +91,11 @@ func TestSendBatchReturnsIDsInOrder(t *testing.T) {
 	require.Equal(t, ids[1], ids[6], "repeated idempotency key")
 	require.True(t, slices.IsSorted(ids[:6]), "ids ascend in input order: %v", ids)
 	for i, id := range ids[:6] {
-		table := "outbox"
-		if topics[i] == "events" {
-			table = "outbox_published"
-		}
 		var got seqPayload
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT payload FROM `+b.db.Table(table)+` WHERE id = $1`, id).Scan(&got), "message %d", i)
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT payload FROM `+b.db.Table("outbox_published")+` WHERE id = $1`, id).Scan(&got), "message %d", i)
 		require.Equal(t, i, got.Seq)
 	}
-	require.Equal(t, 3, b.count(t, "true"))
+	require.Equal(t, 6, b.count(t, "true"), "every message on the log")
 	var published int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_published")+` WHERE required_count = 0`).Scan(&published))
 	require.Equal(t, 3, published)
@@ -207,10 +204,14 @@ func TestIdempotencyWindow(t *testing.T) {
 	msg.IdempotencyKey = "charge-1"
 	first, err := b.producer.Send(ctx, b.db.Pool, msg)
 	require.NoError(t, err)
-	ds, err := b.client.Claim(ctx, "payments", "worker", 10)
+	// Consumed, and cleanup deleted it.
+	handled := make(chan int64, 1)
+	k := startConsumer(t, b.client, outbox.ConsumerConfig{Topic: "payments", PollInterval: 20 * time.Millisecond,
+		Handler: func(_ context.Context, d *outbox.Delivery) error { handled <- d.ID; return nil }})
+	require.Equal(t, first, <-handled)
+	require.NoError(t, k.Stop(ctx))
+	_, err = b.db.Pool.Exec(ctx, `DELETE FROM `+b.db.Table("outbox_published")+` WHERE id = $1`, first)
 	require.NoError(t, err)
-	require.Len(t, ds, 1)
-	require.NoError(t, b.client.Ack(ctx, ds...))
 	require.Equal(t, 0, b.count(t, "true"), "consumed")
 
 	clock.Advance(59 * time.Minute)
@@ -320,10 +321,9 @@ func TestConfigureTopicBadInput(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_topics")).Scan(&n))
 	require.Zero(t, n)
 
-	_, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "t"})
-	require.ErrorIs(t, err, outbox.ErrInvalidConfig, "nil handler")
-	_, err = b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "t", Concurrency: -1, Handler: func(context.Context, *outbox.Delivery) error { return nil }})
-	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	require.ErrorIs(t, outbox.ConsumerConfig{Topic: "t"}.WithDefaults().Validate(), outbox.ErrInvalidConfig, "nil handler")
+	require.ErrorIs(t, outbox.ConsumerConfig{Topic: "t", Concurrency: -1, Handler: func(context.Context, *outbox.Delivery) error { return nil }}.WithDefaults().Validate(),
+		outbox.ErrInvalidConfig)
 }
 
 func TestTopicDefaultsAndConfiguration(t *testing.T) {
@@ -346,9 +346,12 @@ func TestTopicDefaultsAndConfiguration(t *testing.T) {
 		ZeroSubscriptionRetention: outbox.DefaultZeroSubscriptionRetention, IdempotencyWindow: outbox.DefaultIdempotencyWindow,
 		MaxRetention: outbox.DefaultMaxRetention, ZombieTTL: outbox.DefaultZombieTTL, Configured: true}, got)
 
-	// A QUEUE consumer of a PUB_SUB topic is refused when it is created
-	// (it used to fail only at Start).
-	_, err = b.client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "events", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	// A QUEUE consumer of a PUB_SUB topic is refused when it is created.
+	client, err := pgoutbox.NewClient(ctx, b.db.Pool, pgoutbox.Config{Schema: b.db.Schema, NoMaintenance: true})
+	require.NoError(t, err)
+	_, err = client.NewConsumer(ctx, outbox.ConsumerConfig{Topic: "events", Handler: func(context.Context, *outbox.Delivery) error { return nil }})
+	require.ErrorIs(t, err, outbox.ErrWrongSemantics)
+	_, err = b.client.QueueTopic(ctx, "events")
 	require.ErrorIs(t, err, outbox.ErrWrongSemantics)
 	if errors.Is(nil, outbox.ErrNotFound) {
 		t.Fatal("unreachable")
@@ -380,27 +383,19 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 		Status, Group, Corr, Payload, Headers string
 		Priority                              int
 		Delay                                 time.Duration
-		Table                                 string
 		RequiredGroups                        bool
 	}
 	read := func(id int64) row {
 		t.Helper()
 		var r row
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT status, message_group, correlation_id, payload::text, headers::text, priority,
-			available_at - created_at, tbl, required FROM (
-				SELECT id, CASE WHEN lease_owner IS NULL THEN 'PENDING' END AS status, message_group, correlation_id,
-				       payload, headers, priority, available_at, created_at, 'outbox' AS tbl, false AS required
-				FROM `+b.db.Table("outbox")+`
-				UNION ALL
-				SELECT id, status, message_group, correlation_id, payload, headers, priority, available_at, created_at,
-				       'outbox_published', required_bits IS NOT NULL AND done_bits IS NOT NULL
-				FROM `+b.db.Table("outbox_published")+`) AS m
-			WHERE id = $1`, id).
-			Scan(&r.Status, &r.Group, &r.Corr, &r.Payload, &r.Headers, &r.Priority, &r.Delay, &r.Table, &r.RequiredGroups))
+			available_at - created_at, required_bits IS NOT NULL AND done_bits IS NOT NULL
+			FROM `+b.db.Table("outbox_published")+` WHERE id = $1`, id).
+			Scan(&r.Status, &r.Group, &r.Corr, &r.Payload, &r.Headers, &r.Priority, &r.Delay, &r.RequiredGroups))
 		return r
 	}
-	want := row{Status: "PENDING", Group: "g", Corr: "c", Payload: `{"a": 1}`, Headers: `{"k": "v"}`, Priority: 3,
-		Delay: 90 * time.Second, Table: "outbox"}
+	want := row{Status: "PUBLISHED", Group: "g", Corr: "c", Payload: `{"a": 1}`, Headers: `{"k": "v"}`, Priority: 3,
+		Delay: 90 * time.Second}
 	send := func(topic string) int64 {
 		t.Helper()
 		return sendAfter(topic, want.Delay)
@@ -411,35 +406,42 @@ func TestSendLearnsTopicSemantics(t *testing.T) {
 		now.Delay = 0
 		require.Equal(t, now, read(sendAfter(topic, 0)), topic)
 	}
+	got, err := b.client.Topic(ctx, "unconfigured")
+	require.NoError(t, err)
+	require.True(t, got.Configured, "configured by its first send")
 
 	// Semantics never change once configured; the tracking mode may while
 	// no group is subscribed.
 	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "queued", Semantics: outbox.PubSub}), outbox.ErrInvalidConfig)
+	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unconfigured", Semantics: outbox.PubSub}), outbox.ErrInvalidConfig)
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "queued", MaxAttempts: 3}))
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
 	require.ErrorIs(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events"}), outbox.ErrInvalidConfig)
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
 
-	// The producer has seen "unconfigured" without configuration. Its
-	// messages consumed (a topic holding QUEUE messages cannot become
-	// PUB_SUB), it is configured as PUB_SUB: the next message must be a
-	// PUB_SUB message at once.
-	_, err := b.db.Pool.Exec(ctx, `DELETE FROM `+b.db.Table("outbox")+` WHERE topic = 'unconfigured'`)
-	require.NoError(t, err)
-	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unconfigured", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
+	// The producer sees "later" without configuration (its send, and the
+	// configuration it made, rolled back); then it is configured as
+	// PUB_SUB: the next message must be a PUB_SUB message at once.
+	rolledBack := errors.New("rolled back")
+	require.ErrorIs(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		if _, err := b.producer.Send(ctx, tx, outbox.Message{Topic: "later", Payload: json.RawMessage(`{}`)}); err != nil {
+			return err
+		}
+		return rolledBack
+	}), rolledBack)
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "later", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))
 	for range 2 { // the first send learns the semantics, the second relies on them
-		got := read(send("unconfigured"))
+		got := read(send("later"))
 		require.Equal(t, "PUBLISHED", got.Status)
-		require.Equal(t, "outbox_published", got.Table)
 		require.True(t, got.RequiredGroups, "required groups are fixed at insert")
 	}
-	require.Equal(t, "PENDING", read(send("queued")).Status)
+	require.False(t, read(send("queued")).RequiredGroups)
 
 	// A PUB_SUB topic's statement still reads the topic row on every send:
 	// writes are refused while nobody subscribes, if the topic says so.
-	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unconfigured", Semantics: outbox.PubSub,
+	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "later", Semantics: outbox.PubSub,
 		Tracking: outbox.Bitmap, BlockWritesOnZeroSubscriptions: true}))
-	_, err = b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "unconfigured", Payload: json.RawMessage(`{}`)})
+	_, err = b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: "later", Payload: json.RawMessage(`{}`)})
 	require.ErrorIs(t, err, outbox.ErrNoSubscriptions)
 }
 
@@ -456,7 +458,7 @@ func TestSendQueuedUsesInjectedClock(t *testing.T) {
 			id, err := b.producer.Send(ctx, b.db.Pool, outbox.Message{Topic: topic, Payload: json.RawMessage(`{}`), Delay: delay})
 			require.NoError(t, err)
 			var availableAt time.Time
-			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&availableAt))
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT available_at FROM `+b.db.Table("outbox_published")+` WHERE id = $1`, id).Scan(&availableAt))
 			require.True(t, at.Add(delay).Equal(availableAt), "%s delay %v: available at %v", topic, delay, availableAt)
 		}
 	}
@@ -648,10 +650,11 @@ func TestPubSubRefusedForATopicWithQueuedMessages(t *testing.T) {
 	_, err := b.producer.Send(ctx, b.db.Pool, seqMessage("early", 1))
 	require.NoError(t, err)
 	err = b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "early", Semantics: outbox.PubSub, Tracking: outbox.Bitmap})
-	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
-	ds, err := b.client.Claim(ctx, "early", "holder", 10)
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig, "its first send configured it as a QUEUE topic")
+	tc, err := b.client.Topic(ctx, "early")
 	require.NoError(t, err)
-	require.Len(t, ds, 1, "the message is still a QUEUE message")
+	require.Equal(t, outbox.Queue, tc.Semantics)
+	require.Equal(t, 1, b.count(t, "topic = 'early'"), "the message is still there")
 
 	// A PubSub topic configured before its first send is reconfigured freely.
 	require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "late", Semantics: outbox.PubSub, Tracking: outbox.Bitmap}))

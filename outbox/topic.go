@@ -90,15 +90,17 @@ type TopicConfig struct {
 	Name string
 	// Semantics: Queue or PubSub. Defaults to Queue.
 	Semantics Semantics
-	// Tracking is the completion tracking mode of a PubSub topic; it must be
-	// empty for a Queue topic. Defaults to Offset for PubSub topics. It
-	// is set by the topic's first configuration: once the topic has groups
-	// or messages, ConfigureTopic keeps its mode (and logs a warning when
-	// it names another). Change it with Client.ChangeTrackingMode, which
-	// works with groups and producers running.
+	// Tracking is the completion tracking mode of a PubSub topic. A Queue
+	// topic's is Offset, the mode of its one consumer group (see
+	// pgoutbox.Consumer): leave it empty. Defaults to Offset. A PubSub
+	// topic's is set by the topic's first configuration: once the topic
+	// has groups or messages, ConfigureTopic keeps its mode (and logs a
+	// warning when it names another). Change it with
+	// Client.ChangeTrackingMode, which works with groups and producers
+	// running.
 	Tracking TrackingMode
-	// Retention is how long completed PUB_SUB messages are kept. QUEUE
-	// messages are deleted when acked, so it has no effect there.
+	// Retention is how long completed messages are kept (a QUEUE topic's
+	// by default not at all: they are deleted once consumed).
 	// Defaults to DefaultPubSubRetention for PubSub topics.
 	Retention time.Duration
 	// MaxAttempts is how often a message is delivered before it is
@@ -147,37 +149,19 @@ type TopicConfig struct {
 	ZombieTTL time.Duration
 	// Ordered makes the topic deliver the messages of each message group
 	// (Message.Group) one at a time, in the order their transactions
-	// committed. On a QUEUE topic a message is claimed only when it is the
-	// oldest message of its group still in the queue and no other message
-	// of the group is leased (a Consumer's claim takes it with a run of up
-	// to nine messages right behind it, which one handler works through in
-	// order, handing back the rest at the first one that does not
-	// succeed; Client.Claim takes heads only); on a PUB_SUB topic the same holds in each
-	// consumer group's own stream, in every tracking mode. It holds however
-	// many consumers, instances and processes claim, across retries, lease
-	// expiries and restarts. A failing message holds its group back until
-	// it succeeds or is dead-lettered (see OrderedDeadLetters); other
-	// groups are not held back. Priority and Delay choose between groups,
-	// never within one: a delayed message holds its group until it is
-	// due, and an urgent one waits for the older messages of its group.
-	// Messages without a group are delivered as on a topic that is not
-	// ordered.
-	//
-	// A QUEUE claim takes the group heads (each group's oldest message,
-	// with the run behind it) of the highest priority first, by the head's
-	// own priority. Heads of one priority take turns: each claim walks the
-	// groups in a fixed order from where the previous claim's turn ended
-	// and takes at most one run per group, so a group with a long backlog
-	// does not crowd out the others at its priority, and heads taken ahead
-	// of their turn, for their higher priority, do not make the walk skip
-	// the groups between. A claim looks for heads above priority 0 among
-	// the topic's oldest available messages above 0, 100 more than it has
-	// room for (so that a long backlog of urgent messages costs every
-	// claim a bounded read); a head beyond those still comes in its
-	// group's turn. Below 0, priority only orders the heads a claim's turn
-	// reaches. As on any QUEUE topic, a steady flow of urgent messages
-	// holds the other groups back. Consumer groups of an ordered PUB_SUB
-	// topic read in commit order and do not use priority.
+	// committed, in each consumer group that reads it (a QUEUE topic's
+	// one group included), in every tracking mode: the group queues what
+	// it reads and hands out a message only when it is the oldest of its
+	// message group still queued and the one before it is done (with a
+	// run of up to nine messages right behind it, which one handler works
+	// through in order, handing back the rest at the first one that does
+	// not succeed). It holds however many consumers, instances and
+	// processes read, across retries, lease expiries and restarts. A
+	// failing message holds its message group back until it succeeds or
+	// is dead-lettered (see OrderedDeadLetters); other message groups are
+	// not held back. Priority plays no part, and a delayed message holds
+	// its message group until it is due. Messages without a group are
+	// delivered as on a topic that is not ordered.
 	//
 	// Sends to an ordered topic take a lock per (topic, group) until their
 	// transaction ends, so that ids follow commit order: two transactions
@@ -189,11 +173,7 @@ type TopicConfig struct {
 	//
 	// Set it in the topic's first configuration, before anything is sent;
 	// it never changes afterwards (ConfigureTopic fails with
-	// ErrInvalidConfig). A message sent to a QUEUE topic before then, by a
-	// transaction still open when the configuration ran, is marked ordered
-	// when it commits before the configuration ends, or else when a
-	// consumer of the topic starts; until then no ordered claim sees it.
-	// Defaults to false.
+	// ErrInvalidConfig). Defaults to false.
 	Ordered bool
 	// OrderedDeadLetters is what an ordered topic does with a group whose
 	// oldest message was dead-lettered: BlockGroup (the default for
@@ -214,6 +194,9 @@ type TopicConfig struct {
 // WithDefaults returns c with its zero fields filled in.
 func (c TopicConfig) WithDefaults() TopicConfig {
 	c.Semantics = cmp.Or(c.Semantics, Queue)
+	if c.Semantics == Queue {
+		c.Tracking = cmp.Or(c.Tracking, Offset)
+	}
 	if c.Semantics == PubSub {
 		c.Tracking = cmp.Or(c.Tracking, Offset)
 		c.Retention = cmp.Or(c.Retention, DefaultPubSubRetention)
@@ -238,8 +221,8 @@ func (c TopicConfig) validate() error {
 	}
 	switch c.Semantics {
 	case Queue:
-		if c.Tracking != "" {
-			return fmt.Errorf("%w: topic %q: a QUEUE topic has no tracking mode (got %q)", ErrInvalidConfig, c.Name, c.Tracking)
+		if c.Tracking != Offset {
+			return fmt.Errorf("%w: topic %q: a QUEUE topic's tracking mode is Offset (got %q)", ErrInvalidConfig, c.Name, c.Tracking)
 		}
 	case PubSub:
 		if !c.Tracking.known() {

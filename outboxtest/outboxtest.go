@@ -134,16 +134,14 @@ type Message struct {
 func Sent(ctx context.Context, db Querier, schema, topic string) ([]Message, error) {
 	s := pgx.Identifier{schema}.Sanitize()
 	cols := `id, topic, payload, coalesce(headers, '{}'), coalesce(correlation_id, ''), coalesce(message_group, ''), priority`
-	// A QUEUE topic's dead letters on the log are its group's, each with a
-	// copy of its message once its row may go.
+	// A QUEUE topic's dead letters are its group's, each with a copy of
+	// its message once its row may go.
 	queueDead := `SELECT r.message_id, r.payload, r.headers, r.correlation_id, r.message_group, r.priority
 FROM ` + s + `.outbox_group_retries AS r
 JOIN ` + s + `.outbox_topic_subscriptions AS g ON g.id = r.subscription_id
 WHERE g.topic = $1 AND g.group_name = '` + sqlq.QueueGroup + `' AND r.status = 'DEAD_LETTER'`
 	rows, err := db.Query(ctx, `
-SELECT `+cols+`, false FROM `+s+`.outbox WHERE topic = $1
-UNION ALL SELECT `+cols+`, id IN (SELECT message_id FROM (`+queueDead+`) AS d) FROM `+s+`.outbox_published WHERE topic = $1
-UNION ALL SELECT `+cols+`, true FROM `+s+`.outbox_dead_letters WHERE topic = $1
+SELECT `+cols+`, id IN (SELECT message_id FROM (`+queueDead+`) AS d) FROM `+s+`.outbox_published WHERE topic = $1
 UNION ALL SELECT d.message_id, $1, d.payload, coalesce(d.headers, '{}'), coalesce(d.correlation_id, ''),
                  coalesce(d.message_group, ''), coalesce(d.priority, 0), true
           FROM (`+queueDead+`) AS d

@@ -49,7 +49,7 @@ func routerProcess(ctx context.Context, pool *pgxpool.Pool, spec childSpec, logg
 	}
 	var src router.Source
 	if spec.Queue {
-		src, err = router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: "hooks", Owner: spec.Instance,
+		src, err = router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: "hooks",
 			BatchSize: spec.BatchSize, PollInterval: 20 * time.Millisecond})
 	} else {
 		src, err = router.NewGroupSource(router.GroupSourceConfig{Pool: pool, Group: consumergroup.Config{Client: client,

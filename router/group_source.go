@@ -146,12 +146,17 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 	var wg sync.WaitGroup
 	batch := make([]*Message, 0, len(ds))
 	last := map[string]*groupSettler{} // an ordered topic's last message of each message group so far (ds is in commit order)
+	unmapped := map[string]bool{}      // an ordered topic's message groups with a message the mapper refused
 	for i, d := range ds {
-		r, err := s.mapRoute(d)
-		if err != nil {
+		if topic.Ordered && d.Group != "" && unmapped[d.Group] {
+			continue // not delivered: the group hands it back, as it follows a message that failed
+		}
+		r, err := mapRoute(s.cfg.Mapper, d)
+		var panicked *panicError
+		if err != nil && !errors.As(err, &panicked) {
 			results[i] = outbox.Permanent(err)
 			if topic.Ordered && d.Group != "" {
-				last[d.Group] = &groupSettler{} // never recorded: those behind it wait for the batch's end
+				unmapped[d.Group] = true
 			}
 			continue
 		}
@@ -174,24 +179,18 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 			Pool: r.Pool, Target: r.Target, Group: r.Group, HighPriority: r.HighPriority,
 			Topic: d.Topic, Payload: d.Payload, Settle: st, TraceContext: d.Headers,
 			RetryDelay: backoff.Exponential(d.Attempt, topic.BackoffInitial, topic.BackoffMax),
+			panicked:   panicked, // the router retries it and reports the panic
 			ordered:    topic.Ordered && r.Group == d.Group,
 		})
+		if panicked != nil && topic.Ordered && d.Group != "" {
+			unmapped[d.Group] = true
+		}
 	}
 	if len(batch) > 0 {
 		route(ctx, batch)
 	}
 	wg.Wait() // stopping too: the router settles everything before it stops
 	return results
-}
-
-// mapRoute runs the mapper; a panic is an error (the message is dead-lettered with it).
-func (s *GroupSource) mapRoute(d *outbox.Delivery) (r Route, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("mapper panic: %v", p)
-		}
-	}()
-	return s.cfg.Mapper(d)
 }
 
 // groupSettler turns the router's settlement into a group handler result,
@@ -250,10 +249,9 @@ func (g *groupSettler) mayRecord() bool {
 // circuit open) snoozes the message without spending an attempt.
 func (g *groupSettler) Nack(ctx context.Context, r Retry) error {
 	reason := errors.New(cmp.Or(r.Reason, "router: nacked"))
-	delay := max(time.Until(r.At), 0)
-	err := outbox.RetryAfter(delay, reason)
+	err := outbox.RetryAt(r.At, reason) // the instant: a held-back message group comes back in order
 	if !r.Attempted {
-		err = outbox.Snooze(delay, reason)
+		err = outbox.SnoozeUntil(r.At, reason)
 	}
 	return g.set(ctx, err, func(n Settler) error { return n.Nack(ctx, r) })
 }

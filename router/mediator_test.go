@@ -332,9 +332,6 @@ func TestNewRefusesNegativeDurationsAndCounts(t *testing.T) {
 	for field, cfg := range map[string]router.QueueSourceConfig{
 		"BatchSize":    {BatchSize: -1},
 		"PollInterval": {PollInterval: -time.Second},
-		"Lease":        {Lease: -time.Second},
-		"RenewEvery":   {RenewEvery: -time.Second},
-		"MaxInFlight":  {MaxInFlight: -1},
 	} {
 		cfg.Client, cfg.Topic = outboxClientWithoutDB(t), "hooks"
 		_, err := router.NewQueueSource(cfg)

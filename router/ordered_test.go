@@ -100,8 +100,8 @@ func orderedSourceThroughFailures(t *testing.T, group bool) {
 				Topic: "hooks", Group: "webhooks", InstanceID: owner, BatchSize: 25, Concurrency: 50,
 				PollInterval: 20 * time.Millisecond}})
 		} else {
-			src, err = router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: "hooks", Owner: owner,
-				BatchSize: 25, MaxInFlight: 50, PollInterval: 20 * time.Millisecond})
+			src, err = router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: "hooks",
+				BatchSize: 25, PollInterval: 20 * time.Millisecond})
 		}
 		require.NoError(t, err)
 		rt.AddSource(src)
@@ -137,7 +137,7 @@ func orderedSourceThroughFailures(t *testing.T, group bool) {
 		if group {
 			return handled() == groups*perGroup && b.countIn(t, "outbox_group_retries", "true") == 0
 		}
-		return b.count(t, "true") == 0
+		return b.pending(t) == 0
 	})
 
 	rv.mu.Lock()
@@ -151,7 +151,7 @@ func orderedSourceThroughFailures(t *testing.T, group bool) {
 	for g, seqs := range rv.order {
 		require.Equal(t, want, seqs, "group %s", g)
 	}
-	require.Zero(t, b.countDead(t, "true"))
+	require.Zero(t, b.countDead(t))
 	t.Logf("%d duplicates (redeliveries of messages already answered)", rv.duplicates)
 }
 

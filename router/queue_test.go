@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -12,7 +13,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -55,13 +58,40 @@ func (b *pgBundle) sendInterleaved(t *testing.T, target string, groups, perGroup
 	require.NoError(t, err)
 }
 
-// count counts QUEUE messages (table outbox), countDead dead letters, and
-// countPublished PUB_SUB messages.
-func (b *pgBundle) count(t *testing.T, where string) int { return b.countIn(t, "outbox", where) }
+// pending counts the messages of topic hooks its consumers have not
+// finished (dead letters aside).
+func (b *pgBundle) pending(t *testing.T) int { return b.pendingOf(t, "hooks") }
 
-func (b *pgBundle) countDead(t *testing.T, where string) int {
-	return b.countIn(t, "outbox_dead_letters", where)
+// pendingOf counts the messages of topic name its consumers have not
+// finished (dead letters aside).
+func (b *pgBundle) pendingOf(t *testing.T, name string) int {
+	t.Helper()
+	adm, err := admin.New(b.client, admin.Options{})
+	require.NoError(t, err)
+	topic, err := adm.Topic(context.Background(), name)
+	require.NoError(t, err)
+	return int(topic.Ready + topic.Scheduled + topic.Leased)
 }
+
+// retries counts the rows of topic hooks' consumers' retry table (retries
+// with status RETRY, leased ones PROCESSING, dead letters DEAD_LETTER)
+// that match where.
+func (b *pgBundle) retries(t *testing.T, where string) int {
+	t.Helper()
+	return b.countIn(t, "outbox_group_retries", `subscription_id = (SELECT id FROM `+b.db.Table("outbox_topic_subscriptions")+
+		` WHERE topic = 'hooks' AND group_name = '`+sqlq.QueueGroup+`') AND `+where)
+}
+
+// deadLetters lists hooks' dead letters.
+func (b *pgBundle) deadLetters(t *testing.T) ([]outbox.DeadLetter, error) {
+	t.Helper()
+	adm, err := admin.New(b.client, admin.Options{})
+	require.NoError(t, err)
+	return adm.DeadLetters(context.Background(), "hooks", "", 0, 10)
+}
+
+// countDead counts hooks' dead letters.
+func (b *pgBundle) countDead(t *testing.T) int { return b.retries(t, "status = 'DEAD_LETTER'") }
 
 func (b *pgBundle) countPublished(t *testing.T, where string) int {
 	return b.countIn(t, "outbox_published", where)
@@ -131,7 +161,7 @@ func (b *pgBundle) startRouterBatch(t *testing.T, host string, cfg router.Config
 	t.Helper()
 	cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 	rt := newRouter(t, cfg)
-	b.addSource(t, rt, router.QueueSourceConfig{BatchSize: batchSize, MaxInFlight: 2 * batchSize})
+	b.addSource(t, rt, router.QueueSourceConfig{BatchSize: batchSize})
 	return rt
 }
 
@@ -162,7 +192,7 @@ func TestFIFOPerGroup(t *testing.T) {
 	_, host := endpoint(t, rv.ServeHTTP)
 	b.sendInterleaved(t, "http://"+host+"/hook", 50, 10)
 	b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 10}}})
-	pgtest.Eventually(t, 30*time.Second, "all delivered and acked", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 30*time.Second, "all delivered and acked", func() bool { return b.pending(t) == 0 })
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	require.Len(t, rv.order, 50)
@@ -181,7 +211,7 @@ func TestConcurrencyAcrossGroups(t *testing.T) {
 	_, host := endpoint(t, rv.ServeHTTP)
 	b.sendInterleaved(t, "http://"+host+"/hook", 10, 10)
 	b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 10}}})
-	pgtest.Eventually(t, 30*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 30*time.Second, "all delivered", func() bool { return b.pending(t) == 0 })
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	require.GreaterOrEqual(t, rv.peak, 5, "groups in flight at once")
@@ -212,7 +242,7 @@ func TestBatchGroupCascade(t *testing.T) {
 	b.sendInterleaved(t, "http://"+host+"/hook", 3, 4)
 	rt := b.startRouter(t, host, router.Config{MaxAttempts: 1, DefaultRetryDelay: time.Second, FastFailDelay: time.Second,
 		Pools: []router.PoolConfig{{Code: "P", Concurrency: 5}}})
-	pgtest.Eventually(t, 30*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 30*time.Second, "all delivered", func() bool { return b.pending(t) == 0 })
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	require.Equal(t, []int{0, 1, 2, 3}, rv.order["g1"], "g1 in order after its retry")
@@ -221,7 +251,7 @@ func TestBatchGroupCascade(t *testing.T) {
 	require.GreaterOrEqual(t, time.Duration(g1Third.Load()-failedAt.Load()), 900*time.Millisecond,
 		"g1's 3rd message waited for the retry of the 2nd")
 	pgtest.Eventually(t, 5*time.Second, "in-flight map empty", func() bool { return rt.InFlight() == 0 })
-	require.Zero(t, b.countDead(t, "true"))
+	require.Zero(t, b.countDead(t))
 }
 
 // A failure holds its group back across batches too: with batches of 4, a
@@ -244,7 +274,7 @@ func TestCascadeAcrossBatches(t *testing.T) {
 	b.sendInterleaved(t, "http://"+host+"/hook", 2, 8)
 	b.startRouterBatch(t, host, router.Config{MaxAttempts: 1, DefaultRetryDelay: time.Second, FastFailDelay: time.Second,
 		Pools: []router.PoolConfig{{Code: "P", Concurrency: 2}}}, 4)
-	pgtest.Eventually(t, 60*time.Second, "all delivered", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 60*time.Second, "all delivered", func() bool { return b.pending(t) == 0 })
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, rv.order["g1"])
@@ -260,7 +290,7 @@ func TestShutdownWithCallsInFlight(t *testing.T) {
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 	var mu sync.Mutex
-	delivered := map[body]bool{}
+	delivered := map[body]int{}
 	var started atomic.Int32
 	_, host := endpoint(t, func(w http.ResponseWriter, r *http.Request) {
 		var bd body
@@ -268,7 +298,7 @@ func TestShutdownWithCallsInFlight(t *testing.T) {
 		started.Add(1)
 		<-release
 		mu.Lock()
-		delivered[bd] = true
+		delivered[bd]++
 		mu.Unlock()
 		_, _ = w.Write([]byte(`{"ack":true}`))
 	})
@@ -285,32 +315,22 @@ func TestShutdownWithCallsInFlight(t *testing.T) {
 	once.Do(func() { close(release) })
 	require.NoError(t, <-stopped)
 
-	var acked []body
-	rows, err := b.db.Pool.Query(context.Background(), `SELECT payload FROM `+b.db.Table("outbox"))
-	require.NoError(t, err)
-	remaining := map[body]bool{}
-	for rows.Next() {
-		var bd body
-		require.NoError(t, rows.Scan(&bd))
-		remaining[bd] = true
-	}
-	require.NoError(t, rows.Err())
-	for g := range 20 {
-		for seq := range 5 {
-			bd := body{Group: fmt.Sprintf("g%d", g), Seq: seq}
-			if !remaining[bd] {
-				acked = append(acked, bd)
-			}
-		}
-	}
+	require.Equal(t, 96, b.pending(t), "the rest is back in the queue")
+	require.Zero(t, b.retries(t, "status = 'PROCESSING'"), "none of it leased")
+	mu.Lock()
+	first := maps.Clone(delivered)
+	mu.Unlock()
+	require.Len(t, first, 4, "the 4 calls in flight finished")
+
+	// The next router delivers the rest, and nothing the first one acked.
+	b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 4}}})
+	pgtest.Eventually(t, 20*time.Second, "the rest delivered", func() bool { return b.pending(t) == 0 })
 	mu.Lock()
 	defer mu.Unlock()
-	for _, bd := range acked {
-		require.True(t, delivered[bd], "%v acked but never delivered", bd)
+	require.Len(t, delivered, 100, "nothing lost")
+	for bd, n := range delivered {
+		require.Equal(t, 1, n, "%v delivered once", bd)
 	}
-	require.Equal(t, 100, len(acked)+len(remaining), "nothing lost")
-	require.Equal(t, 4, len(acked), "the 4 calls in flight finished and were acked")
-	require.Equal(t, 96, b.count(t, "lease_owner IS NULL"), "the rest is back in the queue")
 }
 
 // A message whose mapping fails is dead-lettered with the reason.
@@ -320,8 +340,8 @@ func TestUnroutableMessagesAreDeadLettered(t *testing.T) {
 	_, err := b.producer.Send(context.Background(), b.db.Pool, outbox.Message{Topic: "hooks", Payload: []byte(`{}`)})
 	require.NoError(t, err)
 	b.startRouter(t, "127.0.0.1:1", router.Config{})
-	pgtest.Eventually(t, 10*time.Second, "dead-lettered", func() bool { return b.countDead(t, "true") == 1 })
-	dl, err := b.client.DeadLetters(context.Background(), "hooks", 0, 10)
+	pgtest.Eventually(t, 10*time.Second, "dead-lettered", func() bool { return b.countDead(t) == 1 })
+	dl, err := b.deadLetters(t)
 	require.NoError(t, err)
 	require.Contains(t, dl[0].LastError, router.HeaderTarget)
 }
@@ -399,12 +419,12 @@ func TestLeasesOutliveSlowDeliveries(t *testing.T) {
 		defer mu.Unlock()
 		return len(delivered) == 3
 	})
-	pgtest.Eventually(t, 5*time.Second, "all acked", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 5*time.Second, "all acked", func() bool { return b.pending(t) == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []int{0, 1, 2}, delivered)
 	require.Len(t, calls, 4, "the failed first call and three deliveries, no duplicates")
-	require.Zero(t, b.countDead(t, "true"))
+	require.Zero(t, b.countDead(t))
 }
 
 // A message claimed again while the router still delivers it (its lease
@@ -431,18 +451,18 @@ func TestReclaimWhileInFlightIsAdopted(t *testing.T) {
 	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the server closes
 	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, DefaultRetryDelay: time.Second})
-	b.addSource(t, rt, router.QueueSourceConfig{RenewEvery: time.Hour}) // no renewal during the test: the lease runs out
+	b.addSource(t, rt, router.QueueSourceConfig{})
 	pgtest.Eventually(t, 10*time.Second, "first delivery in flight", func() bool { return calls.Load() == 1 })
 	// The lease runs out under the delivery: the source claims the message again.
-	_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox")+` SET available_at = now() - interval '1 ms'`)
+	_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_group_batches")+` SET lease_until = now() - interval '1 ms'`)
 	require.NoError(t, err)
-	pgtest.Eventually(t, 10*time.Second, "claimed again", func() bool { return b.count(t, "attempts = 2") == 1 || b.count(t, "true") == 0 })
-	require.Equal(t, 1, b.count(t, "attempts = 2 AND lease_owner IS NOT NULL"), "the new claim is held, not acked away")
+	pgtest.Eventually(t, 10*time.Second, "claimed again", func() bool { return b.retries(t, "attempts = 2") == 1 || b.pending(t) == 0 })
+	require.Equal(t, 1, b.retries(t, "attempts = 2 AND status = 'PROCESSING'"), "the new claim is held, not acked away")
 	require.Equal(t, 1, rt.InFlight())
 	once.Do(func() { close(release) })
 	pgtest.Eventually(t, 10*time.Second, "retried and delivered", func() bool { return successes.Load() == 1 })
-	pgtest.Eventually(t, 5*time.Second, "acked", func() bool { return b.count(t, "true") == 0 })
-	require.Zero(t, b.countDead(t, "true"))
+	pgtest.Eventually(t, 5*time.Second, "acked", func() bool { return b.pending(t) == 0 })
+	require.Zero(t, b.countDead(t))
 	require.EqualValues(t, 2, calls.Load())
 }
 
@@ -470,20 +490,20 @@ func TestFailuresAreRecorded(t *testing.T) {
 	rt := newRouter(t, router.Config{AllowedHosts: []string{failing, slow, refused}, MaxAttempts: 1,
 		RequestTimeout: 100 * time.Millisecond, DefaultRetryDelay: time.Hour})
 	b.addSource(t, rt, router.QueueSourceConfig{})
-	pgtest.Eventually(t, 10*time.Second, "all settled", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 3 })
+	pgtest.Eventually(t, 10*time.Second, "all settled", func() bool { return b.retries(t, "status = 'RETRY' AND attempts = 1") == 3 })
 	lastError := func(id int64) string {
 		var e string
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(last_error, '') FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&e))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(last_error, '') FROM `+b.db.Table("outbox_group_retries")+` WHERE message_id = $1`, id).Scan(&e))
 		return e
 	}
 	require.Contains(t, lastError(bad), "HTTP 502")
 	require.Contains(t, lastError(timedOut), "timeout")
 	require.Contains(t, lastError(down), "connection refused")
-	dead, err := b.client.DeadLetters(ctx, "hooks", 0, 10)
+	dead, err := b.deadLetters(t)
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.Equal(t, offList, dead[0].ID)
-	require.Equal(t, `router: target host not allowed: "not-allowed.invalid"`, dead[0].LastError)
+	require.Equal(t, `permanent: router: target host not allowed: "not-allowed.invalid"`, dead[0].LastError)
 }
 
 // A receiver outage does not dead-letter everything: while the circuit is
@@ -528,8 +548,9 @@ func TestOutageSpendsNoAttemptsWhileTheCircuitIsOpen(t *testing.T) {
 	defer cancel()
 	require.NoError(t, outage.Stop(stopCtx))
 
-	require.Zero(t, b.countDead(t, "true"), "nothing dead-lettered by the outage")
-	rows, err := b.db.Pool.Query(ctx, `SELECT payload, attempts FROM `+b.db.Table("outbox"))
+	require.Zero(t, b.countDead(t), "nothing dead-lettered by the outage")
+	rows, err := b.db.Pool.Query(ctx, `SELECT o.payload, coalesce(r.attempts, 0) FROM `+b.db.Table("outbox_published")+` AS o
+		LEFT JOIN `+b.db.Table("outbox_group_retries")+` AS r ON r.message_id = o.id WHERE o.topic = 'hooks'`)
 	require.NoError(t, err)
 	spent := map[body]int{}
 	for rows.Next() {
@@ -548,9 +569,9 @@ func TestOutageSpendsNoAttemptsWhileTheCircuitIsOpen(t *testing.T) {
 
 	healthy.Store(true)
 	b.startRouter(t, host, cfg)
-	pgtest.Eventually(t, 20*time.Second, "everything delivered after recovery", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 20*time.Second, "everything delivered after recovery", func() bool { return b.pending(t) == 0 })
 	require.EqualValues(t, 10, rv.total.Load())
-	require.Zero(t, b.countDead(t, "true"))
+	require.Zero(t, b.countDead(t))
 }
 
 // A failed delivery is retried after the topic's backoff (exponential with
@@ -569,10 +590,10 @@ func TestRetriesFollowTheTopicBackoff(t *testing.T) {
 	backedOff, named := b.sendTo(t, "http://"+failing+"/"), b.sendTo(t, "http://"+busy+"/")
 	rt := newRouter(t, router.Config{AllowedHosts: []string{failing, busy}, MaxAttempts: 1, DefaultRetryDelay: time.Hour})
 	b.addSource(t, rt, router.QueueSourceConfig{})
-	pgtest.Eventually(t, 10*time.Second, "both nacked", func() bool { return b.count(t, "lease_owner IS NULL AND attempts = 1") == 2 })
+	pgtest.Eventually(t, 10*time.Second, "both nacked", func() bool { return b.retries(t, "status = 'RETRY' AND attempts = 1") == 2 })
 	wait := func(id int64) time.Duration {
 		var secs float64
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT extract(epoch FROM available_at - now()) FROM `+b.db.Table("outbox")+` WHERE id = $1`, id).Scan(&secs))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT extract(epoch FROM available_at - now()) FROM `+b.db.Table("outbox_group_retries")+` WHERE message_id = $1`, id).Scan(&secs))
 		return time.Duration(secs * float64(time.Second))
 	}
 	require.InDelta(t, 7.5, wait(backedOff).Seconds(), 3, "the topic's backoff for a first retry: 5-10 s")
@@ -600,13 +621,13 @@ func TestPanickingMapperIsRecovered(t *testing.T) {
 	}})
 	pgtest.Eventually(t, 10*time.Second, "the others delivered", func() bool { return rv.total.Load() == 2 })
 	pgtest.Eventually(t, 5*time.Second, "the panicking one nacked", func() bool {
-		return b.count(t, "lease_owner IS NULL AND attempts = 1 AND last_error LIKE '%mapper bug%'") == 1
+		return b.retries(t, "status = 'RETRY' AND attempts = 1 AND last_error LIKE '%mapper bug%'") == 1
 	})
 	require.True(t, hasWarning(rt, router.WarnGroupThreadRestart, router.SeverityWarn))
 }
 
 // A removed source claims nothing more; what it already handed over is
-// still delivered and acked.
+// still delivered and acked, and RemoveSource waits for that.
 func TestRemovedSourceFinishesItsMessages(t *testing.T) {
 	t.Parallel()
 	b := setupPG(t)
@@ -620,21 +641,29 @@ func TestRemovedSourceFinishesItsMessages(t *testing.T) {
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}})
 	src := b.addSource(t, rt, router.QueueSourceConfig{})
 	pgtest.Eventually(t, 10*time.Second, "in flight", func() bool { return rt.InFlight() == 1 })
-	require.NoError(t, rt.RemoveSource(ctx, src))
+	removed := make(chan error, 1)
+	go func() { removed <- rt.RemoveSource(ctx, src) }()
 	b.sendInterleaved(t, "http://"+host+"/hook", 1, 1)
 	time.Sleep(200 * time.Millisecond) // ten poll intervals
-	require.Equal(t, 1, b.count(t, "lease_owner IS NULL"), "the new message is not claimed")
+	require.Equal(t, 1, rt.InFlight(), "the new message is not taken")
+	select {
+	case err := <-removed:
+		t.Fatalf("RemoveSource returned (%v) with a message in flight", err)
+	default:
+	}
 	once.Do(func() { close(release) })
-	pgtest.Eventually(t, 10*time.Second, "the message in flight acked", func() bool { return b.count(t, "true") == 1 })
+	require.NoError(t, <-removed)
+	pgtest.Eventually(t, 10*time.Second, "the message in flight acked", func() bool { return b.pending(t) == 1 })
+	time.Sleep(200 * time.Millisecond)
+	require.Zero(t, rt.InFlight())
+	require.Equal(t, 1, b.pending(t), "the new message waits for a source")
 	require.EqualValues(t, 1, rv.total.Load())
 }
 
-// A source whose Lease is longer than the topic's still renews in time: a
-// claim leases a message for the topic's lease (1 s here), so the first
-// renewal must come within it, not within a third of the source's 9 s. A
-// second router on the topic never gets the message while the first
-// delivers it (2.5 s).
-func TestLongerSourceLeaseRenewsWithinTheTopicsLease(t *testing.T) {
+// A delivery longer than the topic's lease (2.5 s against 1 s) keeps its
+// batch leased: a second router on the topic never gets the message while
+// the first delivers it.
+func TestDeliveryLongerThanTheLeaseIsDeliveredOnce(t *testing.T) {
 	t.Parallel()
 	b := setupPG(t)
 	ctx := context.Background()
@@ -648,11 +677,10 @@ func TestLongerSourceLeaseRenewsWithinTheTopicsLease(t *testing.T) {
 	for range 2 {
 		rt := newRouter(t, router.Config{AllowedHosts: []string{host}, RequestTimeout: 5 * time.Second,
 			Pools: []router.PoolConfig{{Code: "P", Concurrency: 1}}})
-		b.addSource(t, rt, router.QueueSourceConfig{Lease: 9 * time.Second})
+		b.addSource(t, rt, router.QueueSourceConfig{})
 	}
-	time.Sleep(300 * time.Millisecond) // the sources' first renewals have passed
 	b.sendTo(t, "http://"+host+"/hook")
-	pgtest.Eventually(t, 20*time.Second, "acked", func() bool { return b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 20*time.Second, "acked", func() bool { return b.pending(t) == 0 })
 	require.EqualValues(t, 1, calls.Load(), "delivered once")
 }
 
@@ -691,7 +719,7 @@ func TestSameIDFromTwoDatabasesIsTwoMessages(t *testing.T) {
 	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: b.client, Topic: "other", PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	rt.AddSource(src)
-	pgtest.Eventually(t, 10*time.Second, "both acked", func() bool { return a.count(t, "true")+b.count(t, "true") == 0 })
+	pgtest.Eventually(t, 10*time.Second, "both acked", func() bool { return a.pending(t)+b.pendingOf(t, "other") == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, map[string]int{"/a": 1, "/b": 1}, got, "each message delivered once")

@@ -2,7 +2,8 @@
 // FIFO within a message group, concurrent across groups, through pools with
 // a concurrency limit and an optional rate limit, with precise ack/nack.
 //
-// Sources (QueueSource for QUEUE topics; any Source implementation) hand the
+// Sources (QueueSource for a QUEUE topic, GroupSource for a consumer group,
+// any Source implementation of your own) hand the
 // router batches of claimed messages. Routing follows three phases:
 //
 //  1. Dedupe against the in-flight map: a physical redelivery (same
@@ -81,7 +82,8 @@ type Adopter interface {
 }
 
 // LeaseKeeper is a Source whose claimed messages hold leases that run out
-// (QueueSource). From the source's start until Stop has settled the last
+// and that it renews only when asked (a source of your own: QueueSource
+// and GroupSource keep their batches' leases themselves). From the source's start until Stop has settled the last
 // message, the router calls KeepLeases every RenewEvery, so no lease runs
 // out while its message waits in a pool, waits for a rate-limit permit or
 // is in an HTTP call.
@@ -770,20 +772,35 @@ func (r *Router) Stop(ctx context.Context) error {
 	return r.shutdown(ctx, done)
 }
 
-// shutdown ends the run whose context was cancelled: it waits for the
-// sources, drains the pools, nacks what is left and calls done once the
-// last Run returned.
-func (r *Router) shutdown(ctx context.Context, done func()) error {
-	runsDone := r.runs.Done()
-	err := startstop.Wait(ctx, runsDone) // every source's Run, removed ones too
-	r.loops.Wait()
-
+// allPools returns the active pools and those drained by a change of
+// configuration.
+func (r *Router) allPools() []*pool {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	pools := make([]*pool, 0, len(r.pools)+len(r.drained))
 	for _, p := range r.pools {
 		pools = append(pools, p)
 	}
-	pools = append(pools, r.drained...)
+	return append(pools, r.drained...)
+}
+
+// shutdown ends the run whose context was cancelled: it drains the pools
+// while the sources stop, waits for the sources, nacks what is left and
+// calls done once the last Run returned.
+func (r *Router) shutdown(ctx context.Context, done func()) error {
+	// The pools stop taking messages and hand back what they queued now,
+	// not after the sources return: a source whose Run waits until what it
+	// routed is settled (GroupSource: its group's batch ends then) would
+	// otherwise wait for the pools to deliver all of it.
+	for _, p := range r.allPools() {
+		p.drain()
+	}
+	runsDone := r.runs.Done()
+	err := startstop.Wait(ctx, runsDone) // every source's Run, removed ones too
+	r.loops.Wait()
+
+	pools := r.allPools()
+	r.mu.Lock()
 	r.pools, r.drained = map[string]*pool{}, nil // a new run makes new ones
 	if r.gauges != nil {
 		_ = r.gauges.Unregister()
@@ -794,7 +811,7 @@ func (r *Router) shutdown(ctx context.Context, done func()) error {
 	}
 	r.mu.Unlock()
 	for _, p := range pools {
-		p.drain()
+		p.drain() // one made while the sources stopped
 	}
 	for _, p := range pools {
 		if werr := startstop.WaitGroup(ctx, &p.workers); werr != nil && err == nil {

@@ -46,7 +46,8 @@ func (r *Router) AddSource(s Source) {
 // RemoveSource stops s claiming and waits until its Run returned (or ctx
 // ended: then it returns ctx.Err() and Stop waits for the rest). The
 // messages s already handed over are still delivered and settled, their
-// leases kept alive. It returns ErrUnknownSource for a source that was
+// leases kept alive; a QueueSource's or GroupSource's Run returns once
+// they are (its batch ends then). It returns ErrUnknownSource for a source that was
 // not added (or already removed).
 func (r *Router) RemoveSource(ctx context.Context, s Source) error {
 	if s == nil || !reflect.TypeOf(s).Comparable() {

@@ -66,13 +66,17 @@ FROM generate_series($2::int, $3::int - 1) AS i`, psTopic, start, min(b.c.n, sta
 			return fmt.Errorf("store: %w", err)
 		}
 	}
-	if _, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox (topic, payload, correlation_id)
-SELECT $1, jsonb_build_object('seq', i), 'c' || i FROM generate_series(1, $2::int) AS i`, qTopic, b.c.n/10); err != nil {
+	if _, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_published (topic, payload, correlation_id, status)
+SELECT $1, jsonb_build_object('seq', i), 'c' || i, 'PUBLISHED' FROM generate_series(1, $2::int) AS i`, qTopic, b.c.n/10); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	if _, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_dead_letters
-    (id, topic, payload, headers, correlation_id, priority, attempts, last_error, created_at, dead_lettered_at, xid)
-SELECT 1000000000000 + i, $1, '{}', '{}', 'd' || i, 0, 10, 'boom', now(), now(), pg_current_xact_id() FROM generate_series(1, 1000) AS i`, qTopic); err != nil {
+	// The QUEUE topic's dead letters are its group's, with their copies.
+	if _, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_group_retries
+    (subscription_id, message_id, status, attempts, available_at, last_error, dead_lettered_at,
+     payload, headers, correlation_id, priority, created_at, xid)
+SELECT s.id, 1000000000000 + i, 'DEAD_LETTER', 10, now(), 'boom', now(), '{}', '{}', 'd' || i, 0, now(), pg_current_xact_id()
+FROM `+schema+`.outbox_topic_subscriptions AS s, generate_series(1, 1000) AS i
+WHERE s.topic = $1`, qTopic); err != nil {
 		return fmt.Errorf("store dead letters: %w", err)
 	}
 	if _, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_group_retries

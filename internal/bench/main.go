@@ -58,7 +58,6 @@ type config struct {
 	duration                    time.Duration
 	fillfactor                  int
 	noHold, ordered             bool
-	queueLog                    bool
 	msgGroups                   int
 	natsURL                     string
 	latencySeconds              int
@@ -108,7 +107,6 @@ func parseFlags() *config {
 	flag.DurationVar(&c.oltpAfter, "oltp-after", 60*time.Second, "BACKFILL_OLTP: how long after the backfill pgbench is still measured (the write-back of what it wrote)")
 	flag.IntVar(&c.msgGroups, "msg-groups", 0, "W2, W3: spread the messages over this many message groups (0 = none)")
 	flag.BoolVar(&c.ordered, "ordered", false, "W2, W3: the topic is ordered (TopicConfig.Ordered): each message group's messages one at a time")
-	flag.BoolVar(&c.queueLog, "queue-log", false, "W1, W2, W4, W5: the QUEUE topic's messages live on the log, read by its one consumer group")
 	flag.BoolVar(&c.noHold, "no-hold", false, "W5: hold no transaction (a steady run; the table stats still come at each third's end)")
 	flag.IntVar(&c.fillfactor, "fillfactor", 0, "experiment: set outbox_published's fillfactor after the migrations (0 = as migrated)")
 	flag.StringVar(&c.natsURL, "nats", "nats://127.0.0.1:4222", "RELAY: the NATS server (with JetStream)")
@@ -182,9 +180,6 @@ func run(ctx context.Context, c *config) error {
 	b := &bench{c: c, pool: pool, client: client, producer: producer, fetches: &fetchRecorder{}}
 	if c.mode == "" && c.workload != "W5" && c.workload != "SKEW" { // QUEUE workloads: configure the topic, as a service would at boot
 		if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: strings.ToLower(c.workload), Ordered: c.ordered}); err != nil {
-			return err
-		}
-		if err := b.putOnLog(ctx, strings.ToLower(c.workload)); err != nil {
 			return err
 		}
 	}
@@ -265,7 +260,7 @@ func (b *bench) w1(ctx context.Context) error {
 		return err
 	}
 	var rows, distinct int
-	if err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (payload->>'seq')::int) FROM `+schema+`.`+b.messageTable()).Scan(&rows, &distinct); err != nil {
+	if err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (payload->>'seq')::int) FROM `+schema+`.outbox_published`).Scan(&rows, &distinct); err != nil {
 		return err
 	}
 	if rows != b.c.n || distinct != b.c.n {
@@ -462,45 +457,24 @@ func (b *bench) paced(ctx context.Context, topic string, tr *tracker, from, n, r
 	return nil
 }
 
-// putOnLog puts QUEUE topic on the log with -queue-log.
-func (b *bench) putOnLog(ctx context.Context, topic string) error {
-	if !b.c.queueLog {
-		return nil
-	}
-	_, err := b.pool.Exec(ctx, sqlq.ForPubSub(schema).QueueOnLog, topic, time.Minute.Microseconds())
-	return err
-}
-
 // stopper is a running consumer.
 type stopper interface{ Stop(context.Context) error }
 
 func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (stopper, error) {
-	if b.c.queueLog { // a member of the topic's group, as pgoutbox.Consumer runs it
-		g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: sqlq.QueueGroup, Client: b.client,
-			Concurrency: b.c.workers, BatchSize: b.c.batch})
-		if err != nil {
-			return nil, err
-		}
-		if err := g.AddConsumer("bench", tr.handler, nil); err != nil {
-			return nil, err
-		}
-		return g, g.Start(ctx, consumergroup.FromBeginning(false))
-	}
-	k, err := b.client.NewConsumer(ctx, outbox.ConsumerConfig{
-		Topic:       topic,
-		Concurrency: b.c.workers,
-		BatchSize:   b.c.batch,
-		Handler:     tr.handler,
-	})
+	// A member of the topic's group, as pgoutbox.Consumer runs it.
+	g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: sqlq.QueueGroup, Client: b.client,
+		Concurrency: b.c.workers, BatchSize: b.c.batch})
 	if err != nil {
 		return nil, err
 	}
-	return k, k.Start(ctx)
+	if err := g.AddConsumer("bench", tr.handler, nil); err != nil {
+		return nil, err
+	}
+	return g, g.Start(ctx, consumergroup.FromBeginning(false))
 }
 
 // waitDrained waits until every message was handled and its completion
-// committed: on a QUEUE topic, none of its rows is left; with a group
-// (-mode), none of its batches is open.
+// committed: none of the topic's groups' batches is open.
 func (b *bench) waitDrained(ctx context.Context, topic string, tr *tracker) error {
 	for tr.distinct() < b.c.n {
 		select {
@@ -509,11 +483,8 @@ func (b *bench) waitDrained(ctx context.Context, topic string, tr *tracker) erro
 		case <-time.After(time.Millisecond):
 		}
 	}
-	left := `SELECT EXISTS (SELECT 1 FROM ` + schema + `.outbox WHERE topic = $1)`
-	if b.c.mode != "" || b.c.queueLog {
-		left = `SELECT EXISTS (SELECT 1 FROM ` + schema + `.outbox_group_batches AS b
+	const left = `SELECT EXISTS (SELECT 1 FROM ` + schema + `.outbox_group_batches AS b
 		        JOIN ` + schema + `.outbox_topic_subscriptions AS s ON s.id = b.subscription_id WHERE s.topic = $1)`
-	}
 	for {
 		var more bool
 		if err := b.pool.QueryRow(ctx, left, topic).Scan(&more); err != nil {
@@ -540,18 +511,8 @@ func (b *bench) preload(ctx context.Context, topic string) error {
 			return fmt.Errorf("preload: %w", err)
 		}
 	}
-	_, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.`+b.messageTable())
+	_, err := b.pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox_published`)
 	return err
-}
-
-// messageTable is the table the workload's messages go to: QUEUE messages
-// to outbox, PUB_SUB messages (a tracking mode is set) to outbox_published.
-// messageTable is where the workload's messages are stored.
-func (b *bench) messageTable() string {
-	if b.c.mode == "" && !b.c.queueLog {
-		return "outbox"
-	}
-	return "outbox_published"
 }
 
 const body = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

@@ -121,14 +121,12 @@ func (b *bench) w5(ctx context.Context) error {
 	return nil
 }
 
-// startTopicConsumer starts what consumes topic: a QUEUE consumer, or (with
+// startTopicConsumer starts what consumes topic: a member of a QUEUE
+// topic's group, or (with
 // -mode) one instance of group g0, subscribed from now.
 func (b *bench) startTopicConsumer(ctx context.Context, topic string, tr *tracker) (stop func(), err error) {
 	if b.c.mode == "" {
 		if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: topic}); err != nil {
-			return nil, err
-		}
-		if err := b.putOnLog(ctx, topic); err != nil {
 			return nil, err
 		}
 		k, err := b.startConsumer(ctx, topic, tr)

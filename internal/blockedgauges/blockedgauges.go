@@ -1,6 +1,6 @@
 // Package blockedgauges registers the two gauges of an ordered topic's
-// blocked message groups, for the QUEUE consumers of a client and for a
-// consumer group instance alike: pgoutbox.ordered.blocked_groups (how
+// blocked message groups, for a consumer group instance (a QUEUE topic's
+// consumers are the members of its group): pgoutbox.ordered.blocked_groups (how
 // many message groups a failed or dead-lettered message holds back) and
 // pgoutbox.ordered.oldest_blocked_age (for how long the longest blocked
 // one has been).

@@ -9,8 +9,8 @@ import (
 // Admin is the SQL of package admin: reads across topics and groups whose
 // counts stop at a limit ($2), so none of them scans a backlog.
 type Admin struct {
-	TopicNames, TopicStored, QueueStats, TopicGroups string
-	MessageGroups, MessageStored                     string
+	TopicNames, TopicStored, TopicGroups string
+	MessageGroups, MessageStored         string
 }
 
 // ForAdmin returns the statements for schema (already validated).
@@ -19,7 +19,6 @@ func ForAdmin(schema string) *Admin {
 	return &Admin{
 		TopicNames:  r.Replace(topicNames),
 		TopicStored: r.Replace(topicStored),
-		QueueStats:  r.Replace(queueStats),
 		TopicGroups: r.Replace(topicGroups),
 
 		MessageGroups: r.Replace(messageGroups),
@@ -28,75 +27,26 @@ func ForAdmin(schema string) *Admin {
 }
 
 // topicNames lists the configured topics and, so that every stored
-// message can be found, the topics that hold QUEUE messages or dead
-// letters without a configuration (sent by a producer that allows
-// unconfigured topics, or before sends to them were refused). Those are
-// found by a loose index scan of each table's (topic, …) index: one probe
-// per distinct topic, never a read of the messages. A PUB_SUB message
-// always has its topic's configuration.
+// message can be found, the topics that hold messages without a
+// configuration (sent by an earlier release to a topic it did not
+// configure). Those are found by a loose index scan of the log's
+// (topic, …) index: one probe per distinct topic, never a read of the
+// messages.
 const topicNames = `
-WITH RECURSIVE queued AS (
-    (SELECT topic FROM {{schema}}.outbox ORDER BY topic LIMIT 1)
+WITH RECURSIVE stored AS (
+    (SELECT topic FROM {{schema}}.outbox_published ORDER BY topic LIMIT 1)
     UNION ALL
-    SELECT (SELECT o.topic FROM {{schema}}.outbox AS o WHERE o.topic > q.topic ORDER BY o.topic LIMIT 1)
-    FROM queued AS q WHERE q.topic IS NOT NULL
-), dead AS (
-    (SELECT topic FROM {{schema}}.outbox_dead_letters ORDER BY topic LIMIT 1)
-    UNION ALL
-    SELECT (SELECT d.topic FROM {{schema}}.outbox_dead_letters AS d WHERE d.topic > q.topic ORDER BY d.topic LIMIT 1)
-    FROM dead AS q WHERE q.topic IS NOT NULL
+    SELECT (SELECT o.topic FROM {{schema}}.outbox_published AS o WHERE o.topic > q.topic ORDER BY o.topic LIMIT 1)
+    FROM stored AS q WHERE q.topic IS NOT NULL
 )
 SELECT topic FROM {{schema}}.outbox_topics
 UNION
-SELECT topic FROM queued WHERE topic IS NOT NULL
-UNION
-SELECT topic FROM dead WHERE topic IS NOT NULL
+SELECT topic FROM stored WHERE topic IS NOT NULL
 ORDER BY topic`
 
-// topicStored: topic $1 holds QUEUE messages or dead letters.
+// topicStored: topic $1 holds messages.
 const topicStored = `
-SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox WHERE topic = $1)
-    OR EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters WHERE topic = $1)`
-
-// queueStats measures QUEUE topic $1, each count at most $2: messages
-// deliverable now, messages due later (a delay or a retry's backoff) and
-// messages leased (a lease's end is its available_at; a row is leased
-// while it has a lease owner), dead letters, and when the oldest
-// deliverable one became deliverable. It walks the topic's priorities (one
-// index probe each, a loose index scan of the claim index) and reads each
-// priority's range of the index on either side of now: every read is a
-// bounded range scan, never a filter over the topic's whole index. The
-// rows due later are told apart from the leased ones among the first $2
-// of each priority's range, the soonest due (a lease ends sooner than
-// most delays); past that, the two add up to $2.
-const queueStats = `
-WITH RECURSIVE prio AS (
-    (SELECT priority FROM {{schema}}.outbox WHERE topic = $1 ORDER BY priority DESC LIMIT 1)
-    UNION ALL
-    SELECT (SELECT o.priority FROM {{schema}}.outbox AS o
-            WHERE o.topic = $1 AND o.priority < prio.priority ORDER BY o.priority DESC LIMIT 1)
-    FROM prio WHERE prio.priority IS NOT NULL
-), per AS (
-    SELECT (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox AS o
-                                  WHERE o.topic = $1 AND o.priority = prio.priority AND o.available_at <= now()
-                                  LIMIT $2) AS r) AS ready,
-           later.scheduled, later.leased,
-           (SELECT min(o.available_at) FROM {{schema}}.outbox AS o
-            WHERE o.topic = $1 AND o.priority = prio.priority) AS earliest
-    FROM prio,
-         LATERAL (SELECT count(*) FILTER (WHERE l.lease_owner IS NULL) AS scheduled,
-                         count(*) FILTER (WHERE l.lease_owner IS NOT NULL) AS leased
-                  FROM (SELECT o.lease_owner FROM {{schema}}.outbox AS o
-                        WHERE o.topic = $1 AND o.priority = prio.priority AND o.available_at > now()
-                        ORDER BY o.available_at LIMIT $2) AS l) AS later
-    WHERE prio.priority IS NOT NULL
-)
-SELECT least(coalesce((SELECT sum(ready) FROM per), 0), $2)::bigint,
-       least(coalesce((SELECT sum(scheduled) FROM per), 0), $2)::bigint,
-       least(coalesce((SELECT sum(leased) FROM per), 0), $2)::bigint,
-       (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_dead_letters WHERE topic = $1 LIMIT $2) AS d),
-       (SELECT min(earliest) FROM per WHERE ready > 0),
-       now()`
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_published WHERE topic = $1)`
 
 // topicGroups lists the groups subscribed to topic $1, cancelled ones
 // last.

@@ -7,8 +7,8 @@ package sqlq
 // expired and another member took the batch over.
 const finishBatch = `DELETE FROM {{schema}}.outbox_group_batches WHERE id = $1 AND member = $2`
 
-// insertRetries parks failed messages of a batch (retry after a delay or
-// dead-letter), and messages a stopping instance never handled (attempts
+// insertRetries parks failed messages of a batch (retry after a delay, or
+// at the instant $9 gives, or dead-letter), and messages a stopping instance never handled (attempts
 // given back, available at once), except those the group ($8: its bit,
 // 0 for none) recorded as completed: a handler that acked in its own
 // transaction (see Group.AckTx) and then failed, or overran its timeout,
@@ -18,10 +18,10 @@ const insertRetries = `
 INSERT INTO {{schema}}.outbox_group_retries
     (subscription_id, message_id, status, attempts, available_at, last_error, dead_lettered_at, failing_since)
 SELECT $1, r.message_id, CASE WHEN r.dead THEN 'DEAD_LETTER' ELSE 'RETRY' END, r.attempts,
-       coalesce($6::timestamptz, now()) + r.delay_us * interval '1 microsecond', nullif(r.err, ''),
+       coalesce(r.at, coalesce($6::timestamptz, now()) + r.delay_us * interval '1 microsecond'), nullif(r.err, ''),
        CASE WHEN r.dead THEN coalesce($6::timestamptz, now()) END,
        CASE WHEN r.err <> '' THEN coalesce($6::timestamptz, now()) END
-FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::bool[], $7::text[]) AS r(message_id, attempts, delay_us, dead, err)
+FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::bool[], $7::text[], $9::timestamptz[]) AS r(message_id, attempts, delay_us, dead, err, at)
 WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
                   WHERE c.message_id = r.message_id AND c.subscription_id = $1)
   AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o
@@ -29,14 +29,14 @@ WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_consumer_groups AS c
 ON CONFLICT (subscription_id, message_id) DO NOTHING`
 
 // settleRetry ends a retry delivery that did not succeed: retry after $4
-// microseconds, dead-letter ($5), or give the attempt back ($8 = 1) when a
+// microseconds (or at $9, when given), dead-letter ($5), or give the attempt back ($8 = 1) when a
 // stopping instance never ran it. The message ran to an end, so it is no
 // longer suspected of crashing its process.
 const settleRetry = `
 UPDATE {{schema}}.outbox_group_retries
 SET status = CASE WHEN $5 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
     attempts = attempts - $8,
-    available_at = coalesce($7::timestamptz, now()) + $4 * interval '1 microsecond',
+    available_at = coalesce($9::timestamptz, coalesce($7::timestamptz, now()) + $4 * interval '1 microsecond'),
     dead_lettered_at = CASE WHEN $5 THEN coalesce($7::timestamptz, now()) END,
     last_error = coalesce(nullif($6, ''), last_error), lease_owner = NULL, lease_until = NULL,
     lease_expiries = CASE WHEN $8 = 1 THEN lease_expiries ELSE 0 END,

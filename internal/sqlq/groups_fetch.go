@@ -460,7 +460,8 @@ WHERE o.id = r.message_id AND r.status = 'DEAD_LETTER' AND r.payload IS NULL
       AND ($1::bigint IS NULL OR r.subscription_id = $1)`
 
 // claimRetries leases due retries of subscription $1 to member $2: up to
-// $5 ordinary ones, and at most one suspect (see isSuspect) while no other
+// $5 ordinary ones, the earliest due first (of those due at one instant,
+// as a router's held-back message group is, the first sent first), and at most one suspect (see isSuspect) while no other
 // suspect of the group is leased. A message that crashes every process
 // handling it is so tried apart from the other suspects, and runs out of
 // attempts alone.
@@ -469,7 +470,7 @@ WITH ordinary AS (
     SELECT message_id FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
           AND NOT ` + isSuspect("") + `
-    ORDER BY available_at LIMIT $5 FOR UPDATE SKIP LOCKED
+    ORDER BY available_at, message_id LIMIT $5 FOR UPDATE SKIP LOCKED
 ), suspect AS (
     SELECT message_id FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())

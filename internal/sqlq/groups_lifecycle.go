@@ -302,8 +302,8 @@ const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND availabl
 
 // groupHealth measures subscription @sub of @topic (its stream: see
 // streamFilter; what it completed: see notCompleted), each count at most
-// @limit: the committed rows its position
-// had not seen and it has not completed, due now (their count, read in no
+// @limit: the committed rows it has not read (see healthUnread) or are in
+// its open batches (see healthBatched), and it has not completed, due now (their count, read in no
 // order so the count stops early, and the created_at of the first in
 // commit order), its batches and retry deliveries under lease, its waiting
 // retries (messages that failed: failing_since is set), its queued
@@ -316,7 +316,7 @@ const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND availabl
 // stream would walk everything written since it died to find nothing.
 var groupHealth = `
 WITH f AS (
-    SELECT position FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = @sub
+    SELECT position, pair_cur, resume_xid, resume_id FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = @sub
 ), unread AS (
     SELECT o.available_at > now() AS later
     FROM (` + unseenRows("o.available_at", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "") + `) AS o
@@ -327,11 +327,13 @@ WITH f AS (
 	"(SELECT position FROM f)", "'0'::xid8", "-1", "1") + `) AS o
     WHERE @read_unread::bool
     ORDER BY o.xid, o.id LIMIT 1
+), batched AS (` + healthBatched + `
 ), oldest_retry AS (
     SELECT min(message_id) AS id FROM {{schema}}.outbox_group_retries
     WHERE subscription_id = @sub AND status <> 'DEAD_LETTER' AND NOT ` + scheduledRetry + `
 )
-SELECT (SELECT count(*) FILTER (WHERE NOT later) FROM unread), (SELECT created_at FROM oldest_unread),
+SELECT least((SELECT count(*) FILTER (WHERE NOT later) FROM unread) + (SELECT count(*) FROM batched), @limit),
+       least((SELECT created_at FROM oldest_unread), (SELECT min(created_at) FROM batched)),
        (SELECT count(*) FROM {{schema}}.outbox_group_batches WHERE subscription_id = @sub),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = @sub AND status = 'PROCESSING' LIMIT @limit) AS r),
@@ -350,10 +352,26 @@ SELECT (SELECT count(*) FILTER (WHERE NOT later) FROM unread), (SELECT created_a
        now()`
 
 // healthUnread is what groupHealth counts as unread: committed rows of
-// the group's stream it has not completed, nor set aside (those are
-// counted from its retry table).
-var healthUnread = `o.topic = @topic AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())` + streamFilter("o") + notCompleted("o") +
-	notSetAside("o", "@sub")
+// the group's stream it has not read (the pair in progress read those up
+// to its resume point: in open batches, counted from the batches, done,
+// or in the retry table), nor completed, nor set aside (those are counted
+// from its retry table).
+var healthUnread = `o.topic = @topic AND pg_visible_in_snapshot(o.xid, pg_current_snapshot())
+      AND NOT coalesce((SELECT pg_visible_in_snapshot(o.xid, f.pair_cur) AND (o.xid, o.id) <= (f.resume_xid, f.resume_id) FROM f), false)` +
+	streamFilter("o") + notCompleted("o") + notSetAside("o", "@sub")
+
+// healthBatched selects the created_at of the rows in the group's open
+// batches it has not completed, at most @limit: they count as unread
+// (the pair they came from may be finished, its rows behind the position).
+var healthBatched = `
+    SELECT o.created_at FROM {{schema}}.outbox_group_batches AS b
+    CROSS JOIN LATERAL (
+        SELECT o.created_at FROM {{schema}}.outbox_published AS o
+        WHERE o.topic = @topic AND (o.xid, o.id) > (b.after_xid, b.after_id) AND (o.xid, o.id) <= (b.last_xid, b.last_id)
+              AND pg_visible_in_snapshot(o.xid, b.cur) AND NOT pg_visible_in_snapshot(o.xid, b.prev)` +
+	streamFilter("o") + notCompleted("o") + notSetAside("o", "@sub") + `) AS o
+    WHERE b.subscription_id = @sub AND @read_unread::bool
+    LIMIT @limit`
 
 // heartbeat records database time only. It reports the status, so a DEAD
 // group's instance can resurrect it; no row: the subscription is gone.

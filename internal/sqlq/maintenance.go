@@ -13,7 +13,7 @@ import (
 type Maintenance struct {
 	StaleTopics, ForgetTopics, PubSubTopics                   string
 	RetentionCap                                              string
-	ExpireDeadLetters, ExpireGroupDeadLetters                 string
+	ExpireGroupDeadLetters                                    string
 	ExpireIdempotencyKeys, CounterOrphans                     string
 	CancelledSubscriptions, DeleteSubscription, DeadGroupsDue string
 	CopyDeadLetters, ExpireInbox                              string
@@ -27,7 +27,6 @@ func ForMaintenance(schema string) *Maintenance {
 		ForgetTopics:           r.Replace(forgetTopics),
 		PubSubTopics:           r.Replace(pubSubTopics),
 		RetentionCap:           r.Replace(retentionCap),
-		ExpireDeadLetters:      r.Replace(expireDeadLetters),
 		ExpireGroupDeadLetters: r.Replace(expireGroupDeadLetters),
 		ExpireIdempotencyKeys:  r.Replace(expireIdempotencyKeys),
 		CounterOrphans:         r.Replace(counterOrphans),
@@ -104,15 +103,8 @@ SELECT '', (SELECT count(*) FROM gone)
 UNION ALL
 SELECT group_name, count(*) FROM unread GROUP BY group_name`
 
-// expireDeadLetters deletes up to $2 QUEUE dead letters parked before
-// now() less $1 microseconds.
-const expireDeadLetters = `
-DELETE FROM {{schema}}.outbox_dead_letters WHERE id IN (
-    SELECT id FROM {{schema}}.outbox_dead_letters
-    WHERE dead_lettered_at < now() - $1 * interval '1 microsecond'
-    ORDER BY dead_lettered_at LIMIT $2 FOR UPDATE SKIP LOCKED)`
-
-// expireGroupDeadLetters does the same for group dead letters.
+// expireGroupDeadLetters deletes up to $2 group dead letters (those of
+// QUEUE topics' groups too) parked before now() less $1 microseconds.
 const expireGroupDeadLetters = `
 DELETE FROM {{schema}}.outbox_group_retries AS r
 USING (SELECT subscription_id, message_id FROM {{schema}}.outbox_group_retries

@@ -27,19 +27,65 @@ const queuedAtColumns = `(topic, payload, headers, correlation_id, message_group
 // $8 microseconds after $9 (the injected clock) or the database's now().
 const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond')`
 
-// insertUnconfigured is insertQueuedAt for a topic the producer has not
-// seen configured, which is a QUEUE topic with the defaults, unless it has
-// been configured as PUB_SUB or ordered since, or its messages live on the
-// log: then it writes nothing and returns no row, and the producer reads
-// the configuration and sends with the statement it calls for. It holds
-// the topic's lock in shared mode until the transaction ends, so that a
-// configuration waits for it (see ConfigureTopic and markOrdered).
-var insertUnconfigured = `
-INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
-SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `
-WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)) IS NOT NULL
-  AND NOT EXISTS (SELECT FROM {{schema}}.outbox_topics AS t WHERE t.topic = $1 AND (t.ordered OR ` + onLog("t") + `))
-RETURNING id`
+// configuringDefaults begins a statement that configures topic $1, when
+// it has no configuration yet, as a QUEUE topic with the defaults
+// (outbox.TopicConfig{}.WithDefaults(): a test holds the two together),
+// on the log with its one group. It takes the topic's lock in shared mode
+// until the transaction ends, as every send does, so that a configuration
+// waits for it; a configuration committed meanwhile wins (ON CONFLICT DO
+// NOTHING waits for it).
+const configuringDefaults = `
+WITH configured AS (
+    INSERT INTO {{schema}}.outbox_topics (` + defaultTopicColumns + `)
+    SELECT $1, ` + defaultTopicValues + `
+    WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)) IS NOT NULL
+    ON CONFLICT (topic) DO NOTHING
+    RETURNING topic` + queueGroupsOfConfigured + `)`
+
+// defaultTopicColumns and defaultTopicValues configure a QUEUE topic with
+// the defaults (after the topic's name).
+const (
+	defaultTopicColumns = `topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration`
+	defaultTopicValues  = `'QUEUE', 'OFFSET', interval '0', 10, interval '1 second', interval '10 minutes', interval '30 seconds'`
+)
+
+// queueGroupsOfConfigured continues a WITH whose CTE configured returns
+// the topics it configured: it makes each one's group, reading from the
+// first message.
+const queueGroupsOfConfigured = `
+), queue_group AS (
+    INSERT INTO {{schema}}.outbox_topic_subscriptions (topic, group_name, start_position, heartbeat_timeout)
+    SELECT topic, '` + QueueGroup + `', 'BEGINNING', interval '5 minutes' FROM configured
+    RETURNING id
+), queue_position AS (
+    INSERT INTO {{schema}}.outbox_subscription_offsets (subscription_id, position)
+    SELECT id, '1:1:'::pg_snapshot FROM queue_group`
+
+// insertUnconfigured writes a message of a topic the producer has not
+// seen configured ($1..$9 as insertLoggedAt): it configures the topic
+// with the defaults (see configuringDefaults) and writes the message to
+// the log, unless the topic has been configured as PUB_SUB or ordered
+// since: then it writes nothing and returns no row, and the producer
+// reads the configuration and sends with the statement it calls for.
+const insertUnconfigured = configuringDefaults + `, inserted AS (
+    INSERT INTO {{schema}}.outbox_published
+        (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
+    SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
+    WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
+    RETURNING id
+)
+SELECT id FROM inserted`
+
+// insertUnconfiguredNotify is insertUnconfigured that also notifies
+// channel $10 with the topic when the transaction commits.
+const insertUnconfiguredNotify = configuringDefaults + `, inserted AS (
+    INSERT INTO {{schema}}.outbox_published
+        (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
+    SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
+    WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
+    RETURNING id
+)
+SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
 
 // insertLogged writes one message of a QUEUE topic whose messages live on
 // the log (see QueueOnLog), available at once ($1..$6 as insertQueued): a
@@ -70,12 +116,6 @@ INSERT INTO {{schema}}.outbox_published ` + loggedAtColumns + `
 SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
 WHERE ` + groupLock + `
 RETURNING id`
-
-// topicConfigured: topic $1 has a configuration.
-const topicConfigured = `SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topics WHERE topic = $1)`
-
-// markOrdered marks the unmarked messages of ordered topic $1.
-const markOrdered = `UPDATE {{schema}}.outbox SET ordered = true WHERE topic = $1 AND ordered IS NULL`
 
 // orderedLockClass is the first key of the advisory lock a send to an
 // ordered topic takes per (topic, message group) ("pgoo"); the second is
@@ -198,20 +238,29 @@ func onLog(alias string) string {
 // earlier send, or an earlier message of the batch) skips it. $10 is now,
 // $11 the idempotency window (microseconds) of topics never configured.
 //
-// Messages of topics never configured take their topics' locks in shared
-// mode, as insertUnconfigured does (configured ones take it in the join).
+// Topics never configured are configured with the defaults, on the log
+// (see configuringDefaults), and their messages take their topics' locks
+// in shared mode, as insertUnconfigured does (configured ones take it in
+// the join).
 // Messages with a group on ordered topics first take their groups' locks
 // (as insertOrdered does), all of them, in key order (so that two batches
 // never deadlock), before any id is drawn: the filter is an initplan, a
 // one-time filter run before any row reaches nextval.
 var insertRows = `
-WITH m AS MATERIALIZED (
+WITH configured AS (
+    INSERT INTO {{schema}}.outbox_topics (` + defaultTopicColumns + `)
+    SELECT DISTINCT u.topic, ` + defaultTopicValues + `
+    FROM unnest($1::text[]) AS u(topic)
+    ORDER BY u.topic
+    ON CONFLICT (topic) DO NOTHING
+    RETURNING topic` + queueGroupsOfConfigured + `
+), m AS MATERIALIZED (
     SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
     FROM (SELECT m.*,
                  CASE WHEN t.ordered THEN true END AS ordered,
                  coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
                      AS available_at,
-                 coalesce(` + onLog("t") + `, false) AS published,
+                 coalesce(` + onLog("t") + `, true) AS published,
                  coalesce(t.idempotency_window, $11 * interval '1 microsecond') AS idempotency_window,
                  ` + publishedStatus + ` AS status,
                  ` + requiredGroups + `

@@ -1,7 +1,7 @@
 // Package sqlq holds every SQL statement pgoutbox runs against its tables,
 // in one place, so it can be read and reviewed together, one file per
 // concern: send.go (what producers write), topics.go (configuration),
-// queue.go (the QUEUE consumer), groups_*.go (consumer groups: lifecycle,
+// groups_*.go (consumer groups, which read every topic: lifecycle,
 // fetch, completion, administration), tracking_*.go (one file per
 // tracking mode, and mixed for a topic between two), maintenance.go,
 // partitions.go, admin.go and inbox.go.
@@ -44,15 +44,10 @@ type Outbox struct {
 	InsertLoggedOrdered, InsertLoggedOrderedNotify string // ordered QUEUE topic on the log: $1..$9
 	SelectSemantics                                string
 	Insert, InsertNotify, SelectIdempotent         string
-	LockTopic, AnyQueued, UpsertTopic, SelectTopic string
+	LockTopic, UpsertTopic, SelectTopic            string
 	LockTopicRow, AssignBits, ResetSubscribedBits  string
 	TrackingInUse, ChangeTracking                  string
-	Claim, ClaimOrdered                            string
-	Ack, Settle, ExtendLease, ExtendLeases         string
-	ListDeadLetters, ReplayDeadLetters             string
-	DiscardDeadLetters                             string
-	BlockedGroups, BlockedSummary                  string
-	TopicConfigured, MarkOrdered                   string
+	QueueOnLog                                     string
 	ExpireIdempotencyKeys                          string
 }
 
@@ -61,7 +56,7 @@ func For(schema string) *Outbox {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
 	return &Outbox{
 		InsertUnconfigured:           r.Replace(insertUnconfigured),
-		InsertUnconfiguredNotify:     r.Replace(notifying(insertUnconfigured, 10)),
+		InsertUnconfiguredNotify:     r.Replace(insertUnconfiguredNotify),
 		InsertQueued:                 r.Replace(insertQueued),
 		InsertQueuedNotify:           r.Replace(notifying(insertQueued, 7)),
 		InsertQueuedAt:               r.Replace(insertQueuedAt),
@@ -83,7 +78,6 @@ func For(schema string) *Outbox {
 		InsertNotify:                 r.Replace(insertNotify),
 		SelectIdempotent:             r.Replace(selectIdempotent),
 		LockTopic:                    r.Replace(lockTopicExclusive),
-		AnyQueued:                    r.Replace(anyQueued),
 		UpsertTopic:                  r.Replace(upsertTopic),
 		LockTopicRow:                 r.Replace(lockTopicRow),
 		TrackingInUse:                r.Replace(trackingInUse),
@@ -91,19 +85,7 @@ func For(schema string) *Outbox {
 		AssignBits:                   r.Replace(assignBits),
 		ResetSubscribedBits:          r.Replace(resetSubscribedBits),
 		SelectTopic:                  r.Replace(selectTopic),
-		Claim:                        r.Replace(claim),
-		ClaimOrdered:                 r.Replace(claimOrdered),
-		Ack:                          r.Replace(ack),
-		Settle:                       r.Replace(settle),
-		ExtendLease:                  r.Replace(extendLease),
-		ExtendLeases:                 r.Replace(extendLeases),
-		ListDeadLetters:              r.Replace(listDeadLetters),
-		ReplayDeadLetters:            r.Replace(replayDeadLetters),
-		DiscardDeadLetters:           r.Replace(discardDeadLetters),
-		BlockedGroups:                r.Replace(blockedGroups),
-		BlockedSummary:               r.Replace(blockedSummary),
-		TopicConfigured:              r.Replace(topicConfigured),
-		MarkOrdered:                  r.Replace(markOrdered),
+		QueueOnLog:                   r.Replace(queueOnLog),
 		ExpireIdempotencyKeys:        r.Replace(expireIdempotencyKeys),
 	}
 }

@@ -10,14 +10,6 @@ package sqlq
 // the upsert would decide on what it saw before it waited.
 const lockTopicExclusive = `SELECT pg_advisory_xact_lock(` + topicLockClass + `, hashtext($1))`
 
-// anyQueued: topic $1 was never configured and has QUEUE messages,
-// pending or dead-lettered (an unconfigured topic's sends are QUEUE
-// messages).
-const anyQueued = `
-SELECT NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_topics WHERE topic = $1)
-   AND (EXISTS (SELECT 1 FROM {{schema}}.outbox WHERE topic = $1)
-        OR EXISTS (SELECT 1 FROM {{schema}}.outbox_dead_letters WHERE topic = $1))`
-
 const upsertTopic = `
 INSERT INTO {{schema}}.outbox_topics
     (topic, semantics, tracking_mode, retention, max_attempts, backoff_initial, backoff_max, lease_duration,

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -59,49 +60,51 @@ func New(t *testing.T, extra ...outbox.TopicConfig) *Fixture {
 	}
 	f := &Fixture{DB: db, Client: client}
 	f.send(t, "orders")
-	heads, err := client.Claim(ctx, "orders", "operator", 10)
-	require.NoError(t, err)
-	require.Len(t, heads, 3, "one head per message group")
-	for _, d := range heads {
-		switch d.Group {
-		case "cust-99":
-			f.DeadHead = d.ID
-			require.NoError(t, client.DeadLetter(ctx, d, QueueDeadError))
-		case "cust-5":
-			f.RetryHead = d.ID
-			require.NoError(t, client.Retry(ctx, d, time.Hour, RetryError))
-		default:
-			require.NoError(t, client.Ack(ctx, d))
-		}
+	orders := f.start(t, "orders", sqlq.QueueGroup) // the QUEUE topic's consumers
+	f.DeadHead, f.RetryHead = f.message(t, "orders", "cust-99", 0), f.message(t, "orders", "cust-5", 0)
+	f.Group = f.start(t, "events", "billing")
+	f.send(t, "events")
+	for _, g := range []*consumergroup.Group{orders, f.Group} {
+		pgtest.Eventually(t, 30*time.Second, "blocked on cust-99 and cust-5, done with cust-1", func() bool {
+			h, err := g.Health(ctx, 0)
+			require.NoError(t, err)
+			blocked, err := g.BlockedGroups(ctx, 0)
+			require.NoError(t, err)
+			return len(blocked) == 2 && h.Unread == 0 && h.LeasedBatches+h.LeasedRetries == 0
+		})
 	}
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, orders.Stop(stopCtx)) // the topic's consumers are gone: an operator's action is not followed by a delivery
+	return f
+}
 
-	f.Group, err = consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client,
+// start starts an instance of group on topic, running until the test
+// ends, whose member dead-letters cust-99's messages, retries cust-5's in
+// an hour and handles cust-1's.
+func (f *Fixture) start(t *testing.T, topic, group string) *consumergroup.Group {
+	t.Helper()
+	g, err := consumergroup.New(f.DB.Pool, consumergroup.Config{Topic: topic, Group: group, Client: f.Client,
 		PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
-	require.NoError(t, f.Group.AddConsumer("m", func(_ context.Context, d *outbox.Delivery) error {
-		switch d.Group {
-		case "cust-99":
+	require.NoError(t, g.AddConsumer("m", func(_ context.Context, d *outbox.Delivery) error {
+		switch {
+		case d.Group == "cust-99" && topic == "orders":
+			return outbox.Permanent(errors.New(QueueDeadError))
+		case d.Group == "cust-99":
 			return outbox.Permanent(errors.New(GroupDeadError))
-		case "cust-5":
+		case d.Group == "cust-5":
 			return outbox.RetryAfter(time.Hour, errors.New(RetryError))
 		}
 		return nil
 	}, nil))
-	require.NoError(t, f.Group.Start(ctx, consumergroup.FromNow()))
+	require.NoError(t, g.Start(context.Background(), consumergroup.FromNow()))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = f.Group.Stop(ctx)
+		_ = g.Stop(ctx)
 	})
-	f.send(t, "events")
-	pgtest.Eventually(t, 30*time.Second, "billing blocked on cust-99 and cust-5, done with cust-1", func() bool {
-		h, err := f.Group.Health(ctx, 0)
-		require.NoError(t, err)
-		blocked, err := f.Group.BlockedGroups(ctx, 0)
-		require.NoError(t, err)
-		return len(blocked) == 2 && h.Unread == 0 && h.LeasedBatches+h.LeasedRetries == 0
-	})
-	return f
+	return g
 }
 
 // send sends the fixture's messages to topic.
@@ -121,8 +124,15 @@ func (f *Fixture) send(t *testing.T, topic string) {
 // message group mg on events.
 func (f *Fixture) EventsMessage(t *testing.T, mg string, n int) int64 {
 	t.Helper()
+	return f.message(t, "events", mg, n)
+}
+
+// message returns the id of message n (from 0, in id order) of message
+// group mg on topic.
+func (f *Fixture) message(t *testing.T, topic, mg string, n int) int64 {
+	t.Helper()
 	var id int64
 	require.NoError(t, f.DB.Pool.QueryRow(context.Background(), `SELECT id FROM `+f.DB.Table("outbox_published")+
-		` WHERE topic = 'events' AND message_group = $1 ORDER BY id OFFSET $2 LIMIT 1`, mg, n).Scan(&id))
+		` WHERE topic = $1 AND message_group = $2 ORDER BY id OFFSET $3 LIMIT 1`, topic, mg, n).Scan(&id))
 	return id
 }

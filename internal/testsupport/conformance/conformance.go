@@ -29,7 +29,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -86,10 +85,6 @@ func newEnv(t *testing.T, s *Subject, topic func(*outbox.TopicConfig)) *Env {
 		topic(&tc)
 	}
 	require.NoError(t, client.ConfigureTopic(context.Background(), tc))
-	if s.QueueOnLog {
-		_, err := db.Pool.Exec(context.Background(), sqlq.ForPubSub(db.Schema).QueueOnLog, tc.Name, time.Minute.Microseconds())
-		require.NoError(t, err)
-	}
 	_, err = db.Pool.Exec(context.Background(), `
 CREATE TABLE `+db.Table("conformance_ledger")+` (
     grp        text        NOT NULL,
@@ -385,15 +380,10 @@ func (e *Env) DeadLettered(t testing.TB, group string) map[int64]bool {
 	t.Helper()
 	var rows pgx.Rows
 	var err error
-	if e.onLog() {
-		rows, err = e.DB.Pool.Query(context.Background(), `
+	rows, err = e.DB.Pool.Query(context.Background(), `
 SELECT r.message_id FROM `+e.DB.Table("outbox_group_retries")+` AS r
 JOIN `+e.DB.Table("outbox_topic_subscriptions")+` AS s ON s.id = r.subscription_id
 WHERE s.topic = $1 AND s.group_name = $2 AND r.status = 'DEAD_LETTER'`, e.Topic.Name, e.groupName(group))
-	} else {
-		rows, err = e.DB.Pool.Query(context.Background(),
-			`SELECT id FROM `+e.DB.Table("outbox_dead_letters")+` WHERE topic = $1`, e.Topic.Name)
-	}
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -547,11 +537,6 @@ func (e *Env) explain(group string, ids []int64) string {
 			}
 			fmt.Fprintf(&b, "  %v\n", vals)
 		}
-	}
-	if !e.onLog() {
-		dump("queue rows (id, attempts, available_at, lease_owner)", `SELECT id, attempts, available_at, lease_owner FROM `+
-			e.DB.Table("outbox")+` WHERE id = ANY($1)`, ids)
-		return b.String()
 	}
 	group = e.groupName(group)
 	sub := `(SELECT id FROM ` + e.DB.Table("outbox_topic_subscriptions") + ` WHERE topic = $1 AND group_name = $2)`

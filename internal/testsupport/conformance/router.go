@@ -25,13 +25,11 @@ import (
 // the "no second first attempt" rule does not apply; duplicates are counted.
 
 // RouterSubjects are the router's delivery paths: a QueueSource (of an
-// unordered and of an ordered topic, and of a topic on the log), and a
-// GroupSource in each tracking mode (router's own tests run one of an
-// ordered topic).
+// unordered and of an ordered topic), and a GroupSource in each tracking
+// mode (router's own tests run one of an ordered topic).
 var RouterSubjects = []*Subject{
 	{Name: "router-queue", Semantics: outbox.Queue, Router: true, Start: startRouter},
 	{Name: "router-queue-ordered", Semantics: outbox.Queue, Ordered: true, Router: true, Start: startRouter},
-	{Name: "router-queue-log", Semantics: outbox.Queue, QueueOnLog: true, Router: true, Start: startRouter},
 	{Name: "router-bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Router: true, Start: startRouter},
 	{Name: "router-offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Router: true, Start: startRouter},
@@ -139,7 +137,7 @@ func startRouter(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, _ o
 		if client, err = outbox.NewClient(pool, outbox.Config{Schema: e.DB.Schema}); err != nil {
 			return nil, err
 		}
-		src, err = router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: e.Topic.Name, Owner: spec.Instance,
+		src, err = router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: e.Topic.Name,
 			BatchSize: spec.BatchSize, PollInterval: spec.PollInterval})
 	}
 	if err != nil {
@@ -232,10 +230,7 @@ func slowDeliveries(t *testing.T, s *Subject) {
 // lastError is the reason a message was dead-lettered with.
 func (e *Env) lastError(t testing.TB, id int64) string {
 	var reason string
-	q := `SELECT coalesce(last_error, '') FROM ` + e.DB.Table("outbox_dead_letters") + ` WHERE id = $1`
-	if e.Subject.Groups {
-		q = `SELECT coalesce(last_error, '') FROM ` + e.DB.Table("outbox_group_retries") + ` WHERE message_id = $1`
-	}
+	q := `SELECT coalesce(last_error, '') FROM ` + e.DB.Table("outbox_group_retries") + ` WHERE message_id = $1`
 	require.NoError(t, e.DB.Pool.QueryRow(context.Background(), q, id).Scan(&reason))
 	return reason
 }

@@ -130,12 +130,9 @@ func shortRetention(tc *outbox.TopicConfig) {
 
 // cleaner runs Cleanup for the topic every few milliseconds until the
 // test ends, beside two maintenance services that add and drop small
-// partitions of messages all along (consumer-group subjects only). When
+// partitions of messages all along (every subject's: each reads the log). When
 // the test ends, neither service has logged an error.
 func (e *Env) cleaner(t testing.TB) {
-	if !e.onLog() {
-		return
-	}
 	g, err := e.NewGroup(e.DB.Pool, Spec{Group: "cleaner"})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -345,13 +342,11 @@ func poisonMessage(t *testing.T, s *Subject) {
 	}
 	r := e.Check(t, "g1", ids, nil)
 	require.True(t, e.DeadLettered(t, "g1")[ids[6]], "the poison message is dead-lettered")
-	if e.onLog() {
-		// A QUEUE consumer's crash spends an attempt of every message it
-		// held (like a receive count); a group retries apart from each
-		// other the messages that were in flight in two crashes in a row,
-		// so only the poison runs out.
-		require.Equal(t, 1, r.DeadLettered, "only the poison message is dead-lettered (it crashed %d processes)", restarts)
-	}
+	// A crash spends an attempt of every message the process held (like a
+	// receive count); a group retries apart from each other the messages
+	// that were in flight in two crashes in a row, so only the poison runs
+	// out.
+	require.Equal(t, 1, r.DeadLettered, "only the poison message is dead-lettered (it crashed %d processes)", restarts)
 }
 
 // hungHandler: one message's handler hangs on its first attempt and

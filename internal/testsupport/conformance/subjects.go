@@ -36,9 +36,6 @@ type Subject struct {
 	// Groups: consumer groups on a PUB_SUB topic (the group lifecycle
 	// scenarios apply).
 	Groups bool
-	// QueueOnLog: a QUEUE topic whose messages live on the log, its
-	// consumers the members of its one group (sqlq.QueueGroup).
-	QueueOnLog bool
 	// Router: delivery through the router to an HTTP receiver (see
 	// RouterSubjects).
 	Router bool
@@ -112,8 +109,6 @@ type GroupInstance struct{ *consumergroup.Group }
 var Subjects = []*Subject{
 	{Name: "queue", Semantics: outbox.Queue, Start: startQueue},
 	{Name: "queue-ordered", Semantics: outbox.Queue, Ordered: true, Start: startQueue},
-	{Name: "queue-log", Semantics: outbox.Queue, QueueOnLog: true, Start: startQueue},
-	{Name: "queue-log-ordered", Semantics: outbox.Queue, QueueOnLog: true, Ordered: true, Start: startQueue},
 	{Name: "bitmap", Semantics: outbox.PubSub, Tracking: outbox.Bitmap, Groups: true, Start: startGroup},
 	{Name: "counter", Semantics: outbox.PubSub, Tracking: outbox.Counter, Groups: true, Start: startGroup},
 	{Name: "offset", Semantics: outbox.PubSub, Tracking: outbox.Offset, Groups: true, Start: startGroup},
@@ -133,9 +128,9 @@ func subjectNamed(name string) *Subject {
 	return nil
 }
 
-// startQueue starts a consumer of a QUEUE topic through the client's API:
-// on the queue table, or a member of the topic's one group when its
-// messages live on the log (spec.Group names only the ledger's).
+// startQueue starts a consumer of a QUEUE topic, through the client's
+// API: a member of the topic's one group (spec.Group names only the
+// ledger's).
 func startQueue(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h outbox.Handler) (Instance, error) {
 	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: e.DB.Schema, Logger: spec.Logger, NoMaintenance: true})
 	if err != nil {
@@ -151,15 +146,11 @@ func startQueue(ctx context.Context, e *Env, pool *pgxpool.Pool, spec Spec, h ou
 
 // groupName is the consumer group that a ledger's group name stands for.
 func (e *Env) groupName(group string) string {
-	if e.Subject.QueueOnLog {
+	if e.Subject.Semantics == outbox.Queue { // its consumers are the members of the topic's group
 		return sqlq.QueueGroup
 	}
 	return group
 }
-
-// onLog reports whether the subject's messages live on the log, read by
-// consumer groups.
-func (e *Env) onLog() bool { return e.Subject.Groups || e.Subject.QueueOnLog }
 
 // NewGroup returns an instance of spec's group on pool, not started.
 func (e *Env) NewGroup(pool *pgxpool.Pool, spec Spec) (*consumergroup.Group, error) {

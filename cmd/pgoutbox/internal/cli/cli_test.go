@@ -14,10 +14,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/cmd/pgoutbox/internal/cli"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/blockedtest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/queuetest"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -98,14 +100,9 @@ func TestOperatorCommands(t *testing.T) {
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
-	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
-		{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`)},
-		{Topic: "orders", Payload: json.RawMessage(`{"n":2}`)},
-	})
+	dead := queuetest.DeadLetter(t, db.Pool, client, "bad payload", outbox.Message{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`)})
+	_, err = producer.Send(ctx, db.Pool, outbox.Message{Topic: "orders", Payload: json.RawMessage(`{"n":2}`)})
 	require.NoError(t, err)
-	claimed, err := client.Claim(ctx, "orders", "operator", 1)
-	require.NoError(t, err)
-	require.NoError(t, client.DeadLetter(ctx, claimed[0], "bad payload"))
 	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client})
 	require.NoError(t, err)
 	require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
@@ -182,17 +179,19 @@ func TestOperatorCommands(t *testing.T) {
 	failsWith(t, run(t, db.DSN, "dead", "purge", "orders", "1", "--all", schema), 2, "not both")
 	failsWith(t, run(t, db.DSN, "dead", "list", "orders", "--limit", "0", schema), 2, "--limit")
 	// Nothing changed: the dead letter is still there, the group still paused.
-	dls, err := client.DeadLetters(ctx, "orders", 0, 10)
+	adm, err := admin.New(client, admin.Options{})
+	require.NoError(t, err)
+	dls, err := adm.DeadLetters(ctx, "orders", "", 0, 10)
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	state, err = g.State(ctx)
 	require.NoError(t, err)
 	require.Equal(t, consumergroup.Paused, state)
 
-	r = run(t, db.DSN, "dead", "replay", "orders", fmt.Sprint(claimed[0].ID), schema)
+	r = run(t, db.DSN, "dead", "replay", "orders", fmt.Sprint(dead[0]), schema)
 	require.Zero(t, r.code, r.stderr)
 	require.Contains(t, r.stdout, "replayed 1 dead letters")
-	dls, err = client.DeadLetters(ctx, "orders", 0, 10)
+	dls, err = adm.DeadLetters(ctx, "orders", "", 0, 10)
 	require.NoError(t, err)
 	require.Empty(t, dls)
 }
@@ -313,7 +312,7 @@ func TestBlockedCommand(t *testing.T) {
 	}
 	dead := where["orders//cust-99"]
 	require.Equal(t, row{Topic: "orders", MessageGroup: "cust-99", HeadID: f.DeadHead, Attempts: 1,
-		LastError: blockedtest.QueueDeadError, Since: dead.Since, DeadLettered: true, Behind: 2}, dead)
+		LastError: "permanent: " + blockedtest.QueueDeadError, Since: dead.Since, DeadLettered: true, Behind: 2}, dead)
 	require.Equal(t, f.RetryHead, where["orders//cust-5"].HeadID)
 	require.Equal(t, 1, where["orders//cust-5"].Behind)
 	require.Contains(t, where["events/billing/cust-99"].LastError, blockedtest.GroupDeadError)
@@ -368,19 +367,18 @@ func TestBoundsAndCounts(t *testing.T) {
 	db := pgtest.NewDB(t)
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
 	require.NoError(t, err)
-	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue}))
+	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "orders", Semantics: outbox.Queue, Ordered: true}))
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "later", Semantics: outbox.Queue}))
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
+	// orders is ordered: a consumer leases each message on its own.
+	queuetest.Hold(t, db.Pool, client, outbox.Message{Topic: "orders", Group: "g", Payload: json.RawMessage(`{}`)})
 	_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{
-		{Topic: "orders", Payload: json.RawMessage(`{}`)},
-		{Topic: "orders", Payload: json.RawMessage(`{}`)},
+		{Topic: "orders", Group: "g", Payload: json.RawMessage(`{}`)},
 		{Topic: "orders", Payload: json.RawMessage(`{}`), Delay: time.Hour},
 		{Topic: "later", Payload: json.RawMessage(`{}`), Delay: time.Hour},
 	})
-	require.NoError(t, err)
-	_, err = client.Claim(ctx, "orders", "operator", 1)
 	require.NoError(t, err)
 	g, err := consumergroup.New(db.Pool, consumergroup.Config{Topic: "events", Group: "billing", Client: client})
 	require.NoError(t, err)
@@ -432,15 +430,14 @@ func TestBoundsAndCounts(t *testing.T) {
 	}
 }
 
-// `topics` lists a topic that holds messages without a configuration,
-// flagged, so an operator finds every stored message.
+// `topics` lists a topic that holds messages without a configuration (it
+// was deleted by hand), flagged, so an operator finds every stored message.
 func TestTopicsFlagsUnconfiguredOnes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
-	require.NoError(t, err)
-	_, err = producer.Send(ctx, db.Pool, outbox.Message{Topic: "emials", Payload: json.RawMessage(`{}`)})
+	_, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("outbox_published")+
+		` (topic, payload, correlation_id, status) VALUES ('emials', '{}', 'c', 'PUBLISHED')`)
 	require.NoError(t, err)
 	schema := "--schema=" + db.Schema
 
