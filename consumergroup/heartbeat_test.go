@@ -2,6 +2,7 @@ package consumergroup_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -67,4 +68,43 @@ func TestInstanceWithoutHeartbeatsStopsFetching(t *testing.T) {
 	pgtest.Eventually(t, 10*time.Second, "delivered once heartbeats go through", func() bool { return r.distinct() == len(ids) })
 	require.Equal(t, consumergroup.Active, state())
 	require.Zero(t, r.dups(), r.duplicates())
+}
+
+// The instances on a client's pool share one heartbeat pool of at most 4
+// connections, which closes when the last of them stops: twelve groups
+// beating every 20 ms open no more than the main pool's connections, the
+// client's LISTEN connection and those 4.
+func TestInstancesShareTheClientsHeartbeatPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, outbox.Offset)
+	client, err := outbox.NewClient(b.db.Pool, outbox.Config{Schema: b.db.Schema})
+	require.NoError(t, err)
+	backends := func() int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend'`).Scan(&n))
+		return n
+	}
+	var groups []*consumergroup.Group
+	for i := range 12 {
+		g := b.newGroup(t, fmt.Sprintf("g%d", i), func(c *consumergroup.Config) {
+			c.Client, c.Schema, c.HeartbeatInterval = client, "", 20*time.Millisecond
+		})
+		require.NoError(t, g.AddConsumer("m", func(context.Context, *outbox.Delivery) error { return nil }, nil))
+		start(t, g, consumergroup.FromNow())
+		groups = append(groups, g)
+	}
+	b.sendRange(t, 0, 200)
+	for range 10 {
+		time.Sleep(50 * time.Millisecond)
+		main := int(b.db.Pool.Stat().TotalConns())
+		require.LessOrEqual(t, backends(), main+1+4, "the main pool's %d, LISTEN and at most 4 for heartbeats", main)
+	}
+	for _, g := range groups {
+		require.NoError(t, g.Stop(ctx))
+	}
+	pgtest.Eventually(t, 10*time.Second, "the heartbeat pool closed with the last instance", func() bool {
+		return backends() <= int(b.db.Pool.Stat().TotalConns())+1
+	})
 }

@@ -302,8 +302,10 @@ type Config struct {
 	// Lease.
 	HandlerTimeout time.Duration
 	// HeartbeatPool runs heartbeats, so a busy main pool cannot starve
-	// them. Defaults to a two-connection pool opened from the main pool's
-	// configuration (closed by Stop).
+	// them. Defaults to the pool that the instances on the client's pool
+	// share (outbox.Client.HeartbeatPool: up to 4 connections for all of
+	// them), or, for an instance on another pool, to a two-connection pool
+	// opened from that pool's configuration (closed by Stop).
 	HeartbeatPool *pgxpool.Pool
 	// InstanceID names this instance in batch leases and logs.
 	// Defaults to host-pid-random.

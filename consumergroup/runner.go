@@ -54,8 +54,8 @@ type runner struct {
 	// after a batch's outcome was written and before it leaves held.
 	testBatchFinished func(batchID int64)
 
-	hbPool    *pgxpool.Pool // heartbeats and lifecycle work
-	ownHBPool bool
+	hbPool    *pgxpool.Pool   // heartbeats and lifecycle work
+	releaseHB func()          // gives hbPool back (closes a pool of its own)
 	wake      <-chan struct{} // notifications for the topic
 	unsub     func()
 
@@ -222,15 +222,23 @@ func (g *Group) newRunner() (*runner, error) {
 	r.held.batches, r.held.retries, r.held.lost = map[int64]bool{}, map[int64]struct{}{}, map[int64]bool{}
 	members := g.members
 	r.members.Store(&members)
-	r.hbPool = g.cfg.HeartbeatPool
-	if r.hbPool == nil {
+	r.hbPool, r.releaseHB = g.cfg.HeartbeatPool, func() {}
+	switch {
+	case r.hbPool != nil:
+	case g.pool == g.client.Pool(): // the client's instances share one
+		p, release, err := g.client.HeartbeatPool()
+		if err != nil {
+			return nil, err
+		}
+		r.hbPool, r.releaseHB = p, release
+	default: // a pool of its own, from its own pool's settings, so it ends with that pool's process
 		pc := g.pool.Config().Copy()
 		pc.MaxConns, pc.MinConns = 2, 0
 		p, err := pgxpool.NewWithConfig(context.Background(), pc)
 		if err != nil {
 			return nil, fmt.Errorf("consumergroup: heartbeat pool: %w", err)
 		}
-		r.hbPool, r.ownHBPool = p, true
+		r.hbPool, r.releaseHB = p, p.Close
 	}
 	capacity := pipeline.Capacity(g.cfg.BatchSize, g.cfg.Concurrency, g.topic.Ordered)
 	if g.batchHandler != nil && g.cfg.ConcurrentBatches > 0 {
@@ -339,8 +347,6 @@ func (r *runner) shutdown() {
 	if r.gauges != nil {
 		_ = r.gauges.Unregister()
 	}
-	if r.ownHBPool {
-		r.hbPool.Close()
-	}
+	r.releaseHB()
 	r.g.logger.Info("pgoutbox: consumer group instance stopped")
 }

@@ -29,11 +29,3 @@ type BlockedGroup struct {
 // DefaultBlockedGroupsPage is the page size of a list of blocked groups
 // when its limit is 0.
 const DefaultBlockedGroupsPage = 100
-
-// clockNow is the client's clock, or the system's.
-func (c *Client) clockNow() time.Time {
-	if c.clock != nil {
-		return c.clock.Now()
-	}
-	return time.Now()
-}

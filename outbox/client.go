@@ -16,7 +16,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
-	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/tracing"
 )
@@ -89,12 +88,13 @@ type Client struct {
 	schema        string
 	sql           *sqlq.Outbox
 	logger        *slog.Logger
-	takeovers     *ratelog.Log // messages taken back from an expired lease, per topic
 	metrics       *metrics
 	clock         Clock
-	wake          wakeups  // the shared LISTEN connection
-	walks         sync.Map // ordered topic -> the message group its last claim's walk ended at
+	wake          wakeups // the shared LISTEN connection
 
+	hbMu    sync.Mutex
+	hbPool  *pgxpool.Pool // see HeartbeatPool; nil while no one uses it
+	hbUsers int
 }
 
 // NewClient returns a client using pool and the tables in cfg.Schema.
@@ -140,11 +140,47 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		schema:        schema,
 		sql:           sqlq.For(schema),
 		logger:        logger,
-		takeovers:     ratelog.New(logger, cfg.LogInterval, time.Now),
 		metrics:       newMetrics(cfg.MeterProvider),
 		clock:         cfg.Clock,
 	}
 	return c, nil
+}
+
+// heartbeatConns is the size of the pool HeartbeatPool shares.
+const heartbeatConns = 4
+
+// HeartbeatPool returns the pool that the consumer group instances on the
+// client's pool share for their heartbeats, lease renewals and liveness
+// work, so that a busy main pool cannot delay them: up to 4 connections,
+// opened from the main pool's configuration when the first instance
+// starts. Each caller calls release once when it stops using the pool;
+// the last release closes it. Package consumergroup calls it; a program
+// rarely needs to.
+func (c *Client) HeartbeatPool() (pool *pgxpool.Pool, release func(), err error) {
+	c.hbMu.Lock()
+	defer c.hbMu.Unlock()
+	if c.hbPool == nil {
+		pc := c.pool.Config().Copy()
+		pc.MaxConns, pc.MinConns = heartbeatConns, 0
+		p, err := pgxpool.NewWithConfig(context.Background(), pc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("outbox: heartbeat pool: %w", err)
+		}
+		c.hbPool = p
+	}
+	c.hbUsers++
+	p := c.hbPool
+	var once sync.Once
+	return p, func() {
+		once.Do(func() {
+			c.hbMu.Lock()
+			defer c.hbMu.Unlock()
+			if c.hbUsers--; c.hbUsers == 0 {
+				c.hbPool.Close()
+				c.hbPool = nil
+			}
+		})
+	}, nil
 }
 
 // Schema returns the schema the client works in.
