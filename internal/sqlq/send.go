@@ -67,25 +67,22 @@ const queueGroupsOfConfigured = `
 // the log, unless the topic has been configured as PUB_SUB or ordered
 // since: then it writes nothing and returns no row, and the producer
 // reads the configuration and sends with the statement it calls for.
-const insertUnconfigured = configuringDefaults + `, inserted AS (
-    INSERT INTO {{schema}}.outbox_published
-        (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
-    SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
-    WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
-    RETURNING id
-)
+const insertUnconfigured = configuringDefaults + unconfiguredInsert + `
 SELECT id FROM inserted`
 
 // insertUnconfiguredNotify is insertUnconfigured that also notifies
 // channel $10 with the topic when the transaction commits.
-const insertUnconfiguredNotify = configuringDefaults + `, inserted AS (
+const insertUnconfiguredNotify = configuringDefaults + unconfiguredInsert + `
+SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
+
+// unconfiguredInsert is the CTE inserted of insertUnconfigured.
+const unconfiguredInsert = `, inserted AS (
     INSERT INTO {{schema}}.outbox_published
         (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
     SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
     WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
     RETURNING id
-)
-SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
+)`
 
 // insertLogged writes one message of a QUEUE topic whose messages live on
 // the log (see QueueOnLog), available at once ($1..$6 as insertQueued): a
