@@ -19,15 +19,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
-// queueOnLog configures QUEUE topic tc and puts it on the log.
-func queueOnLog(t *testing.T, c *pgoutbox.Client, tc outbox.TopicConfig) {
-	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, c.ConfigureTopic(ctx, tc))
-	_, err := c.Pool().Exec(ctx, sqlq.ForPubSub(c.Schema()).QueueOnLog, tc.Name, time.Minute.Microseconds())
-	require.NoError(t, err)
-}
-
 // handlings records what a handler saw, by message id.
 type handlings struct {
 	mu       sync.Mutex
@@ -64,7 +55,7 @@ func TestQueueTopicOnTheLog(t *testing.T) {
 		CleanupInterval: 50 * time.Millisecond, DeadGroupInterval: 50 * time.Millisecond, RowCleanupDelay: time.Millisecond}})
 	require.NoError(t, err)
 	tc := outbox.TopicConfig{Name: "jobs", MaxAttempts: 2, BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}
-	queueOnLog(t, c, tc)
+	require.NoError(t, c.ConfigureTopic(context.Background(), tc))
 	require.NoError(t, c.ConfigureTopic(ctx, tc), "configured again")
 	topic, err := c.Outbox().Topic(ctx, "jobs")
 	require.NoError(t, err)
@@ -201,7 +192,7 @@ func TestQueueGroupBelongsToItsTopic(t *testing.T) {
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
 	c := newClient(t, db)
-	queueOnLog(t, c, outbox.TopicConfig{Name: "jobs"})
+	require.NoError(t, c.ConfigureTopic(context.Background(), outbox.TopicConfig{Name: "jobs"}))
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub}))
 	// Where the topic's group stands with a message: there is one group.
 	send(t, c, "jobs", 1, nil)
@@ -247,7 +238,7 @@ func TestStopWaitsForAHandlerThatAcksInItsTransaction(t *testing.T) {
 			c := newClient(t, db)
 			tc := outbox.TopicConfig{Name: "jobs"}
 			if onLog {
-				queueOnLog(t, c, tc)
+				require.NoError(t, c.ConfigureTopic(context.Background(), tc))
 			} else {
 				require.NoError(t, c.ConfigureTopic(ctx, tc))
 			}
@@ -298,9 +289,7 @@ func TestAProducerThatSawNoConfigurationSendsToTheLog(t *testing.T) {
 	msg := outbox.Message{Topic: "jobs", Payload: []byte(`{}`)}
 	_, err = producer.Send(ctx, db.Pool, msg) // learns that jobs has no configuration
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `DELETE FROM `+db.Table("outbox")+` WHERE topic = 'jobs'`)
-	require.NoError(t, err)
-	queueOnLog(t, c, outbox.TopicConfig{Name: "jobs"})
+	require.NoError(t, c.ConfigureTopic(context.Background(), outbox.TopicConfig{Name: "jobs"}))
 	id, err := producer.Send(ctx, db.Pool, msg)
 	require.NoError(t, err)
 	var onLog bool

@@ -117,8 +117,6 @@ func TestSentShowsAQueueTopicsDeadLetters(t *testing.T) {
 	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "jobs"}))
-	_, err = db.Pool.Exec(ctx, sqlq.ForPubSub(schema).QueueOnLog, "jobs", time.Minute.Microseconds())
-	require.NoError(t, err)
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: schema})
 	require.NoError(t, err)
 	ids, err := producer.SendBatch(ctx, db.Pool, []outbox.Message{
