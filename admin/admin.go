@@ -177,7 +177,7 @@ func (a *Admin) topicConfig(ctx context.Context, name string) (outbox.TopicConfi
 		return cfg, err
 	}
 	var stored bool
-	if err := a.pool.QueryRow(ctx, a.q.TopicStored, name).Scan(&stored); err != nil {
+	if err := a.pool.QueryRow(ctx, a.q.TopicStored, pgx.StrictNamedArgs{"topic": name}).Scan(&stored); err != nil {
 		return cfg, fmt.Errorf("admin: topic %q: %w", name, err)
 	}
 	if !stored {
@@ -187,7 +187,7 @@ func (a *Admin) topicConfig(ctx context.Context, name string) (outbox.TopicConfi
 }
 
 func (a *Admin) groupNames(ctx context.Context, topic string) ([]string, error) {
-	rows, err := a.pool.Query(ctx, a.q.TopicGroups, topic)
+	rows, err := a.pool.Query(ctx, a.q.TopicGroups, pgx.StrictNamedArgs{"topic": topic})
 	if err != nil {
 		return nil, fmt.Errorf("admin: groups of %q: %w", topic, err)
 	}

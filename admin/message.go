@@ -64,7 +64,7 @@ func (a *Admin) MessageGroups(ctx context.Context, topic string, id int64) ([]Me
 	if err != nil {
 		return nil, err
 	}
-	rows, err := a.pool.Query(ctx, a.q.MessageGroups, topic, id)
+	rows, err := a.pool.Query(ctx, a.q.MessageGroups, pgx.StrictNamedArgs{"topic": topic, "message_id": id})
 	if err != nil {
 		return nil, fmt.Errorf("admin: message %d of %q: %w", id, topic, err)
 	}
@@ -78,7 +78,7 @@ func (a *Admin) MessageGroups(ctx context.Context, topic string, id int64) ([]Me
 	}
 	if len(out) == 0 {
 		var stored bool
-		if err := a.pool.QueryRow(ctx, a.q.MessageStored, topic, id).Scan(&stored); err != nil {
+		if err := a.pool.QueryRow(ctx, a.q.MessageStored, pgx.StrictNamedArgs{"topic": topic, "message_id": id}).Scan(&stored); err != nil {
 			return nil, fmt.Errorf("admin: message %d of %q: %w", id, topic, err)
 		}
 		if !stored {

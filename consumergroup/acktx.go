@@ -57,7 +57,8 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 		return fmt.Errorf("%w: message %d is not being handled by this instance", outbox.ErrLeaseLost, d.ID)
 	}
 	if j.batch == nil {
-		tag, err := tx.Exec(ctx, g.q.TakeRetry, g.sub.ID, d.ID, g.cfg.InstanceID, d.Attempt)
+		tag, err := tx.Exec(ctx, g.q.TakeRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": d.ID,
+			"member": g.cfg.InstanceID, "attempt": d.Attempt})
 		if err != nil {
 			return fmt.Errorf("consumergroup: ack: %w", err)
 		}
@@ -66,7 +67,7 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 		}
 		return nil // its retry gone, the message is finished (see sqlq's passedBy)
 	}
-	tag, err := tx.Exec(ctx, g.q.HoldBatch, j.batch.id, g.cfg.InstanceID)
+	tag, err := tx.Exec(ctx, g.q.HoldBatch, pgx.StrictNamedArgs{"batch_id": j.batch.id, "member": g.cfg.InstanceID})
 	if err != nil {
 		return fmt.Errorf("consumergroup: ack: %w", err)
 	}
@@ -76,7 +77,7 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 	// Recorded, so that the batch, read again after a takeover, skips
 	// the message, and a failure written after this skips it too; the
 	// record goes with the batch.
-	if _, err := tx.Exec(ctx, g.q.RecordHandled, g.sub.ID, d.ID); err != nil {
+	if _, err := tx.Exec(ctx, g.q.RecordHandled, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": d.ID}); err != nil {
 		return fmt.Errorf("consumergroup: ack: %w", err)
 	}
 	j.batch.mu.Lock()

@@ -59,7 +59,9 @@ func (g *Group) DeadLetters(ctx context.Context, afterID int64, limit int) ([]ou
 		return nil, fmt.Errorf("%w: negative limit", outbox.ErrInvalidConfig)
 	}
 	limit = cmp.Or(limit, outbox.DefaultDeadLetterPage)
-	rows, err := g.pool.Query(ctx, g.q.ListDeadLetters, g.cfg.Topic, g.cfg.Group, afterID, limit)
+	rows, err := g.pool.Query(ctx, g.q.ListDeadLetters, pgx.StrictNamedArgs{
+		"topic": g.cfg.Topic, "group_name": g.cfg.Group, "after_id": afterID, "limit": limit,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("consumergroup: dead letters: %w", err)
 	}
@@ -93,7 +95,8 @@ func (g *Group) ReplayDeadLetters(ctx context.Context, ids ...int64) (int64, err
 	if len(ids) > 0 {
 		filter = slices.Compact(slices.Sorted(slices.Values(ids)))
 	}
-	tag, err := g.pool.Exec(ctx, g.q.ReplayDeadLetters, g.cfg.Topic, g.cfg.Group, filter)
+	tag, err := g.pool.Exec(ctx, g.q.ReplayDeadLetters,
+		pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group, "message_ids": filter})
 	if err != nil {
 		return 0, fmt.Errorf("consumergroup: replay: %w", err)
 	}
@@ -119,7 +122,8 @@ func (g *Group) DiscardDeadLetters(ctx context.Context, ids ...int64) (int64, er
 	}
 	var n int64
 	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, g.q.DiscardDeadLetters, g.cfg.Topic, g.cfg.Group, filter)
+		rows, err := tx.Query(ctx, g.q.DiscardDeadLetters,
+			pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group, "message_ids": filter})
 		if err != nil {
 			return err
 		}
@@ -194,8 +198,11 @@ func (g *Group) BlockedGroups(ctx context.Context, limit int) ([]outbox.BlockedG
 	if !topic.Ordered {
 		return nil, nil
 	}
-	rows, err := g.pool.Query(ctx, g.q.BlockedMessageGroups, g.cfg.Topic, g.cfg.Group,
-		topic.OrderedDeadLetters == outbox.BlockGroup, cmp.Or(limit, outbox.DefaultBlockedGroupsPage))
+	rows, err := g.pool.Query(ctx, g.q.BlockedMessageGroups, pgx.StrictNamedArgs{
+		"topic": g.cfg.Topic, "group_name": g.cfg.Group,
+		"dead_letter_blocks": topic.OrderedDeadLetters == outbox.BlockGroup,
+		"limit":              cmp.Or(limit, outbox.DefaultBlockedGroupsPage),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("consumergroup: blocked groups: %w", err)
 	}
@@ -322,13 +329,13 @@ func (g *Group) resurrectFromNowTx(ctx context.Context, tx pgx.Tx, sub *subscrip
 	}
 	for _, step := range []struct {
 		sql  string
-		args []any
+		args pgx.StrictNamedArgs
 	}{
-		{g.q.SetStatus, []any{sub.id, string(Active)}},
-		{g.q.AddSubscribed, []any{g.cfg.Topic, mask(sub.bit), sub.id}},
-		{g.q.ResurrectFromNow, []any{sub.id}},
+		{g.q.SetStatus, pgx.StrictNamedArgs{"sub": sub.id, "status": string(Active)}},
+		{g.q.AddSubscribed, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "bit_mask": mask(sub.bit), "sub": sub.id}},
+		{g.q.ResurrectFromNow, pgx.StrictNamedArgs{"sub": sub.id}},
 	} {
-		if _, err := tx.Exec(ctx, step.sql, step.args...); err != nil {
+		if _, err := tx.Exec(ctx, step.sql, step.args); err != nil {
 			return fmt.Errorf("consumergroup: resurrect: %w", err)
 		}
 	}
@@ -373,7 +380,8 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 		return 0, err
 	}
 	var target string
-	if err := g.pool.QueryRow(ctx, g.q.ForceTarget, sub.ID, g.cfg.Topic, cutoff).Scan(&target); err != nil {
+	if err := g.pool.QueryRow(ctx, g.q.ForceTarget,
+		pgx.StrictNamedArgs{"sub": sub.ID, "topic": g.cfg.Topic, "before": cutoff}).Scan(&target); err != nil {
 		return 0, fmt.Errorf("consumergroup: force complete: %w", err)
 	}
 	if sub, err = g.subscriptionRef(ctx); err != nil {
@@ -382,10 +390,10 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 	var total, retries int64
 	// complete runs sql, which returns message ids, and records them as
 	// completed by the group in the same transaction.
-	complete := func(sql string, args ...any) ([]int64, error) {
+	complete := func(sql string, args pgx.StrictNamedArgs) ([]int64, error) {
 		var ids []int64
 		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, sql, args...)
+			rows, err := tx.Query(ctx, sql, args)
 			if err != nil {
 				return err
 			}
@@ -402,7 +410,8 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 		return ids, nil
 	}
 	for {
-		ids, err := complete(g.q.ForceCompleteRetries, sub.ID, cutoff, forceBatch)
+		ids, err := complete(g.q.ForceCompleteRetries,
+			pgx.StrictNamedArgs{"sub": sub.ID, "before": cutoff, "limit": forceBatch})
 		if err != nil {
 			return total, err
 		}
@@ -412,7 +421,10 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 		}
 	}
 	for after := int64(0); ; {
-		ids, err := complete(g.q.ForceCompleteRows, g.cfg.Topic, cutoff, sub.Mask(), sub.ID, after, forceBatch)
+		ids, err := complete(g.q.ForceCompleteRows, pgx.StrictNamedArgs{
+			"topic": g.cfg.Topic, "before": cutoff, "bit_mask": sub.Mask(), "sub": sub.ID,
+			"after_id": after, "limit": forceBatch,
+		})
 		if err != nil {
 			return total, err
 		}
@@ -428,7 +440,7 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 		if err := g.lockOffset(ctx, tx, sub.ID); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, g.q.ForceAdvance, sub.ID, target)
+		tag, err := tx.Exec(ctx, g.q.ForceAdvance, pgx.StrictNamedArgs{"sub": sub.ID, "target": target})
 		moved = tag.RowsAffected() > 0
 		return err
 	})

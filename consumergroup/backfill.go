@@ -56,7 +56,7 @@ func (g *Group) BackfillProgress(ctx context.Context) (BackfillProgress, error) 
 	var p BackfillProgress
 	var started, ended *time.Time
 	var now time.Time
-	err := g.pool.QueryRow(ctx, g.q.BackfillState, g.cfg.Topic, g.cfg.Group).Scan(&p.Running, &p.Outcome, &p.Done, &p.Left,
+	err := g.pool.QueryRow(ctx, g.q.BackfillState, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group}).Scan(&p.Running, &p.Outcome, &p.Done, &p.Left,
 		&p.Total, &started, &ended, &now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
@@ -89,7 +89,7 @@ func (g *Group) CancelBackfill(ctx context.Context) (bool, error) {
 	if _, err := g.State(ctx); err != nil {
 		return false, err
 	}
-	tag, err := g.pool.Exec(ctx, g.q.CancelBackfill, g.cfg.Topic, g.cfg.Group)
+	tag, err := g.pool.Exec(ctx, g.q.CancelBackfill, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group})
 	if err != nil {
 		return false, fmt.Errorf("consumergroup: cancel backfill: %w", err)
 	}
@@ -156,7 +156,8 @@ func (r *runner) fetchCatchup(ctx context.Context, tx *lookTx, b *backfill, limi
 		return len(got), r.endCatchup(ctx, tx, b, total, got, BackfillDone)
 	}
 	last := got[len(got)-1]
-	if _, err := tx.Exec(ctx, g.q.CatchupProgress, g.sub.ID, last.xid, last.d.ID, len(got), false, "", total); err != nil {
+	if _, err := tx.Exec(ctx, g.q.CatchupProgress, pgx.StrictNamedArgs{"sub": g.sub.ID, "after_xid": last.xid, "after_id": last.d.ID,
+		"handed_out": len(got), "ended": false, "outcome": "", "total": total}); err != nil {
 		return 0, fmt.Errorf("backfill progress: %w", err)
 	}
 	if err := r.recordBatch(ctx, tx, b.from, b.upto, b.afterXID, b.afterID, got, true); err != nil {
@@ -179,7 +180,7 @@ func (r *runner) nextCatchupPair(ctx context.Context, tx *lookTx, b *backfill, t
 		return 0, err
 	}
 	read := *b // the pair got was read from, for its batch
-	if err := tx.QueryRow(ctx, g.q.NextBackfillPair, g.sub.ID).Scan(&b.from, &b.upto, &b.afterXID, &b.afterID, &b.more); err != nil {
+	if err := tx.QueryRow(ctx, g.q.NextBackfillPair, pgx.StrictNamedArgs{"sub": g.sub.ID}).Scan(&b.from, &b.upto, &b.afterXID, &b.afterID, &b.more); err != nil {
 		return 0, fmt.Errorf("backfill next pair: %w", err)
 	}
 	b.left -= int64(len(got))
@@ -233,7 +234,8 @@ func (r *runner) catchupProgress(ctx context.Context, tx *lookTx, got []row, tot
 		last := got[len(got)-1]
 		lastXID, lastID = &last.xid, &last.d.ID
 	}
-	_, err := tx.Exec(ctx, r.g.q.CatchupProgress, r.g.sub.ID, lastXID, lastID, len(got), outcome != "", outcome, total)
+	_, err := tx.Exec(ctx, r.g.q.CatchupProgress, pgx.StrictNamedArgs{"sub": r.g.sub.ID, "after_xid": lastXID, "after_id": lastID,
+		"handed_out": len(got), "ended": outcome != "", "outcome": outcome, "total": total})
 	if err != nil {
 		return fmt.Errorf("backfill progress: %w", err)
 	}

@@ -67,7 +67,7 @@ func (r *runner) ackRetries(ids []int64) {
 	defer cancel()
 	var done int
 	err := withRetry(ctx, func() error {
-		rows, err := g.pool.Query(ctx, g.q.DeleteRetries, g.sub.ID, ids, g.cfg.InstanceID)
+		rows, err := g.pool.Query(ctx, g.q.DeleteRetries, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_ids": ids, "member": g.cfg.InstanceID})
 		if err != nil {
 			return err
 		}
@@ -97,14 +97,14 @@ func (r *runner) completeBatch(b *batch) {
 	retries := append(slices.Clip(b.failed), b.released...)
 	err := withRetry(ctx, func() error {
 		if len(retries) == 0 && len(b.handledInTx()) == 0 {
-			tag, err := g.pool.Exec(ctx, g.q.FinishBatch, b.id, g.cfg.InstanceID)
+			tag, err := g.pool.Exec(ctx, g.q.FinishBatch, pgx.StrictNamedArgs{"batch_id": b.id, "member": g.cfg.InstanceID})
 			if err == nil && tag.RowsAffected() == 0 {
 				return errBatchLost
 			}
 			return err
 		}
 		return pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, g.q.FinishBatch, b.id, g.cfg.InstanceID)
+			tag, err := tx.Exec(ctx, g.q.FinishBatch, pgx.StrictNamedArgs{"batch_id": b.id, "member": g.cfg.InstanceID})
 			if err != nil {
 				return err
 			}
@@ -120,7 +120,7 @@ func (r *runner) completeBatch(b *batch) {
 			if inTx := b.handledInTx(); len(inTx) > 0 {
 				// The records AckTx wrote for a takeover are not needed once
 				// the batch is done.
-				_, err := tx.Exec(ctx, g.q.ForgetHandled, g.sub.ID, inTx)
+				_, err := tx.Exec(ctx, g.q.ForgetHandled, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_ids": inTx})
 				return err
 			}
 			return nil
@@ -156,11 +156,12 @@ func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, t *tracking, fs [
 	for i, f := range fs {
 		ids[i], attempts[i], delays[i], dead[i], errs[i], at[i] = f.id, int32(f.attempts), f.delay.Microseconds(), f.dead, f.err, f.dueAt()
 	}
-	if _, err := tx.Exec(ctx, r.g.q.InsertRetries, r.g.sub.ID, ids, attempts, delays, dead, r.g.now(), errs, t.sub.Mask(), at); err != nil {
+	if _, err := tx.Exec(ctx, r.g.q.InsertRetries, pgx.StrictNamedArgs{"sub": r.g.sub.ID, "message_ids": ids, "attempts": attempts,
+		"delays_us": delays, "dead": dead, "now": r.g.now(), "errors": errs, "bit": t.sub.Mask(), "due_at": at}); err != nil {
 		return err
 	}
 	if slices.Contains(dead, true) {
-		_, err := tx.Exec(ctx, r.g.q.CopyDeadLetters, r.g.sub.ID)
+		_, err := tx.Exec(ctx, r.g.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": r.g.sub.ID})
 		return err
 	}
 	return nil
@@ -173,7 +174,8 @@ func (r *runner) completeRetry(o *retryOut) {
 	err := withRetry(ctx, func() error {
 		switch o.outcome {
 		case release:
-			_, err := g.pool.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, 0, false, "", g.now(), 1, nil)
+			_, err := g.pool.Exec(ctx, g.q.SettleRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": o.f.id, "member": g.cfg.InstanceID,
+				"delay_us": 0, "dead": false, "error": "", "now": g.now(), "give_back": 1, "due_at": nil})
 			return err
 		default:
 			uncount := 0
@@ -181,11 +183,12 @@ func (r *runner) completeRetry(o *retryOut) {
 				uncount = 1
 			}
 			err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, g.q.SettleRetry, g.sub.ID, o.f.id, g.cfg.InstanceID, o.f.delay.Microseconds(),
-					o.f.dead, o.f.err, g.now(), uncount, o.f.dueAt()); err != nil || !o.f.dead {
+				if _, err := tx.Exec(ctx, g.q.SettleRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": o.f.id, "member": g.cfg.InstanceID,
+					"delay_us": o.f.delay.Microseconds(), "dead": o.f.dead, "error": o.f.err, "now": g.now(), "give_back": uncount,
+					"due_at": o.f.dueAt()}); err != nil || !o.f.dead {
 					return err
 				}
-				_, err := tx.Exec(ctx, g.q.CopyDeadLetters, g.sub.ID) // a dead letter keeps a copy of its message
+				_, err := tx.Exec(ctx, g.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": g.sub.ID}) // a dead letter keeps a copy of its message
 				return err
 			})
 			if err == nil {

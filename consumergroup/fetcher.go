@@ -184,7 +184,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	var mixing, expired, due, locked, found bool
 	ahead := r.readAhead(limit)
 	tx, err := beginLook(ctx, g.pool, func(batch *pgx.Batch) {
-		batch.Queue(g.q.LockOffset, g.sub.ID).QueryRow(func(row pgx.Row) error {
+		batch.Queue(g.q.LockOffset, pgx.StrictNamedArgs{"sub": g.sub.ID}).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
 				&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more, &noJIT)
 			locked = err == nil
@@ -196,7 +196,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			}
 			return nil
 		})
-		batch.Queue(g.q.FetchState, g.sub.ID, g.now()).QueryRow(func(row pgx.Row) error {
+		batch.Queue(g.q.FetchState, pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now()}).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&status, &snapshot, &bit, &mode, &mixing, &expired, &due)
 			found = err == nil
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -224,7 +224,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	defer tx.end(ctx)
 	if !locked {
 		var exists bool
-		if err := tx.QueryRow(ctx, g.q.OffsetExists, g.sub.ID).Scan(&exists); err != nil {
+		if err := tx.QueryRow(ctx, g.q.OffsetExists, pgx.StrictNamedArgs{"sub": g.sub.ID}).Scan(&exists); err != nil {
 			return 0, fmt.Errorf("lock position: %w", err)
 		}
 		if !exists {
@@ -256,7 +256,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	}
 
 	if reap {
-		tag, err := tx.Exec(ctx, g.q.ReapRetries, g.sub.ID, g.now(), g.topic.MaxAttempts)
+		tag, err := tx.Exec(ctx, g.q.ReapRetries, pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now(), "max_attempts": g.topic.MaxAttempts})
 		if err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
 		}
@@ -267,15 +267,15 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			r.loggedTakeover(n, "")
 			due = true
 		}
-		tx.queue("copy dead letters", g.q.CopyDeadLetters, g.sub.ID)
+		tx.queue("copy dead letters", g.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": g.sub.ID})
 		if time.Since(r.lastOrphanSweep) >= orphanSweepEvery {
 			r.lastOrphanSweep = time.Now()
-			tx.queue("drop retries of deleted messages", g.q.DeleteOrphanRetries, g.sub.ID)
+			tx.queue("drop retries of deleted messages", g.q.DeleteOrphanRetries, pgx.StrictNamedArgs{"sub": g.sub.ID})
 		}
 		if p.backfill != nil && p.backfill.readingEnded {
-			tx.queue("finish backfill", g.q.FinishBackfill, g.sub.ID)
+			tx.queue("finish backfill", g.q.FinishBackfill, pgx.StrictNamedArgs{"sub": g.sub.ID})
 		}
-		tx.queue("forget messages set aside", g.q.ForgetSetAside, g.sub.ID)
+		tx.queue("forget messages set aside", g.q.ForgetSetAside, pgx.StrictNamedArgs{"sub": g.sub.ID})
 	}
 	if g.topic.Ordered {
 		return r.lookOrdered(ctx, tx, p, snapshot, limit)
@@ -322,7 +322,7 @@ func (r *runner) takeOver(ctx context.Context, tx *lookTx) (bool, error) {
 	var prev, cur, afterXID, lastXID, member string
 	var afterID, lastID int64
 	var catchup bool
-	err := tx.QueryRow(ctx, g.q.TakeExpiredBatch, g.sub.ID, g.now()).
+	err := tx.QueryRow(ctx, g.q.TakeExpiredBatch, pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now()}).
 		Scan(&prev, &cur, &afterXID, &afterID, &lastXID, &lastID, &member, &catchup)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -366,13 +366,13 @@ func (r *runner) loggedTakeover(n int64, member string) {
 // them out.
 func (r *runner) claimRetries(ctx context.Context, tx *lookTx, limit int) (int, error) {
 	g := r.g
-	args := []any{g.sub.ID, g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), limit}
+	args := sqlq.Args{"sub": g.sub.ID, "member": g.cfg.InstanceID, "now": g.now(), "lease_us": g.topic.Lease.Microseconds(), "limit": limit}
 	query := g.q.ClaimRetries
 	if g.topic.Ordered {
 		query = g.q.ClaimOrderedRetries
-		args = append(args, r.walkAfter, g.topic.OrderedDeadLetters == outbox.BlockGroup, pipeline.OrderedRun)
+		args["after_group"], args["dead_letter_blocks"], args["run_limit"] = r.walkAfter, g.topic.OrderedDeadLetters == outbox.BlockGroup, pipeline.OrderedRun
 	}
-	rows, err := tx.Query(ctx, query, args...)
+	rows, err := tx.Query(ctx, query.Numbered, query.Bind(args)...)
 	if err != nil {
 		return 0, fmt.Errorf("claim retries: %w", err)
 	}
@@ -504,10 +504,12 @@ func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot 
 		if len(got) == 0 && p.pairCur == nil {
 			r.idleSince = time.Now()
 		}
-		tx.queue("advance position", g.q.AdvanceOffset, g.sub.ID, pr.cur, nil, nil, nil)
+		tx.queue("advance position", g.q.AdvanceOffset,
+			pgx.StrictNamedArgs{"sub": g.sub.ID, "position": pr.cur, "pair_cur": nil, "resume_xid": nil, "resume_id": nil})
 	default:
 		last := got[len(got)-1]
-		tx.queue("advance position", g.q.AdvanceOffset, g.sub.ID, pr.prev, pr.cur, last.xid, last.d.ID)
+		tx.queue("advance position", g.q.AdvanceOffset,
+			pgx.StrictNamedArgs{"sub": g.sub.ID, "position": pr.prev, "pair_cur": pr.cur, "resume_xid": last.xid, "resume_id": last.d.ID})
 	}
 	return pr, nil
 }
@@ -582,7 +584,8 @@ func (r *runner) park(ctx context.Context, tx *lookTx, rows []row) error {
 			groups[i] = x.d.Group
 		}
 	}
-	tx.queue("park rows", g.q.ParkRows, g.sub.ID, g.now(), ids, groups, due)
+	tx.queue("park rows", g.q.ParkRows,
+		pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now(), "message_ids": ids, "message_groups": groups, "dues": due})
 	return nil
 }
 
@@ -618,15 +621,16 @@ func (r *runner) recordBatch(ctx context.Context, tx *lookTx, prev, cur, afterXI
 		for i, x := range later {
 			ids[i], xids[i] = x.d.ID, x.xid
 		}
-		tx.queue("set scheduled messages aside", g.q.SetAside, g.sub.ID, ids, xids)
+		tx.queue("set scheduled messages aside", g.q.SetAside, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_ids": ids, "xids": xids})
 		if got = due; len(got) == 0 {
 			return tx.Commit(ctx)
 		}
 	}
 	var bid int64
 	var leaseUntil time.Time
-	tx.queue("record batch", g.q.InsertBatch, g.sub.ID, prev, cur, afterXID, afterID, last.xid, last.d.ID,
-		g.cfg.InstanceID, g.now(), g.topic.Lease.Microseconds(), catchup).
+	tx.queue("record batch", g.q.InsertBatch, pgx.StrictNamedArgs{"sub": g.sub.ID, "prev": prev, "cur": cur,
+		"after_xid": afterXID, "after_id": afterID, "last_xid": last.xid, "last_id": last.d.ID,
+		"member": g.cfg.InstanceID, "now": g.now(), "lease_us": g.topic.Lease.Microseconds(), "catchup": catchup}).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&bid, &leaseUntil) })
 	if err := tx.Commit(ctx); err != nil {
 		return err

@@ -359,7 +359,7 @@ func (g *Group) Subscription() Subscription {
 func (g *Group) State(ctx context.Context) (State, error) {
 	var id int64
 	var s string
-	err := g.pool.QueryRow(ctx, g.q.SubscriptionStatus, g.cfg.Topic, g.cfg.Group).Scan(&id, &s)
+	err := g.pool.QueryRow(ctx, g.q.SubscriptionStatus, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group}).Scan(&id, &s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)
 	}

@@ -86,7 +86,7 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 	var sub subscription
 	var status, kind string
 	var timeoutSecs float64
-	err = g.pool.QueryRow(ctx, g.q.GroupHealthHead, g.cfg.Topic, g.cfg.Group).Scan(&sub.id, &status, &sub.bit, &kind,
+	err = g.pool.QueryRow(ctx, g.q.GroupHealthHead, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group}).Scan(&sub.id, &status, &sub.bit, &kind,
 		&sub.fromTS, &sub.fromID, &h.LastHeartbeat, &timeoutSecs, &h.SubscribedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return h, fmt.Errorf("%w: group %q has no subscription to %q", outbox.ErrNotFound, g.cfg.Group, g.cfg.Topic)

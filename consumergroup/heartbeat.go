@@ -87,7 +87,8 @@ func (r *runner) beat() error {
 	ctx, cancel := context.WithTimeout(r.fetchCtx, 10*time.Second)
 	defer cancel()
 	var status string
-	err := r.hbPool.QueryRow(ctx, g.q.Heartbeat, g.sub.ID, g.cfg.HeartbeatTimeout.Microseconds()).Scan(&status)
+	err := r.hbPool.QueryRow(ctx, g.q.Heartbeat, pgx.StrictNamedArgs{"sub": g.sub.ID,
+		"heartbeat_timeout_us": g.cfg.HeartbeatTimeout.Microseconds()}).Scan(&status)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
@@ -52,14 +53,15 @@ SELECT 'events', '{"seq": 1}', 'c', 'PUBLISHED' FROM generate_series(1, 1000)`)
 		{"CatchupRows", g.q.CatchupRows.Numbered, g.q.CatchupRows.Bind(catchup)},
 		{"TakeAhead", g.q.TakeAhead.Numbered, g.q.TakeAhead.Bind(stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "snapshot": cur,
 			"position": prev, "pair_cur": nil, "resume_xid": nil, "resume_id": nil, "now": nil, "limit": 1000}))},
-		{"ClaimRetries", g.q.ClaimRetries, []any{g.sub.ID, "m", nil, int64(1000), 1000}},
+		{"ClaimRetries", g.q.ClaimRetries.Numbered, g.q.ClaimRetries.Bind(sqlq.Args{"sub": g.sub.ID, "member": "m", "now": nil,
+			"lease_us": int64(1000), "limit": 1000})},
 	}
 
 	// A fetch's statements run in its transaction, after LockOffset.
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	rows, err := tx.Query(ctx, g.q.LockOffset, g.sub.ID)
+	rows, err := tx.Query(ctx, g.q.LockOffset, pgx.StrictNamedArgs{"sub": g.sub.ID})
 	require.NoError(t, err)
 	rows.Close()
 	require.NoError(t, rows.Err())

@@ -38,8 +38,8 @@ func (r *runner) extendLeases() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.topic.Lease/3)
 	defer cancel()
-	rows, err := r.hbPool.Query(ctx, g.q.ExtendLeases, g.sub.ID, g.cfg.InstanceID, batches, retries,
-		g.now(), g.topic.Lease.Microseconds())
+	rows, err := r.hbPool.Query(ctx, g.q.ExtendLeases, pgx.StrictNamedArgs{"sub": g.sub.ID, "member": g.cfg.InstanceID,
+		"batch_ids": batches, "retry_ids": retries, "now": g.now(), "lease_us": g.topic.Lease.Microseconds()})
 	if err != nil {
 		g.logger.Error("pgoutbox: extending leases failed", slog.Any("error", err))
 		return

@@ -118,7 +118,7 @@ func (s subscription) ref(topic, group string) completion.Subscription {
 func (g *Group) selectSubscription(ctx context.Context, tx pgx.Tx) (*subscription, error) {
 	s := &subscription{}
 	var status, kind string
-	err := tx.QueryRow(ctx, g.q.SelectSubscription, g.cfg.Topic, g.cfg.Group).Scan(&s.id, &status, &s.bit, &kind, &s.fromTS, &s.fromID)
+	err := tx.QueryRow(ctx, g.q.SelectSubscription, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group}).Scan(&s.id, &status, &s.bit, &kind, &s.fromTS, &s.fromID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -147,7 +147,7 @@ func lockTopic(ctx context.Context, tx pgx.Tx, q *sqlq.PubSub, topic string) err
 		return fmt.Errorf("consumergroup: lock topic: %w", err)
 	}
 	var semantics, tracking string
-	err := tx.QueryRow(ctx, q.LockTopic, topic).Scan(&semantics, &tracking)
+	err := tx.QueryRow(ctx, q.LockTopic, pgx.StrictNamedArgs{"topic": topic}).Scan(&semantics, &tracking)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %q (configure it as a PUB_SUB topic first)", outbox.ErrUnknownTopic, topic)
 	}
@@ -200,7 +200,7 @@ func lockConflict(err error) bool {
 
 // lockOffset waits for a fetch of the group in progress to commit.
 func (g *Group) lockOffset(ctx context.Context, tx pgx.Tx, id int64) error {
-	if _, err := tx.Exec(ctx, g.q.LockOffsetWait, id); err != nil {
+	if _, err := tx.Exec(ctx, g.q.LockOffsetWait, pgx.StrictNamedArgs{"sub": id}); err != nil {
 		return fmt.Errorf("consumergroup: lock position: %w", err)
 	}
 	return nil
@@ -275,7 +275,7 @@ func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOpti
 func (g *Group) warnIfDeletedBefore(ctx context.Context, tx pgx.Tx, before *subscription) error {
 	var last string
 	var deletedAt time.Time
-	err := tx.QueryRow(ctx, g.q.DeletedTombstone, g.cfg.Topic, g.cfg.Group).Scan(&last, &deletedAt)
+	err := tx.QueryRow(ctx, g.q.DeletedTombstone, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group}).Scan(&last, &deletedAt)
 	switch {
 	case err == nil:
 		g.logger.Warn("pgoutbox: this group's subscription was deleted (it had been "+last+" for too long); it starts as a NEW group, from its start position",
@@ -313,18 +313,22 @@ func (g *Group) createSubscription(ctx context.Context, tx pgx.Tx, opts Subscrip
 	case StartMessageID:
 		sub.fromID = &opts.MessageID
 	}
-	if err := tx.QueryRow(ctx, g.q.InsertSubscription, g.cfg.Topic, g.cfg.Group, bitArg, string(opts.Position), sub.fromTS, sub.fromID,
-		g.cfg.HeartbeatTimeout.Microseconds()).Scan(&sub.id); err != nil {
+	if err := tx.QueryRow(ctx, g.q.InsertSubscription, pgx.StrictNamedArgs{
+		"topic": g.cfg.Topic, "group_name": g.cfg.Group, "bit": bitArg, "start_position": string(opts.Position),
+		"start_from_timestamp": sub.fromTS, "start_from_message_id": sub.fromID,
+		"heartbeat_timeout_us": g.cfg.HeartbeatTimeout.Microseconds(),
+	}).Scan(&sub.id); err != nil {
 		return nil, fmt.Errorf("consumergroup: subscribe: %w", err)
 	}
 	backfill := 0
 	if opts.Backfill && opts.Position != StartNow {
 		backfill = opts.MaxBackfill
 	}
-	if _, err := tx.Exec(ctx, g.q.InsertOffset, sub.id, opts.Position == StartNow, backfill); err != nil {
+	if _, err := tx.Exec(ctx, g.q.InsertOffset, pgx.StrictNamedArgs{"sub": sub.id, "from_now": opts.Position == StartNow,
+		"max_backfill": backfill}); err != nil {
 		return nil, fmt.Errorf("consumergroup: subscribe: %w", err)
 	}
-	if _, err := tx.Exec(ctx, g.q.AddSubscribed, g.cfg.Topic, mask(sub.bit), sub.id); err != nil {
+	if _, err := tx.Exec(ctx, g.q.AddSubscribed, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "bit_mask": mask(sub.bit), "sub": sub.id}); err != nil {
 		return nil, fmt.Errorf("consumergroup: subscribe: %w", err)
 	}
 	return sub, nil
@@ -334,7 +338,7 @@ func (g *Group) createSubscription(ctx context.Context, tx pgx.Tx, opts Subscrip
 // group keeps its bit while it may come back (ACTIVE, PAUSED, DEAD); a
 // CANCELLED group's bit is freed once forgetting removed it from every row.
 func (g *Group) allocateBit(ctx context.Context, tx pgx.Tx) (int, error) {
-	rows, err := tx.Query(ctx, g.q.SubscribedBits, g.cfg.Topic)
+	rows, err := tx.Query(ctx, g.q.SubscribedBits, pgx.StrictNamedArgs{"topic": g.cfg.Topic})
 	if err != nil {
 		return 0, fmt.Errorf("consumergroup: bits: %w", err)
 	}
@@ -367,15 +371,15 @@ func (g *Group) resurrectTx(ctx context.Context, tx pgx.Tx, sub *subscription, o
 	if err := g.lockTopic(ctx, tx); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, g.q.SetStatus, sub.id, string(Active)); err != nil {
+	if _, err := tx.Exec(ctx, g.q.SetStatus, pgx.StrictNamedArgs{"sub": sub.id, "status": string(Active)}); err != nil {
 		return fmt.Errorf("consumergroup: resurrect: %w", err)
 	}
-	if _, err := tx.Exec(ctx, g.q.AddSubscribed, g.cfg.Topic, mask(sub.bit), sub.id); err != nil {
+	if _, err := tx.Exec(ctx, g.q.AddSubscribed, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "bit_mask": mask(sub.bit), "sub": sub.id}); err != nil {
 		return fmt.Errorf("consumergroup: resurrect: %w", err)
 	}
 	// The group's backfill reads exactly what it had not read: no mode
 	// records per message what a group finished.
-	if _, err := tx.Exec(ctx, g.q.ResurrectOffset, sub.id, opts.MaxBackfill); err != nil {
+	if _, err := tx.Exec(ctx, g.q.ResurrectOffset, pgx.StrictNamedArgs{"sub": sub.id, "max_backfill": opts.MaxBackfill}); err != nil {
 		return fmt.Errorf("consumergroup: resurrect: %w", err)
 	}
 	g.logger.Warn("pgoutbox: consumer group came back from DEAD; new messages flow at once, and a backfill delivers what it had not completed beside them",
@@ -476,7 +480,7 @@ func (g *Group) transition(ctx context.Context, to State) error {
 		if err := g.lockOffset(ctx, tx, sub.id); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, g.q.SetStatus, sub.id, string(to)); err != nil {
+		if _, err := tx.Exec(ctx, g.q.SetStatus, pgx.StrictNamedArgs{"sub": sub.id, "status": string(to)}); err != nil {
 			return fmt.Errorf("consumergroup: set state: %w", err)
 		}
 		return nil
@@ -508,13 +512,13 @@ func (g *Group) cancel(ctx context.Context) (*subscription, error) {
 		if err := g.lockTopic(ctx, tx); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, g.q.SetStatus, sub.id, string(Cancelled)); err != nil {
+		if _, err := tx.Exec(ctx, g.q.SetStatus, pgx.StrictNamedArgs{"sub": sub.id, "status": string(Cancelled)}); err != nil {
 			return fmt.Errorf("consumergroup: cancel: %w", err)
 		}
-		if _, err := tx.Exec(ctx, g.q.RemoveSubscribed, g.cfg.Topic, mask(sub.bit), sub.id); err != nil {
+		if _, err := tx.Exec(ctx, g.q.RemoveSubscribed, pgx.StrictNamedArgs{"topic": g.cfg.Topic, "bit_mask": mask(sub.bit), "sub": sub.id}); err != nil {
 			return fmt.Errorf("consumergroup: cancel: %w", err)
 		}
-		if _, err := tx.Exec(ctx, g.q.DeleteGroupState, sub.id); err != nil {
+		if _, err := tx.Exec(ctx, g.q.DeleteGroupState, pgx.StrictNamedArgs{"sub": sub.id}); err != nil {
 			return fmt.Errorf("consumergroup: cancel: %w", err)
 		}
 		return nil

@@ -78,7 +78,7 @@ func (m *Maintainer) DetectDead(ctx context.Context, topic string) ([]string, er
 func (m *Maintainer) detectDead(ctx context.Context, db beginQuerier, topic string) ([]deadGroup, error) {
 	// Most looks find nobody dead: check without taking any lock.
 	var found bool
-	if err := db.QueryRow(ctx, m.q.AnyDeadCandidate, topic).Scan(&found); err != nil || !found {
+	if err := db.QueryRow(ctx, m.q.AnyDeadCandidate, pgx.StrictNamedArgs{"topic": topic}).Scan(&found); err != nil || !found {
 		if err != nil {
 			return nil, fmt.Errorf("consumergroup: dead group detection: %w", err)
 		}
@@ -107,7 +107,7 @@ func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic str
 	var dead []deadGroup
 	err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
 		dead = nil
-		rows, err := tx.Query(ctx, m.q.DeadCandidates, topic)
+		rows, err := tx.Query(ctx, m.q.DeadCandidates, pgx.StrictNamedArgs{"topic": topic})
 		if err != nil {
 			return err
 		}
@@ -120,7 +120,7 @@ func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic str
 		for i, c := range cands {
 			ids[i] = c.id
 		}
-		rows, err = tx.Query(ctx, m.q.LockOffsetsSkipLocked, ids)
+		rows, err = tx.Query(ctx, m.q.LockOffsetsSkipLocked, pgx.StrictNamedArgs{"subs": ids})
 		if err != nil {
 			return err
 		}
@@ -142,10 +142,10 @@ func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic str
 			return err
 		}
 		for _, d := range dead {
-			if _, err := tx.Exec(ctx, m.q.SetStatus, d.id, string(Dead)); err != nil {
+			if _, err := tx.Exec(ctx, m.q.SetStatus, pgx.StrictNamedArgs{"sub": d.id, "status": string(Dead)}); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, m.q.RemoveSubscribed, topic, mask(d.bit), d.id); err != nil {
+			if _, err := tx.Exec(ctx, m.q.RemoveSubscribed, pgx.StrictNamedArgs{"topic": topic, "bit_mask": mask(d.bit), "sub": d.id}); err != nil {
 				return err
 			}
 		}
@@ -172,7 +172,7 @@ func (m *Maintainer) ForgetPending(ctx context.Context, topic string) error {
 }
 
 func (m *Maintainer) forgetPending(ctx context.Context, db beginQuerier, topic string) error {
-	rows, err := db.Query(ctx, m.q.PendingForgets, topic)
+	rows, err := db.Query(ctx, m.q.PendingForgets, pgx.StrictNamedArgs{"topic": topic})
 	if err != nil {
 		return fmt.Errorf("consumergroup: looking for groups to forget: %w", err)
 	}
@@ -210,7 +210,7 @@ func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.T
 			var status string
 			var bit int
 			var pending, holds bool
-			err := tx.QueryRow(ctx, m.q.LockForget, id).Scan(&status, &bit, &pending, &holds)
+			err := tx.QueryRow(ctx, m.q.LockForget, pgx.StrictNamedArgs{"sub": id}).Scan(&status, &bit, &pending, &holds)
 			if errors.Is(err, pgx.ErrNoRows) {
 				done = true
 				return nil
@@ -229,7 +229,7 @@ func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.T
 			}
 			if n == 0 {
 				done = true
-				_, err = tx.Exec(ctx, m.q.ForgetDone, id)
+				_, err = tx.Exec(ctx, m.q.ForgetDone, pgx.StrictNamedArgs{"sub": id})
 			}
 			return err
 		})
@@ -253,7 +253,7 @@ func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) erro
 		return err
 	}
 	return pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, m.q.DeadLettersToComplete, topic)
+		rows, err := tx.Query(ctx, m.q.DeadLettersToComplete, pgx.StrictNamedArgs{"topic": topic})
 		if err != nil {
 			return err
 		}
@@ -307,7 +307,7 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 	err = pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
 		// Like a producer: a subscription change (which may start a
 		// backfill) waits for this cleanup, and a later one sees it.
-		if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
+		if _, err := tx.Exec(ctx, m.q.LockTopicShared, pgx.StrictNamedArgs{"topic": topic}); err != nil {
 			return err
 		}
 		// Read under the lock: a change of tracking mode waits for it.
@@ -328,7 +328,7 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 		}
 		// The change is over once no message written under an earlier
 		// mode is left (a later change waits for the lock this holds).
-		over, err := tx.Exec(ctx, m.q.ModeChangeOver, topic)
+		over, err := tx.Exec(ctx, m.q.ModeChangeOver, pgx.StrictNamedArgs{"topic": topic})
 		if err == nil && over.RowsAffected() > 0 {
 			m.logger.Info("pgoutbox: the tracking mode change is complete: no message written under the earlier mode is left",
 				slog.String("topic", topic), slog.String("mode", string(t.Tracking)))
@@ -369,7 +369,7 @@ func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi
 	if !onLog(t) {
 		return false, nil
 	}
-	if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
+	if _, err := tx.Exec(ctx, m.q.LockTopicShared, pgx.StrictNamedArgs{"topic": topic}); err != nil {
 		return false, fmt.Errorf("consumergroup: partition check of %q: %w", topic, err)
 	}
 	// Read under the lock: a change of tracking mode waits for it.
@@ -409,7 +409,7 @@ func (m *Maintainer) CapRetention(ctx context.Context, topic string, limit int) 
 	var total int64
 	var unread map[string]int64
 	err = pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, m.q.LockTopicShared, topic); err != nil {
+		if _, err := tx.Exec(ctx, m.q.LockTopicShared, pgx.StrictNamedArgs{"topic": topic}); err != nil {
 			return err
 		}
 		keep := completion.Retention{Now: m.client.Now(), Completed: t.MaxRetention, ZeroSubscription: t.MaxRetention}
@@ -417,7 +417,10 @@ func (m *Maintainer) CapRetention(ctx context.Context, topic string, limit int) 
 		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, m.mq.RetentionCap, topic, below, keep.Now, t.MaxRetention.Microseconds(), limit)
+		rows, err := tx.Query(ctx, m.mq.RetentionCap, pgx.StrictNamedArgs{
+			"topic": topic, "below_xid": below, "now": keep.Now,
+			"max_retention_us": t.MaxRetention.Microseconds(), "batch_size": limit,
+		})
 		if err != nil {
 			return err
 		}
@@ -470,7 +473,7 @@ func (m *Maintainer) RemoveGroup(ctx context.Context, topic, group string) error
 	if before == Cancelled {
 		before = "" // removing a cancelled group leaves no tombstone: its name was free already
 	}
-	if _, err := m.pool.Exec(ctx, m.mq.DeleteSubscription, sub.id, string(before)); err != nil {
+	if _, err := m.pool.Exec(ctx, m.mq.DeleteSubscription, pgx.StrictNamedArgs{"sub": sub.id, "last_status": string(before)}); err != nil {
 		return fmt.Errorf("consumergroup: remove group %q of %q: %w", group, topic, err)
 	}
 	m.logger.Info("pgoutbox: consumer group removed", slog.String("topic", topic), slog.String("removed_group", group),
@@ -515,7 +518,7 @@ func (m *Maintainer) Inconsistencies(ctx context.Context, limit int) ([]Inconsis
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: limit %d: must be at least 1", outbox.ErrInvalidConfig, limit)
 	}
-	rows, err := m.pool.Query(ctx, m.q.Inconsistencies, limit)
+	rows, err := m.pool.Query(ctx, m.q.Inconsistencies, pgx.StrictNamedArgs{"limit": limit})
 	if err != nil {
 		return nil, fmt.Errorf("consumergroup: inconsistencies: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -86,8 +87,10 @@ func (g *Group) observeBlockedGroups() metric.Registration {
 		}
 		var n int64
 		var since *time.Time
-		err = g.pool.QueryRow(ctx, g.q.BlockedGroupsSummary, g.cfg.Topic, g.cfg.Group,
-			topic.OrderedDeadLetters == outbox.BlockGroup).Scan(&n, &since)
+		err = g.pool.QueryRow(ctx, g.q.BlockedGroupsSummary, pgx.StrictNamedArgs{
+			"topic": g.cfg.Topic, "group_name": g.cfg.Group,
+			"dead_letter_blocks": topic.OrderedDeadLetters == outbox.BlockGroup,
+		}).Scan(&n, &since)
 		if err != nil {
 			g.logger.Warn("pgoutbox: reading blocked message groups failed", slog.Any("error", err))
 			return nil

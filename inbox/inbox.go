@@ -167,7 +167,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 		return in, nil
 	}
 	in.filter = newFilter(cfg.FilterCapacity, cfg.FalsePositiveRate)
-	rows, err := pool.Query(ctx, in.q.Recent, cfg.Name, int64(cfg.FilterCapacity), in.now())
+	rows, err := pool.Query(ctx, in.q.Recent,
+		pgx.StrictNamedArgs{"inbox": cfg.Name, "limit": int64(cfg.FilterCapacity), "now": in.now()})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: load recent keys: %w", err)
 	}
@@ -194,7 +195,7 @@ func (in *Inbox) Handle(ctx context.Context, d *outbox.Delivery, h Handler) (boo
 	if in.filter == nil || in.filter.mayContain(key) {
 		in.lookups.Add(1)
 		var seen bool
-		if err := in.pool.QueryRow(ctx, in.q.Seen, in.cfg.Name, key).Scan(&seen); err != nil {
+		if err := in.pool.QueryRow(ctx, in.q.Seen, pgx.StrictNamedArgs{"inbox": in.cfg.Name, "key": key}).Scan(&seen); err != nil {
 			return false, fmt.Errorf("inbox: look up key: %w", err)
 		}
 		if seen {
@@ -204,7 +205,9 @@ func (in *Inbox) Handle(ctx context.Context, d *outbox.Delivery, h Handler) (boo
 	}
 	var dup bool
 	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, in.q.Record, in.cfg.Name, key, in.now(), in.cfg.Retention.Microseconds())
+		tag, err := tx.Exec(ctx, in.q.Record, pgx.StrictNamedArgs{
+			"inbox": in.cfg.Name, "key": key, "now": in.now(), "retention_us": in.cfg.Retention.Microseconds(),
+		})
 		if err != nil {
 			return fmt.Errorf("inbox: record key: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,7 +29,7 @@ import (
 func (s *Service) cleanup(ctx context.Context, j *job, r *Report) error {
 	var errs []error
 	stmt, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
-	_, err := s.pool.Exec(stmt, s.q.CopyDeadLetters, nil) // of every group
+	_, err := s.pool.Exec(stmt, s.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": nil}) // of every group
 	cancel()
 	errs = append(errs, err)
 
@@ -46,14 +47,17 @@ func (s *Service) cleanup(ctx context.Context, j *job, r *Report) error {
 
 	for _, d := range []struct {
 		table, query string
-		args         []any
+		args         pgx.StrictNamedArgs // all but @batch_size, which each batch sets
 	}{
-		{"outbox_group_retries", s.q.ExpireGroupDeadLetters, []any{s.cfg.DeadLetterRetention.Microseconds()}},
-		{"outbox_idempotency_keys", s.q.ExpireIdempotencyKeys, []any{s.cfg.Client.Now()}},
-		{"outbox_inbox", s.q.ExpireInbox, []any{s.cfg.Client.Now()}},
+		{"outbox_group_retries", s.q.ExpireGroupDeadLetters,
+			pgx.StrictNamedArgs{"retention_us": s.cfg.DeadLetterRetention.Microseconds()}},
+		{"outbox_idempotency_keys", s.q.ExpireIdempotencyKeys, pgx.StrictNamedArgs{"now": s.cfg.Client.Now()}},
+		{"outbox_inbox", s.q.ExpireInbox, pgx.StrictNamedArgs{"now": s.cfg.Client.Now()}},
 	} {
 		n, err := s.drain(ctx, j, func(ctx context.Context, limit int) (int64, error) {
-			tag, err := s.pool.Exec(ctx, d.query, append(d.args, limit)...)
+			args := pgx.StrictNamedArgs{"batch_size": limit}
+			maps.Copy(args, d.args)
+			tag, err := s.pool.Exec(ctx, d.query, args)
 			return tag.RowsAffected(), err
 		})
 		r.deleted(d.table, n)
@@ -122,7 +126,8 @@ func (s *Service) counterOrphans(ctx context.Context, j *job, r *Report) error {
 	defer cancel()
 	var next *int64
 	var n int64
-	if err := s.pool.QueryRow(stmt, s.q.CounterOrphans, s.orphanCursor.Load(), j.batchSize()).Scan(&next, &n); err != nil {
+	if err := s.pool.QueryRow(stmt, s.q.CounterOrphans,
+		pgx.StrictNamedArgs{"after_id": s.orphanCursor.Load(), "batch_size": j.batchSize()}).Scan(&next, &n); err != nil {
 		return fmt.Errorf("counter orphans: %w", err)
 	}
 	if next == nil {

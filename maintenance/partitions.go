@@ -156,7 +156,8 @@ func (s *Service) createOne(ctx context.Context, tx pgx.Tx) (bool, error) {
 	}
 	hi := lo + w
 	var id int64
-	if err := tx.QueryRow(ctx, s.pq.Insert, strconv.FormatUint(lo, 10), strconv.FormatUint(hi, 10)).Scan(&id); err != nil {
+	if err := tx.QueryRow(ctx, s.pq.Insert,
+		pgx.StrictNamedArgs{"lo": strconv.FormatUint(lo, 10), "hi": strconv.FormatUint(hi, 10)}).Scan(&id); err != nil {
 		return false, fmt.Errorf("partitions: record: %w", err)
 	}
 	for _, ddl := range s.pq.Create(id, lo, hi) {
@@ -190,7 +191,7 @@ func (s *Service) dropDone(ctx context.Context, r *Report) error {
 		}
 		if p.sealedAt == nil {
 			stmt, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
-			err := s.pool.QueryRow(stmt, s.pq.Seal, p.id).Scan(&p.sealedAt)
+			err := s.pool.QueryRow(stmt, s.pq.Seal, pgx.StrictNamedArgs{"partition_id": p.id}).Scan(&p.sealedAt)
 			cancel()
 			if errors.Is(err, pgx.ErrNoRows) {
 				continue // another instance dropped it
@@ -238,7 +239,7 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 	err = s.withDDLRetries(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		dropped, holder = false, ""
 		var listed bool
-		if err := tx.QueryRow(ctx, s.pq.Listed, p.id).Scan(&listed); err != nil || !listed {
+		if err := tx.QueryRow(ctx, s.pq.Listed, pgx.StrictNamedArgs{"partition_id": p.id}).Scan(&listed); err != nil || !listed {
 			return err // another instance dropped it
 		}
 		c, err := s.readClock(ctx, tx) // what was written from its xmin on is checked again under the lock
@@ -271,7 +272,7 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 			return fmt.Errorf("partitions: drop outbox_published_p%d: %w", p.id, err)
 		}
 		var written bool
-		if err := tx.QueryRow(ctx, s.pq.WrittenSince(p.id), before).Scan(&written); err != nil {
+		if err := tx.QueryRow(ctx, s.pq.WrittenSince(p.id), pgx.StrictNamedArgs{"xmin": before}).Scan(&written); err != nil {
 			return fmt.Errorf("partitions: drop outbox_published_p%d: %w", p.id, err)
 		}
 		if written {
@@ -281,7 +282,7 @@ func (s *Service) dropPartition(ctx context.Context, p partition, sealed time.Ti
 		if _, err := tx.Exec(ctx, s.pq.Drop(p.id)); err != nil {
 			return fmt.Errorf("partitions: drop outbox_published_p%d: %w", p.id, err)
 		}
-		if _, err = tx.Exec(ctx, s.pq.Forget, p.id); err != nil {
+		if _, err = tx.Exec(ctx, s.pq.Forget, pgx.StrictNamedArgs{"partition_id": p.id}); err != nil {
 			return err
 		}
 		dropped = true

@@ -26,7 +26,8 @@ import (
 func (s *Service) subscriptions(ctx context.Context, j *job, r *Report) error {
 	var errs []error
 	n, err := s.drain(ctx, j, func(ctx context.Context, limit int) (int64, error) {
-		tag, err := s.pool.Exec(ctx, s.q.CancelledSubscriptions, s.cfg.SubscriptionRetention.Microseconds(), limit)
+		tag, err := s.pool.Exec(ctx, s.q.CancelledSubscriptions,
+			pgx.StrictNamedArgs{"retention_us": s.cfg.SubscriptionRetention.Microseconds(), "batch_size": limit})
 		return tag.RowsAffected(), err
 	})
 	r.deleted("outbox_topic_subscriptions", n)
@@ -46,8 +47,10 @@ func (s *Service) deadGroupWarning() time.Duration {
 
 func (s *Service) removeDeadGroups(ctx context.Context, r *Report) error {
 	stmt, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
-	rows, err := s.pool.Query(stmt, s.q.DeadGroupsDue, (s.cfg.SubscriptionRetention - s.deadGroupWarning()).Microseconds(),
-		s.cfg.SubscriptionRetention.Microseconds())
+	rows, err := s.pool.Query(stmt, s.q.DeadGroupsDue, pgx.StrictNamedArgs{
+		"warn_after_us": (s.cfg.SubscriptionRetention - s.deadGroupWarning()).Microseconds(),
+		"retention_us":  s.cfg.SubscriptionRetention.Microseconds(),
+	})
 	if err != nil {
 		cancel()
 		return fmt.Errorf("dead groups due: %w", err)

@@ -236,13 +236,13 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 	var tag pgconn.CommandTag
 	var kept TrackingMode // a topic in use keeps its mode
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, c.sql.LockTopic, cfg.Name); err != nil {
+		if _, err := tx.Exec(ctx, c.sql.LockTopic, pgx.StrictNamedArgs{"topic": cfg.Name}); err != nil {
 			return err
 		}
 		if cfg.Semantics == PubSub {
 			var current string
 			var inUse bool
-			err := tx.QueryRow(ctx, c.sql.TrackingInUse, cfg.Name).Scan(&current, &inUse)
+			err := tx.QueryRow(ctx, c.sql.TrackingInUse, pgx.StrictNamedArgs{"topic": cfg.Name}).Scan(&current, &inUse)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return err
 			}
@@ -251,17 +251,29 @@ func (c *Client) ConfigureTopic(ctx context.Context, cfg TopicConfig) error {
 			}
 		}
 		var err error
-		tag, err = tx.Exec(ctx, c.sql.UpsertTopic, cfg.Name, string(cfg.Semantics), tracking,
-			cfg.Retention.Microseconds(), cfg.MaxAttempts, cfg.BackoffInitial.Microseconds(),
-			cfg.BackoffMax.Microseconds(), cfg.Lease.Microseconds(),
-			cfg.ZeroSubscriptionRetention.Microseconds(), cfg.BlockWritesOnZeroSubscriptions,
-			cfg.IdempotencyWindow.Microseconds(), cfg.MaxRetention.Microseconds(), cfg.ZombieTTL.Microseconds(),
-			cfg.Ordered, orderedDeadLetters)
+		tag, err = tx.Exec(ctx, c.sql.UpsertTopic, pgx.StrictNamedArgs{
+			"topic":                              cfg.Name,
+			"semantics":                          string(cfg.Semantics),
+			"tracking_mode":                      tracking,
+			"retention_us":                       cfg.Retention.Microseconds(),
+			"max_attempts":                       cfg.MaxAttempts,
+			"backoff_initial_us":                 cfg.BackoffInitial.Microseconds(),
+			"backoff_max_us":                     cfg.BackoffMax.Microseconds(),
+			"lease_duration_us":                  cfg.Lease.Microseconds(),
+			"zero_subscription_retention_us":     cfg.ZeroSubscriptionRetention.Microseconds(),
+			"block_writes_on_zero_subscriptions": cfg.BlockWritesOnZeroSubscriptions,
+			"idempotency_window_us":              cfg.IdempotencyWindow.Microseconds(),
+			"max_retention_us":                   cfg.MaxRetention.Microseconds(),
+			"zombie_ttl_us":                      cfg.ZombieTTL.Microseconds(),
+			"ordered":                            cfg.Ordered,
+			"ordered_dead_letters":               orderedDeadLetters,
+		})
 		if err != nil || cfg.Semantics != Queue {
 			return err
 		}
 		// A QUEUE topic's messages live on the log, read by its one group.
-		_, err = tx.Exec(ctx, c.sql.QueueOnLog, cfg.Name, queueGroupHeartbeatTimeout.Microseconds())
+		_, err = tx.Exec(ctx, c.sql.QueueOnLog, pgx.StrictNamedArgs{"topic": cfg.Name,
+			"heartbeat_timeout_us": queueGroupHeartbeatTimeout.Microseconds()})
 		return err
 	})
 	if err != nil {
@@ -311,11 +323,11 @@ func (c *Client) ChangeTrackingMode(ctx context.Context, topic string, mode Trac
 		// Like a change of the subscribed set: the topic's lock, waiting
 		// for its producers, then its row, so that a producer statement
 		// that waited re-reads it (see sqlq.insertPublished).
-		if _, err := tx.Exec(ctx, c.sql.LockTopic, topic); err != nil {
+		if _, err := tx.Exec(ctx, c.sql.LockTopic, pgx.StrictNamedArgs{"topic": topic}); err != nil {
 			return err
 		}
 		var semantics, current string
-		err := tx.QueryRow(ctx, c.sql.LockTopicRow, topic).Scan(&semantics, &current)
+		err := tx.QueryRow(ctx, c.sql.LockTopicRow, pgx.StrictNamedArgs{"topic": topic}).Scan(&semantics, &current)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return fmt.Errorf("%w: topic %q", ErrNotFound, topic)
@@ -328,17 +340,17 @@ func (c *Client) ChangeTrackingMode(ctx context.Context, topic string, mode Trac
 		}
 		if mode == Bitmap {
 			var short int64
-			if err := tx.QueryRow(ctx, c.sql.AssignBits, topic).Scan(&short); err != nil {
+			if err := tx.QueryRow(ctx, c.sql.AssignBits, pgx.StrictNamedArgs{"topic": topic}).Scan(&short); err != nil {
 				return err
 			}
 			if short > 0 {
 				return fmt.Errorf("%w: %d more groups than free bits; choose Counter or Offset", ErrTooManyGroups, short)
 			}
-			if _, err := tx.Exec(ctx, c.sql.ResetSubscribedBits, topic); err != nil {
+			if _, err := tx.Exec(ctx, c.sql.ResetSubscribedBits, pgx.StrictNamedArgs{"topic": topic}); err != nil {
 				return err
 			}
 		}
-		_, err = tx.Exec(ctx, c.sql.ChangeTracking, topic, string(mode))
+		_, err = tx.Exec(ctx, c.sql.ChangeTracking, pgx.StrictNamedArgs{"topic": topic, "tracking_mode": string(mode)})
 		return err
 	})
 	if err != nil {
@@ -425,7 +437,7 @@ func (c *Client) loadTopic(ctx context.Context, db QueryRower, name string) (Top
 		block, ordered, modeChanging                   bool
 		orderedDeadLetters                             string
 	)
-	err := db.QueryRow(ctx, c.sql.SelectTopic, name).Scan(&semantics, &tracking, &retention, &maxAttempts,
+	err := db.QueryRow(ctx, c.sql.SelectTopic, pgx.StrictNamedArgs{"topic": name}).Scan(&semantics, &tracking, &retention, &maxAttempts,
 		&backoffInitial, &backoffMax, &leaseUS, &zeroRetention, &block, &idempotencyWindow, &maxRetention, &zombieTTL,
 		&ordered, &orderedDeadLetters, &modeChanging)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ExpireIdempotencyKeys deletes the idempotency keys, of every topic, whose
@@ -15,7 +17,7 @@ func (c *Client) ExpireIdempotencyKeys(ctx context.Context) (int64, error) {
 	const batch = 1000
 	var total int64
 	for {
-		tag, err := c.pool.Exec(ctx, c.sql.ExpireIdempotencyKeys, c.now(), batch)
+		tag, err := c.pool.Exec(ctx, c.sql.ExpireIdempotencyKeys, pgx.StrictNamedArgs{"now": c.now(), "batch_size": batch})
 		if err != nil {
 			return total, fmt.Errorf("outbox: expire idempotency keys: %w", err)
 		}

@@ -199,16 +199,16 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 	// A QUEUE message available at once is written with the six-argument
 	// statement; every other statement also takes the delivery time.
 	atOnce := topic.semantics == Queue && !topic.ordered && notBefore == nil && m.Delay == 0 && p.clock == nil
-	args := make([]any, 6, 10)
 	// JSON travels as json.RawMessage, which pgx sends as json in every
 	// query exec mode ([]byte would be bytea where pgx assumes types).
-	args[0], args[1], args[2], args[3], args[4], args[5] = m.Topic, m.Payload, json.RawMessage(headers), corrID, group, int16(m.Priority)
+	args := sqlq.Args{"topic": m.Topic, "payload": m.Payload, "headers": json.RawMessage(headers),
+		"correlation_id": corrID, "message_group": group, "priority": int16(m.Priority)}
 	if !atOnce {
-		args = append(args, notBefore, m.Delay.Microseconds(), p.now())
+		args["not_before"], args["delay_us"], args["now"] = notBefore, m.Delay.Microseconds(), p.now()
 	}
 	notify := p.notifier.due(m.Topic, p.notifier.now())
 	if notify {
-		args = append(args, p.channel)
+		args["channel"] = p.channel
 	}
 	id, written, err := p.insertOne(ctx, tx, p.insertStatement(topic, atOnce, notify), args)
 	if err == nil && !written && topic.semantics == "" {
@@ -231,8 +231,8 @@ func (p *Producer) sendOne(ctx context.Context, tx Executor, m *Message) (int64,
 
 // insertStatement picks sendOne's statement for what the producer knows
 // of the topic; atOnce selects insertQueued.
-func (p *Producer) insertStatement(topic learnedSemantics, atOnce, notify bool) string {
-	var query, notifyQuery string
+func (p *Producer) insertStatement(topic learnedSemantics, atOnce, notify bool) sqlq.Named {
+	var query, notifyQuery sqlq.Named
 	switch {
 	case atOnce && topic.onLog:
 		query, notifyQuery = p.sql.InsertLogged, p.sql.InsertLoggedNotify
@@ -261,8 +261,8 @@ func (p *Producer) insertStatement(topic learnedSemantics, atOnce, notify bool) 
 
 // insertOne runs a single-row insert statement; written is false when it
 // wrote no row.
-func (p *Producer) insertOne(ctx context.Context, tx Executor, query string, args []any) (id int64, written bool, err error) {
-	rows, err := tx.Query(ctx, query, args...)
+func (p *Producer) insertOne(ctx context.Context, tx Executor, query sqlq.Named, args sqlq.Args) (id int64, written bool, err error) {
+	rows, err := tx.Query(ctx, query.Numbered, query.Bind(args)...)
 	if err != nil {
 		return 0, false, sendError(err)
 	}
@@ -295,7 +295,7 @@ func (p *Producer) topicSemantics(ctx context.Context, tx Executor, topic string
 			return l, nil
 		}
 	}
-	rows, err := tx.Query(ctx, p.sql.SelectSemantics, topic)
+	rows, err := tx.Query(ctx, p.sql.SelectSemantics.Numbered, p.sql.SelectSemantics.Bind(sqlq.Args{"topic": topic})...)
 	if err != nil {
 		return learnedSemantics{}, sendError(err)
 	}
@@ -384,14 +384,15 @@ func (p *Producer) sendBatch(ctx context.Context, tx Executor, msgs []Message) (
 		delays[i] = m.Delay.Microseconds()
 	}
 
-	args := []any{topics, payloads, headers, corrIDs, groups, priorities, keys, notBefore, delays, p.now(),
-		DefaultIdempotencyWindow.Microseconds()}
+	args := sqlq.Args{"topics": topics, "payloads": payloads, "headers": headers, "correlation_ids": corrIDs,
+		"message_groups": groups, "priorities": priorities, "idempotency_keys": keys, "not_befores": notBefore,
+		"delays_us": delays, "now": p.now(), "idempotency_window_us": DefaultIdempotencyWindow.Microseconds()}
 	query := p.sql.Insert
 	if wake := p.notifier.dueTopics(topics); len(wake) > 0 {
 		query = p.sql.InsertNotify
-		args = append(args, p.channel, wake)
+		args["channel"], args["notify_topics"] = p.channel, wake
 	}
-	rows, err := tx.Query(ctx, query, args...)
+	rows, err := tx.Query(ctx, query.Numbered, query.Bind(args)...)
 	if err != nil {
 		return nil, sendError(err)
 	}
@@ -436,7 +437,7 @@ func (p *Producer) resolveIdempotent(ctx context.Context, tx Executor, msgs []Me
 	}
 	found := map[[2]string]int64{}
 	for topic, keys := range byTopic {
-		rows, err := tx.Query(ctx, p.sql.SelectIdempotent, topic, keys)
+		rows, err := tx.Query(ctx, p.sql.SelectIdempotent.Numbered, p.sql.SelectIdempotent.Bind(sqlq.Args{"topic": topic, "keys": keys})...)
 		if err != nil {
 			return fmt.Errorf("outbox: send: idempotency lookup: %w", err)
 		}

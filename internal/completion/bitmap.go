@@ -3,6 +3,7 @@ package completion
 import (
 	"context"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,7 +25,7 @@ func (*Bitmap) Mode() outbox.TrackingMode { return outbox.Bitmap }
 // Complete implements Tracker: one INSERT of a record per message, beside
 // it (a message recorded twice counts once).
 func (b *Bitmap) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
-	_, err := exec(ctx, tx, "bitmap complete", b.q.CompleteRecords, ids, sub.ID)
+	_, err := exec(ctx, tx, "bitmap complete", b.q.CompleteRecords, pgx.StrictNamedArgs{"message_ids": ids, "sub": sub.ID})
 	return err
 }
 
@@ -32,9 +33,10 @@ func (b *Bitmap) Complete(ctx context.Context, tx DB, sub Subscription, ids []in
 // every row, so it can be given to another group.
 func (b *Bitmap) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {
 	if cancelled {
-		return exec(ctx, tx, "bitmap strip", b.q.BitmapStrip, sub.Topic, sub.Mask(), limit)
+		return exec(ctx, tx, "bitmap strip", b.q.BitmapStrip, pgx.StrictNamedArgs{"topic": sub.Topic, "bit": sub.Mask(), "limit": limit})
 	}
-	return exec(ctx, tx, "bitmap forget", b.q.BitmapForget, sub.Topic, sub.Mask(), limit, sub.ID)
+	return exec(ctx, tx, "bitmap forget", b.q.BitmapForget,
+		pgx.StrictNamedArgs{"topic": sub.Topic, "bit": sub.Mask(), "limit": limit, "sub": sub.ID})
 }
 
 // Cleanup implements Tracker.
@@ -46,8 +48,8 @@ func (b *Bitmap) Cleanup(ctx context.Context, db DB, topic string, keep Retentio
 // deleted.
 func cleanup(ctx context.Context, db DB, what, sql, topic string, keep Retention, limit int) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, sql, topic, keep.Now, keep.Completed.Microseconds(), limit,
-		keep.ZeroSubscription.Microseconds(), keep.below()).Scan(&n)
+	err := db.QueryRow(ctx, sql, pgx.StrictNamedArgs{"topic": topic, "now": keep.Now, "retention_us": keep.Completed.Microseconds(),
+		"limit": limit, "zero_subscription_us": keep.ZeroSubscription.Microseconds(), "below": keep.below()}).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("completion: %s: %w", what, err)
 	}
@@ -56,13 +58,18 @@ func cleanup(ctx context.Context, db DB, what, sql, topic string, keep Retention
 
 // Holds implements Tracker.
 func (b *Bitmap) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
-	return holds(ctx, db, b.q.BitmapHeld, topic, keep, lo, hi, sealed)
+	return holds(ctx, db, b.q.BitmapHeld, topic, keep, lo, hi, sealed, nil)
 }
 
-func holds(ctx context.Context, db DB, sql, topic string, keep Retention, lo, hi string, sealed time.Time, more ...any) (bool, error) {
+// holds runs a partition check (sqlq's partitionHeld) with the arguments
+// every mode's takes and more, those of its mode (its watermark).
+func holds(ctx context.Context, db DB, sql, topic string, keep Retention, lo, hi string, sealed time.Time,
+	more pgx.StrictNamedArgs) (bool, error) {
 	var held bool
-	args := append([]any{topic, keep.Now, keep.Completed.Microseconds(), lo, keep.ZeroSubscription.Microseconds(), sealed, hi}, more...)
-	err := db.QueryRow(ctx, sql, args...).Scan(&held)
+	args := pgx.StrictNamedArgs{"topic": topic, "now": keep.Now, "retention_us": keep.Completed.Microseconds(), "lo": lo,
+		"zero_subscription_us": keep.ZeroSubscription.Microseconds(), "sealed": sealed, "hi": hi}
+	maps.Copy(args, more)
+	err := db.QueryRow(ctx, sql, args).Scan(&held)
 	if err != nil {
 		return false, fmt.Errorf("completion: partition held: %w", err)
 	}

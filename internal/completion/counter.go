@@ -24,7 +24,7 @@ func (*Counter) Mode() outbox.TrackingMode { return outbox.Counter }
 // Complete implements Tracker: one INSERT of a record per message, beside
 // it (a message recorded twice counts once).
 func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
-	_, err := exec(ctx, tx, "counter complete", c.q.CompleteRecords, ids, sub.ID)
+	_, err := exec(ctx, tx, "counter complete", c.q.CompleteRecords, pgx.StrictNamedArgs{"message_ids": ids, "sub": sub.ID})
 	return err
 }
 
@@ -37,9 +37,9 @@ func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []i
 // completion would then satisfy.
 func (c *Counter) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancelled bool, limit int) (int64, error) {
 	if cancelled {
-		return exec(ctx, tx, "counter strip", c.q.CounterStrip, sub.Topic, sub.ID, limit)
+		return exec(ctx, tx, "counter strip", c.q.CounterStrip, pgx.StrictNamedArgs{"topic": sub.Topic, "sub": sub.ID, "limit": limit})
 	}
-	rows, err := tx.Query(ctx, c.q.CounterForgetCandidates, sub.Topic, sub.ID, limit)
+	rows, err := tx.Query(ctx, c.q.CounterForgetCandidates, pgx.StrictNamedArgs{"topic": sub.Topic, "sub": sub.ID, "limit": limit})
 	if err != nil {
 		return 0, fmt.Errorf("completion: counter forget: %w", err)
 	}
@@ -50,7 +50,7 @@ func (c *Counter) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cance
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	if _, err := exec(ctx, tx, "counter forget", c.q.CounterForget, ids, sub.ID); err != nil {
+	if _, err := exec(ctx, tx, "counter forget", c.q.CounterForget, pgx.StrictNamedArgs{"message_ids": ids, "sub": sub.ID}); err != nil {
 		return 0, err
 	}
 	return int64(len(ids)), nil
@@ -63,5 +63,5 @@ func (c *Counter) Cleanup(ctx context.Context, db DB, topic string, keep Retenti
 
 // Holds implements Tracker.
 func (c *Counter) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {
-	return holds(ctx, db, c.q.CounterHeld, topic, keep, lo, hi, sealed)
+	return holds(ctx, db, c.q.CounterHeld, topic, keep, lo, hi, sealed, nil)
 }

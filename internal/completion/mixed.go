@@ -32,7 +32,7 @@ func (m *Mixed) Complete(ctx context.Context, tx DB, sub Subscription, ids []int
 	if m.mode == outbox.Offset {
 		sql = m.q.CompleteTracked
 	}
-	_, err := exec(ctx, tx, "complete", sql, ids, sub.ID)
+	_, err := exec(ctx, tx, "complete", sql, pgx.StrictNamedArgs{"message_ids": ids, "sub": sub.ID})
 	return err
 }
 
@@ -54,8 +54,9 @@ func (m *Mixed) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancell
 // would delete it (keep.Watermark for Offset messages).
 func (m *Mixed) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, m.q.MixedCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
-		keep.ZeroSubscription.Microseconds(), snapshotOrNull(keep.Watermark), keep.below()).Scan(&n)
+	err := db.QueryRow(ctx, m.q.MixedCleanup, pgx.StrictNamedArgs{"topic": topic, "now": keep.Now,
+		"retention_us": keep.Completed.Microseconds(), "limit": limit, "zero_subscription_us": keep.ZeroSubscription.Microseconds(),
+		"watermark": snapshotOrNull(keep.Watermark), "below": keep.below()}).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("completion: cleanup: %w", err)
 	}
@@ -69,5 +70,5 @@ func (m *Mixed) Holds(ctx context.Context, db DB, topic string, keep Retention, 
 	if err != nil {
 		return false, err
 	}
-	return holds(ctx, db, m.q.MixedHeld, topic, keep, lo, hi, sealed, snapshotOrNull(wm))
+	return holds(ctx, db, m.q.MixedHeld, topic, keep, lo, hi, sealed, pgx.StrictNamedArgs{"watermark": snapshotOrNull(wm)})
 }

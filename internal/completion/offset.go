@@ -29,8 +29,9 @@ func (*Offset) Forget(context.Context, pgx.Tx, Subscription, bool, int) (int64, 
 // floor, that no DEAD group within its ZombieTTL owes (written before it
 // died, past its position).
 func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
-	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, topic, keep.Now, keep.Completed.Microseconds(), limit,
-		keep.ZeroSubscription.Microseconds(), snapshotOrNull(keep.Watermark), keep.below())
+	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, pgx.StrictNamedArgs{"topic": topic, "now": keep.Now,
+		"retention_us": keep.Completed.Microseconds(), "limit": limit, "zero_subscription_us": keep.ZeroSubscription.Microseconds(),
+		"watermark": snapshotOrNull(keep.Watermark), "below": keep.below()})
 }
 
 // Holds implements Tracker: the watermark (see Watermark) must see every
@@ -41,7 +42,7 @@ func (o *Offset) Holds(ctx context.Context, db DB, topic string, keep Retention,
 	if err != nil {
 		return false, err
 	}
-	return holds(ctx, db, o.q.OffsetHeld, topic, keep, lo, hi, sealed, snapshotOrNull(wm))
+	return holds(ctx, db, o.q.OffsetHeld, topic, keep, lo, hi, sealed, pgx.StrictNamedArgs{"watermark": snapshotOrNull(wm)})
 }
 
 // snapshotOrNull is a pg_snapshot argument: NULL for "" (no group holds

@@ -34,7 +34,7 @@ func Watermark(ctx context.Context, db DB, schema, topic string) (string, error)
 
 // watermark is Watermark with the statements q.
 func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string, error) {
-	rows, err := db.Query(ctx, q.CommittedPosition, topic)
+	rows, err := db.Query(ctx, q.CommittedPosition, pgx.StrictNamedArgs{"topic": topic})
 	if err != nil {
 		return "", fmt.Errorf("completion: committed positions: %w", err)
 	}
@@ -132,7 +132,7 @@ func CleanupBounds(ctx context.Context, db DB, schema string, t outbox.TopicConf
 		return Bounds{}, err
 	}
 	if b.Watermark != "" {
-		if _, err := exec(ctx, db, "record watermark", q.UpsertWatermark, topic, b.Watermark); err != nil {
+		if _, err := exec(ctx, db, "record watermark", q.UpsertWatermark, pgx.StrictNamedArgs{"topic": topic, "watermark": b.Watermark}); err != nil {
 			return Bounds{}, err
 		}
 		b.Below = strings.SplitN(b.Watermark, ":", 3)[1] // its xmax: rows from it on are not visible in it
@@ -167,7 +167,8 @@ func RetentionFrontier(ctx context.Context, db DB, schema, topic string, keep Re
 // after cutoff, or below when there is none.
 func frontier(ctx context.Context, db DB, q *sqlq.PubSub, topic, below string, cutoff time.Time) (string, error) {
 	var xid *string
-	if err := db.QueryRow(ctx, q.RetentionFrontier, topic, below, cutoff).Scan(&xid); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	err := db.QueryRow(ctx, q.RetentionFrontier, pgx.StrictNamedArgs{"topic": topic, "below": below, "cutoff": cutoff}).Scan(&xid)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("completion: retention frontier: %w", err)
 	}
 	if xid != nil {

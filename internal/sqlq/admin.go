@@ -7,7 +7,7 @@ import (
 )
 
 // Admin is the SQL of package admin: reads across topics and groups whose
-// counts stop at a limit ($2), so none of them scans a backlog.
+// counts stop at a limit, so none of them scans a backlog.
 type Admin struct {
 	TopicNames, TopicStored, TopicGroups string
 	MessageGroups, MessageStored         string
@@ -44,17 +44,17 @@ UNION
 SELECT topic FROM stored WHERE topic IS NOT NULL
 ORDER BY topic`
 
-// topicStored: topic $1 holds messages.
+// topicStored: topic @topic holds messages.
 const topicStored = `
-SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_published WHERE topic = $1)`
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_published WHERE topic = @topic)`
 
-// topicGroups lists the groups subscribed to topic $1, cancelled ones
+// topicGroups lists the groups subscribed to topic @topic, cancelled ones
 // last.
 const topicGroups = `
-SELECT group_name FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1
+SELECT group_name FROM {{schema}}.outbox_topic_subscriptions WHERE topic = @topic
 ORDER BY subscription_status = 'CANCELLED', group_name`
 
-// messageGroups says, for stored message $2 of PUB_SUB topic $1, where
+// messageGroups says, for stored message @message_id of PUB_SUB topic @topic, where
 // each consumer group of the topic (but the cancelled ones) stands with it,
 // from the group's records and positions alone: its row in the group's
 // retry table (a dead letter, a delivery in flight, a retry after a
@@ -89,8 +89,8 @@ FROM {{schema}}.outbox_published AS o
 JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.topic = o.topic AND s.subscription_status <> 'CANCELLED'
 JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id
 LEFT JOIN {{schema}}.outbox_group_retries AS r ON r.subscription_id = s.id AND r.message_id = o.id
-WHERE o.topic = $1 AND o.id = $2
+WHERE o.topic = @topic AND o.id = @message_id
 ORDER BY s.group_name`
 
-// messageStored: message $2 of topic $1 is stored.
-const messageStored = `SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_published WHERE topic = $1 AND id = $2)`
+// messageStored: message @message_id of topic @topic is stored.
+const messageStored = `SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_published WHERE topic = @topic AND id = @message_id)`

@@ -19,27 +19,27 @@ SELECT position::text, pair_cur::text, resume_xid::text, resume_id,
        backfill_total, backfill_done, coalesce(backfill_started_at, now()), backfill_ended_at IS NOT NULL,
        backfill_next IS NOT NULL, set_config('jit', 'off', true) = 'off'
 FROM {{schema}}.outbox_subscription_offsets
-WHERE subscription_id = $1
+WHERE subscription_id = @sub
 FOR UPDATE SKIP LOCKED`
 
 // offsetExists tells a locked offsets row (another instance is fetching)
 // from a deleted subscription.
 const offsetExists = `
-SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1)`
+SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = @sub)`
 
 // fetchState runs after lockOffset: a state change holds the offsets row
 // while it commits, so this read is current until the fetch commits.
 // It also reads how the group tracks messages (see trackingState), and
-// whether a batch's lease ran out or a retry is due (at $2, now), so that
+// whether a batch's lease ran out or a retry is due (at @now), so that
 // a look with neither runs neither takeExpiredBatch nor claimRetries: two
 // round trips of about nine.
 var fetchState = `
 SELECT s.subscription_status, pg_current_snapshot()::text, ` + trackingState + `,
-       ` + aBatchLeaseRanOut("$1", "$2") + `,
+       ` + aBatchLeaseRanOut("@sub", "@now") + `,
        EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries
-               WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($2::timestamptz, now()))
+               WHERE subscription_id = @sub AND status = 'RETRY' AND available_at <= coalesce(@now::timestamptz, now()))
 FROM {{schema}}.outbox_topic_subscriptions AS s JOIN {{schema}}.outbox_topics AS t ON t.topic = s.topic
-WHERE s.id = $1`
+WHERE s.id = @sub`
 
 // aBatchLeaseRanOut is true when a batch of subscription sub has a lease
 // that ran out before now (a parameter: NULL for the database's time),
@@ -75,28 +75,28 @@ SELECT count(*) FROM (SELECT 1 FROM (` + unseenRows("o.id", `o.topic = @topic AN
           AND pg_visible_in_snapshot(o.xid, @cur::pg_snapshot) AND NOT pg_visible_in_snapshot(o.xid, @prev::pg_snapshot)`,
 	"@prev::pg_snapshot", "'0'::xid8", "-1", "@limit") + `) AS u LIMIT @limit) AS r`
 
-// catchupProgress records a catch-up batch: the cursor moves to ($2, $3),
-// $4 more rows are handed out; $5 ends the reading ($6 says why: DONE, or
-// CAPPED at MaxBackfill). $7 records the estimated size when not 0.
+// catchupProgress records a catch-up batch: the cursor moves to (@after_xid, @after_id),
+// @handed_out more rows are handed out; @ended ends the reading (@outcome says why: DONE, or
+// CAPPED at MaxBackfill). @total records the estimated size when not 0.
 const catchupProgress = `
 UPDATE {{schema}}.outbox_subscription_offsets
-SET backfill_xid = coalesce($2::text::xid8, backfill_xid), backfill_id = coalesce($3, backfill_id),
-    backfill_left = backfill_left - $4, backfill_done = backfill_done + $4,
-    backfill_total = CASE WHEN $7 > 0 THEN $7 ELSE backfill_total END,
-    backfill_ended_at = CASE WHEN $5 THEN now() ELSE backfill_ended_at END,
-    backfill_outcome = CASE WHEN $5 THEN $6 ELSE backfill_outcome END, updated_at = now()
-WHERE subscription_id = $1`
+SET backfill_xid = coalesce(@after_xid::text::xid8, backfill_xid), backfill_id = coalesce(@after_id, backfill_id),
+    backfill_left = backfill_left - @handed_out, backfill_done = backfill_done + @handed_out,
+    backfill_total = CASE WHEN @total > 0 THEN @total ELSE backfill_total END,
+    backfill_ended_at = CASE WHEN @ended THEN now() ELSE backfill_ended_at END,
+    backfill_outcome = CASE WHEN @ended THEN @outcome ELSE backfill_outcome END, updated_at = now()
+WHERE subscription_id = @sub`
 
 // finishBackfill drops a backfill whose reading ended once none of its
 // batches is open: from then on its rows are no longer kept for it.
 const finishBackfill = `
 UPDATE {{schema}}.outbox_subscription_offsets
 SET backfill_from = NULL, backfill_upto = NULL, backfill_lower = NULL, backfill_next = NULL, updated_at = now()
-WHERE subscription_id = $1 AND backfill_ended_at IS NOT NULL AND backfill_upto IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1 AND catchup)`
+WHERE subscription_id = @sub AND backfill_ended_at IS NOT NULL AND backfill_upto IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches WHERE subscription_id = @sub AND catchup)`
 
 // cancelBackfill ends the reading of the group's pending backfill (by
-// name: $1 topic, $2 group).
+// name: @topic, @group_name).
 const cancelBackfill = `
 UPDATE {{schema}}.outbox_subscription_offsets
 SET backfill_ended_at = now(), backfill_outcome = 'CANCELLED', updated_at = now()
@@ -177,8 +177,8 @@ func notCompleted(alias string) string {
 // comparisons. "OFFSET 0" keeps a subquery from being pulled up into a join.
 const perRow = ` OFFSET 0`
 
-// takeExpiredBatch removes one batch of subscription $1 whose lease ran out
-// before $2 (its instance crashed or hung) and returns what it covered;
+// takeExpiredBatch removes one batch of subscription @sub whose lease ran out
+// before @now (its instance crashed or hung) and returns what it covered;
 // moveBatchToRetries, in the same transaction, then moves its rows to the
 // retry table: each has spent an attempt and counts a lease expiry (see
 // isSuspect), so a message that crashes its process cannot hold its batch,
@@ -189,7 +189,7 @@ const perRow = ` OFFSET 0`
 const takeExpiredBatch = `
 DELETE FROM {{schema}}.outbox_group_batches
 WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
-            WHERE subscription_id = $1 AND lease_until < coalesce($2::timestamptz, now())
+            WHERE subscription_id = @sub AND lease_until < coalesce(@now::timestamptz, now())
             ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING prev::text, cur::text, after_xid::text, after_id, last_xid::text, last_id, member, catchup`
 
@@ -253,11 +253,11 @@ func notSetAside(alias, sub string) string {
                                    WHERE t.subscription_id = ` + sub + `)))`
 }
 
-// setAside records that subscription $1 set the messages $2 (xids $3)
+// setAside records that subscription @sub set @message_ids (of @xids)
 // aside (see parkRows).
 const setAside = `
 INSERT INTO {{schema}}.outbox_group_set_aside (subscription_id, message_id, xid)
-SELECT $1, u.id, u.xid::xid8 FROM unnest($2::bigint[], $3::text[]) AS u(id, xid)
+SELECT @sub, u.id, u.xid::xid8 FROM unnest(@message_ids::bigint[], @xids::text[]) AS u(id, xid)
 ON CONFLICT DO NOTHING`
 
 // takeAhead takes up to @limit messages of a priority above 0 ahead of
@@ -299,17 +299,17 @@ WITH ahead AS (
 )
 SELECT count(*) FROM parked`
 
-// forgetSetAside drops the records of messages subscription $1 set
+// forgetSetAside drops the records of messages subscription @sub set
 // aside that no read of the group can reach any more: its position has
 // passed them, no open batch (which a takeover reads again) spans them,
 // and no backfill is pending.
 const forgetSetAside = `
 DELETE FROM {{schema}}.outbox_group_set_aside AS t
 USING {{schema}}.outbox_subscription_offsets AS f
-WHERE t.subscription_id = $1 AND f.subscription_id = $1 AND f.backfill_from IS NULL
+WHERE t.subscription_id = @sub AND f.subscription_id = @sub AND f.backfill_from IS NULL
       AND pg_visible_in_snapshot(t.xid, f.position)
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches AS b
-                      WHERE b.subscription_id = $1 AND pg_visible_in_snapshot(t.xid, b.cur)
+                      WHERE b.subscription_id = @sub AND pg_visible_in_snapshot(t.xid, b.cur)
                             AND NOT pg_visible_in_snapshot(t.xid, b.prev))`
 
 // nextUnseenRows is a statement that reads the next @limit messages of
@@ -394,32 +394,38 @@ SELECT p.subscription_status, p.bit, p.tracking_mode, p.mode_changing,
 	"(SELECT position FROM p)", "'0'::xid8", "-1", "1") + `) AS u)
 FROM p`
 
+// insertBatch records a batch of subscription @sub handed to @member,
+// leased for @lease_us microseconds from @now: the rows of pair (@prev,
+// @cur) after (@after_xid, @after_id) up to (@last_xid, @last_id), read
+// by a backfill when @catchup. It returns the batch's id and lease.
 const insertBatch = `
 INSERT INTO {{schema}}.outbox_group_batches
     (subscription_id, prev, cur, after_xid, after_id, last_xid, last_id, member, lease_until, catchup)
-VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::text::xid8, $5, $6::text::xid8, $7, $8,
-        coalesce($9::timestamptz, now()) + $10 * interval '1 microsecond', $11)
+VALUES (@sub, @prev::pg_snapshot, @cur::pg_snapshot, @after_xid::text::xid8, @after_id, @last_xid::text::xid8, @last_id, @member,
+        coalesce(@now::timestamptz, now()) + @lease_us * interval '1 microsecond', @catchup)
 RETURNING id, lease_until`
 
+// advanceOffset moves subscription @sub's read position to @position,
+// reading pair (@position, @pair_cur) from (@resume_xid, @resume_id).
 const advanceOffset = `
 UPDATE {{schema}}.outbox_subscription_offsets
-SET position = $2::pg_snapshot, pair_cur = $3::pg_snapshot,
-    resume_xid = $4::text::xid8, resume_id = $5, updated_at = now()
-WHERE subscription_id = $1`
+SET position = @position::pg_snapshot, pair_cur = @pair_cur::pg_snapshot,
+    resume_xid = @resume_xid::text::xid8, resume_id = @resume_id, updated_at = now()
+WHERE subscription_id = @sub`
 
 // reapRetries returns retries whose lease ran out to the queue (or the
 // dead letters, on their last attempt), counting the expiry.
 const reapRetries = `
 UPDATE {{schema}}.outbox_group_retries
-SET status = CASE WHEN attempts >= $3 THEN 'DEAD_LETTER' ELSE 'RETRY' END,
-    dead_lettered_at = CASE WHEN attempts >= $3 THEN coalesce($2::timestamptz, now()) END,
-    available_at = coalesce($2::timestamptz, now()),
+SET status = CASE WHEN attempts >= @max_attempts THEN 'DEAD_LETTER' ELSE 'RETRY' END,
+    dead_lettered_at = CASE WHEN attempts >= @max_attempts THEN coalesce(@now::timestamptz, now()) END,
+    available_at = coalesce(@now::timestamptz, now()),
     last_error = 'lease expired (member ' || coalesce(lease_owner, '?') || ')',
-    lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, $2::timestamptz, now()),
+    lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, @now::timestamptz, now()),
     lease_owner = NULL, lease_until = NULL
-WHERE subscription_id = $1 AND message_id = ANY (ARRAY(
+WHERE subscription_id = @sub AND message_id = ANY (ARRAY(
     SELECT message_id FROM {{schema}}.outbox_group_retries
-    WHERE subscription_id = $1 AND status = 'PROCESSING' AND lease_until < coalesce($2::timestamptz, now())
+    WHERE subscription_id = @sub AND status = 'PROCESSING' AND lease_until < coalesce(@now::timestamptz, now())
     FOR UPDATE SKIP LOCKED))` // a locked row is being acked in a handler's transaction (see takeRetry)
 
 // deleteOrphanRetries drops retries of messages that no longer exist
@@ -427,10 +433,10 @@ WHERE subscription_id = $1 AND message_id = ANY (ARRAY(
 // retry kept no copy.
 const deleteOrphanRetries = `
 DELETE FROM {{schema}}.outbox_group_retries AS r
-WHERE r.subscription_id = $1 AND r.payload IS NULL
+WHERE r.subscription_id = @sub AND r.payload IS NULL
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o WHERE o.id = r.message_id)`
 
-// deadLettersToComplete: per subscription of topic $1, the dead letters
+// deadLettersToComplete: per subscription of topic @topic, the dead letters
 // with a copy whose message is stored and not completed by the group (by
 // the message's own record: see mixedCleanup): completing them lets cleanup delete the message (the dead
 // letter stays, with its copy).
@@ -439,7 +445,7 @@ SELECT r.subscription_id, coalesce(s.bit, -1), array_agg(r.message_id ORDER BY r
 FROM {{schema}}.outbox_group_retries AS r
 JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
 JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
-WHERE s.topic = $1 AND r.status = 'DEAD_LETTER' AND r.payload IS NOT NULL
+WHERE s.topic = @topic AND r.status = 'DEAD_LETTER' AND r.payload IS NOT NULL
       AND CASE WHEN o.required_bits IS NOT NULL
                THEN s.bit IS NOT NULL AND coalesce(o.done_bits, 0) & (1::bigint << s.bit) = 0
                     AND NOT ` + recordedBy("o", "s.id") + `
@@ -448,8 +454,8 @@ WHERE s.topic = $1 AND r.status = 'DEAD_LETTER' AND r.payload IS NOT NULL
                ELSE false END -- Offset: the group's position passes it
 GROUP BY r.subscription_id, s.bit`
 
-// copyDeadLetters gives the dead letters of subscription $1 (of every
-// subscription when $1 is NULL) a copy of their message, so they survive
+// copyDeadLetters gives the dead letters of subscription @sub (of every
+// subscription when @sub is NULL) a copy of their message, so they survive
 // its row and no longer keep it from cleanup.
 const copyDeadLetters = `
 UPDATE {{schema}}.outbox_group_retries AS r
@@ -457,10 +463,10 @@ SET payload = o.payload, headers = o.headers, correlation_id = o.correlation_id,
     message_group = o.message_group, priority = o.priority, created_at = o.created_at, xid = o.xid
 FROM {{schema}}.outbox_published AS o
 WHERE o.id = r.message_id AND r.status = 'DEAD_LETTER' AND r.payload IS NULL
-      AND ($1::bigint IS NULL OR r.subscription_id = $1)`
+      AND (@sub::bigint IS NULL OR r.subscription_id = @sub)`
 
-// claimRetries leases due retries of subscription $1 to member $2: up to
-// $5 ordinary ones, the earliest due first (of those due at one instant,
+// claimRetries leases due retries of subscription @sub to @member: up to
+// @limit ordinary ones, the earliest due first (of those due at one instant,
 // as a router's held-back message group is, the first sent first), and at most one suspect (see isSuspect) while no other
 // suspect of the group is leased. A message that crashes every process
 // handling it is so tried apart from the other suspects, and runs out of
@@ -468,12 +474,12 @@ WHERE o.id = r.message_id AND r.status = 'DEAD_LETTER' AND r.payload IS NULL
 var claimRetries = `
 WITH ordinary AS (
     SELECT message_id FROM {{schema}}.outbox_group_retries
-    WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+    WHERE subscription_id = @sub AND status = 'RETRY' AND available_at <= coalesce(@now::timestamptz, now())
           AND NOT ` + isSuspect("") + `
-    ORDER BY available_at, message_id LIMIT $5 FOR UPDATE SKIP LOCKED
+    ORDER BY available_at, message_id LIMIT @limit FOR UPDATE SKIP LOCKED
 ), suspect AS (
     SELECT message_id FROM {{schema}}.outbox_group_retries
-    WHERE subscription_id = $1 AND status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+    WHERE subscription_id = @sub AND status = 'RETRY' AND available_at <= coalesce(@now::timestamptz, now())
           AND ` + isSuspect("") + ` AND NOT ` + suspectLeased + `
     ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ), due AS (
@@ -481,8 +487,8 @@ WITH ordinary AS (
 )` + leaseDue
 
 // leaseDue ends claimRetries and claimOrderedRetries: it leases the
-// retries of subscription $1 that CTE due lists to member $2, for $4
-// microseconds from $3, and returns their messages in commit order. A
+// retries of subscription @sub that CTE due lists to @member, for @lease_us
+// microseconds from @now, and returns their messages in commit order. A
 // retry settled since the statement's snapshot is left alone. The ids in
 // due are looked up as one array (primary key probes): joined with due,
 // the planner, guessing it holds a row or two, scanned the group's due
@@ -490,52 +496,53 @@ WITH ordinary AS (
 // 14,000 messages queued).
 const leaseDue = `, claimed AS (
     UPDATE {{schema}}.outbox_group_retries AS r
-    SET status = 'PROCESSING', attempts = r.attempts + 1, lease_owner = $2,
-        lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
-    WHERE r.subscription_id = $1 AND r.message_id = ANY (ARRAY(SELECT message_id FROM due)) AND r.status = 'RETRY'
+    SET status = 'PROCESSING', attempts = r.attempts + 1, lease_owner = @member,
+        lease_until = coalesce(@now::timestamptz, now()) + @lease_us * interval '1 microsecond'
+    WHERE r.subscription_id = @sub AND r.message_id = ANY (ARRAY(SELECT message_id FROM due)) AND r.status = 'RETRY'
     RETURNING r.message_id, r.attempts, r.lease_until
 )
 SELECT c.message_id, coalesce(o.xid, r.xid)::text, coalesce(o.payload, r.payload), coalesce(o.headers, r.headers),
        coalesce(o.correlation_id, r.correlation_id), coalesce(o.message_group, r.message_group, ''),
        coalesce(o.priority, r.priority), coalesce(o.created_at, r.created_at), c.attempts, c.lease_until
 FROM claimed AS c
-JOIN {{schema}}.outbox_group_retries AS r ON r.subscription_id = $1 AND r.message_id = c.message_id
+JOIN {{schema}}.outbox_group_retries AS r ON r.subscription_id = @sub AND r.message_id = c.message_id
 LEFT JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
 WHERE coalesce(o.payload, r.payload) IS NOT NULL -- neither: an orphan, deleted at the next reap
 ORDER BY coalesce(o.xid, r.xid), c.message_id`
 
-// parkRows puts messages ($3 ids, $4 message groups, empty for none, $5
-// the times scheduled ones are due, NULL for the others) in the retry
-// table of subscription $1, as retries that never ran, available from
-// their due time or now ($2), the later: an ordered group queues what it reads there (and takes it
+// parkRows puts messages (ids @message_ids, their @message_groups, empty
+// for none, and @dues, the times scheduled ones are due, NULL for the
+// others) in the retry table of subscription @sub, as retries that never
+// ran, available from their due time or @now, the later: an ordered group queues what it reads there (and takes it
 // with claimOrderedRetries), and every group parks a scheduled message
 // there until it is due (and takes it with claimRetries). A message
 // already there (a batch read again after a takeover) keeps its row.
 const parkRows = `
 INSERT INTO {{schema}}.outbox_group_retries
     (subscription_id, message_id, status, attempts, available_at, message_group)
-SELECT $1, u.id, 'RETRY', 0, greatest(coalesce($2::timestamptz, now()), u.due), nullif(u.message_group, '')
-FROM unnest($3::bigint[], $4::text[], $5::timestamptz[]) AS u(id, message_group, due)
+SELECT @sub, u.id, 'RETRY', 0, greatest(coalesce(@now::timestamptz, now()), u.due), nullif(u.message_group, '')
+FROM unnest(@message_ids::bigint[], @message_groups::text[], @dues::timestamptz[]) AS u(id, message_group, due)
 ON CONFLICT (subscription_id, message_id) DO NOTHING`
 
-// claimOrderedRetries is claimRetries for an ordered group: $1..$5 as
-// there, $6 the message group to start the walk after (empty: the first),
-// $7 whether a dead letter blocks its message group, $8 the most messages
-// of one message group a claim takes (a run).
+// claimOrderedRetries is claimRetries for an ordered group, with the same
+// parameters and three more: @after_group, the message group to start the
+// walk after (empty: the first), @dead_letter_blocks, whether a dead
+// letter blocks its message group, and @run_limit, the most messages of
+// one message group a claim takes (a run).
 //
 // The group's queue is its retry table (see parkRows). A message group's
 // head is its retry with the lowest message id (a dead letter counts only
 // when it blocks): on an ordered topic, ids follow commit order within a
 // message group. A head is free when it is due and not leased; only a
 // free head, and the retries right behind it that are due and not
-// suspects (a run, up to $8), are claimed, so a message group never
+// suspects (a run, up to @run_limit), are claimed, so a message group never
 // has two deliveries that could overlap or overtake each other except in
 // one run, which one executor handles in order.
 //
 // Heads are found by walking outbox_group_retries_group_idx from one
 // message group to the next (one index probe each), from the group after
-// $6 to the last, then from the first, until the walk is back at $6 or
-// has met $5 free heads. A message group with a long queue so never
+// @after_group to the last, then from the first, until the walk is back at @after_group or
+// has met @limit free heads. A message group with a long queue so never
 // crowds out the others. A head that is a suspect (see isSuspect) is, as
 // in claimRetries, claimed alone (no run) and only while no other suspect
 // is leased. Retries of
@@ -544,7 +551,7 @@ var claimOrderedRetries = `
 WITH RECURSIVE walk AS (
     SELECT n.message_group, n.wrapped, h.message_id, coalesce(h.free, false) AS free, h.suspect,
            coalesce(h.free, false)::int AS found
-    FROM (` + nextMessageGroup("$6::text", "false") + `) AS n
+    FROM (` + nextMessageGroup("@after_group::text", "false") + `) AS n
     LEFT JOIN LATERAL (` + orderedHead("n") + `) AS h ON true
     UNION ALL
     SELECT n.message_group, n.wrapped, h.message_id, coalesce(h.free, false), h.suspect,
@@ -552,7 +559,7 @@ WITH RECURSIVE walk AS (
     FROM walk AS w
     CROSS JOIN LATERAL (` + nextMessageGroup("w.message_group", "w.wrapped") + `) AS n
     LEFT JOIN LATERAL (` + orderedHead("n") + `) AS h ON true
-    WHERE w.found < $5 AND NOT (n.wrapped AND n.message_group COLLATE "C" > $6::text)
+    WHERE w.found < @limit AND NOT (n.wrapped AND n.message_group COLLATE "C" > @after_group::text)
 ), runs AS (
     SELECT message_id, 1 AS pos, suspect FROM walk WHERE free
     UNION ALL
@@ -561,24 +568,24 @@ WITH RECURSIVE walk AS (
     CROSS JOIN LATERAL (
         SELECT message_id, pos FROM (
             SELECT message_id, 1 + row_number() OVER (ORDER BY message_id) AS pos,
-                   bool_and(status = 'RETRY' AND NOT ` + isSuspect("") + ` AND available_at <= coalesce($3::timestamptz, now()))
+                   bool_and(status = 'RETRY' AND NOT ` + isSuspect("") + ` AND available_at <= coalesce(@now::timestamptz, now()))
                        OVER (ORDER BY message_id) AS unbroken
             FROM (SELECT message_id, status, lease_expiries, available_at FROM {{schema}}.outbox_group_retries
-                  WHERE subscription_id = $1 AND message_group COLLATE "C" = h.message_group
-                        AND message_id > h.message_id AND (status <> 'DEAD_LETTER' OR $7::bool)
-                  ORDER BY message_id LIMIT $8 - 1) AS x) AS y
+                  WHERE subscription_id = @sub AND message_group COLLATE "C" = h.message_group
+                        AND message_id > h.message_id AND (status <> 'DEAD_LETTER' OR @dead_letter_blocks::bool)
+                  ORDER BY message_id LIMIT @run_limit - 1) AS x) AS y
         WHERE unbroken) AS b
     WHERE h.free AND NOT h.suspect
 ), ungrouped AS (
     SELECT message_id, ` + isSuspect("") + ` AS suspect FROM {{schema}}.outbox_group_retries
-    WHERE subscription_id = $1 AND message_group IS NULL AND status = 'RETRY'
-          AND available_at <= coalesce($3::timestamptz, now())
+    WHERE subscription_id = @sub AND message_group IS NULL AND status = 'RETRY'
+          AND available_at <= coalesce(@now::timestamptz, now())
           AND (NOT ` + isSuspect("") + ` OR NOT ` + suspectLeased + `)
-    ORDER BY ` + isSuspect("") + `, available_at LIMIT $5
+    ORDER BY ` + isSuspect("") + `, available_at LIMIT @limit
 ), due AS (
     (SELECT message_id FROM (SELECT message_id, pos FROM runs WHERE NOT suspect
                              UNION ALL SELECT message_id, 1 FROM ungrouped WHERE NOT suspect) AS ordinary
-     ORDER BY pos, message_id LIMIT $5)
+     ORDER BY pos, message_id LIMIT @limit)
     UNION ALL
     (SELECT message_id FROM (SELECT message_id FROM runs WHERE suspect
                              UNION ALL SELECT message_id FROM ungrouped WHERE suspect) AS suspects
@@ -592,11 +599,11 @@ WITH RECURSIVE walk AS (
 func nextMessageGroup(after, wrapped string) string {
 	return `SELECT * FROM (
         (SELECT message_group, ` + wrapped + ` AS wrapped FROM {{schema}}.outbox_group_retries
-         WHERE subscription_id = $1 AND message_group COLLATE "C" > ` + after + `
+         WHERE subscription_id = @sub AND message_group COLLATE "C" > ` + after + `
          ORDER BY message_group COLLATE "C" LIMIT 1)
         UNION ALL
         (SELECT message_group, true FROM {{schema}}.outbox_group_retries
-         WHERE subscription_id = $1 AND message_group IS NOT NULL AND NOT ` + wrapped + `
+         WHERE subscription_id = @sub AND message_group IS NOT NULL AND NOT ` + wrapped + `
          ORDER BY message_group COLLATE "C" LIMIT 1)) AS next
     LIMIT 1`
 }
@@ -605,12 +612,12 @@ func nextMessageGroup(after, wrapped string) string {
 // claimOrderedRetries: its id, whether it is free, and whether it is a
 // suspect (see there).
 func orderedHead(g string) string {
-	return `SELECT message_id, status = 'RETRY' AND available_at <= coalesce($3::timestamptz, now())
+	return `SELECT message_id, status = 'RETRY' AND available_at <= coalesce(@now::timestamptz, now())
                    AND (NOT ` + isSuspect("") + ` OR NOT ` + suspectLeased + `) AS free,
                    ` + isSuspect("") + ` AS suspect
             FROM {{schema}}.outbox_group_retries
-            WHERE subscription_id = $1 AND message_group COLLATE "C" = ` + g + `.message_group
-                  AND (status <> 'DEAD_LETTER' OR $7::bool)
+            WHERE subscription_id = @sub AND message_group COLLATE "C" = ` + g + `.message_group
+                  AND (status <> 'DEAD_LETTER' OR @dead_letter_blocks::bool)
             ORDER BY message_id LIMIT 1`
 }
 
@@ -630,7 +637,7 @@ func isSuspect(alias string) string {
 	return "(" + alias + "lease_expiries >= 2)"
 }
 
-// suspectLeased: subscription $1 has a suspect retry (see isSuspect)
+// suspectLeased: subscription @sub has a suspect retry (see isSuspect)
 // leased.
 var suspectLeased = `EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS p
-                WHERE p.subscription_id = $1 AND p.status = 'PROCESSING' AND ` + isSuspect("p") + `)`
+                WHERE p.subscription_id = @sub AND p.status = 'PROCESSING' AND ` + isSuspect("p") + `)`

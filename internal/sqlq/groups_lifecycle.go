@@ -3,23 +3,23 @@ package sqlq
 // The SQL of a consumer group's subscription and lifecycle: registering,
 // heartbeats, DEAD, resurrection, forgetting.
 
-// lockTopic serialises changes of a topic's subscribed set with the
+// lockTopic serialises changes of topic @topic's subscribed set with the
 // producers that copy it (see insertPublished): it takes the topic's lock
 // exclusively, waiting for every producer transaction that read the set
 // (producers arriving meanwhile queue behind it), then the row FOR UPDATE,
 // which makes a producer statement that waited re-read the row.
 const lockTopic = `
 SELECT semantics, coalesce(tracking_mode, '') FROM {{schema}}.outbox_topics AS t
-WHERE t.topic = $1 AND pg_advisory_xact_lock(` + topicLockClass + `, hashtext(t.topic)) IS NOT NULL
+WHERE t.topic = @topic AND pg_advisory_xact_lock(` + topicLockClass + `, hashtext(t.topic)) IS NOT NULL
 FOR UPDATE`
 
-// lockTopicShared is what cleanup takes (like a producer): subscription
-// changes wait for it. It also turns JIT compilation off for the rest of
-// the cleanup's transaction: each statement deletes or checks a few
-// hundred rows, and compiling them (their estimates pass jit_above_cost
+// lockTopicShared is what cleanup takes (like a producer), on topic
+// @topic: subscription changes wait for it. It also turns JIT compilation
+// off for the rest of the cleanup's transaction: each statement deletes
+// or checks a few hundred rows, and compiling them (their estimates pass jit_above_cost
 // beside a large topic) cost more than running them: a Bitmap cleanup
 // deleted 6,600 rows a second with JIT, and 50,000 without.
-const lockTopicShared = `SELECT pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)), set_config('jit', 'off', true)`
+const lockTopicShared = `SELECT pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext(@topic)), set_config('jit', 'off', true)`
 
 // holdsClaims is true for a subscription s whose claims on messages
 // count: an ACTIVE or PAUSED group, and a DEAD one for its topic's
@@ -29,11 +29,14 @@ const holdsClaims = `(s.subscription_status IN ('ACTIVE', 'PAUSED')
        OR (s.subscription_status = 'DEAD'
            AND s.released_at > now() - (SELECT t.zombie_ttl FROM {{schema}}.outbox_topics AS t WHERE t.topic = s.topic)))`
 
-// bySubscriptionName picks the subscription of a name: the live one (at
-// most one is not CANCELLED), else the latest cancelled one.
-const bySubscriptionName = `WHERE topic = $1 AND group_name = $2
+// bySubscriptionName picks the subscription of group @group_name of
+// topic @topic: the live one (at most one is not CANCELLED), else the
+// latest cancelled one.
+const bySubscriptionName = `WHERE topic = @topic AND group_name = @group_name
 ORDER BY subscription_status = 'CANCELLED', id DESC LIMIT 1`
 
+// selectSubscription reads and locks the subscription of group
+// @group_name of topic @topic (see bySubscriptionName).
 const selectSubscription = `
 SELECT id, subscription_status, coalesce(bit, -1), start_position,
        start_from_timestamp, start_from_message_id
@@ -41,10 +44,10 @@ FROM {{schema}}.outbox_topic_subscriptions
 ` + bySubscriptionName + `
 FOR UPDATE`
 
-// deletedTombstone tells (and forgets) that a group of this name was
-// deleted by subscription cleanup.
+// deletedTombstone tells (and forgets) that group @group_name of topic
+// @topic was deleted by subscription cleanup.
 const deletedTombstone = `
-DELETE FROM {{schema}}.outbox_deleted_subscriptions WHERE topic = $1 AND group_name = $2
+DELETE FROM {{schema}}.outbox_deleted_subscriptions WHERE topic = @topic AND group_name = @group_name
 RETURNING last_status, deleted_at`
 
 // QueueGroup names the one group of a QUEUE topic whose messages live on
@@ -52,99 +55,109 @@ RETURNING last_status, deleted_at`
 // cannot take it (it has characters group names may not have).
 const QueueGroup = "(queue)"
 
-// queueOnLog puts QUEUE topic $1 on the log, idempotently: its messages go
+// queueOnLog puts QUEUE topic @topic on the log, idempotently: its messages go
 // to outbox_published from then on, and its consumers are the members of
 // its one group, which reads every message ever written to the topic
 // (its position is the empty snapshot, which sees nothing) and never
-// leaves (it is never declared DEAD, see heartbeatsStopped). $2 is the
-// group's heartbeat timeout in microseconds (its instances set their own).
+// leaves (it is never declared DEAD, see heartbeatsStopped).
+// @heartbeat_timeout_us is the group's heartbeat timeout in microseconds
+// (its instances set their own).
 const queueOnLog = `
 WITH topic AS (
     UPDATE {{schema}}.outbox_topics SET tracking_mode = 'OFFSET'
-    WHERE topic = $1 AND semantics = 'QUEUE'
+    WHERE topic = @topic AND semantics = 'QUEUE'
     RETURNING topic
 ), sub AS (
     INSERT INTO {{schema}}.outbox_topic_subscriptions (topic, group_name, start_position, heartbeat_timeout)
-    SELECT topic, '` + QueueGroup + `', 'BEGINNING', $2 * interval '1 microsecond' FROM topic
+    SELECT topic, '` + QueueGroup + `', 'BEGINNING', @heartbeat_timeout_us * interval '1 microsecond' FROM topic
     ON CONFLICT DO NOTHING -- it has one already (the name is taken while the group is not CANCELLED, which it never is)
     RETURNING id
 )
 INSERT INTO {{schema}}.outbox_subscription_offsets (subscription_id, position)
 SELECT id, '1:1:'::pg_snapshot FROM sub`
 
+// insertSubscription creates the subscription of group @group_name of
+// topic @topic, with its bit (@bit, NULL: none), its start (@start_position,
+// and @start_from_timestamp or @start_from_message_id for a start at a
+// time or a message) and its heartbeat timeout in microseconds
+// (@heartbeat_timeout_us), returning its id.
 const insertSubscription = `
 INSERT INTO {{schema}}.outbox_topic_subscriptions
     (topic, group_name, bit, start_position, start_from_timestamp, start_from_message_id, heartbeat_timeout)
-VALUES ($1, $2, $3, $4, $5, $6, $7 * interval '1 microsecond')
+VALUES (@topic, @group_name, @bit, @start_position, @start_from_timestamp, @start_from_message_id,
+        @heartbeat_timeout_us * interval '1 microsecond')
 RETURNING id`
 
-// insertOffset sets a new group's start: the current snapshot for "from
-// now" (taken inside the registering transaction after it locked the topic
-// row, so every message written with the old subscribed set is visible in
-// it), or the empty snapshot, which sees nothing, for every other start.
-// $3 > 0 asks for a backfill of up to $3 older messages: the group's
-// stream then starts now, and a catch-up reads the older ones beside it
-// (the rows visible now and in the empty snapshot's future).
+// insertOffset sets new subscription @sub's start: the current snapshot
+// when @from_now (taken inside the registering transaction after it
+// locked the topic row, so every message written with the old subscribed
+// set is visible in it), or the empty snapshot, which sees nothing, for
+// every other start. @max_backfill > 0 asks for a backfill of up to
+// @max_backfill older messages: the group's stream then starts now, and a
+// catch-up reads the older ones beside it (the rows visible now and in
+// the empty snapshot's future).
 const insertOffset = `
 INSERT INTO {{schema}}.outbox_subscription_offsets
     (subscription_id, position, backfill_from, backfill_upto, backfill_left, backfill_started_at)
-VALUES ($1, CASE WHEN $2 OR $3 > 0 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END,
-        CASE WHEN $3 > 0 THEN '1:1:'::pg_snapshot END, CASE WHEN $3 > 0 THEN pg_current_snapshot() END,
-        $3, CASE WHEN $3 > 0 THEN now() END)`
+VALUES (@sub, CASE WHEN @from_now OR @max_backfill > 0 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END,
+        CASE WHEN @max_backfill > 0 THEN '1:1:'::pg_snapshot END, CASE WHEN @max_backfill > 0 THEN pg_current_snapshot() END,
+        @max_backfill, CASE WHEN @max_backfill > 0 THEN now() END)`
 
-// subscribedBits are the bits taken on topic $1: a bit belongs to its
+// subscribedBits are the bits taken on topic @topic: a bit belongs to its
 // subscription until a CANCELLED group was forgotten everywhere.
 const subscribedBits = `
-SELECT bit FROM {{schema}}.outbox_topic_subscriptions WHERE topic = $1 AND bit IS NOT NULL`
+SELECT bit FROM {{schema}}.outbox_topic_subscriptions WHERE topic = @topic AND bit IS NOT NULL`
 
-// addSubscribed and removeSubscribed keep the topic row's subscribed set,
-// which every insert copies into the message, idempotently.
+// addSubscribed and removeSubscribed keep topic @topic's subscribed set,
+// which every insert copies into the message, idempotently: they add
+// (remove) subscription @sub and its bit, @bit_mask (0: none).
 const addSubscribed = `
 UPDATE {{schema}}.outbox_topics
-SET subscribed_bits = subscribed_bits | $2,
-    subscribed_ids = CASE WHEN $3::bigint = ANY(subscribed_ids) THEN subscribed_ids
-                          ELSE array_append(subscribed_ids, $3::bigint) END
-WHERE topic = $1`
+SET subscribed_bits = subscribed_bits | @bit_mask,
+    subscribed_ids = CASE WHEN @sub::bigint = ANY(subscribed_ids) THEN subscribed_ids
+                          ELSE array_append(subscribed_ids, @sub::bigint) END
+WHERE topic = @topic`
 
 const removeSubscribed = `
 UPDATE {{schema}}.outbox_topics
-SET subscribed_bits = subscribed_bits & ~$2::bigint,
-    subscribed_ids = array_remove(subscribed_ids, $3::bigint)
-WHERE topic = $1`
+SET subscribed_bits = subscribed_bits & ~@bit_mask::bigint,
+    subscribed_ids = array_remove(subscribed_ids, @sub::bigint)
+WHERE topic = @topic`
 
-// setStatus records a state change; leaving (DEAD, CANCELLED) makes
-// forgetting pending, coming back (ACTIVE) ends it. A group declared DEAD
-// records the current snapshot (dead_upto): run under the topic's lock,
-// it sees every message written before, and none written after, which
-// are not the DEAD group's claim (see deadClaims).
+// setStatus records subscription @sub's change to state @status; leaving
+// (DEAD, CANCELLED) makes forgetting pending, coming back (ACTIVE) ends
+// it. A group declared DEAD records the current snapshot (dead_upto): run
+// under the topic's lock, it sees every message written before, and none
+// written after, which are not the DEAD group's claim (see deadClaims).
 const setStatus = `
 UPDATE {{schema}}.outbox_topic_subscriptions
-SET subscription_status = $2, last_active_at = now(),
-    released_at = CASE WHEN $2 IN ('DEAD', 'CANCELLED') THEN now() END,
-    dead_upto = CASE WHEN $2 = 'DEAD' THEN pg_current_snapshot() END,
-    forget_pending = $2 IN ('DEAD', 'CANCELLED'),
-    last_heartbeat_at = CASE WHEN $2 = 'ACTIVE' THEN now() ELSE last_heartbeat_at END
-WHERE id = $1`
+SET subscription_status = @status, last_active_at = now(),
+    released_at = CASE WHEN @status IN ('DEAD', 'CANCELLED') THEN now() END,
+    dead_upto = CASE WHEN @status = 'DEAD' THEN pg_current_snapshot() END,
+    forget_pending = @status IN ('DEAD', 'CANCELLED'),
+    last_heartbeat_at = CASE WHEN @status = 'ACTIVE' THEN now() ELSE last_heartbeat_at END
+WHERE id = @sub`
 
-// lockOffsetWait: a state change waits for a fetch in progress, so every
-// fetch sees the state it runs under until it commits.
+// lockOffsetWait: a state change of subscription @sub waits for a fetch
+// in progress, so every fetch sees the state it runs under until it
+// commits.
 const lockOffsetWait = `
-SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = $1 FOR UPDATE`
+SELECT 1 FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = @sub FOR UPDATE`
 
-// resurrectOffset prepares a group that comes back from DEAD. No mode
-// records per message what a group finished, so its catch-up cannot skip
-// what it completed: it reads exactly what the group had not read, pair after
-// pair (see backfillSegment): the rest of the backfill it was reading
+// resurrectOffset prepares subscription @sub, which comes back from DEAD.
+// No mode records per message what a group finished, so its catch-up
+// cannot skip what it completed: it reads exactly what the group had not
+// read, pair after pair (see backfillSegment): the rest of the backfill it was reading
 // when it died, then the rest of the snapshot pair its stream had begun,
 // then what lies between there and now (what it owed, and what was
-// written while it was DEAD and is still stored), up to $2 rows in all.
-// Its stream starts now. Cleanup keeps, until the catch-up ends,
-// everything its committed position had not seen (backfill_from), the
-// rows of its open batches too: they are expired, and the next fetch
+// written while it was DEAD and is still stored), up to @max_backfill
+// rows in all. Its stream starts now. Cleanup keeps, until the catch-up
+// ends, everything its committed position had not seen (backfill_from),
+// the rows of its open batches too: they are expired, and the next fetch
 // moves them to the retry table.
 var resurrectOffset = `
 WITH expired AS (
-    UPDATE {{schema}}.outbox_group_batches SET lease_until = '-infinity' WHERE subscription_id = $1
+    UPDATE {{schema}}.outbox_group_batches SET lease_until = '-infinity' WHERE subscription_id = @sub
 ), reading AS (
     SELECT CASE WHEN o.backfill_upto IS NOT NULL AND o.backfill_ended_at IS NULL
                 THEN jsonb_build_array(` + backfillSegment("coalesce(o.backfill_lower, o.backfill_from)", "o.backfill_upto", "o.backfill_xid", "o.backfill_id") + `)
@@ -157,15 +170,15 @@ WITH expired AS (
            ` + committedOf("s", "o") + ` AS committed
     FROM {{schema}}.outbox_subscription_offsets AS o
     JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = o.subscription_id
-    WHERE o.subscription_id = $1
+    WHERE o.subscription_id = @sub
 )
 UPDATE {{schema}}.outbox_subscription_offsets AS o
 SET backfill_from = r.committed, ` + popBackfillPair("r.pairs") + `,
-    backfill_left = $2, backfill_total = 0, backfill_done = 0, backfill_started_at = now(), backfill_ended_at = NULL,
+    backfill_left = @max_backfill, backfill_total = 0, backfill_done = 0, backfill_started_at = now(), backfill_ended_at = NULL,
     backfill_outcome = NULL,
     position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
 FROM reading AS r
-WHERE o.subscription_id = $1`
+WHERE o.subscription_id = @sub`
 
 // backfillSegment is a snapshot pair a backfill reads, after a cursor,
 // as an element of backfill_next.
@@ -181,24 +194,24 @@ func popBackfillPair(pairs string) string {
     backfill_next = nullif(` + pairs + ` - 0, '[]')`
 }
 
-// nextBackfillPair moves subscription $1's backfill, whose current pair
+// nextBackfillPair moves subscription @sub's backfill, whose current pair
 // is read, to the next it queues, returning it (lower, upto, cursor) and
 // whether more are queued behind it.
 var nextBackfillPair = `
 UPDATE {{schema}}.outbox_subscription_offsets
 SET ` + popBackfillPair("backfill_next") + `, backfill_total = 0, updated_at = now()
-WHERE subscription_id = $1 AND backfill_next IS NOT NULL
+WHERE subscription_id = @sub AND backfill_next IS NOT NULL
 RETURNING backfill_lower::text, backfill_upto::text, coalesce(backfill_xid::text, '0'), coalesce(backfill_id, 0),
           backfill_next IS NOT NULL`
 
-// resurrectFromNow prepares a group that comes back without a backfill:
-// its stream starts now, a backfill it left unfinished ends (SKIPPED),
-// and its open batches are dropped (their messages, like every other it
-// had not completed, were released before: see Group.Resurrect). Its
-// retries and dead letters stay.
+// resurrectFromNow prepares subscription @sub, which comes back without a
+// backfill: its stream starts now, a backfill it left unfinished ends
+// (SKIPPED), and its open batches are dropped (their messages, like every
+// other it had not completed, were released before: see
+// Group.Resurrect). Its retries and dead letters stay.
 const resurrectFromNow = `
 WITH batches AS (
-    DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1
+    DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = @sub
 )
 UPDATE {{schema}}.outbox_subscription_offsets
 SET backfill_from = NULL, backfill_upto = NULL, backfill_xid = NULL, backfill_id = NULL, backfill_left = 0,
@@ -206,53 +219,54 @@ SET backfill_from = NULL, backfill_upto = NULL, backfill_xid = NULL, backfill_id
     backfill_ended_at = CASE WHEN backfill_upto IS NOT NULL AND backfill_ended_at IS NULL THEN now() ELSE backfill_ended_at END,
     backfill_outcome = CASE WHEN backfill_upto IS NOT NULL AND backfill_ended_at IS NULL THEN 'SKIPPED' ELSE backfill_outcome END,
     position = pg_current_snapshot(), pair_cur = NULL, resume_xid = NULL, resume_id = NULL, updated_at = now()
-WHERE subscription_id = $1`
+WHERE subscription_id = @sub`
 
-// forceCompleteRetries deletes up to $3 retries and dead letters of
-// subscription $1 (not leased: an instance is handling those) of messages
-// written before $2, returning their message ids.
+// forceCompleteRetries deletes up to @limit retries and dead letters of
+// subscription @sub (not leased: an instance is handling those) of
+// messages written before @before, returning their message ids.
 const forceCompleteRetries = `
 DELETE FROM {{schema}}.outbox_group_retries WHERE (subscription_id, message_id) IN (
     SELECT r.subscription_id, r.message_id FROM {{schema}}.outbox_group_retries AS r
     LEFT JOIN {{schema}}.outbox_published AS o ON o.id = r.message_id
-    WHERE r.subscription_id = $1 AND r.status <> 'PROCESSING' AND coalesce(o.created_at, r.created_at) < $2
-    ORDER BY r.message_id LIMIT $3 FOR UPDATE OF r SKIP LOCKED)
+    WHERE r.subscription_id = @sub AND r.status <> 'PROCESSING' AND coalesce(o.created_at, r.created_at) < @before
+    ORDER BY r.message_id LIMIT @limit FOR UPDATE OF r SKIP LOCKED)
 RETURNING message_id`
 
-// forceCompleteRows lists up to $6 stored messages of topic $1 with ids
-// above $5 written before $2 that require subscription $4 (by bit $3 or
-// by id) and that it has not completed, in id order.
+// forceCompleteRows lists up to @limit stored messages of topic @topic
+// with ids above @after_id written before @before that require
+// subscription @sub (by its bit, @bit_mask, or by id) and that it has not
+// completed, in id order.
 var forceCompleteRows = `
 SELECT o.id FROM {{schema}}.outbox_published AS o
-WHERE o.topic = $1 AND o.id > $5 AND o.created_at < $2 AND o.status = 'PUBLISHED'
-      AND ((o.required_bits & $3::bigint <> 0 AND coalesce(o.done_bits, 0) & $3::bigint = 0)
-           OR $4::bigint = ANY(o.required_ids))
-      AND NOT ` + finishedBy("o", "$4") + `
-ORDER BY o.id LIMIT $6`
+WHERE o.topic = @topic AND o.id > @after_id AND o.created_at < @before AND o.status = 'PUBLISHED'
+      AND ((o.required_bits & @bit_mask::bigint <> 0 AND coalesce(o.done_bits, 0) & @bit_mask::bigint = 0)
+           OR @sub::bigint = ANY(o.required_ids))
+      AND NOT ` + finishedBy("o", "@sub") + `
+ORDER BY o.id LIMIT @limit`
 
-// forceTarget is where ForceComplete may move subscription $1's read
-// position to pass the messages of topic $2 written before $3 that it has
-// not read: a snapshot that sees every xid below X, the lesser of the
-// database's xmin (every xid below it has ended) and the first xid, in
-// commit order, of a message it has not read written at or after $3. X is
-// returned as text.
+// forceTarget is where ForceComplete may move subscription @sub's read
+// position to pass the messages of topic @topic written before @before
+// that it has not read: a snapshot that sees every xid below X, the
+// lesser of the database's xmin (every xid below it has ended) and the
+// first xid, in commit order, of a message it has not read written at or
+// after @before. X is returned as text.
 var forceTarget = `
 SELECT least(pg_snapshot_xmin(pg_current_snapshot()),
-             (SELECT u.xid FROM (` + unseenRows("o.xid, o.id", "o.topic = $2 AND o.created_at >= $3", "p.position", "'0'::xid8", "-1", "1") + `) AS u
+             (SELECT u.xid FROM (` + unseenRows("o.xid, o.id", "o.topic = @topic AND o.created_at >= @before", "p.position", "'0'::xid8", "-1", "1") + `) AS u
               ORDER BY u.xid, u.id LIMIT 1))::text
-FROM {{schema}}.outbox_subscription_offsets AS p WHERE p.subscription_id = $1`
+FROM {{schema}}.outbox_subscription_offsets AS p WHERE p.subscription_id = @sub`
 
-// forceAdvance moves subscription $1's read position to see every xid
-// below $2 (forceTarget's), when it can without reading anything twice:
-// no batch open, no snapshot pair in progress, and $2 past the position's
-// xmax (so the new position sees all the old one saw).
+// forceAdvance moves subscription @sub's read position to see every xid
+// below @target (forceTarget's), when it can without reading anything
+// twice: no batch open, no snapshot pair in progress, and @target past
+// the position's xmax (so the new position sees all the old one saw).
 const forceAdvance = `
 UPDATE {{schema}}.outbox_subscription_offsets AS f
-SET position = ($2 || ':' || $2 || ':')::pg_snapshot, updated_at = now()
-WHERE f.subscription_id = $1 AND f.pair_cur IS NULL AND $2::xid8 > pg_snapshot_xmax(f.position)
-      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches AS b WHERE b.subscription_id = $1)`
+SET position = (@target || ':' || @target || ':')::pg_snapshot, updated_at = now()
+WHERE f.subscription_id = @sub AND f.pair_cur IS NULL AND @target::xid8 > pg_snapshot_xmax(f.position)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches AS b WHERE b.subscription_id = @sub)`
 
-// inconsistencies reads every stored PUB_SUB message (up to $1 per topic
+// inconsistencies reads every stored PUB_SUB message (up to @limit per topic
 // and kind are counted) and reports, per topic, the messages whose
 // completion record does not add up: COUNT, a Counter record whose count
 // is not its number of required groups; GROUP, a message that requires a group (by id or
@@ -282,14 +296,17 @@ WITH bad AS (
 ), ranked AS (
     SELECT topic, kind, id, row_number() OVER (PARTITION BY topic, kind ORDER BY id) AS n FROM bad WHERE kind IS NOT NULL
 )
-SELECT topic, kind, count(*), min(id) FROM ranked WHERE n <= $1 GROUP BY topic, kind ORDER BY topic, kind`
+SELECT topic, kind, count(*), min(id) FROM ranked WHERE n <= @limit GROUP BY topic, kind ORDER BY topic, kind`
 
+// subscriptionStatus reads the id and state of the subscription of group
+// @group_name of topic @topic (see bySubscriptionName).
 const subscriptionStatus = `
 SELECT id, subscription_status FROM {{schema}}.outbox_topic_subscriptions
 ` + bySubscriptionName
 
-// groupHealthHead reads what a group's health starts from (by name): its
-// subscription, as streamFor needs it, and its liveness.
+// groupHealthHead reads what the health of group @group_name of topic
+// @topic starts from: its subscription, as streamFor needs it, and its
+// liveness.
 const groupHealthHead = `
 SELECT id, subscription_status, coalesce(bit, -1), start_position, start_from_timestamp, start_from_message_id,
        last_heartbeat_at, extract(epoch FROM heartbeat_timeout)::float8, subscribed_at
@@ -373,23 +390,26 @@ var healthBatched = `
     WHERE b.subscription_id = @sub AND @read_unread::bool
     LIMIT @limit`
 
-// heartbeat records database time only. It reports the status, so a DEAD
-// group's instance can resurrect it; no row: the subscription is gone.
+// heartbeat records a heartbeat of subscription @sub, in database time
+// only, and its heartbeat timeout in microseconds (@heartbeat_timeout_us).
+// It reports the status, so a DEAD group's instance can resurrect it; no
+// row: the subscription is gone.
 const heartbeat = `
 UPDATE {{schema}}.outbox_topic_subscriptions
-SET last_heartbeat_at = now(), heartbeat_timeout = $2 * interval '1 microsecond'
-WHERE id = $1
+SET last_heartbeat_at = now(), heartbeat_timeout = @heartbeat_timeout_us * interval '1 microsecond'
+WHERE id = @sub
 RETURNING subscription_status`
 
-// anyDeadCandidate is deadCandidates' cheap, lock-free pre-check.
+// anyDeadCandidate is deadCandidates' cheap, lock-free pre-check (topic
+// @topic).
 const anyDeadCandidate = `
 SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_topic_subscriptions
-               WHERE topic = $1 AND ` + heartbeatsStopped + `)`
+               WHERE topic = @topic AND ` + heartbeatsStopped + `)`
 
-// deadCandidates: ACTIVE groups of topic $1 whose heartbeats stopped.
+// deadCandidates: ACTIVE groups of topic @topic whose heartbeats stopped.
 const deadCandidates = `
 SELECT id, group_name, coalesce(bit, -1) FROM {{schema}}.outbox_topic_subscriptions
-WHERE topic = $1 AND ` + heartbeatsStopped + `
+WHERE topic = @topic AND ` + heartbeatsStopped + `
 FOR UPDATE SKIP LOCKED`
 
 // heartbeatsStopped is true for an ACTIVE subscription whose instances'
@@ -398,59 +418,60 @@ FOR UPDATE SKIP LOCKED`
 const heartbeatsStopped = `subscription_status = 'ACTIVE' AND last_heartbeat_at < now() - heartbeat_timeout
       AND group_name <> '` + QueueGroup + `'`
 
-// lockOffsetsSkipLocked locks the offsets rows of subscriptions $1 that no
-// fetch holds: a group fetching right now is not dead.
+// lockOffsetsSkipLocked locks the offsets rows of subscriptions @subs (an
+// array of ids) that no fetch holds: a group fetching right now is not
+// dead.
 const lockOffsetsSkipLocked = `
 SELECT subscription_id FROM {{schema}}.outbox_subscription_offsets
-WHERE subscription_id = ANY($1::bigint[])
+WHERE subscription_id = ANY(@subs::bigint[])
 FOR UPDATE SKIP LOCKED`
 
-// pendingForgets: groups of topic $1 that left and may still be referred
+// pendingForgets: groups of topic @topic that left and may still be referred
 // to: CANCELLED ones, and DEAD ones whose ZombieTTL ran out.
 const pendingForgets = `
 SELECT id FROM {{schema}}.outbox_topic_subscriptions AS s
-WHERE topic = $1 AND forget_pending AND NOT ` + holdsClaims
+WHERE topic = @topic AND forget_pending AND NOT ` + holdsClaims
 
-// lockForget: a forget pass holds the subscription row, so a resurrection
-// waits for the pass in progress and later passes see it came back. The
-// last column says whether the group still holds its claims (a DEAD group
-// within its ZombieTTL).
+// lockForget: a forget pass holds subscription @sub's row, so a
+// resurrection waits for the pass in progress and later passes see it
+// came back. The last column says whether the group still holds its
+// claims (a DEAD group within its ZombieTTL).
 const lockForget = `
 SELECT subscription_status, coalesce(bit, -1), forget_pending, ` + holdsClaims + `
-FROM {{schema}}.outbox_topic_subscriptions AS s WHERE id = $1 FOR UPDATE`
+FROM {{schema}}.outbox_topic_subscriptions AS s WHERE id = @sub FOR UPDATE`
 
-// forgetDone: nothing refers to the group any more. A CANCELLED group's
-// bit is free again; a backfill the group had pending ends (its rows are
-// no longer kept for it).
+// forgetDone: nothing refers to subscription @sub any more. A CANCELLED
+// group's bit is free again; a backfill the group had pending ends (its
+// rows are no longer kept for it).
 const forgetDone = `
 WITH catchup AS (
     UPDATE {{schema}}.outbox_subscription_offsets
     SET backfill_from = NULL, backfill_upto = NULL, backfill_lower = NULL, backfill_next = NULL, backfill_left = 0,
         backfill_ended_at = now(), backfill_outcome = 'FORGOTTEN'
-    WHERE subscription_id = $1 AND backfill_from IS NOT NULL
+    WHERE subscription_id = @sub AND backfill_from IS NOT NULL
 )
 UPDATE {{schema}}.outbox_topic_subscriptions
 SET forget_pending = false,
     bit = CASE WHEN subscription_status = 'CANCELLED' THEN NULL ELSE bit END
-WHERE id = $1`
+WHERE id = @sub`
 
-// deleteGroupState drops a cancelled group's batches, retries and
-// records of messages set aside.
+// deleteGroupState drops cancelled subscription @sub's batches, retries
+// and records of messages set aside.
 const deleteGroupState = `
-WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = $1),
-     t AS (DELETE FROM {{schema}}.outbox_group_set_aside WHERE subscription_id = $1)
-DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = $1`
+WITH b AS (DELETE FROM {{schema}}.outbox_group_batches WHERE subscription_id = @sub),
+     t AS (DELETE FROM {{schema}}.outbox_group_set_aside WHERE subscription_id = @sub)
+DELETE FROM {{schema}}.outbox_group_retries WHERE subscription_id = @sub`
 
-// committedPosition is, for each ACTIVE or PAUSED group of topic $1,
+// committedPosition is, for each ACTIVE or PAUSED group of topic @topic,
 // what it has finished (see committedOf). A DEAD group within its
 // ZombieTTL holds only what it owes (see deadClaims).
 var committedPosition = `
 SELECT s.id, ` + committedOf("s", "o") + `::text
 FROM {{schema}}.outbox_topic_subscriptions AS s
 JOIN {{schema}}.outbox_subscription_offsets AS o ON o.subscription_id = s.id
-WHERE s.topic = $1 AND s.subscription_status IN ('ACTIVE', 'PAUSED')`
+WHERE s.topic = @topic AND s.subscription_status IN ('ACTIVE', 'PAUSED')`
 
-// deadClaims lists the claims of topic $1's DEAD groups within their
+// deadClaims lists the claims of topic @topic's DEAD groups within their
 // ZombieTTL: such a group owes the messages visible in upto (the snapshot
 // taken when it was declared DEAD: written before it died) and not in
 // done (its committed position: not finished). Messages written after it
@@ -462,7 +483,7 @@ var deadClaims = `
 SELECT coalesce(s.dead_upto, pg_current_snapshot()) AS upto, ` + committedOf("s", "p") + ` AS done
 FROM {{schema}}.outbox_topic_subscriptions AS s
 JOIN {{schema}}.outbox_subscription_offsets AS p ON p.subscription_id = s.id
-WHERE s.topic = $1 AND s.subscription_status = 'DEAD' AND ` + holdsClaims
+WHERE s.topic = @topic AND s.subscription_status = 'DEAD' AND ` + holdsClaims
 
 // withDeadClaims begins a statement that reads deadClaims, once, as dead.
 var withDeadClaims = `WITH dead AS MATERIALIZED (` + deadClaims + `)`

@@ -46,6 +46,10 @@ func named(sql string) Named {
 	return n
 }
 
+// Number returns sql with its names numbered, as pgx.StrictNamedArgs
+// numbers them when the statement is sent: the text the server prepares.
+func Number(sql string) string { return named(sql).Numbered }
+
 // Bind returns the arguments of a call of n.Numbered: the values of args
 // in the order of n's parameters. A name n uses that args lacks, or one
 // args has that n does not use, is a bug: the statement then fails

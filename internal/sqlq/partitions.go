@@ -26,15 +26,16 @@ type Partitions struct {
 	// List is every range partition, oldest first: id, lo, hi,
 	// created_at, created_xid, sealed_at.
 	List string
-	// Seal records that partition $1 is sealed, unless that is recorded
-	// already, and returns when it was (no row: the partition is gone).
+	// Seal records that partition @partition_id is sealed, unless that is
+	// recorded already, and returns when it was (no row: the partition is
+	// gone).
 	Seal string
-	// Insert records a new range partition ($1, $2: lo, hi) and returns
-	// its id.
+	// Insert records a new range partition (@lo, @hi: its bounds, xid8s
+	// as text) and returns its id.
 	Insert string
-	// Listed is true while partition $1 is in the list.
+	// Listed is true while partition @partition_id is in the list.
 	Listed string
-	// Forget removes partition $1 from the list.
+	// Forget removes partition @partition_id from the list.
 	Forget string
 	// LockParent takes the partitioned table's lock alone (not its
 	// partitions'), so that dropping a partition waits for the statements
@@ -54,7 +55,7 @@ func ForPartitions(schema string) *Partitions {
 		List:       q(listPartitions),
 		Seal:       q(sealPartition),
 		Insert:     q(insertPartition),
-		Listed:     q(`SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_partitions WHERE id = $1)`),
+		Listed:     q(`SELECT EXISTS (SELECT 1 FROM {{schema}}.outbox_partitions WHERE id = @partition_id)`),
 		Forget:     q(forgetPartition),
 		LockParent: q(`LOCK TABLE ONLY {{schema}}.outbox_published IN ACCESS EXCLUSIVE MODE`),
 	}
@@ -74,21 +75,25 @@ const listPartitions = `
 SELECT p.id, p.lo::text, p.hi::text, p.created_at, p.created_xid::text, p.sealed_at
 FROM {{schema}}.outbox_partitions AS p ORDER BY p.lo` // by the xid8, not its text
 
-// sealPartition writes sealed_at only the first time (the table is read
-// every pass; a version per pass would bloat it).
+// sealPartition records that partition @partition_id is sealed. It
+// writes sealed_at only the first time (the table is read every pass; a
+// version per pass would bloat it).
 const sealPartition = `
 WITH sealed AS (
-    UPDATE {{schema}}.outbox_partitions SET sealed_at = now() WHERE id = $1 AND sealed_at IS NULL
+    UPDATE {{schema}}.outbox_partitions SET sealed_at = now() WHERE id = @partition_id AND sealed_at IS NULL
     RETURNING sealed_at
 )
 SELECT sealed_at FROM sealed
 UNION ALL
-SELECT sealed_at FROM {{schema}}.outbox_partitions WHERE id = $1 AND sealed_at IS NOT NULL`
+SELECT sealed_at FROM {{schema}}.outbox_partitions WHERE id = @partition_id AND sealed_at IS NOT NULL`
 
+// insertPartition records range partition [@lo, @hi) (xid8s, as text)
+// and returns its id.
 const insertPartition = `
-INSERT INTO {{schema}}.outbox_partitions (lo, hi) VALUES ($1::text::xid8, $2::text::xid8) RETURNING id`
+INSERT INTO {{schema}}.outbox_partitions (lo, hi) VALUES (@lo::text::xid8, @hi::text::xid8) RETURNING id`
 
-const forgetPartition = `DELETE FROM {{schema}}.outbox_partitions WHERE id = $1`
+// forgetPartition removes partition @partition_id from the list.
+const forgetPartition = `DELETE FROM {{schema}}.outbox_partitions WHERE id = @partition_id`
 
 // Table is the qualified, quoted name of partition id's table.
 func (p *Partitions) Table(id int64) string {
@@ -132,7 +137,7 @@ WHERE message_id IN (SELECT id FROM ` + p.Table(id) + `)`
 }
 
 // WrittenSince is true when partition id's table has a row version
-// written by a transaction that $1 (an xid8, as text: the xmin of a
+// written by a transaction that @xmin (an xid8, as text: the xmin of a
 // snapshot taken before the partition was checked) does not see as
 // finished: the partition was written to while it was checked. That
 // happens only when something sets the xid column by hand (pgoutbox never
@@ -140,7 +145,7 @@ WHERE message_id IN (SELECT id FROM ` + p.Table(id) + `)`
 // the next check. It reads every row version of the table.
 func (p *Partitions) WrittenSince(id int64) string {
 	return `SELECT EXISTS (SELECT 1 FROM ` + p.Table(id) + `
-WHERE age(xmin) <= age(($1::text::numeric % 4294967296)::text::xid))`
+WHERE age(xmin) <= age((@xmin::text::numeric % 4294967296)::text::xid))`
 }
 
 // Drop is the DDL that drops partition id's table.

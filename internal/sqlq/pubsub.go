@@ -27,18 +27,18 @@ type PubSub struct {
 	CommittedPosition, DeletedTombstone                            string
 
 	// Fetching.
-	LockOffset, OffsetExists, FetchState           string
-	CatchupProgress                                string
-	FinishBackfill, CancelBackfill, BackfillState  string
-	NextBackfillPair, TakeExpiredBatch             string
-	AdvanceOffset, InsertBatch                     string
-	SetAside, ForgetSetAside                       string
-	ReapRetries, DeleteOrphanRetries, ClaimRetries string
-	ParkRows, ClaimOrderedRetries                  string
-	CopyDeadLetters, DeadLettersToComplete         string
-	// Built from shared pieces, with named parameters.
+	LockOffset, OffsetExists, FetchState          string
+	CatchupProgress                               string
+	FinishBackfill, CancelBackfill, BackfillState string
+	NextBackfillPair, TakeExpiredBatch            string
+	AdvanceOffset, InsertBatch                    string
+	SetAside, ForgetSetAside                      string
+	ReapRetries, DeleteOrphanRetries, ParkRows    string
+	CopyDeadLetters, DeadLettersToComplete        string
+	// Large, and run by most looks: numbered once (see Named).
 	FetchRows, FetchRowsAhead, TakeAhead, AnyWork Named
 	CatchupRows, CatchupSize, MoveBatchToRetries  Named
+	ClaimRetries, ClaimOrderedRetries             Named
 
 	// Completing.
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetries, ExtendLeases string
@@ -116,9 +116,9 @@ func ForPubSub(schema string) *PubSub {
 		InsertBatch:         q(insertBatch),
 		ReapRetries:         q(reapRetries),
 		DeleteOrphanRetries: q(deleteOrphanRetries),
-		ClaimRetries:        q(claimRetries),
+		ClaimRetries:        named(q(claimRetries)),
 		ParkRows:            q(parkRows),
-		ClaimOrderedRetries: q(claimOrderedRetries),
+		ClaimOrderedRetries: named(q(claimOrderedRetries)),
 
 		FinishBatch:   q(finishBatch),
 		InsertRetries: q(insertRetries),
@@ -157,7 +157,7 @@ func ForPubSub(schema string) *PubSub {
 		BitmapHeld:              q(partitionHeld(unfinishedInRange(bitmapDone("o", "positions")))),
 		CounterHeld:             q(partitionHeld(unfinishedInRange(counterDone("o", "positions")))),
 		OffsetHeld:              q(partitionHeld(beforeWatermark)),
-		MixedHeld:               q(partitionHeld(unfinishedInRange(mixedDone("$8")))),
+		MixedHeld:               q(partitionHeld(unfinishedInRange(mixedDone("@watermark")))),
 		MixedCleanup:            q(mixedCleanup),
 		ModeChangeOver:          q(modeChangeOver),
 		UpsertWatermark:         q(upsertWatermark),

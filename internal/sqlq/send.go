@@ -1,33 +1,33 @@
 package sqlq
 
-import "strconv"
-
 // The SQL producers write messages with, on every kind of topic.
 
-// insertQueued writes one message of a topic configured as QUEUE: a plain
-// single-row INSERT into outbox. Such a row needs nothing from the topic
+// insertQueued writes one message (@topic, @payload, @headers,
+// @correlation_id, @message_group, @priority) of a topic configured as
+// QUEUE by an earlier release (see QueueOnLog): a plain single-row INSERT
+// into outbox, whose trigger moves it to the log. Such a row needs nothing from the topic
 // row (a topic's semantics never change once configured); it is available
 // at once (the column default now()).
 const insertQueued = `
 INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority)
-VALUES ($1, $2, $3, $4, $5, $6)
+VALUES (@topic, @payload, @headers, @correlation_id, @message_group, @priority)
 RETURNING id`
 
-// insertQueuedAt is insertQueued with a delivery time: $7 not-before, $8
-// delay in microseconds, $9 now.
+// insertQueuedAt is insertQueued with a delivery time (see availableAt).
 const insertQueuedAt = `
 INSERT INTO {{schema}}.outbox ` + queuedAtColumns + `
-VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `)
+VALUES (@topic, @payload, @headers, @correlation_id, @message_group, @priority, ` + availableAt + `)
 RETURNING id`
 
 // queuedAtColumns are the columns insertQueuedAt and insertUnconfigured write.
 const queuedAtColumns = `(topic, payload, headers, correlation_id, message_group, priority, available_at)`
 
-// availableAt is when a message may first be delivered: $7 (not-before), or
-// $8 microseconds after $9 (the injected clock) or the database's now().
-const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) + $8 * interval '1 microsecond')`
+// availableAt is when a message may first be delivered: @not_before, or
+// @delay_us microseconds after @now (the injected clock) or the database's
+// now().
+const availableAt = `coalesce(@not_before::timestamptz, coalesce(@now::timestamptz, now()) + @delay_us * interval '1 microsecond')`
 
-// configuringDefaults begins a statement that configures topic $1, when
+// configuringDefaults begins a statement that configures @topic, when
 // it has no configuration yet, as a QUEUE topic with the defaults
 // (outbox.TopicConfig{}.WithDefaults(): a test holds the two together),
 // on the log with its one group. It takes the topic's lock in shared mode
@@ -37,8 +37,8 @@ const availableAt = `coalesce($7::timestamptz, coalesce($9::timestamptz, now()) 
 const configuringDefaults = `
 WITH configured AS (
     INSERT INTO {{schema}}.outbox_topics (` + defaultTopicColumns + `)
-    SELECT $1, ` + defaultTopicValues + `
-    WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext($1)) IS NOT NULL
+    SELECT @topic, ` + defaultTopicValues + `
+    WHERE pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext(@topic)) IS NOT NULL
     ON CONFLICT (topic) DO NOTHING
     RETURNING topic` + queueGroupsOfConfigured + `)`
 
@@ -62,7 +62,7 @@ const queueGroupsOfConfigured = `
     SELECT id, '1:1:'::pg_snapshot FROM queue_group`
 
 // insertUnconfigured writes a message of a topic the producer has not
-// seen configured ($1..$9 as insertLoggedAt): it configures the topic
+// seen configured (the parameters of insertLoggedAt): it configures the topic
 // with the defaults (see configuringDefaults) and writes the message to
 // the log, unless the topic has been configured as PUB_SUB or ordered
 // since: then it writes nothing and returns no row, and the producer
@@ -71,35 +71,34 @@ const insertUnconfigured = configuringDefaults + unconfiguredInsert + `
 SELECT id FROM inserted`
 
 // insertUnconfiguredNotify is insertUnconfigured that also notifies
-// channel $10 with the topic when the transaction commits.
+// @channel with the topic when the transaction commits.
 const insertUnconfiguredNotify = configuringDefaults + unconfiguredInsert + `
-SELECT inserted.id FROM inserted, (SELECT pg_notify($10, $1)) AS n`
+SELECT inserted.id FROM inserted, (SELECT pg_notify(@channel, @topic)) AS n`
 
 // unconfiguredInsert is the CTE inserted of insertUnconfigured.
 const unconfiguredInsert = `, inserted AS (
     INSERT INTO {{schema}}.outbox_published
         (topic, payload, headers, correlation_id, message_group, priority, available_at, status)
-    SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
-    WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = $1 AND (semantics = 'PUB_SUB' OR ordered))
+    SELECT @topic, @payload, @headers, @correlation_id, @message_group, @priority, ` + availableAt + `, 'PUBLISHED'
+    WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics WHERE topic = @topic AND (semantics = 'PUB_SUB' OR ordered))
     RETURNING id
 )`
 
 // insertLogged writes one message of a QUEUE topic whose messages live on
-// the log (see QueueOnLog), available at once ($1..$6 as insertQueued): a
+// the log (see QueueOnLog), available at once (the parameters of insertQueued): a
 // plain single-row INSERT, like insertQueued. It needs nothing from the
 // topic row, so it takes no topic lock: the topic's one group reads every
 // message ever written to it and never leaves, so there is no subscribed
 // set to agree with.
 const insertLogged = `
 INSERT INTO {{schema}}.outbox_published (topic, payload, headers, correlation_id, message_group, priority, status)
-VALUES ($1, $2, $3, $4, $5, $6, 'PUBLISHED')
+VALUES (@topic, @payload, @headers, @correlation_id, @message_group, @priority, 'PUBLISHED')
 RETURNING id`
 
-// insertLoggedAt is insertLogged with a delivery time ($7..$9 as
-// insertQueuedAt).
+// insertLoggedAt is insertLogged with a delivery time (see availableAt).
 const insertLoggedAt = `
 INSERT INTO {{schema}}.outbox_published ` + loggedAtColumns + `
-VALUES ($1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED')
+VALUES (@topic, @payload, @headers, @correlation_id, @message_group, @priority, ` + availableAt + `, 'PUBLISHED')
 RETURNING id`
 
 // loggedAtColumns are the columns insertLoggedAt and insertLoggedOrdered
@@ -110,7 +109,7 @@ const loggedAtColumns = `(topic, payload, headers, correlation_id, message_group
 // with a group takes its group's lock first, as insertOrdered does.
 const insertLoggedOrdered = `
 INSERT INTO {{schema}}.outbox_published ` + loggedAtColumns + `
-SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, 'PUBLISHED'
+SELECT @topic, @payload, @headers, @correlation_id, @message_group, @priority, ` + availableAt + `, 'PUBLISHED'
 WHERE ` + groupLock + `
 RETURNING id`
 
@@ -121,7 +120,7 @@ RETURNING id`
 const orderedLockClass = `1885826927`
 
 // insertOrdered writes one message of a configured ordered QUEUE topic
-// ($1..$9 as insertQueuedAt). A message with a group first takes its
+// (the parameters of insertQueuedAt). A message with a group first takes its
 // group's lock until the transaction ends, and only then draws its id
 // (the filter runs before the row is formed): a second transaction
 // sending to the group waits for the first to commit or roll back, so
@@ -129,13 +128,13 @@ const orderedLockClass = `1885826927`
 // claim delivers them in.
 const insertOrdered = `
 INSERT INTO {{schema}}.outbox (topic, payload, headers, correlation_id, message_group, priority, available_at, ordered)
-SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `, true
+SELECT @topic, @payload, @headers, @correlation_id, @message_group, @priority, ` + availableAt + `, true
 WHERE ` + groupLock + `
 RETURNING id`
 
-// groupLock takes the lock of message group $5 of topic $1 until the
+// groupLock takes the lock of @message_group of @topic until the
 // transaction ends (see insertOrdered); true.
-const groupLock = `($5::text IS NULL OR pg_advisory_xact_lock(` + orderedLockClass + `, hashtext($1 || '/' || $5::text)) IS NOT NULL)`
+const groupLock = `(@message_group::text IS NULL OR pg_advisory_xact_lock(` + orderedLockClass + `, hashtext(@topic || '/' || @message_group::text)) IS NOT NULL)`
 
 // insertPublished writes one message of a topic configured as PUB_SUB,
 // with the groups it needs from the topic row (the "snapshot at insert").
@@ -159,11 +158,11 @@ func insertPublishedWhere(first string) string {
 INSERT INTO {{schema}}.outbox_published
     (topic, payload, headers, correlation_id, message_group, priority, available_at,
      status, ` + requiredGroupColumns + `)
-SELECT $1, $2, $3, $4, $5, $6, ` + availableAt + `,
+SELECT @topic, @payload, @headers, @correlation_id, @message_group, @priority, ` + availableAt + `,
        ` + publishedStatus + `,
        ` + requiredGroups + `
 FROM {{schema}}.outbox_topics AS t
-WHERE ` + first + `t.topic = $1 AND ` + topicLockShared + `
+WHERE ` + first + `t.topic = @topic AND ` + topicLockShared + `
 FOR KEY SHARE OF t
 RETURNING id`
 }
@@ -210,15 +209,14 @@ const publishedStatus = `CASE WHEN ` + blocked + ` THEN (` + NoSubscriptionsMark
 const NoSubscriptionsMarker = `'pgoutbox: no subscriptions on topic '`
 
 // notifying wraps a single-row insert returning id so that it also notifies
-// channel $channelParam with the topic ($1) when the transaction commits.
-func notifying(insert string, channelParam int) string {
-	return "WITH inserted AS (" + insert + "\n)\nSELECT inserted.id FROM inserted, (SELECT pg_notify($" +
-		strconv.Itoa(channelParam) + ", $1)) AS n"
+// @channel with @topic when the transaction commits.
+func notifying(insert string) string {
+	return "WITH inserted AS (" + insert + "\n)\nSELECT inserted.id FROM inserted, (SELECT pg_notify(@channel, @topic)) AS n"
 }
 
 // selectSemantics reads a topic's semantics, whether it is ordered and
 // whether its messages live on the log (no row: never configured).
-var selectSemantics = `SELECT semantics, ordered, ` + onLog("t") + ` FROM {{schema}}.outbox_topics AS t WHERE topic = $1`
+var selectSemantics = `SELECT semantics, ordered, ` + onLog("t") + ` FROM {{schema}}.outbox_topics AS t WHERE topic = @topic`
 
 // onLog is true for topic row alias whose messages live on the log
 // (outbox_published): every PUB_SUB topic, and a QUEUE topic that has a
@@ -232,8 +230,11 @@ func onLog(alias string) string {
 // every row written. Ids are drawn in input order from the sequence both
 // tables share. A message with an idempotency key is written only if it
 // records the key first: a key of the topic that has not expired yet (an
-// earlier send, or an earlier message of the batch) skips it. $10 is now,
-// $11 the idempotency window (microseconds) of topics never configured.
+// earlier send, or an earlier message of the batch) skips it. @now is now,
+// @idempotency_window_us the idempotency window (microseconds) of topics
+// never configured; the messages' fields are the arrays @topics, @payloads,
+// @headers, @correlation_ids, @message_groups, @priorities,
+// @idempotency_keys, @not_befores and @delays_us.
 //
 // Topics never configured are configured with the defaults, on the log
 // (see configuringDefaults), and their messages take their topics' locks
@@ -247,7 +248,7 @@ var insertRows = `
 WITH configured AS (
     INSERT INTO {{schema}}.outbox_topics (` + defaultTopicColumns + `)
     SELECT DISTINCT u.topic, ` + defaultTopicValues + `
-    FROM unnest($1::text[]) AS u(topic)
+    FROM unnest(@topics::text[]) AS u(topic)
     ORDER BY u.topic
     ON CONFLICT (topic) DO NOTHING
     RETURNING topic` + queueGroupsOfConfigured + `
@@ -255,39 +256,39 @@ WITH configured AS (
     SELECT nextval('{{schema}}.outbox_id_seq') AS id, r.*
     FROM (SELECT m.*,
                  CASE WHEN t.ordered THEN true END AS ordered,
-                 coalesce(m.not_before, coalesce($10::timestamptz, now()) + m.delay_us * interval '1 microsecond')
+                 coalesce(m.not_before, coalesce(@now::timestamptz, now()) + m.delay_us * interval '1 microsecond')
                      AS available_at,
                  coalesce(` + onLog("t") + `, true) AS published,
-                 coalesce(t.idempotency_window, $11 * interval '1 microsecond') AS idempotency_window,
+                 coalesce(t.idempotency_window, @idempotency_window_us * interval '1 microsecond') AS idempotency_window,
                  ` + publishedStatus + ` AS status,
                  ` + requiredGroups + `
-          FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::text[], $5::text[], $6::smallint[],
-                      $7::text[], $8::timestamptz[], $9::bigint[])
+          FROM unnest(@topics::text[], @payloads::jsonb[], @headers::jsonb[], @correlation_ids::text[], @message_groups::text[], @priorities::smallint[],
+                      @idempotency_keys::text[], @not_befores::timestamptz[], @delays_us::bigint[])
                WITH ORDINALITY AS m(topic, payload, headers, correlation_id, message_group, priority,
                                     idempotency_key, not_before, delay_us, ord)
           LEFT JOIN (SELECT * FROM {{schema}}.outbox_topics AS t
-                     WHERE t.topic = ANY($1::text[]) AND ` + topicLockShared + `
+                     WHERE t.topic = ANY(@topics::text[]) AND ` + topicLockShared + `
                      FOR KEY SHARE) AS t
                  ON t.topic = m.topic -- held until commit, as in insertPublished
           WHERE (SELECT count(pg_advisory_xact_lock(` + orderedLockClass + `, g.key))
                  FROM (SELECT DISTINCT hashtext(u.topic || '/' || u.grp) AS key
-                       FROM unnest($1::text[], $5::text[]) AS u(topic, grp)
+                       FROM unnest(@topics::text[], @message_groups::text[]) AS u(topic, grp)
                        JOIN {{schema}}.outbox_topics AS ot ON ot.topic = u.topic AND ot.ordered
                        WHERE u.grp IS NOT NULL
                        ORDER BY 1) AS g) >= 0
             AND (SELECT count(pg_advisory_xact_lock_shared(` + topicLockClass + `, hashtext(u.topic)))
-                 FROM (SELECT DISTINCT topic FROM unnest($1::text[]) AS u(topic)
+                 FROM (SELECT DISTINCT topic FROM unnest(@topics::text[]) AS u(topic)
                        WHERE NOT EXISTS (SELECT FROM {{schema}}.outbox_topics AS ct WHERE ct.topic = u.topic)) AS u) >= 0
           ORDER BY m.ord) AS r
 ), keyed AS (
     INSERT INTO {{schema}}.outbox_idempotency_keys AS k (topic, idempotency_key, message_id, expires_at)
     SELECT DISTINCT ON (topic, idempotency_key)
-           topic, idempotency_key, id, coalesce($10::timestamptz, now()) + idempotency_window
+           topic, idempotency_key, id, coalesce(@now::timestamptz, now()) + idempotency_window
     FROM m WHERE idempotency_key IS NOT NULL
     ORDER BY topic, idempotency_key, ord
     ON CONFLICT (topic, idempotency_key) DO UPDATE
         SET message_id = excluded.message_id, expires_at = excluded.expires_at
-        WHERE k.expires_at <= coalesce($10::timestamptz, now())
+        WHERE k.expires_at <= coalesce(@now::timestamptz, now())
     RETURNING message_id
 ), fresh AS (
     SELECT * FROM m WHERE idempotency_key IS NULL OR id IN (SELECT message_id FROM keyed)
@@ -315,24 +316,25 @@ var insert = insertRows + `
 SELECT m.ord, m.id FROM m JOIN written USING (id)`
 
 // insertNotify is insert that also wakes listening consumers of the topics
-// in $13, on channel $12, when the producer's transaction commits (NOTIFY
+// in @notify_topics, on @channel, when the producer's transaction commits (NOTIFY
 // is transactional: a rollback notifies nobody).
 var insertNotify = insertRows + `, notified AS (
-    SELECT pg_notify($12, t) FROM unnest($13::text[]) AS t
+    SELECT pg_notify(@channel, t) FROM unnest(@notify_topics::text[]) AS t
 )
 SELECT m.ord, m.id FROM m JOIN written USING (id), (SELECT count(*) FROM notified) AS n -- the join makes notified run`
 
 // selectIdempotent finds the messages an idempotent send collided with.
 const selectIdempotent = `
 SELECT idempotency_key, message_id FROM {{schema}}.outbox_idempotency_keys
-WHERE topic = $1 AND idempotency_key = ANY($2::text[])`
+WHERE topic = @topic AND idempotency_key = ANY(@keys::text[])`
 
-// expireIdempotencyKeys deletes up to $2 keys that expired before $1 (now).
+// expireIdempotencyKeys deletes up to @batch_size keys that expired
+// before @now.
 const expireIdempotencyKeys = `
 DELETE FROM {{schema}}.outbox_idempotency_keys AS k
 USING (SELECT topic, idempotency_key FROM {{schema}}.outbox_idempotency_keys
-       WHERE expires_at <= coalesce($1::timestamptz, now())
+       WHERE expires_at <= coalesce(@now::timestamptz, now())
        ORDER BY expires_at
-       LIMIT $2
+       LIMIT @batch_size
        FOR UPDATE SKIP LOCKED) AS e
 WHERE k.topic = e.topic AND k.idempotency_key = e.idempotency_key`

@@ -10,14 +10,16 @@
 // the caller's schema, quoted, once per client. Nothing else is ever spliced
 // into SQL: every value is a bind parameter.
 //
-// A statement built from shared pieces (a group's stream filter, what it
-// completed, a snapshot pair's unseen rows) names its parameters
-// (@topic, @stream_bit, …): it is a Named, numbered once, and its Bind
-// refuses a missing or unknown name. Numbered from an offset each caller
-// computed, such a statement had up to 19 parameters that only a count
-// could tell apart. The others still number theirs ($1, …).
+// Every statement names its parameters (@topic, @sub, @now, …); none is
+// numbered by hand. Most are sent with pgx.StrictNamedArgs, which refuses
+// a missing or unknown name. The large ones that run for most messages or
+// most looks (a send, a fetch's reads, the retry claims) are Named instead:
+// numbered once, when their set is built, so a call does not read the
+// statement again (see Named); their Bind refuses a missing or unknown
+// name the same way. A test prepares every statement of every set against
+// the migrated schema, numbered as it is sent.
 //
-// A parameter named now (coalesce(@now::timestamptz, now()), or $n) carries an
+// A parameter named now (coalesce(@now::timestamptz, now())) carries an
 // injected test clock; production code passes NULL and database time is used.
 package sqlq
 
@@ -31,52 +33,58 @@ import (
 // PUB_SUB messages in outbox_published) and of topic configuration.
 type Outbox struct {
 	// Send's single-message statements, each with a variant that also
-	// notifies (the channel is the parameter after the last one).
-	InsertUnconfigured, InsertUnconfiguredNotify   string // topic not seen configured: $1..$9
-	InsertQueued, InsertQueuedNotify               string // configured QUEUE topic, available now: $1..$6
-	InsertQueuedAt, InsertQueuedAtNotify           string // configured QUEUE topic: $1..$9
-	InsertPublished, InsertPublishedNotify         string // configured PUB_SUB topic: $1..$9
-	InsertPublishedOrdered                         string // configured ordered PUB_SUB topic: $1..$9
-	InsertPublishedOrderedNotify                   string
-	InsertOrdered, InsertOrderedNotify             string // configured ordered QUEUE topic: $1..$9
-	InsertLogged, InsertLoggedNotify               string // QUEUE topic on the log, available now: $1..$6
-	InsertLoggedAt, InsertLoggedAtNotify           string // QUEUE topic on the log: $1..$9
-	InsertLoggedOrdered, InsertLoggedOrderedNotify string // ordered QUEUE topic on the log: $1..$9
-	SelectSemantics                                string
-	Insert, InsertNotify, SelectIdempotent         string
-	LockTopic, UpsertTopic, SelectTopic            string
-	LockTopicRow, AssignBits, ResetSubscribedBits  string
-	TrackingInUse, ChangeTracking                  string
-	QueueOnLog                                     string
-	ExpireIdempotencyKeys                          string
+	// notifies @channel. Parameters: @topic, @payload, @headers,
+	// @correlation_id, @message_group, @priority and, but for the
+	// statements of messages available at once (InsertQueued,
+	// InsertLogged), @not_before, @delay_us and @now.
+	InsertUnconfigured, InsertUnconfiguredNotify   Named // topic not seen configured
+	InsertQueued, InsertQueuedNotify               Named // QUEUE topic an earlier release configured, available now
+	InsertQueuedAt, InsertQueuedAtNotify           Named // QUEUE topic an earlier release configured
+	InsertPublished, InsertPublishedNotify         Named // configured PUB_SUB topic
+	InsertPublishedOrdered                         Named // configured ordered PUB_SUB topic
+	InsertPublishedOrderedNotify                   Named
+	InsertOrdered, InsertOrderedNotify             Named // ordered QUEUE topic an earlier release configured
+	InsertLogged, InsertLoggedNotify               Named // QUEUE topic on the log, available now
+	InsertLoggedAt, InsertLoggedAtNotify           Named // QUEUE topic on the log
+	InsertLoggedOrdered, InsertLoggedOrderedNotify Named // ordered QUEUE topic on the log
+	SelectSemantics                                Named
+	// SendBatch's statements.
+	Insert, InsertNotify, SelectIdempotent Named
+
+	LockTopic, UpsertTopic, SelectTopic           string
+	LockTopicRow, AssignBits, ResetSubscribedBits string
+	TrackingInUse, ChangeTracking                 string
+	QueueOnLog                                    string
+	ExpireIdempotencyKeys                         string
 }
 
 // For returns the statements for schema (already validated).
 func For(schema string) *Outbox {
 	r := strings.NewReplacer("{{schema}}", ident.Quote(schema))
+	n := func(sql string) Named { return named(r.Replace(sql)) }
 	return &Outbox{
-		InsertUnconfigured:           r.Replace(insertUnconfigured),
-		InsertUnconfiguredNotify:     r.Replace(insertUnconfiguredNotify),
-		InsertQueued:                 r.Replace(insertQueued),
-		InsertQueuedNotify:           r.Replace(notifying(insertQueued, 7)),
-		InsertQueuedAt:               r.Replace(insertQueuedAt),
-		InsertQueuedAtNotify:         r.Replace(notifying(insertQueuedAt, 10)),
-		InsertPublished:              r.Replace(insertPublished),
-		InsertPublishedNotify:        r.Replace(notifying(insertPublished, 10)),
-		InsertPublishedOrdered:       r.Replace(insertPublishedOrdered),
-		InsertPublishedOrderedNotify: r.Replace(notifying(insertPublishedOrdered, 10)),
-		InsertOrdered:                r.Replace(insertOrdered),
-		InsertOrderedNotify:          r.Replace(notifying(insertOrdered, 10)),
-		InsertLogged:                 r.Replace(insertLogged),
-		InsertLoggedNotify:           r.Replace(notifying(insertLogged, 7)),
-		InsertLoggedAt:               r.Replace(insertLoggedAt),
-		InsertLoggedAtNotify:         r.Replace(notifying(insertLoggedAt, 10)),
-		InsertLoggedOrdered:          r.Replace(insertLoggedOrdered),
-		InsertLoggedOrderedNotify:    r.Replace(notifying(insertLoggedOrdered, 10)),
-		SelectSemantics:              r.Replace(selectSemantics),
-		Insert:                       r.Replace(insert),
-		InsertNotify:                 r.Replace(insertNotify),
-		SelectIdempotent:             r.Replace(selectIdempotent),
+		InsertUnconfigured:           n(insertUnconfigured),
+		InsertUnconfiguredNotify:     n(insertUnconfiguredNotify),
+		InsertQueued:                 n(insertQueued),
+		InsertQueuedNotify:           n(notifying(insertQueued)),
+		InsertQueuedAt:               n(insertQueuedAt),
+		InsertQueuedAtNotify:         n(notifying(insertQueuedAt)),
+		InsertPublished:              n(insertPublished),
+		InsertPublishedNotify:        n(notifying(insertPublished)),
+		InsertPublishedOrdered:       n(insertPublishedOrdered),
+		InsertPublishedOrderedNotify: n(notifying(insertPublishedOrdered)),
+		InsertOrdered:                n(insertOrdered),
+		InsertOrderedNotify:          n(notifying(insertOrdered)),
+		InsertLogged:                 n(insertLogged),
+		InsertLoggedNotify:           n(notifying(insertLogged)),
+		InsertLoggedAt:               n(insertLoggedAt),
+		InsertLoggedAtNotify:         n(notifying(insertLoggedAt)),
+		InsertLoggedOrdered:          n(insertLoggedOrdered),
+		InsertLoggedOrderedNotify:    n(notifying(insertLoggedOrdered)),
+		SelectSemantics:              n(selectSemantics),
+		Insert:                       n(insert),
+		InsertNotify:                 n(insertNotify),
+		SelectIdempotent:             n(selectIdempotent),
 		LockTopic:                    r.Replace(lockTopicExclusive),
 		UpsertTopic:                  r.Replace(upsertTopic),
 		LockTopicRow:                 r.Replace(lockTopicRow),

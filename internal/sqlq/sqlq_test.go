@@ -3,6 +3,7 @@ package sqlq_test
 import (
 	"context"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -26,6 +27,7 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 	}
 	defer conn.Release()
 	n := 0
+	var numberedLeft []string
 	for _, set := range []any{sqlq.For(db.Schema), sqlq.ForPubSub(db.Schema), sqlq.ForMaintenance(db.Schema),
 		sqlq.ForAdmin(db.Schema), sqlq.ForInbox(db.Schema), sqlq.ForPartitions(db.Schema)} {
 		v := reflect.ValueOf(set).Elem()
@@ -38,7 +40,9 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 			var sql string
 			switch field := v.Field(i).Interface(); {
 			case f.Type.Kind() == reflect.String:
-				sql = field.(string)
+				// Sent with pgx.StrictNamedArgs, which numbers the names
+				// on each call as named does once.
+				sql = sqlq.Number(field.(string))
 			case f.Type == reflect.TypeFor[sqlq.Named]():
 				// A statement with named parameters is sent numbered, and
 				// every name is numbered (a Bind call can set it).
@@ -53,14 +57,35 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 				t.Errorf("%s is empty", name)
 				continue
 			}
+			if numbered.MatchString(rawSQL(v.Field(i).Interface())) {
+				numberedLeft = append(numberedLeft, name)
+			}
 			if _, err := conn.Conn().Prepare(ctx, name, sql); err != nil {
 				t.Errorf("%s does not prepare: %v\n%s", name, err, sql)
 			}
 			n++
 		}
 	}
+	if len(numberedLeft) > 0 {
+		t.Errorf("%d statements still number their parameters ($1, …) instead of naming them: %s",
+			len(numberedLeft), strings.Join(numberedLeft, ", "))
+	}
 	if n < 50 {
 		t.Fatalf("only %d statements found: the test no longer sees them all", n)
 	}
 	t.Logf("%d statements prepared", n)
+}
+
+// numbered finds a numbered parameter ($1) in a statement's text.
+var numbered = regexp.MustCompile(`\$[0-9]`)
+
+// rawSQL is a statement field's text as written, before numbering.
+func rawSQL(field any) string {
+	switch f := field.(type) {
+	case string:
+		return f
+	case sqlq.Named:
+		return f.SQL
+	}
+	return ""
 }

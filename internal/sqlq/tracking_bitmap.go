@@ -25,11 +25,11 @@ import (
 // (done_bits, completed_count) keep their own record, which the checks
 // below still read.
 
-// completeRecords records that subscription $2 finished the messages $1.
-// A redelivered message is recorded once.
+// completeRecords records that subscription @sub finished the messages
+// @message_ids. A redelivered message is recorded once.
 const completeRecords = `
 INSERT INTO {{schema}}.outbox_consumer_groups (message_id, subscription_id)
-SELECT unnest($1::bigint[]), $2
+SELECT unnest(@message_ids::bigint[]), @sub
 ON CONFLICT DO NOTHING`
 
 // recordedBy is true when subscription sub recorded finishing row alias.
@@ -60,40 +60,41 @@ func finishedBy(alias, sub string) string {
                      WHERE s.id = ` + sub + ` AND ` + passedBy(alias, "s", "f") + `))`
 }
 
-// bitmapForget drops a DEAD group (bit $2, subscription $4) from up to $3
-// rows it had not finished. The row conditions are repeated outside the
-// subquery so that a completion committed while the update waited for a
-// row is seen.
+// bitmapForget drops a DEAD group (@bit, the mask of its bit; subscription
+// @sub) from up to @limit rows of topic @topic it had not finished. The
+// row conditions are repeated outside the subquery so that a completion
+// committed while the update waited for a row is seen.
 var bitmapForget = `
-UPDATE {{schema}}.outbox_published AS o SET required_bits = o.required_bits & ~$2::bigint
+UPDATE {{schema}}.outbox_published AS o SET required_bits = o.required_bits & ~@bit::bigint
 WHERE o.id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
-    WHERE o.topic = $1 AND o.status = 'PUBLISHED' AND o.required_bits & $2 <> 0 AND o.done_bits & $2 = 0
-          AND NOT ` + finishedBy("o", "$4") + `
-    ORDER BY o.id LIMIT $3)
-  AND o.required_bits & $2 <> 0 AND o.done_bits & $2 = 0 AND NOT ` + recordedBy("o", "$4")
+    WHERE o.topic = @topic AND o.status = 'PUBLISHED' AND o.required_bits & @bit <> 0 AND o.done_bits & @bit = 0
+          AND NOT ` + finishedBy("o", "@sub") + `
+    ORDER BY o.id LIMIT @limit)
+  AND o.required_bits & @bit <> 0 AND o.done_bits & @bit = 0 AND NOT ` + recordedBy("o", "@sub")
 
-// bitmapStrip removes a CANCELLED group's bit $2 from up to $3 rows,
-// required or done: its completions no longer matter, and the bit can go
-// to another group once no row has it.
+// bitmapStrip removes a CANCELLED group's bit (@bit, its mask) from up to
+// @limit rows of topic @topic, required or done: its completions no
+// longer matter, and the bit can go to another group once no row has it.
 const bitmapStrip = `
 UPDATE {{schema}}.outbox_published
-SET required_bits = required_bits & ~$2::bigint, done_bits = done_bits & ~$2::bigint
+SET required_bits = required_bits & ~@bit::bigint, done_bits = done_bits & ~@bit::bigint
 WHERE id IN (
     SELECT id FROM {{schema}}.outbox_published
-    WHERE topic = $1 AND (required_bits | done_bits) & $2 <> 0
-    ORDER BY id LIMIT $3)
-  AND (required_bits | done_bits) & $2 <> 0`
+    WHERE topic = @topic AND (required_bits | done_bits) & @bit <> 0
+    ORDER BY id LIMIT @limit)
+  AND (required_bits | done_bits) & @bit <> 0`
 
-// retention: rows older than the topic's retention (and, for rows nobody
-// was subscribed to, older than the zero-subscription floor), with no
+// retention: rows older than the topic's retention (@retention_us
+// microseconds before now, @now; and, for rows nobody was subscribed to,
+// older than the zero-subscription floor, see pastZeroFloor), with no
 // pending retry of a subscribed group, and out of reach of every pending
 // backfill (a group that came back, or subscribed with Backfill, may still
 // be raised on them). Cleanup runs under the topic's lock in shared mode
 // (see lockTopicShared), so a subscription change that starts a backfill
 // waits for cleanups in progress and later ones see it.
 const retention = `
-      AND o.created_at < coalesce($2::timestamptz, now()) - $3 * interval '1 microsecond'
+      AND o.created_at < coalesce(@now::timestamptz, now()) - @retention_us * interval '1 microsecond'
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
                       JOIN {{schema}}.outbox_topic_subscriptions AS s ON s.id = r.subscription_id
                       WHERE r.message_id = o.id AND r.payload IS NULL AND ` + holdsClaims + `)
@@ -102,18 +103,18 @@ const retention = `
                       WHERE s.topic = o.topic AND ` + holdsClaims + `
                             AND b.backfill_from IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, b.backfill_from))`
 
-// pastZeroFloor: row o is older than the zero-subscription floor ($5
-// microseconds before now, $2), as every cleanup asks of the rows no group
-// required.
-const pastZeroFloor = `o.created_at < coalesce($2::timestamptz, now()) - $5 * interval '1 microsecond'`
+// pastZeroFloor: row o is older than the zero-subscription floor
+// (@zero_subscription_us microseconds before now, @now), as every cleanup
+// asks of the rows no group required.
+const pastZeroFloor = `o.created_at < coalesce(@now::timestamptz, now()) - @zero_subscription_us * interval '1 microsecond'`
 
-// withPositions begins a statement about topic $1 whose rows are judged
+// withPositions begins a statement about topic @topic whose rows are judged
 // by bitmapDone or counterDone: positions is, for each group of the
 // topic, its committed position (see committedOf), read once for the
 // statement rather than once per row and group.
 var withPositions = `WITH ` + positionsCTE
 
-var positionsCTE = `positions AS MATERIALIZED (` + positionsOfTopic + `$1)`
+var positionsCTE = `positions AS MATERIALIZED (` + positionsOfTopic + `@topic)`
 
 // positionsOfTopic, followed by a topic, selects each group of the topic
 // with its bit and committed position (id, bit, snap).
@@ -156,21 +157,22 @@ func FinishedBy(schema, alias string, sub int64) string {
 	return strings.NewReplacer("{{schema}}", ident.Quote(schema)).Replace(finishedBy(alias, strconv.FormatInt(sub, 10)))
 }
 
-// bitmapCleanup deletes up to $4 rows of topic $1 below xid $6 that every
-// required group finished and that retention lets go, in (topic, xid)
-// index order, skipping rows another cleanup holds, with their records; it
-// returns how many it deleted. Finishing is never undone (a group's
+// bitmapCleanup deletes up to @limit rows of topic @topic below xid
+// @below that every required group finished and that retention lets go
+// (see retention and pastZeroFloor), in (topic, xid) index order,
+// skipping rows another cleanup holds, with their records; it returns how
+// many it deleted. Finishing is never undone (a group's
 // committed position only moves forward, and it never parks a message it
 // has passed; it only adds records; a forget only drops required bits), so
 // a row found done stays done and needs no re-check under its lock.
 var bitmapCleanup = withPositions + `, gone AS (
 DELETE FROM {{schema}}.outbox_published WHERE id IN (
     SELECT o.id FROM {{schema}}.outbox_published AS o
-    WHERE o.topic = $1 AND o.xid < $6::text::xid8 AND o.status = 'PUBLISHED'
+    WHERE o.topic = @topic AND o.xid < @below::text::xid8 AND o.status = 'PUBLISHED'
           AND ` + bitmapDone("o", "positions") + `
           AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)` +
 	retention + `
-    ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
+    ORDER BY o.xid, o.id LIMIT @limit FOR UPDATE SKIP LOCKED)
 RETURNING id
 ), dedupe AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)

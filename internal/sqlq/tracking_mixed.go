@@ -16,47 +16,52 @@ func mixedDone(wm string) string {
 }
 
 // mixedCleanup is the cleanup of a topic whose tracking mode changed, with
-// offsetCleanup's parameters: each row goes by its own record, as
-// bitmapCleanup, counterCleanup or offsetCleanup would delete it.
+// offsetCleanup's parameters (@topic, @below, @watermark, @limit, and
+// @now, @retention_us and @zero_subscription_us for retention): each row
+// goes by its own record, as bitmapCleanup, counterCleanup or
+// offsetCleanup would delete it.
 var mixedCleanup = withDeadClaims + `, ` + positionsCTE + `, gone AS (
     DELETE FROM {{schema}}.outbox_published WHERE id IN (
         SELECT o.id FROM {{schema}}.outbox_published AS o
-        WHERE o.topic = $1 AND o.xid < $7::text::xid8 AND o.status = 'PUBLISHED'
+        WHERE o.topic = @topic AND o.xid < @below::text::xid8 AND o.status = 'PUBLISHED'
               AND CASE WHEN o.required_bits IS NOT NULL
                        THEN ` + bitmapDone("o", "positions") + ` AND (o.required_bits <> 0 OR ` + pastZeroFloor + `)
                        WHEN o.required_count IS NOT NULL
                        THEN ` + counterDone("o", "positions") + ` AND (o.required_count > 0 OR ` + pastZeroFloor + `)
-                       WHEN $6::pg_snapshot IS NULL THEN ` + pastZeroFloor + ` AND NOT ` + owedToDead("o") + `
-                       ELSE pg_visible_in_snapshot(o.xid, $6::pg_snapshot) AND NOT ` + owedToDead("o") + ` END` +
+                       WHEN @watermark::pg_snapshot IS NULL THEN ` + pastZeroFloor + ` AND NOT ` + owedToDead("o") + `
+                       ELSE pg_visible_in_snapshot(o.xid, @watermark::pg_snapshot) AND NOT ` + owedToDead("o") + ` END` +
 	retention + `
-        ORDER BY o.xid, o.id LIMIT $4 FOR UPDATE SKIP LOCKED)
+        ORDER BY o.xid, o.id LIMIT @limit FOR UPDATE SKIP LOCKED)
     RETURNING id
 ), dedupe AS (
     DELETE FROM {{schema}}.outbox_consumer_groups WHERE message_id IN (SELECT id FROM gone)
 )
 SELECT count(*) FROM gone`
 
-// modeChangeOver ends topic $1's mode change once no message written
+// modeChangeOver ends topic @topic's mode change once no message written
 // before it is stored. Run it holding the topic's lock in shared mode (a
 // later change waits for it).
 const modeChangeOver = `
 UPDATE {{schema}}.outbox_topics AS t SET mode_changed_below = NULL
-WHERE t.topic = $1 AND t.mode_changed_below IS NOT NULL
+WHERE t.topic = @topic AND t.mode_changed_below IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_published AS o
                       WHERE o.topic = t.topic AND o.xid < t.mode_changed_below)`
 
-// retentionFrontier is the xid of topic $1's first row (in xid order) below
-// $2 written at or after $3: the rows before it were written earlier, so a
-// cleanup that needs rows older than $3 scans no further. NULL: none.
+// retentionFrontier is the xid of topic @topic's first row (in xid order)
+// below @below written at or after @cutoff: the rows before it were
+// written earlier, so a cleanup that needs rows older than @cutoff scans
+// no further. NULL: none.
 const retentionFrontier = `
 SELECT o.xid::text FROM {{schema}}.outbox_published AS o
-WHERE o.topic = $1 AND o.xid < $2::text::xid8 AND o.created_at >= $3::timestamptz
+WHERE o.topic = @topic AND o.xid < @below::text::xid8 AND o.created_at >= @cutoff::timestamptz
 ORDER BY o.xid, o.id LIMIT 1`
 
 // snapshotXmax is the current snapshot's xmax (every committed row sorts
 // below it), and the database's time.
 const snapshotXmax = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text, now()`
 
+// upsertWatermark records @watermark (pg_snapshot text) as topic @topic's
+// watermark.
 const upsertWatermark = `
-INSERT INTO {{schema}}.outbox_topic_watermarks (topic, watermark) VALUES ($1, $2::pg_snapshot)
+INSERT INTO {{schema}}.outbox_topic_watermarks (topic, watermark) VALUES (@topic, @watermark::pg_snapshot)
 ON CONFLICT (topic) DO UPDATE SET watermark = excluded.watermark, updated_at = now()`

@@ -1,0 +1,1 @@
+INSERT INTO bench_pgoutbox.outbox_published (topic, payload, headers, correlation_id, message_group, priority, status) VALUES ('w1', '{"seq": 1, "body": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}', NULL, 'c0ffee00-0000-4000-8000-000000000000', NULL, 0, 'PUBLISHED') RETURNING id;
