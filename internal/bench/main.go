@@ -43,7 +43,8 @@ var defaultN = map[string]int{"W1": 20000, "W2": 50000, "W3": 20000, "W4": 2000,
 
 type config struct {
 	system, dsn, workload, mode string
-	cpuProfile                  string
+	cpuProfile, latencyFile     string
+	pollInterval                time.Duration
 	n, workers, groups, rate    int
 	batch                       int
 	timeout, notifyInterval     time.Duration
@@ -94,6 +95,8 @@ func parseFlags() *config {
 	flag.DurationVar(&c.duration, "duration", 60*time.Second, "W5: how long the producer runs (n = rate × duration); SKEW: each phase's length")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "abort after this long")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	flag.StringVar(&c.latencyFile, "latencies", "", "W4: write each message's commit time and pickup latency (ms, tab-separated) to this file")
+	flag.DurationVar(&c.pollInterval, "poll-interval", 0, "W2, W4: the consumer's PollInterval (0 = library default)")
 	flag.StringVar(&c.mode, "mode", "", "PUB_SUB tracking mode for W3: bitmap, counter or offset")
 	flag.DurationVar(&c.notifyInterval, "notify-interval", 0, "producer NotifyInterval (0 = library default, negative = no NOTIFY)")
 	flag.DurationVar(&c.busyNotifyInterval, "busy-notify-interval", 0, "producer BusyNotifyInterval (0 = library default)")
@@ -458,6 +461,11 @@ func (b *bench) w4(ctx context.Context) error {
 	if n, f50, _, f99 := b.fetches.percentiles(); n > 0 {
 		logf("W4: %d looks, p50 %.3f ms, p99 %.3f ms", n, f50, f99)
 	}
+	if b.c.latencyFile != "" {
+		if err := tr.writeLatencies(b.c.latencyFile); err != nil {
+			return err
+		}
+	}
 	emit(b.c, tr.lastStart().Sub(tr.firstCommit()), b.c.n, p50, p99)
 	return nil
 }
@@ -486,7 +494,7 @@ type stopper interface{ Stop(context.Context) error }
 func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (stopper, error) {
 	// A member of the topic's group, as pgoutbox.Consumer runs it.
 	g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: sqlq.QueueGroup, Client: b.client,
-		Concurrency: b.c.workers, BatchSize: b.c.batch})
+		Concurrency: b.c.workers, BatchSize: b.c.batch, PollInterval: b.c.pollInterval})
 	if err != nil {
 		return nil, err
 	}
@@ -771,6 +779,20 @@ func (t *tracker) latenciesBetween(from, to time.Time) (p50, p99 float64, n int)
 	}
 	sort.Float64s(v)
 	return percentile(v, 50), percentile(v, 99), len(v)
+}
+
+// writeLatencies writes, per message handled, the time its producer's
+// commit returned (ms since the tracker began) and its pickup latency
+// (ms), tab-separated, one line each, in message order.
+func (t *tracker) writeLatencies(path string) error {
+	var b strings.Builder
+	for i := range t.counts {
+		s, c := t.started[i].Load(), t.commits[i].Load()
+		if s != 0 && c != 0 {
+			fmt.Fprintf(&b, "%.3f\t%.3f\n", float64(c)/1e6, float64(s-c)/1e6)
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 func percentile(sorted []float64, p float64) float64 {

@@ -13,11 +13,23 @@ package sqlq
 // progress at 50 of them, whatever it holds, and its estimates of a
 // catch-up read beside 100,000 stored messages passed jit_above_cost: JIT
 // then took 86 ms of each 87 ms fetch.
+//
+// And it has the rest of the transaction's statements planned once per
+// connection (a generic plan) instead of for each call. The server plans
+// each of a prepared statement's first five calls on a connection for
+// its values before it weighs a plan for any values, and planning a
+// look's read of the partitioned log (fetchRowsAhead) took 4.5–15 ms a
+// call: 18 such calls over a consumer's pool connections, in its first
+// 0.3 s of work, held the first messages back by up to 45 ms (W4: p99
+// 2.3 ms after that, 8 ms over the whole run). The statements are
+// written to be read with a generic plan (see unseenRows); with it, W2
+// and W3 drain as fast as before or faster (BENCHMARKS.md).
 const lockOffset = `
 SELECT position::text, pair_cur::text, resume_xid::text, resume_id,
        coalesce(backfill_lower, backfill_from)::text, backfill_upto::text, backfill_xid::text, backfill_id, backfill_left,
        backfill_total, backfill_done, coalesce(backfill_started_at, now()), backfill_ended_at IS NOT NULL,
-       backfill_next IS NOT NULL, set_config('jit', 'off', true) = 'off'
+       backfill_next IS NOT NULL,
+       set_config('jit', 'off', true) = 'off' AND set_config('plan_cache_mode', 'force_generic_plan', true) = 'force_generic_plan'
 FROM {{schema}}.outbox_subscription_offsets
 WHERE subscription_id = @sub
 FOR UPDATE SKIP LOCKED`
