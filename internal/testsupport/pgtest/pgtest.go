@@ -455,3 +455,10 @@ pidfile = %s/pgbouncer.pid
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// PoolReaders is the goleak option for a test that checks for leaks while a
+// pool it does not own (the test database's) stays open: pgx starts a
+// background reader on a connection while it writes, and that reader may
+// still wait on the idle connection after the write finished. It ends when
+// the pool closes the connection, so it is not a leak of the code under test.
+var PoolReaders = goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead")
