@@ -331,7 +331,7 @@ func TestLeasedApartFromScheduled(t *testing.T) {
 	}
 	got, err = e.admin.Topic(ctx, "orders")
 	require.NoError(t, err)
-	require.EqualValues(t, 2, got.Ready)
+	require.EqualValues(t, 2, got.Ready, "%+v", got)
 	require.EqualValues(t, 2, got.Scheduled, "the delayed ones, not the leased one")
 	require.EqualValues(t, 1, got.Leased)
 }

@@ -314,8 +314,17 @@ FROM {{schema}}.outbox_topic_subscriptions
 ` + bySubscriptionName
 
 // scheduledRetry is true for a retry row that waits for its message to be
-// due (Delay, NotBefore: see parkRows), having never failed.
-const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND available_at > now())`
+// due (Delay, NotBefore: see parkRows), having never failed, at
+// groupHealth's clock.
+const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND available_at > ` + healthNow + `)`
+
+// healthNow is groupHealth's clock: the time its first use was evaluated,
+// after the statement's snapshot was taken. now() is when the server
+// received the statement, before it planned it (tens of milliseconds for
+// this one on a busy server): a message committed meanwhile is in the
+// snapshot, due at its commit, which is later than now(), and would count
+// as not due yet.
+const healthNow = `(SELECT now FROM clock)`
 
 // groupHealth measures subscription @sub of @topic (its stream: see
 // streamFilter; what it completed: see notCompleted), each count at most
@@ -332,15 +341,17 @@ const scheduledRetry = `(status = 'RETRY' AND failing_since IS NULL AND availabl
 // a DEAD group is in no new message's required set, so reading its
 // stream would walk everything written since it died to find nothing.
 var groupHealth = `
-WITH f AS (
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), f AS (
     SELECT position, pair_cur, resume_xid, resume_id FROM {{schema}}.outbox_subscription_offsets WHERE subscription_id = @sub
 ), unread AS (
-    SELECT o.available_at > now() AS later
+    SELECT o.available_at > ` + healthNow + ` AS later
     FROM (` + unseenRows("o.available_at", healthUnread, "(SELECT position FROM f)", "'0'::xid8", "-1", "") + `) AS o
     WHERE @read_unread::bool
     LIMIT @limit
 ), oldest_unread AS (
-    SELECT o.created_at FROM (` + unseenRows("o.created_at, o.xid, o.id", healthUnread+` AND o.available_at <= now()`,
+    SELECT o.created_at FROM (` + unseenRows("o.created_at, o.xid, o.id", healthUnread+` AND o.available_at <= `+healthNow,
 	"(SELECT position FROM f)", "'0'::xid8", "-1", "1") + `) AS o
     WHERE @read_unread::bool
     ORDER BY o.xid, o.id LIMIT 1
@@ -359,14 +370,14 @@ SELECT least((SELECT count(*) FILTER (WHERE NOT later) FROM unread) + (SELECT co
                               LIMIT @limit) AS r),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = @sub AND status = 'RETRY' AND failing_since IS NULL
-                                    AND available_at <= now() LIMIT @limit) AS r),
+                                    AND available_at <= ` + healthNow + ` LIMIT @limit) AS r),
        least((SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                                     WHERE subscription_id = @sub AND ` + scheduledRetry + ` LIMIT @limit) AS r)
              + (SELECT count(*) FILTER (WHERE later) FROM unread), @limit),
        (SELECT o.created_at FROM {{schema}}.outbox_published AS o, oldest_retry WHERE o.topic = @topic AND o.id = oldest_retry.id),
        (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_group_retries
                               WHERE subscription_id = @sub AND status = 'DEAD_LETTER' LIMIT @limit) AS r),
-       now()`
+       ` + healthNow
 
 // healthUnread is what groupHealth counts as unread: committed rows of
 // the group's stream it has not read (the pair in progress read those up
