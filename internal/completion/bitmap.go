@@ -48,8 +48,7 @@ func (b *Bitmap) Cleanup(ctx context.Context, db DB, topic string, keep Retentio
 // deleted.
 func cleanup(ctx context.Context, db DB, what, sql, topic string, keep Retention, limit int) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, sql, pgx.StrictNamedArgs{"topic": topic, "now": keep.Now, "retention_us": keep.Completed.Microseconds(),
-		"limit": limit, "zero_subscription_us": keep.ZeroSubscription.Microseconds(), "below": keep.below()}).Scan(&n)
+	err := db.QueryRow(ctx, sql, keep.cleanupArgs(topic, limit)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("completion: %s: %w", what, err)
 	}
@@ -66,8 +65,8 @@ func (b *Bitmap) Holds(ctx context.Context, db DB, topic string, keep Retention,
 func holds(ctx context.Context, db DB, sql, topic string, keep Retention, lo, hi string, sealed time.Time,
 	more pgx.StrictNamedArgs) (bool, error) {
 	var held bool
-	args := pgx.StrictNamedArgs{"topic": topic, "now": keep.Now, "retention_us": keep.Completed.Microseconds(), "lo": lo,
-		"zero_subscription_us": keep.ZeroSubscription.Microseconds(), "sealed": sealed, "hi": hi}
+	args := keep.args(topic)
+	args["lo"], args["hi"], args["sealed"] = lo, hi, sealed
 	maps.Copy(args, more)
 	err := db.QueryRow(ctx, sql, args).Scan(&held)
 	if err != nil {

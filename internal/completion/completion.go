@@ -83,6 +83,21 @@ const maxXid8 = "18446744073709551615"
 
 func (r Retention) below() string { return cmp.Or(r.Below, maxXid8) }
 
+// args are the arguments every cleanup and partition check of @topic
+// takes from r: @now, @retention_us and @zero_subscription_us.
+func (r Retention) args(topic string) pgx.StrictNamedArgs {
+	return pgx.StrictNamedArgs{"topic": topic, "now": r.Now, "retention_us": r.Completed.Microseconds(),
+		"zero_subscription_us": r.ZeroSubscription.Microseconds()}
+}
+
+// cleanupArgs are a cleanup's arguments: r's (see args), at most @limit
+// rows, and only below @below (see Below).
+func (r Retention) cleanupArgs(topic string, limit int) pgx.StrictNamedArgs {
+	a := r.args(topic)
+	a["limit"], a["below"] = limit, r.below()
+	return a
+}
+
 // Tracker is one completion tracking mode.
 type Tracker interface {
 	// Mode names the mode.

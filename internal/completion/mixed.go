@@ -54,9 +54,9 @@ func (m *Mixed) Forget(ctx context.Context, tx pgx.Tx, sub Subscription, cancell
 // would delete it (keep.Watermark for Offset messages).
 func (m *Mixed) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, m.q.MixedCleanup, pgx.StrictNamedArgs{"topic": topic, "now": keep.Now,
-		"retention_us": keep.Completed.Microseconds(), "limit": limit, "zero_subscription_us": keep.ZeroSubscription.Microseconds(),
-		"watermark": snapshotOrNull(keep.Watermark), "below": keep.below()}).Scan(&n)
+	args := keep.cleanupArgs(topic, limit)
+	args["watermark"] = snapshotOrNull(keep.Watermark)
+	err := db.QueryRow(ctx, m.q.MixedCleanup, args).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("completion: cleanup: %w", err)
 	}

@@ -29,9 +29,9 @@ func (*Offset) Forget(context.Context, pgx.Tx, Subscription, bool, int) (int64, 
 // floor, that no DEAD group within its ZombieTTL owes (written before it
 // died, past its position).
 func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retention, limit int) (int64, error) {
-	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, pgx.StrictNamedArgs{"topic": topic, "now": keep.Now,
-		"retention_us": keep.Completed.Microseconds(), "limit": limit, "zero_subscription_us": keep.ZeroSubscription.Microseconds(),
-		"watermark": snapshotOrNull(keep.Watermark), "below": keep.below()})
+	args := keep.cleanupArgs(topic, limit)
+	args["watermark"] = snapshotOrNull(keep.Watermark)
+	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, args)
 }
 
 // Holds implements Tracker: the watermark (see Watermark) must see every
