@@ -216,7 +216,7 @@ func run(ctx context.Context, c *config) error {
 
 type bench struct {
 	c        *config
-	fetches  *fetchRecorder // the group's looks (W4, W5 with -mode)
+	fetches  *fetchRecorder // the consumer's looks (W2, W4, W5)
 	pool     *pgxpool.Pool
 	client   *outbox.Client
 	producer *outbox.Producer
@@ -304,6 +304,9 @@ func (b *bench) w2(ctx context.Context) error {
 	}
 	if err := tr.check("W2"); err != nil {
 		return err
+	}
+	if n, f50, _, f99 := b.fetches.percentiles(); n > 0 {
+		logf("W2: %d looks, p50 %.3f ms, p99 %.3f ms", n, f50, f99)
 	}
 	emit(b.c, elapsed, b.c.n, 0, 0)
 	return nil
@@ -494,7 +497,7 @@ type stopper interface{ Stop(context.Context) error }
 func (b *bench) startConsumer(ctx context.Context, topic string, tr *tracker) (stopper, error) {
 	// A member of the topic's group, as pgoutbox.Consumer runs it.
 	g, err := consumergroup.New(b.pool, consumergroup.Config{Topic: topic, Group: sqlq.QueueGroup, Client: b.client,
-		Concurrency: b.c.workers, BatchSize: b.c.batch, PollInterval: b.c.pollInterval})
+		Concurrency: b.c.workers, BatchSize: b.c.batch, PollInterval: b.c.pollInterval, MeterProvider: b.fetches})
 	if err != nil {
 		return nil, err
 	}
