@@ -67,7 +67,11 @@ func (r *runner) warm() {
 // warmConn runs warm's transaction on c.
 func (r *runner) warmConn(ctx context.Context, c *pgxpool.Conn) error {
 	g := r.g
-	stream := g.tracking().stream
+	t := g.tracking()
+	if t == nil {
+		return nil
+	}
+	stream := t.stream
 	var b pgx.Batch
 	b.Queue("BEGIN")
 	b.Queue(genericPlans)
