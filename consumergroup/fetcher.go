@@ -127,20 +127,20 @@ const idleFullLookEvery = 30 * time.Second
 // anyWork runs sqlq's anyWork: false when the group is ACTIVE and a full
 // look would find nothing to do. It only reads, so Stop cuts it off. It
 // runs in a transaction of its own with a look's plan settings (see
-// genericPlans), in one round trip: planned for its values, as a
+// sqlq's LookPlanning), in one round trip: planned for its values, as a
 // statement outside a transaction is in its first five calls on a
 // connection, it took 3–6 ms a call.
 func (r *runner) anyWork() (bool, error) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(r.fetchCtx, 30*time.Second)
 	defer cancel()
-	args := g.tracking().stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": g.cfg.Topic, "now": g.now()})
+	args := r.anyWorkArgs(g.sub.ID)
 	var status, mode string
 	var bit int
 	var mixing, work, gone bool
 	var b pgx.Batch
 	b.Queue("BEGIN READ ONLY")
-	b.Queue(genericPlans)
+	b.Queue(sqlq.LookPlanning)
 	b.Queue(g.q.AnyWork.Numbered, g.q.AnyWork.Bind(args)...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&status, &bit, &mode, &mixing, &work)
 		gone = errors.Is(err, pgx.ErrNoRows)
@@ -159,6 +159,12 @@ func (r *runner) anyWork() (bool, error) {
 	// A change of tracking makes the answer stale: look again in full.
 	changed, err := g.setTracking(bit, outbox.TrackingMode(mode), mixing)
 	return work || changed || State(status) != Active, err
+}
+
+// anyWorkArgs are sqlq's anyWork's arguments for subscription sub.
+func (r *runner) anyWorkArgs(sub int64) sqlq.Args {
+	g := r.g
+	return g.tracking().stream.bind(sqlq.Args{"sub": sub, "topic": g.cfg.Topic, "now": g.now()})
 }
 
 // position is the group's offsets row.

@@ -39,13 +39,6 @@ type lookTx struct {
 const lookSettings = `
 SELECT set_config('idle_in_transaction_session_timeout', '` + idleInTransaction + `', true), set_config('synchronous_commit', 'off', true)`
 
-// genericPlans has the rest of a transaction's statements planned once
-// per connection, and without JIT compilation, as a look's are (sqlq's
-// lockOffset sets the same in the statement a look begins with, which
-// says why).
-const genericPlans = `
-SELECT set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
-
 // beginLook takes a connection from pool and begins a look's transaction
 // on it, in one round trip with the statements first queues (whose
 // callbacks read their results). On an error the transaction is over.

@@ -28,7 +28,7 @@ const noSubscription = int64(-1)
 // instance's looks before its first one: on each, in one round trip, a
 // transaction that is rolled back runs the look's read of the log and the
 // idle check once, for a subscription that does not exist, with the plan
-// settings of a look (see genericPlans). The server then holds them
+// settings of a look (see sqlq's LookPlanning). The server then holds them
 // prepared and planned on that connection. Planning a look's read takes
 // 8–18 ms, once per connection (see sqlq's lockOffset), and the pool
 // opens connections as work begins: without warm, the first messages
@@ -40,6 +40,9 @@ const noSubscription = int64(-1)
 // them, as without warm.
 func (r *runner) warm() {
 	g := r.g
+	if g.tracking() == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.fetchCtx, warmWait)
 	defer cancel()
 	s := g.pool.Stat()
@@ -59,28 +62,22 @@ func (r *runner) warm() {
 	}
 	var wg sync.WaitGroup
 	for _, c := range conns {
-		wg.Go(func() { _ = r.warmConn(ctx, c) })
+		wg.Go(func() { r.warmConn(ctx, c) })
 	}
 	wg.Wait()
 }
 
-// warmConn runs warm's transaction on c.
-func (r *runner) warmConn(ctx context.Context, c *pgxpool.Conn) error {
+// warmConn runs warm's transaction on c; a failure leaves c as it was.
+func (r *runner) warmConn(ctx context.Context, c *pgxpool.Conn) {
 	g := r.g
-	t := g.tracking()
-	if t == nil {
-		return nil
-	}
-	stream := t.stream
 	var b pgx.Batch
 	b.Queue("BEGIN")
-	b.Queue(genericPlans)
-	if r.readAhead(1) != nil {
-		args := stream.bind(sqlq.Args{"sub": noSubscription, "topic": g.cfg.Topic, "limit": 1})
-		b.Queue(g.q.FetchRowsAhead.Numbered, g.q.FetchRowsAhead.Bind(args)...)
+	b.Queue(sqlq.LookPlanning)
+	if ahead := r.readAhead(1); ahead != nil { // the look's own arguments, for no subscription
+		ahead.args["sub"] = noSubscription
+		b.Queue(g.q.FetchRowsAhead.Numbered, g.q.FetchRowsAhead.Bind(ahead.args)...)
 	}
-	args := stream.bind(sqlq.Args{"sub": noSubscription, "topic": g.cfg.Topic, "now": g.now()})
-	b.Queue(g.q.AnyWork.Numbered, g.q.AnyWork.Bind(args)...)
+	b.Queue(g.q.AnyWork.Numbered, g.q.AnyWork.Bind(r.anyWorkArgs(noSubscription))...)
 	b.Queue("ROLLBACK")
-	return c.SendBatch(ctx, &b).Close()
+	_ = c.SendBatch(ctx, &b).Close()
 }

@@ -28,11 +28,19 @@ const lockOffset = `
 SELECT position::text, pair_cur::text, resume_xid::text, resume_id,
        coalesce(backfill_lower, backfill_from)::text, backfill_upto::text, backfill_xid::text, backfill_id, backfill_left,
        backfill_total, backfill_done, coalesce(backfill_started_at, now()), backfill_ended_at IS NOT NULL,
-       backfill_next IS NOT NULL,
-       set_config('jit', 'off', true) = 'off' AND set_config('plan_cache_mode', 'force_generic_plan', true) = 'force_generic_plan'
+       backfill_next IS NOT NULL, ` + lookPlanning + `
 FROM {{schema}}.outbox_subscription_offsets
 WHERE subscription_id = @sub
 FOR UPDATE SKIP LOCKED`
+
+// lookPlanning turns JIT off and has generic plans made for the rest of
+// the transaction (see lockOffset); true.
+const lookPlanning = `set_config('jit', 'off', true) = 'off' AND set_config('plan_cache_mode', 'force_generic_plan', true) = 'force_generic_plan'`
+
+// LookPlanning gives the rest of a transaction a look's plan settings
+// (see lookPlanning), where lockOffset does not begin it: a group's idle
+// check, and the readying of connections for its looks.
+const LookPlanning = `SELECT ` + lookPlanning
 
 // offsetExists tells a locked offsets row (another instance is fetching)
 // from a deleted subscription.
