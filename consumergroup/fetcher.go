@@ -278,17 +278,17 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	}
 
 	if reap {
-		tag, err := tx.Exec(ctx, g.q.ReapRetries, pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now(), "max_attempts": g.topic.MaxAttempts})
-		if err != nil {
+		var expired, gone int64
+		if err := tx.QueryRow(ctx, g.q.ReapRetries, pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now(), "max_attempts": g.topic.MaxAttempts}).
+			Scan(&expired, &gone); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
 		}
-		if n := tag.RowsAffected(); n > 0 {
-			// Logged before the look commits (on one of its several
-			// paths): a look that fails is rolled back, and the next one
-			// reaps, and counts, the same leases again.
-			r.loggedTakeover(n, "")
-			due = true
-		}
+		// Logged before the look commits (on one of its several paths): a
+		// look that fails is rolled back, and the next one reaps, and
+		// counts, the same leases again.
+		r.loggedTakeover(expired, "", false)
+		r.loggedTakeover(gone, "", true)
+		due = due || expired+gone > 0
 		tx.queue("copy dead letters", g.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": g.sub.ID})
 		if time.Since(r.lastOrphanSweep) >= orphanSweepEvery {
 			r.lastOrphanSweep = time.Now()
@@ -343,9 +343,9 @@ func (r *runner) takeOver(ctx context.Context, tx *lookTx) (bool, error) {
 	g := r.g
 	var prev, cur, afterXID, lastXID, member string
 	var afterID, lastID int64
-	var catchup bool
+	var catchup, gone bool
 	err := tx.QueryRow(ctx, g.q.TakeExpiredBatch, pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now()}).
-		Scan(&prev, &cur, &afterXID, &afterID, &lastXID, &lastID, &member, &catchup)
+		Scan(&prev, &cur, &afterXID, &afterID, &lastXID, &lastID, &member, &catchup, &gone)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -367,21 +367,30 @@ func (r *runner) takeOver(ctx context.Context, tx *lookTx) (bool, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return false, err
 	}
-	r.loggedTakeover(moved, member)
+	r.loggedTakeover(moved, member, gone)
 	return true, nil
 }
 
-// loggedTakeover logs that this instance took over n messages whose lease
-// had expired (a batch of member's, or retry deliveries): at most once
-// per LogInterval, the next record counting those left out, so a crashed
-// instance's hundreds of batches cost one line.
-func (r *runner) loggedTakeover(n int64, member string) {
-	attrs := []slog.Attr{slog.String("event", "takeover")}
+// loggedTakeover logs that this instance took over n messages from
+// another (a batch of member's, or retry deliveries) because their lease
+// had expired or, when gone, because the instance holding them was found
+// gone (its client's database session ended: see outbox.Client.LiveInstance):
+// at most once per LogInterval and reason, the next record counting those
+// left out, so a crashed instance's hundreds of batches cost one line.
+func (r *runner) loggedTakeover(n int64, member string, gone bool) {
+	if n == 0 {
+		return
+	}
+	reason, key, msg := "lease_expired", "lease-takeover", "pgoutbox: took over messages whose lease had expired (the instance handling them crashed, froze or lost its database); they are retried"
+	if gone {
+		reason, key, msg = "owner_gone", "owner-gone-takeover", "pgoutbox: took over messages of an instance that is gone (its database session ended: the process died or lost its connection); they are retried at once, before their lease ends"
+	}
+	r.g.metrics.takenOver.Add(context.Background(), n, reason)
+	attrs := []slog.Attr{slog.String("event", "takeover"), slog.String("reason", reason)}
 	if member != "" {
 		attrs = append(attrs, slog.String("member", member))
 	}
-	r.g.events.Sum(slog.LevelWarn, "lease-takeover", "pgoutbox: took over messages whose lease had expired (the instance handling them crashed, froze or lost its database); they are retried",
-		"messages", n, attrs...)
+	r.g.events.Sum(slog.LevelWarn, key, msg, "messages", n, attrs...)
 }
 
 // claimRetries leases due retries of the group (and commits), and hands

@@ -22,6 +22,18 @@ type metrics struct {
 	delivered, acked, retried  boundCounter
 	backfilled, backfillPauses boundCounter
 	handlerTime, fetchTime     boundHistogram
+	takenOver                  reasonCounter
+}
+
+// reasonCounter is a counter with the topic and group attributes and a
+// reason.
+type reasonCounter struct {
+	c            metric.Int64Counter
+	topic, group string
+}
+
+func (b reasonCounter) Add(ctx context.Context, n int64, reason string) {
+	b.c.Add(ctx, n, metric.WithAttributes(attribute.String("topic", b.topic), attribute.String("group", b.group), attribute.String("reason", reason)))
 }
 
 type boundCounter struct {
@@ -51,6 +63,8 @@ func newMetrics(mp metric.MeterProvider, topic, group string) *metrics {
 	h, _ := m.Float64Histogram("pgoutbox.group.handler.duration", metric.WithUnit("s"), metric.WithDescription("Group handler run time."))
 	f, _ := m.Float64Histogram("pgoutbox.group.fetch.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long an instance's full look for work took: the transaction that takes the next batch."))
+	takenOver, _ := m.Int64Counter("pgoutbox.group.taken_over", metric.WithDescription(
+		"Messages an instance took over from another, by reason: lease_expired (the lease ran out) or owner_gone (the instance's database session ended)."))
 	return &metrics{
 		delivered:  counter("pgoutbox.group.delivered", "Messages handed to group handlers."),
 		acked:      counter("pgoutbox.group.acked", "Messages completed by the group."),
@@ -60,6 +74,7 @@ func newMetrics(mp metric.MeterProvider, topic, group string) *metrics {
 			"Times a backfill paused because its reads were slower than BackfillTargetLatency."),
 		handlerTime: boundHistogram{h: h, attrs: attrs},
 		fetchTime:   boundHistogram{h: f, attrs: attrs},
+		takenOver:   reasonCounter{c: takenOver, topic: topic, group: group},
 	}
 }
 

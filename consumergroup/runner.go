@@ -58,6 +58,9 @@ type runner struct {
 	releaseHB func()          // gives hbPool back (closes a pool of its own)
 	wake      <-chan struct{} // notifications for the topic
 	unsub     func()
+	// unregisterLive forgets the instance as one its client proves alive
+	// (outbox.Client.LiveInstance).
+	unregisterLive func()
 
 	jobs     chan *job           // fetcher → executors; closed by shutdown
 	finished chan settled        // executors, watchdog → completer; closed by shutdown
@@ -259,6 +262,7 @@ func (r *runner) start(run context.Context, done func()) {
 	r.lastBeat.Store(time.Now().UnixNano()) // registering was as good as a beat
 	r.gauges = r.g.observeBlockedGroups()
 	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)
+	r.unregisterLive = r.g.client.LiveInstance(r.g.cfg.InstanceID)
 	r.writer.Go(r.complete)
 	r.keepers.Go(r.keepLeases)
 	r.keepers.Go(r.watch)
@@ -343,6 +347,7 @@ func (r *runner) shutdown() {
 	r.writer.Wait()
 	r.keepCancel()
 	r.keepers.Wait()
+	r.unregisterLive()
 	r.unsub()
 	if r.gauges != nil {
 		_ = r.gauges.Unregister()

@@ -90,7 +90,8 @@ type Client struct {
 	logger        *slog.Logger
 	metrics       *metrics
 	clock         Clock
-	wake          wakeups // the shared LISTEN connection
+	wake          wakeups   // the shared LISTEN connection
+	live          *liveness // the client's proof of life; nil without a LISTEN connection
 
 	hbMu    sync.Mutex
 	hbPool  *pgxpool.Pool // see HeartbeatPool; nil while no one uses it
@@ -117,7 +118,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	var listen *pgx.ConnConfig
 	switch {
 	case cfg.PollOnly:
-		logger.Info("pgoutbox: no LISTEN connection (PollOnly): consumers find new messages by polling, within their PollInterval")
+		logger.Info("pgoutbox: no LISTEN connection (PollOnly): consumers find new messages by polling, within their PollInterval, and the work of a crashed process comes back when its lease ends")
 	case cfg.ListenDSN != "":
 		if listen, err = pgx.ParseConfig(cfg.ListenDSN); err != nil {
 			return nil, fmt.Errorf("%w: ListenDSN: %v", ErrInvalidConfig, err)
@@ -142,6 +143,9 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		logger:        logger,
 		metrics:       newMetrics(cfg.MeterProvider),
 		clock:         cfg.Clock,
+	}
+	if listen != nil {
+		c.live = newLiveness(c)
 	}
 	return c, nil
 }

@@ -211,7 +211,8 @@ DELETE FROM {{schema}}.outbox_group_batches
 WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
             WHERE subscription_id = @sub AND lease_until < coalesce(@now::timestamptz, now())
             ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING prev::text, cur::text, after_xid::text, after_id, last_xid::text, last_id, member, catchup`
+RETURNING prev::text, cur::text, after_xid::text, after_id, last_xid::text, last_id, member, catchup,
+          lease_until = '-infinity' -- its instance was found gone (see takeBack)`
 
 // moveBatchToRetries: see takeExpiredBatch. It moves subscription @sub's
 // rows of @topic of the batch (pair @prev, @cur, after (@after_xid,
@@ -434,19 +435,26 @@ SET position = @position::pg_snapshot, pair_cur = @pair_cur::pg_snapshot,
 WHERE subscription_id = @sub`
 
 // reapRetries returns retries whose lease ran out to the queue (or the
-// dead letters, on their last attempt), counting the expiry.
+// dead letters, on their last attempt), counting the expiry. It returns
+// how many it returned of those whose lease ran out and of those whose
+// instance was found gone (lease_until -infinity: see takeBack).
 const reapRetries = `
-UPDATE {{schema}}.outbox_group_retries
-SET status = CASE WHEN attempts >= @max_attempts THEN 'DEAD_LETTER' ELSE 'RETRY' END,
-    dead_lettered_at = CASE WHEN attempts >= @max_attempts THEN coalesce(@now::timestamptz, now()) END,
-    available_at = coalesce(@now::timestamptz, now()),
-    last_error = 'lease expired (member ' || coalesce(lease_owner, '?') || ')',
-    lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, @now::timestamptz, now()),
-    lease_owner = NULL, lease_until = NULL
-WHERE subscription_id = @sub AND message_id = ANY (ARRAY(
-    SELECT message_id FROM {{schema}}.outbox_group_retries
-    WHERE subscription_id = @sub AND status = 'PROCESSING' AND lease_until < coalesce(@now::timestamptz, now())
-    FOR UPDATE SKIP LOCKED))` // a locked row is being acked in a handler's transaction (see takeRetry)
+WITH reaped AS (
+    UPDATE {{schema}}.outbox_group_retries AS r
+    SET status = CASE WHEN r.attempts >= @max_attempts THEN 'DEAD_LETTER' ELSE 'RETRY' END,
+        dead_lettered_at = CASE WHEN r.attempts >= @max_attempts THEN coalesce(@now::timestamptz, now()) END,
+        available_at = coalesce(@now::timestamptz, now()),
+        last_error = CASE WHEN old.gone THEN 'instance gone' ELSE 'lease expired' END
+                     || ' (member ' || coalesce(r.lease_owner, '?') || ')',
+        lease_expiries = r.lease_expiries + 1, failing_since = coalesce(r.failing_since, @now::timestamptz, now()),
+        lease_owner = NULL, lease_until = NULL
+    FROM (SELECT message_id, lease_until = '-infinity' AS gone FROM {{schema}}.outbox_group_retries
+          WHERE subscription_id = @sub AND status = 'PROCESSING' AND lease_until < coalesce(@now::timestamptz, now())
+          FOR UPDATE SKIP LOCKED) AS old -- a locked row is being acked in a handler's transaction (see takeRetry)
+    WHERE r.subscription_id = @sub AND r.message_id = old.message_id
+    RETURNING old.gone
+)
+SELECT count(*) FILTER (WHERE NOT gone), count(*) FILTER (WHERE gone) FROM reaped`
 
 // deleteOrphanRetries drops retries of messages that no longer exist
 // (deleted while the group was DEAD, or by the retention cap) of which the

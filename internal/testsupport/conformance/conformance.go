@@ -93,7 +93,8 @@ CREATE TABLE `+db.Table("conformance_ledger")+` (
     attempt    int         NOT NULL,
     instance   text        NOT NULL,
     handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
-)`)
+);
+CREATE TABLE `+db.Table("conformance_started")+` (message_id bigint NOT NULL)`)
 	require.NoError(t, err)
 	// Every scenario runs beside a maintenance service, as production does
 	// (pgoutbox.Client runs one), working at a quick pace.

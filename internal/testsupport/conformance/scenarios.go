@@ -49,6 +49,8 @@ var scenarios = []scenario{
 	{"AckInTxExactlyOnceThroughKills", false, exactlyOnceThroughKills},
 	{"SlowHandlersSpreadOverProcesses", false, workSpreads},
 	{"FrozenMemberHoldsNoOtherGroupBack", true, frozenMember},
+	{"KilledOwnerComesBackAtOnce", false, killedOwnerComesBackAtOnce},
+	{"FrozenOwnerKeepsItsLeases", false, frozenOwnerKeepsItsLeases},
 }
 
 // Run runs every scenario that applies to s, each in a database of its own.

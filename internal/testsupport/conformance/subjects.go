@@ -208,6 +208,9 @@ type ChildSpec struct {
 	// the message in one transaction (Client.AckTx, Group.AckTx), Slow
 	// spent inside it.
 	AckInTx bool
+	// Hang: the handler records in conformance_started that it started
+	// and never finishes (until its context ends).
+	Hang bool
 }
 
 // IsChild reports whether this test binary was started as a child process
@@ -259,6 +262,13 @@ func ChildMain() {
 		}
 		if cs.CrashOnSeq != 0 && p.Seq == cs.CrashOnSeq {
 			os.Exit(3)
+		}
+		if cs.Hang {
+			if _, err := pool.Exec(ctx, `INSERT INTO `+quote(cs.Schema)+`.conformance_started (message_id) VALUES ($1)`, d.ID); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return ctx.Err()
 		}
 		if cs.AckInTx {
 			<-started
