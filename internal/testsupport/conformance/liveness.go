@@ -77,7 +77,9 @@ func killedOwnerComesBackAtOnce(t *testing.T, s *Subject) {
 	e := newEnv(t, s, func(tc *outbox.TopicConfig) { tc.Lease = 10 * time.Minute })
 	child, ids := holdInChild(t, e, 50)
 	e.releaseReceiver()
-	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "survivor"}, nil)
+	// As many handlers as the killed process had: a router's pool sends
+	// back to the source, for a second, what it has no room for.
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "survivor", Concurrency: 50, BatchSize: 50}, nil)
 	time.Sleep(100 * time.Millisecond) // the survivor's first looks find nothing to take
 	require.Empty(t, e.Handled(t, "g1"), "nothing is handled while its owner lives")
 	killed := time.Now()
@@ -85,7 +87,10 @@ func killedOwnerComesBackAtOnce(t *testing.T, s *Subject) {
 	<-child.Exited()
 	e.WaitDelivered(t, "g1", ids, time.Minute)
 	took := time.Since(killed)
-	t.Logf("every message the killed process held was handled %v after the kill", took.Round(time.Millisecond))
+	var first time.Time
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `SELECT min(handled_at) FROM `+e.DB.Table("conformance_ledger")).Scan(&first))
+	t.Logf("the killed process's messages were handled from %v to %v after the kill",
+		first.Sub(killed).Round(time.Millisecond), took.Round(time.Millisecond))
 	require.LessOrEqual(t, took, ownerGoneBound, "the killed process's messages come back at once, not when their 10-minute lease ends")
 	e.Check(t, "g1", ids, nil)
 }
