@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -60,7 +59,8 @@ type liveness struct {
 
 	mu      sync.Mutex
 	key     int32          // the lock's key; 0 until the first session holds one
-	checked bool           // the current session holds key and is a session of its own
+	locked  bool           // the current session holds key
+	checked bool           // ... and is a session of its own
 	members map[string]int // registered instances, by member (a count: a member may register twice)
 
 	suspects map[string]time.Time // instances found gone, and since when (reap's goroutine only)
@@ -70,7 +70,11 @@ func newLiveness(c *Client) *liveness {
 	return &liveness{c: c, q: sqlq.ForLiveness(c.schema), members: map[string]int{}}
 }
 
-// hooks are the LISTEN connection's session hooks.
+// connected sets the LISTEN session's TCP keepalives and takes the
+// client's lock on it: the first session picks the client's key, a later
+// one takes the same again (the instances are recorded with it). A
+// session that cannot take it (the previous one has not ended on the
+// server yet) serves LISTEN without proving the client alive.
 func (l *liveness) connected(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, keepaliveSettings); err != nil {
 		l.c.logger.Warn("pgoutbox: could not set the LISTEN connection's TCP keepalives", slog.Any("error", err))
@@ -78,37 +82,39 @@ func (l *liveness) connected(ctx context.Context, conn *pgx.Conn) error {
 	l.mu.Lock()
 	key := l.key
 	l.mu.Unlock()
-	if key != 0 { // the client's key: its instances are recorded with it
-		var got bool
-		if err := conn.QueryRow(ctx, l.q.LockInstance, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "key": key}).Scan(&got); err != nil {
-			return err
-		}
-		if !got {
-			return fmt.Errorf("pgoutbox: the client's instance lock %d is still held by its previous LISTEN session (the server has not noticed that it ended)", key)
-		}
-		return nil
+	tries := 1
+	if key == 0 {
+		tries = 10 // a key another client holds is taken: try another
 	}
-	for range 10 { // a key another client holds is taken by it; try another
-		key = rand.Int32N(1<<31-2) + 1
+	for range tries {
+		try := key
+		if try == 0 {
+			try = rand.Int32N(1<<31-2) + 1
+		}
 		var got bool
-		if err := conn.QueryRow(ctx, l.q.LockInstance, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "key": key}).Scan(&got); err != nil {
+		if err := conn.QueryRow(ctx, l.q.LockInstance, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "key": try}).Scan(&got); err != nil {
 			return err
 		}
 		if got {
 			l.mu.Lock()
-			l.key = key
+			l.key, l.locked = try, true
 			l.mu.Unlock()
 			return nil
 		}
 	}
-	return fmt.Errorf("pgoutbox: no free instance lock key after 10 tries")
+	l.c.logger.Warn("pgoutbox: the LISTEN connection could not take the client's instance lock (its previous connection has not ended on the server yet): until it reconnects, the work of this process comes back only when its lease ends if it crashes",
+		slog.Int("key", int(key)))
+	return nil
 }
 
-// checked records that the session holds the key for as long as it
+// sessionChecked records that the session holds the key for as long as it
 // lasts, and records every registered instance with it.
 func (l *liveness) sessionChecked() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if !l.locked {
+		return
+	}
 	l.checked = true
 	for member := range l.members {
 		l.record(member)
@@ -117,7 +123,7 @@ func (l *liveness) sessionChecked() {
 
 func (l *liveness) ended() {
 	l.mu.Lock()
-	l.checked = false
+	l.locked, l.checked = false, false
 	l.mu.Unlock()
 }
 
