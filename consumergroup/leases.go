@@ -69,6 +69,6 @@ func (r *runner) loggedLost(batchID int64) {
 	if !r.held.reportLost(batchID) {
 		return
 	}
-	r.g.events.Sum(slog.LevelWarn, "lease-lost", "pgoutbox: batches this instance worked on were taken over after their lease expired (it froze, or lost its database); what it did with their messages is not recorded, and they are retried",
+	r.g.events.Sum(slog.LevelWarn, "lease-lost", "pgoutbox: batches this instance worked on were taken over by another (their lease expired, or this instance's database session ended: it froze, or lost its database); what it did with their messages is not recorded, and they are retried",
 		"batches", 1, slog.Int64("batch", batchID))
 }
