@@ -22,7 +22,7 @@ import (
 // What takeover tests look for in the logs.
 const (
 	tookOver  = "took over messages whose lease had expired"
-	lostLease = "were taken over after their lease expired"
+	lostLease = "were taken over by another (their lease expired"
 )
 
 // freezer is a handler that blocks every delivery while frozen, until it
