@@ -55,8 +55,9 @@ type Config struct {
 	// client's).
 	Producer outbox.ProducerConfig
 	// ListenDSN, PollOnly and ListenProbeInterval configure the LISTEN
-	// connection that wakes consumers (see outbox.Config): behind a
-	// transaction pooler, give it a direct connection.
+	// connection that wakes consumers and proves the client alive, so that
+	// a crashed process's work comes back at once (see outbox.Config):
+	// behind a transaction pooler, give it a direct connection.
 	ListenDSN           string
 	PollOnly            bool
 	ListenProbeInterval time.Duration
