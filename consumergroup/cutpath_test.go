@@ -9,10 +9,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/netcut"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testlog"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testmetrics"
 	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -27,7 +30,8 @@ func TestCutPathComesBackWithinTheKeepaliveBound(t *testing.T) {
 	ctx := context.Background()
 	host := pgtest.NewPool(t, path.HostDSN)
 	require.NoError(t, migrations.Up(ctx, host, migrations.Config{}))
-	hostClient, err := outbox.NewClient(host, outbox.Config{})
+	var logs testlog.Buffer
+	hostClient, err := outbox.NewClient(host, outbox.Config{Logger: logs.Logger()})
 	require.NoError(t, err)
 	require.NoError(t, hostClient.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub,
 		Tracking: outbox.Offset, Lease: 10 * time.Minute}))
@@ -41,9 +45,12 @@ func TestCutPathComesBackWithinTheKeepaliveBound(t *testing.T) {
 	farClient, err := outbox.NewClient(far, outbox.Config{})
 	require.NoError(t, err)
 
+	reader := sdkmetric.NewManualReader()
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	group := func(client *outbox.Client, pool *pgxpool.Pool, instance string, h outbox.Handler) *consumergroup.Group {
 		g, err := consumergroup.New(pool, consumergroup.Config{Client: client, Topic: "events", Group: "g", InstanceID: instance,
-			BatchSize: 10, Concurrency: 10, PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second, HeartbeatTimeout: time.Hour})
+			BatchSize: 10, Concurrency: 10, PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second, HeartbeatTimeout: time.Hour,
+			MeterProvider: meters})
 		require.NoError(t, err)
 		require.NoError(t, g.AddConsumer("m", h, nil))
 		require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
@@ -84,5 +91,13 @@ func TestCutPathComesBackWithinTheKeepaliveBound(t *testing.T) {
 	t.Logf("the messages of the holder whose path was cut were handled %v after the cut", took.Round(time.Millisecond))
 	require.Less(t, took, outbox.KeepaliveBound+3*time.Second, "taken back within the keepalive bound, not when the 10-minute lease ends")
 	require.Zero(t, r.dups())
-	path.Mend(t) // the holder's connections learn that the server ended them, and it stops
+	require.NotEmpty(t, logs.Lines("took over messages of an instance that is gone", "reason=owner_gone", "member=holder", "messages=10"),
+		"the takeover says why")
+	var ownerGone float64
+	for _, p := range testmetrics.Points(t, reader)["pgoutbox.group.taken_over"] {
+		if p.Attr("reason") == "owner_gone" {
+			ownerGone += p.Value
+		}
+	}
+	require.Equal(t, float64(10), ownerGone, "pgoutbox.group.taken_over{reason=owner_gone}")
 }
