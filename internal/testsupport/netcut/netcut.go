@@ -149,4 +149,3 @@ func (p *Path) Cut(tb testing.TB) {
 		tb.Fatalf("netcut: cut: %v\n%s", err, out)
 	}
 }
-
