@@ -440,19 +440,19 @@ WHERE subscription_id = @sub`
 // instance was found gone (lease_until -infinity: see takeBack).
 const reapRetries = `
 WITH reaped AS (
-    UPDATE {{schema}}.outbox_group_retries AS r
-    SET status = CASE WHEN r.attempts >= @max_attempts THEN 'DEAD_LETTER' ELSE 'RETRY' END,
-        dead_lettered_at = CASE WHEN r.attempts >= @max_attempts THEN coalesce(@now::timestamptz, now()) END,
+    UPDATE {{schema}}.outbox_group_retries
+    SET status = CASE WHEN attempts >= @max_attempts THEN 'DEAD_LETTER' ELSE 'RETRY' END,
+        dead_lettered_at = CASE WHEN attempts >= @max_attempts THEN coalesce(@now::timestamptz, now()) END,
         available_at = coalesce(@now::timestamptz, now()),
-        last_error = CASE WHEN old.gone THEN 'instance gone' ELSE 'lease expired' END
-                     || ' (member ' || coalesce(r.lease_owner, '?') || ')',
-        lease_expiries = r.lease_expiries + 1, failing_since = coalesce(r.failing_since, @now::timestamptz, now()),
+        last_error = CASE WHEN lease_until = '-infinity' THEN 'instance gone' ELSE 'lease expired' END -- the lease before this update
+                     || ' (member ' || coalesce(lease_owner, '?') || ')',
+        lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, @now::timestamptz, now()),
         lease_owner = NULL, lease_until = NULL
-    FROM (SELECT message_id, lease_until = '-infinity' AS gone FROM {{schema}}.outbox_group_retries
-          WHERE subscription_id = @sub AND status = 'PROCESSING' AND lease_until < coalesce(@now::timestamptz, now())
-          FOR UPDATE SKIP LOCKED) AS old -- a locked row is being acked in a handler's transaction (see takeRetry)
-    WHERE r.subscription_id = @sub AND r.message_id = old.message_id
-    RETURNING old.gone
+    WHERE subscription_id = @sub AND message_id = ANY (ARRAY(
+        SELECT message_id FROM {{schema}}.outbox_group_retries
+        WHERE subscription_id = @sub AND status = 'PROCESSING' AND lease_until < coalesce(@now::timestamptz, now())
+        FOR UPDATE SKIP LOCKED)) -- a locked row is being acked in a handler's transaction (see takeRetry)
+    RETURNING starts_with(last_error, 'instance gone') AS gone
 )
 SELECT count(*) FILTER (WHERE NOT gone), count(*) FILTER (WHERE gone) FROM reaped`
 
