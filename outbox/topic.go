@@ -112,7 +112,11 @@ type TopicConfig struct {
 	BackoffInitial time.Duration
 	// BackoffMax caps the retry delay. Defaults to DefaultBackoffMax.
 	BackoffMax time.Duration
-	// Lease is the visibility timeout of a claimed message.
+	// Lease is the visibility timeout of a claimed message: an instance
+	// keeps the leases of what it works on alive (every third of Lease),
+	// so a lease runs out only when the instance froze or hung. The work
+	// of an instance whose process died, or whose connection was cut,
+	// comes back sooner, within about a second (see Config.ListenDSN).
 	// Defaults to DefaultLease.
 	Lease time.Duration
 	// ZeroSubscriptionRetention is the least time a PUB_SUB message that no
