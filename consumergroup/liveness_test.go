@@ -45,7 +45,7 @@ FROM `+b.db.Table("outbox_live_instances")+` AS i`).Scan(&n, &held))
 	require.NoError(t, p.AddConsumer("m", newRecorder().handler, nil))
 	start(t, p, consumergroup.FromNow())
 	pgtest.Eventually(t, 30*time.Second, "a log line saying the instance's work comes back with its lease only", func() bool {
-		return len(logs.Lines("has not received its own notification", "lease ends")) > 0
+		return len(logs.Lines("no session of its own", "lease ends")) > 0
 	})
 	n, _ = recorded()
 	require.Zero(t, n, "an instance whose LISTEN connection has no session of its own is not recorded alive")

@@ -262,7 +262,7 @@ func (r *runner) start(run context.Context, done func()) {
 	r.lastBeat.Store(time.Now().UnixNano()) // registering was as good as a beat
 	r.gauges = r.g.observeBlockedGroups()
 	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)
-	r.unregisterLive = r.g.client.LiveInstance(r.g.cfg.InstanceID)
+	r.unregisterLive = r.g.client.LiveInstance(run, r.g.cfg.InstanceID)
 	r.writer.Go(r.complete)
 	r.keepers.Go(r.keepLeases)
 	r.keepers.Go(r.watch)

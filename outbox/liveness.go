@@ -2,195 +2,340 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/backoff"
+	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
 
-// Liveness: a client proves that it is alive through its LISTEN
-// connection's session. The session holds a session advisory lock on the
-// client's key for as long as it lives, and the client's consumer group
-// instances are recorded with that key (outbox_live_instances). When the
-// session ends — the process was killed, its host vanished (the server
-// notices within KeepaliveBound), its connection was cut — the lock is
-// free at once, and the next client that looks finds it free and takes the
-// instances' leases back, so their messages are delivered again within a
-// second or two, however long the topic's Lease. A process that is alive
-// keeps its session, however slow or paused it is, and its leases run
-// until they end as before.
+// Liveness: a client proves that it is alive through a database session
+// of its own. While the client runs consumer group instances, it keeps one
+// connection (made like the LISTEN connection: Config.ListenDSN, else the
+// pool's settings) whose session holds a session advisory lock on the
+// client's key, and records its instances with that key
+// (outbox_live_instances). The connection receives nothing it did not ask
+// for, so a paused process keeps it: its kernel answers the server's
+// keepalives. When the session ends — the process was killed, its host
+// vanished (the server notices within KeepaliveBound), its connection was
+// cut — the lock is free at once, and the clients still running find it
+// free and take the instances' leases back, so their messages are
+// delivered again within about a second, however long the topic's Lease.
 //
-// A client without a LISTEN connection (PollOnly), or whose LISTEN
-// connection goes through a transaction pooler such as PgBouncer (which
-// does not keep a session), records nothing: its instances' work comes
-// back when its lease ends.
+// A client without a LISTEN connection (PollOnly), or whose connection
+// goes through a transaction pooler such as PgBouncer (no session of its
+// own: a notification the client sends itself never comes back on it),
+// records nothing: its instances' work comes back when its lease ends.
 
 // KeepaliveBound is how long the server takes at most to notice that the
-// host of a client's LISTEN connection vanished without closing it (a
-// power cut, a network path cut without a reset): the connection's
-// session sets TCP keepalives of 5 s idle, 1 s interval and 5 probes, and
-// a 10 s TCP user timeout, so the session, and with it the client's proof
-// of life, ends within this bound.
+// host of a client vanished without closing its connection (a power cut,
+// a network path cut without a reset): the session that proves the client
+// alive sets TCP keepalives of 5 s idle, 1 s interval and 5 probes, and a
+// 10 s TCP user timeout, so the server ends it, and the client's proof of
+// life, within this bound.
 const KeepaliveBound = 10 * time.Second
 
-// keepaliveSettings are the LISTEN session's TCP settings (see
-// KeepaliveBound). A Unix-domain socket ignores them.
-const keepaliveSettings = `SELECT set_config('tcp_keepalives_idle', '5', false), set_config('tcp_keepalives_interval', '1', false),
+// sessionSettings are the proof-of-life session's settings: TCP
+// keepalives (see KeepaliveBound; a Unix-domain socket ignores them), and
+// no idle timeout, which would end the session of a client that is alive.
+const sessionSettings = `SELECT set_config('tcp_keepalives_idle', '5', false), set_config('tcp_keepalives_interval', '1', false),
        set_config('tcp_keepalives_count', '5', false), set_config('tcp_user_timeout', '10000', false)`
 
-// reapEvery is how often a client looks for instances whose session
-// ended; reapGrace how long an instance's lock must have been found free
-// before its leases are taken back: a client whose connection dropped for
-// a moment (a server restart ends every session) has that long to take
-// its lock again.
+const noIdleTimeout = `SET idle_session_timeout = 0` // PostgreSQL 14 and later
+
 const (
+	// reapEvery is how often a client looks for instances whose session
+	// ended; reapGrace how long an instance's lock must have been found
+	// free before its leases are taken back (a client whose connection
+	// dropped reconnects at once and takes its lock again within it).
 	reapEvery = 250 * time.Millisecond
-	reapGrace = 400 * time.Millisecond
+	reapGrace = 600 * time.Millisecond
+	// reconnectGrace: a client whose own session had to be made again (a
+	// server restart or a failover ends every session) takes nothing back
+	// for this long, while the other clients reconnect too; they retry at
+	// least every reconnectMax.
+	reconnectGrace = 5 * time.Second
+	reconnectMax   = time.Second
+	// checkTimeout is how long a notification the client sends itself is
+	// awaited on a new session; noSessionRetry is how long a client whose
+	// connection proved no session of its own waits to try again.
+	checkTimeout   = 5 * time.Second
+	noSessionRetry = time.Minute
 )
 
+var errNoSession = errors.New("the connection is not a session of its own: a notification sent to it never came back (a transaction pooler such as PgBouncer?)")
+
 type liveness struct {
-	c *Client
-	q *sqlq.Liveness
+	c       *Client
+	q       *sqlq.Liveness
+	channel string // the session's own channel, for its check
+	nonce   string
 
-	mu      sync.Mutex
-	key     int32          // the lock's key; 0 until the first session holds one
-	locked  bool           // the current session holds key
-	checked bool           // ... and is a session of its own
-	members map[string]int // registered instances, by member (a count: a member may register twice)
+	mu            sync.Mutex
+	key           int32          // the lock's key; 0 until a session holds one
+	held          bool           // a checked session holds key now
+	members       map[string]int // registered instances, by member (a count: a member may register twice)
+	run           *liveRun       // the running session keeper and reaper, while members is not empty
+	sessions      int            // sessions that held the key so far
+	reconnectedAt time.Time      // when a session after the first took the key
+}
 
-	suspects map[string]time.Time // instances found gone, and since when (reap's goroutine only)
+// liveRun is one run of the session keeper and the reaper.
+type liveRun struct {
+	cancel context.CancelFunc
+	tasks  startstop.Tasks
+
+	suspects map[string]time.Time // instances found gone, and since when (the reaper's goroutine only)
+	lastLook time.Time            // the reaper's last look
 }
 
 func newLiveness(c *Client) *liveness {
-	return &liveness{c: c, q: sqlq.ForLiveness(c.schema), members: map[string]int{}}
-}
-
-// connected sets the LISTEN session's TCP keepalives and takes the
-// client's lock on it: the first session picks the client's key, a later
-// one takes the same again (the instances are recorded with it). A
-// session that cannot take it (the previous one has not ended on the
-// server yet) serves LISTEN without proving the client alive.
-func (l *liveness) connected(ctx context.Context, conn *pgx.Conn) error {
-	if _, err := conn.Exec(ctx, keepaliveSettings); err != nil {
-		l.c.logger.Warn("pgoutbox: could not set the LISTEN connection's TCP keepalives", slog.Any("error", err))
-	}
-	l.mu.Lock()
-	key := l.key
-	l.mu.Unlock()
-	tries := 1
-	if key == 0 {
-		tries = 10 // a key another client holds is taken: try another
-	}
-	for range tries {
-		try := key
-		if try == 0 {
-			try = rand.Int32N(1<<31-2) + 1
-		}
-		var got bool
-		if err := conn.QueryRow(ctx, l.q.LockInstance, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "key": try}).Scan(&got); err != nil {
-			return err
-		}
-		if got {
-			l.mu.Lock()
-			l.key, l.locked = try, true
-			l.mu.Unlock()
-			return nil
-		}
-	}
-	l.c.logger.Warn("pgoutbox: the LISTEN connection could not take the client's instance lock (its previous connection has not ended on the server yet): until it reconnects, the work of this process comes back only when its lease ends if it crashes",
-		slog.Int("key", int(key)))
-	return nil
-}
-
-// sessionChecked records that the session holds the key for as long as it
-// lasts, and records every registered instance with it.
-func (l *liveness) sessionChecked() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.locked {
-		return
-	}
-	l.checked = true
-	for member := range l.members {
-		l.record(member)
-	}
-}
-
-func (l *liveness) ended() {
-	l.mu.Lock()
-	l.locked, l.checked = false, false
-	l.mu.Unlock()
-}
-
-// record writes member's row; l.mu is held.
-func (l *liveness) record(member string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := l.c.pool.Exec(ctx, l.q.RegisterInstance, pgx.StrictNamedArgs{"member": member, "key": l.key}); err != nil {
-		l.c.logger.Warn("pgoutbox: could not record a consumer group instance as alive; its work comes back when its lease ends if it crashes",
-			slog.String("instance", member), slog.Any("error", err))
-	}
+	nonce := strconv.FormatUint(rand.Uint64(), 36)
+	return &liveness{c: c, q: sqlq.ForLiveness(c.schema), channel: "pgoutbox_alive_" + nonce, nonce: nonce, members: map[string]int{}}
 }
 
 // LiveInstance records member (a consumer group instance's id) as an
-// instance of this client: if the client's database session ends while
-// the instance holds leases, any client that looks for work takes them
-// back at once. unregister forgets it; call it when the instance stops.
-// Package consumergroup calls it; a program rarely needs to.
-func (c *Client) LiveInstance(member string) (unregister func()) {
-	if c.live == nil { // PollOnly
+// instance of this client, proven alive by the client's database session:
+// if that session ends while the instance holds leases, the clients still
+// running take them back at once. A registration of member left by an
+// earlier process whose session ended is taken back first. unregister
+// forgets it; call it when the instance stops. Member ids must be unique
+// among running processes. Package consumergroup calls it; a program
+// rarely needs to.
+func (c *Client) LiveInstance(ctx context.Context, member string) (unregister func()) {
+	l := c.live
+	if l == nil { // PollOnly
 		return func() {}
 	}
-	l := c.live
+	if err := l.takeBack(ctx, []string{member}); err != nil {
+		c.logger.Warn("pgoutbox: could not take back the leases of an earlier instance with this id", slog.String("instance", member), slog.Any("error", err))
+	}
 	l.mu.Lock()
 	l.members[member]++
-	if l.checked {
+	if l.run == nil {
+		run := &liveRun{}
+		var runCtx context.Context
+		runCtx, run.cancel = context.WithCancel(context.Background())
+		l.run = run
+		run.tasks.Go(func() { l.keepSession(runCtx, run) })
+		run.tasks.Go(func() { l.reap(runCtx, run) })
+	}
+	if l.held {
 		l.record(member)
 	}
 	l.mu.Unlock()
 	var once sync.Once
-	return func() {
-		once.Do(func() {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			if l.members[member]--; l.members[member] > 0 {
-				return
-			}
-			delete(l.members, member)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_, _ = l.c.pool.Exec(ctx, l.q.UnregisterInstance, pgx.StrictNamedArgs{"member": member})
-		})
+	return func() { once.Do(func() { l.unregister(member) }) }
+}
+
+func (l *liveness) unregister(member string) {
+	l.mu.Lock()
+	if l.members[member]--; l.members[member] > 0 {
+		l.mu.Unlock()
+		return
+	}
+	delete(l.members, member)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, _ = l.c.pool.Exec(ctx, l.q.UnregisterInstance, pgx.StrictNamedArgs{"member": member, "key": l.key})
+	var stopping *liveRun
+	if len(l.members) == 0 {
+		stopping, l.run, l.held = l.run, nil, false
+	}
+	l.mu.Unlock()
+	if stopping != nil {
+		stopping.cancel()
+		stopping.tasks.Wait()
 	}
 }
 
-// reap looks for recorded instances whose lock no session holds every
-// reapEvery until ctx ends, and takes their leases back.
-func (l *liveness) reap(ctx context.Context, tasks *startstop.Tasks) {
-	tasks.Go(func() {
-		t := time.NewTicker(reapEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if err := l.reapOnce(ctx); err != nil && ctx.Err() == nil {
-				l.c.logger.Warn("pgoutbox: looking for crashed instances failed", slog.Any("error", err))
-			}
-		}
-	})
+// record writes member's row with the held key; l.mu is held.
+func (l *liveness) record(member string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := l.c.pool.Exec(ctx, l.q.RegisterInstance, pgx.StrictNamedArgs{"member": member, "key": l.key}); err != nil {
+		l.c.logger.Warn("pgoutbox: could not record a consumer group instance as alive; if its process dies, its work comes back when its lease ends",
+			slog.String("instance", member), slog.Any("error", err))
+	}
 }
 
-// reapOnce takes back the leases of the recorded instances whose session
-// ended, and wakes their topics' consumers.
-func (l *liveness) reapOnce(ctx context.Context) error {
+// keepSession keeps a session holding the client's key until ctx ends,
+// making a new one at once when one ends.
+func (l *liveness) keepSession(ctx context.Context, run *liveRun) {
+	failures := 0
+	warned := false
+	for ctx.Err() == nil {
+		held, err := l.session(ctx, run)
+		if ctx.Err() != nil {
+			return
+		}
+		delay := time.Duration(0) // after a session that held the key: at once
+		switch {
+		case errors.Is(err, errNoSession):
+			delay = noSessionRetry
+			if !warned {
+				warned = true
+				l.c.logger.Warn("pgoutbox: the LISTEN connection's settings give no session of its own (a transaction pooler such as PgBouncer?): if this process dies, its consumers' work comes back only when its lease ends. Give it a direct connection (ListenDSN)",
+					slog.Any("error", err))
+			}
+		case held:
+			failures = 0
+			l.c.logger.Warn("pgoutbox: the session proving this process alive ended; making a new one", slog.Any("error", err))
+		default:
+			failures++
+			delay = backoff.Exponential(failures, 100*time.Millisecond, reconnectMax)
+			if failures == 1 {
+				l.c.logger.Warn("pgoutbox: could not make the session proving this process alive; retrying", slog.Any("error", err), slog.Duration("retry_in", delay))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// session makes one session: it checks that the connection is a session
+// of its own, takes the client's key (another if a session of the
+// client's that the server has not seen end yet still holds it), records
+// the instances with it, and holds it until the connection fails or ctx
+// ends. held reports whether it got as far as holding the key.
+func (l *liveness) session(ctx context.Context, run *liveRun) (held bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, l.c.listen)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, sessionSettings); err != nil {
+		return false, err
+	}
+	_, _ = conn.Exec(ctx, noIdleTimeout) // refused before PostgreSQL 14, where there is no such timeout
+	if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(l.channel)); err != nil {
+		return false, err
+	}
+	if err := l.check(ctx, conn); err != nil {
+		return false, err
+	}
+	key, err := l.lock(ctx, conn)
+	if err != nil {
+		return false, err
+	}
+	l.mu.Lock()
+	if l.run != run { // stopped meanwhile
+		l.mu.Unlock()
+		return false, ctx.Err()
+	}
+	l.key, l.held = key, true
+	if l.sessions++; l.sessions > 1 {
+		l.reconnectedAt = time.Now()
+	}
+	for member := range l.members {
+		l.record(member)
+	}
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		if l.run == run {
+			l.held = false
+		}
+		l.mu.Unlock()
+	}()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil { // nothing else is sent to this connection
+			return true, err
+		}
+	}
+}
+
+// check sends a notification to the session's channel through the pool
+// and waits for it on conn: through a transaction pooler it never comes.
+func (l *liveness) check(ctx context.Context, conn *pgx.Conn) error {
+	payload := l.nonce + ":" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := l.c.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, l.channel, payload); err != nil {
+		return err
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(waitCtx)
+		if err != nil {
+			if ctx.Err() == nil && waitCtx.Err() != nil {
+				return errNoSession
+			}
+			return err
+		}
+		if n.Payload == payload {
+			return nil
+		}
+	}
+}
+
+// lock takes the client's key on conn, or a new one when it cannot: the
+// instances are recorded with the new key, and the key the server still
+// sees held keeps them alive until then.
+func (l *liveness) lock(ctx context.Context, conn *pgx.Conn) (int32, error) {
+	l.mu.Lock()
+	key := l.key
+	l.mu.Unlock()
+	for range 10 {
+		if key == 0 {
+			key = rand.Int32N(1<<31-2) + 1
+		}
+		var got bool
+		if err := conn.QueryRow(ctx, l.q.LockInstance, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "key": key}).Scan(&got); err != nil {
+			return 0, err
+		}
+		if got {
+			return key, nil
+		}
+		key = 0 // held: by another client, or by a session of ours the server has not seen end
+	}
+	return 0, errors.New("no free instance lock key after 10 tries")
+}
+
+// reap looks for recorded instances whose lock is free every reapEvery
+// until ctx ends, and takes their leases back.
+func (l *liveness) reap(ctx context.Context, run *liveRun) {
+	t := time.NewTicker(reapEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := l.reapOnce(ctx, run); err != nil && ctx.Err() == nil {
+			l.c.logger.Warn("pgoutbox: looking for instances whose process died failed", slog.Any("error", err))
+		}
+	}
+}
+
+// reapOnce takes back the leases of the recorded instances whose lock has
+// been free for reapGrace, and wakes their topics' consumers. It does
+// nothing while the client's own session is not held, or was made again
+// less than reconnectGrace ago.
+func (l *liveness) reapOnce(ctx context.Context, run *liveRun) error {
+	now := time.Now()
+	if now.Sub(run.lastLook) > 2*reapEvery { // a late look: what it saw before is stale
+		run.suspects = nil
+	}
+	run.lastLook = now
+	l.mu.Lock()
+	ready := l.held && now.Sub(l.reconnectedAt) >= reconnectGrace
+	l.mu.Unlock()
+	if !ready {
+		run.suspects = nil
+		return nil
+	}
 	rows, err := l.c.pool.Query(ctx, l.q.GoneInstances, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace})
 	if err != nil {
 		return err
@@ -200,10 +345,9 @@ func (l *liveness) reapOnce(ctx context.Context) error {
 		return err
 	}
 	var gone []string
-	now := time.Now()
 	suspects := make(map[string]time.Time, len(found))
 	for _, m := range found {
-		since, ok := l.suspects[m]
+		since, ok := run.suspects[m]
 		if !ok {
 			since = now
 		}
@@ -212,26 +356,30 @@ func (l *liveness) reapOnce(ctx context.Context) error {
 			gone = append(gone, m)
 		}
 	}
-	l.suspects = suspects
+	run.suspects = suspects
 	if len(gone) == 0 {
 		return nil
 	}
+	return l.takeBack(ctx, gone)
+}
+
+// takeBack takes back the leases of those of members whose lock is free,
+// forgets those that hold none any more, and wakes their topics.
+func (l *liveness) takeBack(ctx context.Context, members []string) error {
 	var batches, retries int64
-	var topics, members []string
-	if err := l.c.pool.QueryRow(ctx, l.q.TakeBack, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "members": gone}).
-		Scan(&batches, &retries, &topics, &members); err != nil {
+	var topics, gone []string
+	if err := l.c.pool.QueryRow(ctx, l.q.TakeBack, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "members": members}).
+		Scan(&batches, &retries, &topics, &gone); err != nil {
 		return err
 	}
-	if len(members) == 0 { // another client took them back first, or they came back
+	if batches+retries == 0 {
 		return nil
 	}
-	if len(topics) > 0 {
-		if _, err := l.c.pool.Exec(ctx, `SELECT pg_notify(@channel, t) FROM unnest(@topics::text[]) AS t`,
-			pgx.StrictNamedArgs{"channel": NotifyChannel(l.c.schema), "topics": topics}); err != nil {
-			return err
-		}
+	if _, err := l.c.pool.Exec(ctx, `SELECT pg_notify(@channel, t) FROM unnest(@topics::text[]) AS t`,
+		pgx.StrictNamedArgs{"channel": NotifyChannel(l.c.schema), "topics": topics}); err != nil {
+		return err
 	}
-	l.c.logger.Warn("pgoutbox: consumer group instances whose database session ended (their process died, or lost its connection): their leases are taken back at once and their messages delivered again",
-		slog.Any("instances", members), slog.Int64("batches", batches), slog.Int64("retries", retries), slog.Any("topics", topics))
+	l.c.logger.Warn("pgoutbox: consumer group instances whose process died or lost its database session: their leases are taken back at once and their messages delivered again",
+		slog.Any("instances", gone), slog.Int64("batches", batches), slog.Int64("retries", retries), slog.Any("topics", topics))
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/pgoutbox/pgoutbox/internal/notify"
-	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
 
 // wakeups shares one LISTEN connection among everything a Client runs:
@@ -15,9 +14,6 @@ type wakeups struct {
 	mu       sync.Mutex
 	listener *notify.Listener
 	subs     int
-
-	stopReaping context.CancelFunc
-	reaper      startstop.Tasks // see liveness.reap
 }
 
 // WakeUps returns a channel that receives a (coalesced) value when a
@@ -38,11 +34,7 @@ func (c *Client) WakeUps(topic string) (<-chan struct{}, func()) {
 			return err
 		}}
 		w.listener = notify.New(c.listen, NotifyChannel(c.schema), c.logger, probe)
-		w.listener.SetSessionHooks(notify.SessionHooks{Connected: c.live.connected, Checked: c.live.sessionChecked, Ended: c.live.ended})
 		_ = w.listener.Start(context.Background()) // a new listener: it cannot run already
-		var ctx context.Context
-		ctx, w.stopReaping = context.WithCancel(context.Background())
-		c.live.reap(ctx, &w.reaper)
 	}
 	w.subs++
 	ch, unsubscribe := w.listener.Subscribe(topic)
@@ -53,8 +45,6 @@ func (c *Client) WakeUps(topic string) (<-chan struct{}, func()) {
 			w.mu.Lock()
 			defer w.mu.Unlock()
 			if w.subs--; w.subs == 0 {
-				w.stopReaping()
-				w.reaper.Wait()
 				_ = w.listener.Stop(context.Background())
 				w.listener = nil
 			}

@@ -12,7 +12,6 @@ package notify
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,9 +36,6 @@ type Listener struct {
 	subs map[string]map[chan struct{}]struct{} // topic -> wake channels
 
 	probes chan string // payloads of probes that came back
-	checks chan string // payloads of session checks that came back
-	nonce  string      // in this listener's session checks: another's never match
-	hooks  SessionHooks
 
 	life      startstop.Base
 	ready     chan struct{} // closed after the first successful LISTEN
@@ -54,31 +50,8 @@ type Probe struct {
 	Send     func(ctx context.Context, channel, payload string) error
 }
 
-// probePrefix starts a probe's payload, checkPrefix a session check's; no
-// topic name can contain '#'.
-const (
-	probePrefix = "#probe:"
-	checkPrefix = "#session:"
-)
-
-// SessionHooks let the owner of a listener use its connection's session.
-type SessionHooks struct {
-	// Connected runs on the connection right after LISTEN, before any
-	// notification is handled. An error ends the connection (and a new
-	// one is tried, with backoff).
-	Connected func(ctx context.Context, conn *pgx.Conn) error
-	// Checked runs once per connection, when a notification sent through
-	// the producers' path (Probe.Send) came back on it: the connection is
-	// a session of its own on the server, not one a transaction pooler
-	// lends between statements. Until Ended, the session Connected set up
-	// lasts.
-	Checked func()
-	// Ended runs when a connection on which Connected succeeded ends.
-	Ended func()
-}
-
-// SetSessionHooks sets h; call it before Start.
-func (l *Listener) SetSessionHooks(h SessionHooks) { l.hooks = h }
+// probePrefix starts a probe's payload; no topic name can contain '#'.
+const probePrefix = "#probe:"
 
 // New returns a listener that will connect with connConfig.
 func New(connConfig *pgx.ConnConfig, channel string, logger *slog.Logger, probe Probe) *Listener {
@@ -89,8 +62,6 @@ func New(connConfig *pgx.ConnConfig, channel string, logger *slog.Logger, probe 
 		probe:      probe,
 		subs:       map[string]map[chan struct{}]struct{}{},
 		probes:     make(chan string, 8),
-		checks:     make(chan string, 8),
-		nonce:      strconv.FormatUint(rand.Uint64(), 36),
 		ready:      make(chan struct{}),
 	}
 }
@@ -238,23 +209,8 @@ func (l *Listener) session(ctx context.Context, listening func()) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(l.channel)); err != nil {
 		return err
 	}
-	if l.hooks.Connected != nil {
-		if err := l.hooks.Connected(ctx, conn); err != nil {
-			return err
-		}
-		if l.hooks.Ended != nil {
-			defer l.hooks.Ended()
-		}
-	}
 	listening()
 	l.wakeAll() // anything sent while we were not listening
-	if l.hooks.Checked != nil && l.probe.Send != nil {
-		checkCtx, cancel := context.WithCancel(ctx)
-		var check startstop.Tasks
-		check.Go(func() { l.checkSession(checkCtx) })
-		defer check.Wait()
-		defer cancel()
-	}
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -264,60 +220,10 @@ func (l *Listener) session(ctx context.Context, listening func()) error {
 	}
 }
 
-// checkSession sends a notification through the producers' path every
-// checkEvery until one comes back on this connection, then runs
-// hooks.Checked. Through a transaction pooler none ever does.
-func (l *Listener) checkSession(ctx context.Context) {
-	for n := 1; ; n++ {
-		payload := checkPrefix + l.nonce + ":" + strconv.Itoa(n)
-		sendCtx, cancel := context.WithTimeout(ctx, checkEvery)
-		err := l.probe.Send(sendCtx, l.channel, payload)
-		cancel()
-		timeout := time.After(checkEvery)
-		for err == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case p := <-l.checks:
-				if p == payload {
-					l.hooks.Checked()
-					return
-				}
-				continue
-			case <-timeout:
-			}
-			break
-		}
-		if n == checkWarnAfter {
-			l.logger.Warn("pgoutbox: the LISTEN connection has not received its own notification: it is not a session of its own (a transaction pooler such as PgBouncer?), so work held by a crashed process comes back only when its lease ends. Give it a direct connection (ListenDSN)",
-				slog.String("channel", l.channel), slog.Any("error", err))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(checkEvery):
-		}
-	}
-}
-
-// checkEvery is how often a session check is sent (and how long one is
-// waited for); checkWarnAfter checks in vain are logged.
-const (
-	checkEvery     = time.Second
-	checkWarnAfter = 5
-)
-
 func (l *Listener) wake(topic string) {
 	if strings.HasPrefix(topic, probePrefix) {
 		select {
 		case l.probes <- topic:
-		default:
-		}
-		return
-	}
-	if strings.HasPrefix(topic, checkPrefix) {
-		select {
-		case l.checks <- topic:
 		default:
 		}
 		return

@@ -108,6 +108,7 @@ WITH b AS (
     UPDATE {{schema}}.outbox_group_batches
     SET lease_until = coalesce(@now::timestamptz, now()) + @lease_us * interval '1 microsecond'
     WHERE subscription_id = @sub AND member = @member AND id = ANY(@batch_ids::bigint[])
+      AND lease_until <> ` + OwnerGone + ` -- taken back: the instance was found gone (see takeBack)
     RETURNING id
 ), r AS (
     UPDATE {{schema}}.outbox_group_retries
@@ -115,6 +116,7 @@ WITH b AS (
     WHERE subscription_id = @sub AND message_id = ANY (ARRAY(
         SELECT message_id FROM {{schema}}.outbox_group_retries
         WHERE subscription_id = @sub AND lease_owner = @member AND status = 'PROCESSING' AND message_id = ANY(@retry_ids::bigint[])
+          AND lease_until <> ` + OwnerGone + `
         FOR UPDATE SKIP LOCKED)) -- a locked row is being acked in a handler's transaction (see takeRetry)
     RETURNING message_id
 )

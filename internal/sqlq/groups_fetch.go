@@ -212,7 +212,7 @@ WHERE id = (SELECT id FROM {{schema}}.outbox_group_batches
             WHERE subscription_id = @sub AND lease_until < coalesce(@now::timestamptz, now())
             ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING prev::text, cur::text, after_xid::text, after_id, last_xid::text, last_id, member, catchup,
-          lease_until = '-infinity' -- its instance was found gone (see takeBack)`
+          lease_until = ` + OwnerGone + ` -- its instance was found gone (see takeBack)`
 
 // moveBatchToRetries: see takeExpiredBatch. It moves subscription @sub's
 // rows of @topic of the batch (pair @prev, @cur, after (@after_xid,
@@ -437,14 +437,14 @@ WHERE subscription_id = @sub`
 // reapRetries returns retries whose lease ran out to the queue (or the
 // dead letters, on their last attempt), counting the expiry. It returns
 // how many it returned of those whose lease ran out and of those whose
-// instance was found gone (lease_until -infinity: see takeBack).
+// instance was found gone (see OwnerGone).
 const reapRetries = `
 WITH reaped AS (
     UPDATE {{schema}}.outbox_group_retries
     SET status = CASE WHEN attempts >= @max_attempts THEN 'DEAD_LETTER' ELSE 'RETRY' END,
         dead_lettered_at = CASE WHEN attempts >= @max_attempts THEN coalesce(@now::timestamptz, now()) END,
         available_at = coalesce(@now::timestamptz, now()),
-        last_error = CASE WHEN lease_until = '-infinity' THEN 'instance gone' ELSE 'lease expired' END -- the lease before this update
+        last_error = CASE WHEN lease_until = ` + OwnerGone + ` THEN 'instance gone' ELSE 'lease expired' END -- the lease before this update
                      || ' (member ' || coalesce(lease_owner, '?') || ')',
         lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, @now::timestamptz, now()),
         lease_owner = NULL, lease_until = NULL

@@ -12,6 +12,12 @@ import (
 // first key, is never taken for one.
 const LockNamespace = 1885826914 // "pgob"
 
+// OwnerGone is the lease end TakeBack gives the leases of an instance
+// found gone: past, so the next look of the group takes them over, and
+// apart from every other (an expired lease is later; a DEAD group's
+// resurrection sets -infinity), so the look can say why.
+const OwnerGone = "'epoch'::timestamptz"
+
 // Liveness is the SQL that takes back the leases of instances whose
 // client's session ended (see migration 19, outbox_live_instances).
 type Liveness struct {
@@ -19,15 +25,16 @@ type Liveness struct {
 	// reports whether it holds it.
 	LockInstance string
 	// RegisterInstance records that @member's client holds the lock of
-	// @key; UnregisterInstance forgets @member.
+	// @key; UnregisterInstance forgets @member if it is recorded with @key.
 	RegisterInstance, UnregisterInstance string
 	// GoneInstances lists the recorded instances whose lock no session
 	// holds.
 	GoneInstances string
-	// TakeBack ends at once the leases of @members (instances found gone)
-	// and forgets them, but for one whose lock a session took again
-	// meanwhile. It returns the batches and retry deliveries it took
-	// back and the topics they belong to.
+	// TakeBack ends the leases of those of @members whose lock no session
+	// holds, and forgets those that hold no lease any more (the next call
+	// forgets those this one took back, and ends what a locked row kept
+	// it from ending this time). It returns how many batches and retry
+	// deliveries it took back, their topics and the instances it found gone.
 	TakeBack string
 }
 
@@ -49,44 +56,49 @@ const registerInstance = `
 INSERT INTO {{schema}}.outbox_live_instances (member, lock_key) VALUES (@member, @key)
 ON CONFLICT (member) DO UPDATE SET lock_key = EXCLUDED.lock_key, registered_at = now()`
 
-const unregisterInstance = `DELETE FROM {{schema}}.outbox_live_instances WHERE member = @member`
+const unregisterInstance = `DELETE FROM {{schema}}.outbox_live_instances WHERE member = @member AND lock_key = @key`
 
-// lockFree is true when no session of this database holds instance i's
-// lock. A lock taken with two int4 keys shows in pg_locks as classid,
-// objid and objsubid 2.
-const lockFree = `NOT EXISTS (
-    SELECT 1 FROM pg_locks AS l
-    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.classid = @namespace::int::oid AND l.objid = i.lock_key::oid)`
+// lockFree is true when no session holds instance i's lock: this
+// transaction can take it (and lets it go when it ends). Unlike a read of
+// pg_locks, it is decided at once, and decided again for a row that
+// changed while the statement ran.
+const lockFree = `pg_try_advisory_xact_lock(@namespace::int, i.lock_key)`
 
 const goneInstances = `
 SELECT i.member FROM {{schema}}.outbox_live_instances AS i
 WHERE ` + lockFree
 
-// takeBack sets the leases of the gone instances' batches and retry
-// deliveries to -infinity: the next look of their group takes them over
-// (a batch) or returns them to the queue (a retry), and says the owner
-// was gone. A retry delivery whose row is locked is being acked in a
-// handler's transaction (see takeRetry); it is left to its lease.
+// takeBack: a batch or retry delivery whose row is locked is being
+// finished, or acked in a handler's transaction (see takeRetry): it is
+// skipped, and the instance stays recorded until a later call ends it.
 const takeBack = `
-WITH gone AS (
-    DELETE FROM {{schema}}.outbox_live_instances AS i
+WITH gone AS MATERIALIZED (
+    SELECT i.member FROM {{schema}}.outbox_live_instances AS i
     WHERE i.member = ANY(@members::text[]) AND ` + lockFree + `
-    RETURNING i.member
+    FOR UPDATE SKIP LOCKED
 ), batches AS (
     UPDATE {{schema}}.outbox_group_batches
-    SET lease_until = '-infinity'
-    WHERE member IN (SELECT member FROM gone) AND lease_until > '-infinity'
+    SET lease_until = ` + OwnerGone + `
+    WHERE id = ANY (ARRAY(
+        SELECT id FROM {{schema}}.outbox_group_batches
+        WHERE member IN (SELECT member FROM gone) AND lease_until <> ` + OwnerGone + `
+        FOR UPDATE SKIP LOCKED))
     RETURNING subscription_id
 ), retries AS (
     UPDATE {{schema}}.outbox_group_retries AS r
-    SET lease_until = '-infinity'
+    SET lease_until = ` + OwnerGone + `
     FROM (SELECT subscription_id, message_id FROM {{schema}}.outbox_group_retries
-          WHERE status = 'PROCESSING' AND lease_owner IN (SELECT member FROM gone) AND lease_until > '-infinity'
+          WHERE status = 'PROCESSING' AND lease_owner IN (SELECT member FROM gone) AND lease_until <> ` + OwnerGone + `
           FOR UPDATE SKIP LOCKED) AS held
     WHERE r.subscription_id = held.subscription_id AND r.message_id = held.message_id
     RETURNING r.subscription_id
+), forgotten AS ( -- what this statement ends is not seen here: a later call forgets it
+    DELETE FROM {{schema}}.outbox_live_instances AS i
+    WHERE i.member IN (SELECT member FROM gone)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_batches AS b
+                      WHERE b.member = i.member AND b.lease_until <> ` + OwnerGone + `)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_group_retries AS r
+                      WHERE r.status = 'PROCESSING' AND r.lease_owner = i.member AND r.lease_until <> ` + OwnerGone + `)
 )
 SELECT (SELECT count(*) FROM batches), (SELECT count(*) FROM retries),
        ARRAY(SELECT DISTINCT s.topic FROM {{schema}}.outbox_topic_subscriptions AS s
