@@ -222,12 +222,27 @@ func (l *liveness) session(ctx context.Context, run *liveRun) (held bool, err er
 	if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(l.channel)); err != nil {
 		return false, err
 	}
+	// A first session is checked before it takes a lock (through a pooler
+	// the lock would stay on a server connection the pooler lends to
+	// others); a later one, on settings a session was checked on, takes
+	// its lock first, so that the clients looking for free locks find it
+	// taken again as soon as can be.
+	l.mu.Lock()
+	checkedBefore := l.sessions > 0
+	l.mu.Unlock()
+	var key int32
+	if checkedBefore {
+		if key, err = l.lock(ctx, conn); err != nil {
+			return false, err
+		}
+	}
 	if err := l.check(ctx, conn); err != nil {
 		return false, err
 	}
-	key, err := l.lock(ctx, conn)
-	if err != nil {
-		return false, err
+	if !checkedBefore {
+		if key, err = l.lock(ctx, conn); err != nil {
+			return false, err
+		}
 	}
 	l.mu.Lock()
 	if l.run != run { // stopped meanwhile
