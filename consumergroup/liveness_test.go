@@ -2,6 +2,7 @@ package consumergroup_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,4 +50,54 @@ FROM `+b.db.Table("outbox_live_instances")+` AS i`).Scan(&n, &held))
 	})
 	n, _ = recorded()
 	require.Zero(t, n, "an instance whose LISTEN connection has no session of its own is not recorded alive")
+}
+
+// An instance whose session proving it alive is ended by the server
+// (pg_terminate_backend, an idle timeout, a proxy) while its process
+// lives makes a new one at once, and keeps every lease: a survivor
+// running beside it takes none of its messages.
+func TestASessionEndedUnderALiveInstanceIsMadeAgain(t *testing.T) {
+	b := setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset, Lease: 10 * time.Minute})
+	ctx := context.Background()
+	holderClient, err := outbox.NewClient(pgtest.NewPool(t, b.db.DSN), outbox.Config{Schema: b.db.Schema})
+	require.NoError(t, err)
+	var started atomic.Int64
+	holder := b.newGroupOn(t, holderClient.Pool(), "g", func(c *consumergroup.Config) {
+		c.InstanceID, c.Client, c.Concurrency, c.BatchSize = "holder", holderClient, 10, 10
+	})
+	require.NoError(t, holder.AddConsumer("m", func(ctx context.Context, _ *outbox.Delivery) error {
+		started.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}, nil))
+	require.NoError(t, holder.Start(ctx, consumergroup.FromNow()))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = holder.StopAndCancel(stopCtx)
+	})
+	b.sendRange(t, 0, 10)
+	pgtest.Eventually(t, 30*time.Second, "the holder handling every message", func() bool { return started.Load() == 10 })
+	r := newRecorder()
+	b.startRecording(t, "g", r)
+
+	sessionPid := func() (pid int) {
+		err := b.db.Pool.QueryRow(ctx, `
+SELECT l.pid FROM pg_locks AS l JOIN `+b.db.Table("outbox_live_instances")+` AS i ON l.objid = i.lock_key::oid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = 1885826914::oid AND i.member = 'holder'`).Scan(&pid)
+		if err != nil {
+			return 0
+		}
+		return pid
+	}
+	pgtest.Eventually(t, 10*time.Second, "the holder recorded alive", func() bool { return sessionPid() != 0 })
+	for range 3 {
+		old := sessionPid()
+		var ended bool
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 5000)`, old).Scan(&ended))
+		require.True(t, ended)
+		pgtest.Eventually(t, 10*time.Second, "a new session holding the holder's lock", func() bool { p := sessionPid(); return p != 0 && p != old })
+	}
+	time.Sleep(2 * time.Second) // longer than any client waits before it takes back the leases of an instance whose lock is free
+	require.Zero(t, r.distinct(), "a survivor took messages from a live instance whose session was ended")
 }

@@ -141,3 +141,23 @@ func frozenOwnerKeepsItsLeases(t *testing.T, s *Subject) {
 		})
 	}
 }
+
+// restartedWithTheSameID: a process holding 50 messages under a 10-minute
+// lease is killed and started again at once with the same instance id (a
+// pod restarted in place): the new instance takes back what its
+// predecessor held as it starts, and handles every message within
+// ownerGoneBound of the kill; none of its own leases is taken from it.
+func restartedWithTheSameID(t *testing.T, s *Subject) {
+	e := newEnv(t, s, func(tc *outbox.TopicConfig) { tc.Lease = 10 * time.Minute })
+	child, ids := holdInChild(t, e, 50)
+	killed := time.Now()
+	child.Kill()
+	<-child.Exited()
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "holder", Concurrency: 50, BatchSize: 50}, nil)
+	e.WaitDelivered(t, "g1", ids, time.Minute)
+	took := time.Since(killed)
+	t.Logf("the restarted instance handled its predecessor's messages %v after the kill", took.Round(time.Millisecond))
+	require.LessOrEqual(t, took, ownerGoneBound, "the predecessor's messages come back at once, not when their 10-minute lease ends")
+	e.Check(t, "g1", ids, nil)
+	e.CheckNoDuplicates(t, "g1")
+}
