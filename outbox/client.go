@@ -49,16 +49,17 @@ type Config struct {
 	// pooler (PgBouncer in transaction mode), where LISTEN receives
 	// nothing. Defaults to the pool's connection settings.
 	//
-	// The LISTEN connection's session is also the client's proof of life:
-	// it holds a session advisory lock while it lives, and the client's
-	// consumer group instances are recorded with it (see LiveInstance).
-	// When the session ends (the process died, its connection was cut,
-	// its host vanished: the session sets TCP keepalives so that the
-	// server notices within KeepaliveBound), any running client takes the
-	// instances' leases back at once instead of waiting for them to run
-	// out. Through a transaction pooler the connection has no session of
-	// its own; the client notices, logs it, and its instances' work comes
-	// back when its lease ends.
+	// A second connection made the same way is the client's proof of
+	// life while it runs consumer group instances: its session holds a
+	// session advisory lock, and the instances are recorded with it (see
+	// LiveInstance). When the session ends (the process died, its
+	// connection was cut, its host vanished: the session sets TCP
+	// keepalives so that the server notices within KeepaliveBound), the
+	// clients still running take the instances' leases back at once
+	// instead of waiting for them to run out. Through a transaction
+	// pooler the connection has no session of its own; the client
+	// notices, logs it, and its instances' work comes back when its lease
+	// ends.
 	ListenDSN string
 	// PollOnly opens no LISTEN connection: consumers find new messages by
 	// polling, within their PollInterval (default 1 s) instead of about a
