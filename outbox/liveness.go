@@ -9,7 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
@@ -69,6 +71,18 @@ const (
 	// connection proved no session of its own waits to try again.
 	checkTimeout   = 5 * time.Second
 	noSessionRetry = time.Minute
+	// connectTimeout bounds a connection attempt; lockWait how long a new
+	// session waits for the client's key before it takes another.
+	connectTimeout = 5 * time.Second
+	lockWait       = 300 * time.Millisecond
+	// forgetWait is how long a new instance waits for the session of an
+	// earlier process's instance with its id to end.
+	forgetWait = 2 * time.Second
+	// pingEvery is how often the session pings the server; a ping that
+	// does not come back within pingTimeout ends it (the client cannot
+	// reach the server, and no longer takes anything back).
+	pingEvery   = time.Second
+	pingTimeout = 3 * time.Second
 )
 
 var errNoSession = errors.New("the connection is not a session of its own: a notification sent to it never came back (a transaction pooler such as PgBouncer?)")
@@ -115,10 +129,16 @@ func (c *Client) LiveInstance(ctx context.Context, member string) (unregister fu
 	if l == nil { // PollOnly
 		return func() {}
 	}
-	if err := l.takeBack(ctx, []string{member}); err != nil {
-		c.logger.Warn("pgoutbox: could not take back the leases of an earlier instance with this id", slog.String("instance", member), slog.Any("error", err))
-	}
 	l.mu.Lock()
+	if l.members[member] == 0 {
+		// An earlier process's registration of member whose session ended:
+		// its leases are taken back and the row forgotten before this
+		// instance leases anything, so that none of this instance's is
+		// taken back with them.
+		if err := l.forgetEarlier(ctx, member); err != nil {
+			c.logger.Warn("pgoutbox: could not take back the leases of an earlier process's instance with this id", slog.String("instance", member), slog.Any("error", err))
+		}
+	}
 	l.members[member]++
 	if l.run == nil {
 		run := &liveRun{}
@@ -207,21 +227,17 @@ func (l *liveness) keepSession(ctx context.Context, run *liveRun) {
 // session makes one session: it checks that the connection is a session
 // of its own, takes the client's key (another if a session of the
 // client's that the server has not seen end yet still holds it), records
-// the instances with it, and holds it until the connection fails or ctx
-// ends. held reports whether it got as far as holding the key.
+// the instances with it, and holds it, pinging the server every
+// pingEvery, until the server ends it, a ping fails or ctx ends. held reports whether it got
+// as far as holding the key.
 func (l *liveness) session(ctx context.Context, run *liveRun) (held bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, l.c.listen)
+	connectCtx, cancel := context.WithTimeout(ctx, connectTimeout)
+	conn, err := pgx.ConnectConfig(connectCtx, l.c.listen)
+	cancel()
 	if err != nil {
 		return false, err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, sessionSettings); err != nil {
-		return false, err
-	}
-	_, _ = conn.Exec(ctx, noIdleTimeout) // refused before PostgreSQL 14, where there is no such timeout
-	if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(l.channel)); err != nil {
-		return false, err
-	}
 	// A first session is checked before it takes a lock (through a pooler
 	// the lock would stay on a server connection the pooler lends to
 	// others); a later one, on settings a session was checked on, takes
@@ -236,6 +252,13 @@ func (l *liveness) session(ctx context.Context, run *liveRun) (held bool, err er
 			return false, err
 		}
 	}
+	if _, err := conn.Exec(ctx, sessionSettings); err != nil {
+		return false, err
+	}
+	_, _ = conn.Exec(ctx, noIdleTimeout) // refused before PostgreSQL 14, where there is no such timeout
+	if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(l.channel)); err != nil {
+		return false, err
+	}
 	if err := l.check(ctx, conn); err != nil {
 		return false, err
 	}
@@ -249,12 +272,20 @@ func (l *liveness) session(ctx context.Context, run *liveRun) (held bool, err er
 		l.mu.Unlock()
 		return false, ctx.Err()
 	}
+	// Every instance is recorded with the key, on this session: a key
+	// that changed must reach every row, or the rows would name a key
+	// nobody holds.
+	members := make([]string, 0, len(l.members))
+	for m := range l.members {
+		members = append(members, m)
+	}
+	if _, err := conn.Exec(ctx, l.q.RegisterInstances, pgx.StrictNamedArgs{"members": members, "key": key}); err != nil {
+		l.mu.Unlock()
+		return false, err
+	}
 	l.key, l.held = key, true
 	if l.sessions++; l.sessions > 1 {
 		l.reconnectedAt = time.Now()
-	}
-	for member := range l.members {
-		l.record(member)
 	}
 	l.mu.Unlock()
 	defer func() {
@@ -265,7 +296,24 @@ func (l *liveness) session(ctx context.Context, run *liveRun) (held bool, err er
 		l.mu.Unlock()
 	}()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil { // nothing else is sent to this connection
+		// Nothing is sent to this connection but the server's word that
+		// it ends the session, which ends the wait at once.
+		waitCtx, cancel := context.WithTimeout(ctx, pingEvery)
+		_, err := conn.WaitForNotification(waitCtx)
+		timedOut := waitCtx.Err() != nil
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return true, ctx.Err()
+		case err == nil:
+			continue
+		case !timedOut:
+			return true, err
+		}
+		pingCtx, cancel := context.WithTimeout(ctx, pingTimeout)
+		_, err = conn.Exec(pingCtx, ";")
+		cancel()
+		if err != nil { // the client cannot reach the server: its leases are not safe to count on, nor are others' to take
 			return true, err
 		}
 	}
@@ -294,17 +342,32 @@ func (l *liveness) check(ctx context.Context, conn *pgx.Conn) error {
 	}
 }
 
-// lock takes the client's key on conn, or a new one when it cannot: the
-// instances are recorded with the new key, and the key the server still
-// sees held keeps them alive until then.
+// lock takes the client's key on conn, waiting up to lockWait for it (a
+// client looking for free locks holds it for the length of a statement),
+// or a new key when it cannot: the instances are then recorded with the
+// new key (see session).
 func (l *liveness) lock(ctx context.Context, conn *pgx.Conn) (int32, error) {
 	l.mu.Lock()
 	key := l.key
 	l.mu.Unlock()
-	for range 10 {
-		if key == 0 {
-			key = rand.Int32N(1<<31-2) + 1
+	if key != 0 {
+		if _, err := conn.Exec(ctx, l.q.SetLockTimeout, pgx.StrictNamedArgs{"wait": strconv.Itoa(int(lockWait.Milliseconds())) + "ms"}); err != nil {
+			return 0, err
 		}
+		_, lockErr := conn.Exec(ctx, l.q.WaitForLock, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "key": key})
+		var pgErr *pgconn.PgError
+		if lockErr != nil && !(errors.As(lockErr, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable) {
+			return 0, lockErr
+		}
+		if _, err := conn.Exec(ctx, l.q.SetLockTimeout, pgx.StrictNamedArgs{"wait": "0"}); err != nil {
+			return 0, err
+		}
+		if lockErr == nil {
+			return key, nil
+		}
+	}
+	for range 10 {
+		key = rand.Int32N(1<<31-2) + 1
 		var got bool
 		if err := conn.QueryRow(ctx, l.q.LockInstance, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "key": key}).Scan(&got); err != nil {
 			return 0, err
@@ -312,7 +375,6 @@ func (l *liveness) lock(ctx context.Context, conn *pgx.Conn) (int32, error) {
 		if got {
 			return key, nil
 		}
-		key = 0 // held: by another client, or by a session of ours the server has not seen end
 	}
 	return 0, errors.New("no free instance lock key after 10 tries")
 }
@@ -346,12 +408,13 @@ func (l *liveness) reapOnce(ctx context.Context, run *liveRun) error {
 	run.lastLook = now
 	l.mu.Lock()
 	ready := l.held && now.Sub(l.reconnectedAt) >= reconnectGrace
+	own := l.key
 	l.mu.Unlock()
 	if !ready {
 		run.suspects = nil
 		return nil
 	}
-	rows, err := l.c.pool.Query(ctx, l.q.GoneInstances, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace})
+	rows, err := l.c.pool.Query(ctx, l.q.GoneInstances, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "own": own})
 	if err != nil {
 		return err
 	}
@@ -375,15 +438,53 @@ func (l *liveness) reapOnce(ctx context.Context, run *liveRun) error {
 	if len(gone) == 0 {
 		return nil
 	}
-	return l.takeBack(ctx, gone)
+	return l.takeBack(ctx, gone, own)
+}
+
+// forgetEarlier takes back the leases of an earlier registration of
+// member whose lock is free, and forgets it.
+// A process restarted at once after its predecessor was killed can get
+// here before the server has seen the predecessor's session end: it waits
+// for that up to forgetWait. l.mu is held.
+func (l *liveness) forgetEarlier(ctx context.Context, member string) error {
+	deadline := time.Now().Add(forgetWait)
+	for {
+		if err := l.takeBack(ctx, []string{member}, 0); err != nil {
+			return err
+		}
+		var left []int32
+		rows, err := l.c.pool.Query(ctx, l.q.ForgetInstance, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "member": member})
+		if err == nil {
+			left, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+		}
+		if err != nil {
+			return err
+		}
+		if len(left) == 0 || left[0] == l.key {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			l.c.logger.Error("pgoutbox: another running process has a consumer group instance with this id: instance ids must be unique among running processes",
+				slog.String("instance", member))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // takeBack takes back the leases of those of members whose lock is free,
-// forgets those that hold none any more, and wakes their topics.
-func (l *liveness) takeBack(ctx context.Context, members []string) error {
+// forgets those that hold none any more, and wakes their topics. own is
+// the client's key: when it is not 0 and no session holds it on the
+// server the pool reaches (a failover moved the pool to another server),
+// nothing is taken back.
+func (l *liveness) takeBack(ctx context.Context, members []string, own int32) error {
 	var batches, retries int64
 	var topics, gone []string
-	if err := l.c.pool.QueryRow(ctx, l.q.TakeBack, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "members": members}).
+	if err := l.c.pool.QueryRow(ctx, l.q.TakeBack, pgx.StrictNamedArgs{"namespace": sqlq.LockNamespace, "members": members, "own": own}).
 		Scan(&batches, &retries, &topics, &gone); err != nil {
 		return err
 	}
