@@ -89,7 +89,9 @@ func TestCutPathComesBackWithinTheKeepaliveBound(t *testing.T) {
 	pgtest.Eventually(t, outbox.KeepaliveBound+time.Minute, "the survivor handling the cut-off holder's messages", func() bool { return r.distinct() == 10 })
 	took := time.Since(cut)
 	t.Logf("the messages of the holder whose path was cut were handled %v after the cut", took.Round(time.Millisecond))
-	require.Less(t, took, outbox.KeepaliveBound+3*time.Second, "taken back within the keepalive bound, not when the 10-minute lease ends")
+	// About KeepaliveBound and a second on a quiet machine; the bound
+	// leaves room for a busy one, far below the 10-minute lease.
+	require.Less(t, took, outbox.KeepaliveBound+10*time.Second, "taken back soon after the keepalive bound, not when the 10-minute lease ends")
 	require.Zero(t, r.dups())
 	require.NotEmpty(t, logs.Lines("took over messages of an instance that is gone", "reason=owner_gone", "member=holder", "messages=10"),
 		"the takeover says why")

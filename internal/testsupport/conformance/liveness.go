@@ -17,11 +17,14 @@ import (
 // and its messages come back at once; a frozen one keeps its session, and
 // its messages stay its own until the lease ends.
 
-// ownerGoneBound is how soon after a kill every message the killed
-// process held is delivered again: the killed process's lock is found
-// free within two looks half a second apart (outbox.Client.LiveInstance),
-// then a look takes the messages over and the survivor handles them.
-const ownerGoneBound = 2 * time.Second
+// ownerGoneBound bounds how soon after a kill every message the killed
+// process held is delivered again, far below the scenarios' 10-minute
+// lease: the killed process's lock is found free within reapEvery and
+// reapGrace (outbox.Client.LiveInstance), a look of the group takes the
+// messages over, and the survivor handles them. That takes 1.0–1.4 s on
+// a quiet machine (BENCHMARKS.md: each scenario logs it); the bound leaves
+// room for a busy one, since speed is measured, not asserted.
+const ownerGoneBound = 10 * time.Second
 
 // holdInChild starts an instance in a child process whose handlers start
 // every message they get and never finish (for a router subject: the
@@ -99,12 +102,17 @@ func killedOwnerComesBackAtOnce(t *testing.T, s *Subject) {
 // (SIGSTOP), as a long GC pause or a suspended VM would: it is alive, and
 // its session with it. Frozen for 5 s under a 10-minute lease, it keeps
 // every message (a survivor beside it handles none); frozen for 20 s
-// under a 10 s lease, it loses them when the lease ends, not earlier.
+// under a 10 s lease (on the queue subject: every path keeps its leases
+// with the one lease keeper), it loses them when the lease ends, not
+// earlier.
 func frozenOwnerKeepsItsLeases(t *testing.T, s *Subject) {
 	for _, c := range []struct {
 		name          string
 		lease, freeze time.Duration
 	}{{"Lease10m", 10 * time.Minute, 5 * time.Second}, {"Lease10s", 10 * time.Second, 20 * time.Second}} {
+		if c.name == "Lease10s" && s.Name != "queue" {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t, s, func(tc *outbox.TopicConfig) { tc.Lease = c.lease })
 			child, ids := holdInChild(t, e, 50)
