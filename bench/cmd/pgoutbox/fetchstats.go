@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/pgoutbox/pgoutbox/bench/internal/harness"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 )
@@ -30,7 +31,7 @@ func (r *fetchRecorder) percentiles() (n int, p50, p95, p99 float64) {
 	}
 	r.mu.Unlock()
 	slices.Sort(ms)
-	return len(ms), percentile(ms, 50), percentile(ms, 95), percentile(ms, 99)
+	return len(ms), harness.Percentile(ms, 50), harness.Percentile(ms, 95), harness.Percentile(ms, 99)
 }
 
 type fetchMeter struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/bench/internal/harness"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -49,7 +50,7 @@ func (b *bench) drop(ctx context.Context) error {
 		return err
 	}
 	const size = 1000 // transaction ids per partition: the fill takes n/10,000 of them
-	res := dropResult{System: b.c.system, Workload: b.c.workload, Mode: b.c.mode, N: b.c.n}
+	res := dropResult{System: b.c.System, Workload: b.c.Workload, Mode: b.c.mode, N: b.c.N}
 
 	// Dropped whole.
 	s, err := maintenance.New(b.pool, maintenance.Config{Client: b.client, PartitionSize: size, RowCleanupDelay: time.Hour})
@@ -91,8 +92,8 @@ func (b *bench) drop(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if got := r.Deleted["outbox_published"]; got != int64(b.c.n) {
-		return fmt.Errorf("drop: cleanup deleted %d of %d messages", got, b.c.n)
+	if got := r.Deleted["outbox_published"]; got != int64(b.c.N) {
+		return fmt.Errorf("drop: cleanup deleted %d of %d messages", got, b.c.N)
 	}
 	res.VacuumMs, res.VacuumWALBytes, err = b.measureWAL(ctx, func() error {
 		_, err := b.pool.Exec(ctx, `VACUUM `+schema+`.`+table)
@@ -101,8 +102,8 @@ func (b *bench) drop(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	res.TimeRatio = round((res.DeleteMs+res.VacuumMs)/res.DropMs, 1)
-	res.WALRatio = round(float64(res.DeleteWALBytes+res.VacuumWALBytes)/float64(max(res.DropWALBytes, 1)), 1)
+	res.TimeRatio = harness.Round((res.DeleteMs+res.VacuumMs)/res.DropMs, 1)
+	res.WALRatio = harness.Round(float64(res.DeleteWALBytes+res.VacuumWALBytes)/float64(max(res.DropWALBytes, 1)), 1)
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
 	return nil
@@ -192,7 +193,7 @@ func (b *bench) measureWAL(ctx context.Context, f func() error) (float64, int64,
 	if err := b.pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, before).Scan(&wal); err != nil {
 		return 0, 0, err
 	}
-	return round(float64(elapsed.Microseconds())/1000, 2), wal, nil
+	return harness.Round(float64(elapsed.Microseconds())/1000, 2), wal, nil
 }
 
 func containsString(list []string, s string) bool {

@@ -4,8 +4,8 @@
 # read before and after. Bytes, not seconds: the same on a slow machine,
 # but the position counts every session's WAL, so run it on a server
 # nothing else writes to.
-# Run rawpg's W1 (schema bench_rawpg) and pgoutbox's (`go run
-# ./internal/bench -workload W1`, schema bench_pgoutbox) once first.
+# Run rawpg's W1 (schema bench_rawpg) and pgoutbox's (`(cd bench && go run
+# ./cmd/pgoutbox -workload W1)`, schema bench_pgoutbox) once first.
 #   rawpg.sql      rawpg's send: INSERT INTO outbox (topic, payload)
 #   queue_log.sql  a QUEUE send as the producer writes it (sqlq.insertLogged)
 set -eu

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgoutbox/pgoutbox/bench/internal/harness"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -67,9 +68,9 @@ func (b *bench) relay(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	for i := range b.c.n {
+	for i := range b.c.N {
 		m := nats.NewMsg("benchraw.g" + strconv.Itoa(i%groups))
-		m.Data = payload(i)
+		m.Data = harness.Payload(i)
 		if _, err := rawJS.PublishMsgAsync(m, jetstream.WithMsgID("raw:"+strconv.Itoa(i))); err != nil {
 			return fmt.Errorf("raw publish: %w", err)
 		}
@@ -80,7 +81,7 @@ func (b *bench) relay(ctx context.Context) error {
 		return ctx.Err()
 	}
 	raw := time.Since(start)
-	logf("RELAY: raw nats.go async publish: %.0f msgs/s", float64(b.c.n)/raw.Seconds())
+	harness.Logf("RELAY: raw nats.go async publish: %.0f msgs/s", float64(b.c.N)/raw.Seconds())
 
 	// 2. one group draining the same messages
 	mode := outbox.TrackingMode(strings.ToUpper(b.c.mode))
@@ -91,7 +92,7 @@ func (b *bench) relay(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	logf("RELAY: one group's drain: %.0f msgs/s", float64(b.c.n)/drain.Seconds())
+	harness.Logf("RELAY: one group's drain: %.0f msgs/s", float64(b.c.N)/drain.Seconds())
 
 	// 3. the relay
 	if err := b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "relay", Semantics: outbox.PubSub, Tracking: mode, Ordered: b.c.ordered}); err != nil {
@@ -104,12 +105,12 @@ func (b *bench) relay(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tr := newTracker(b.c.n)
-	var recordIn atomic.Pointer[tracker] // where confirmations are recorded: tr, then lat
+	tr := harness.NewTracker(b.c.N)
+	var recordIn atomic.Pointer[harness.Tracker] // where confirmations are recorded: tr, then lat
 	recordIn.Store(tr)
 	newRelay := func() (*relay.Relay, error) {
 		return relay.New(b.pool, relay.Config{
-			Consumer: consumergroup.Config{Client: b.client, Topic: "relay", Schema: schema, Concurrency: b.c.workers,
+			Consumer: consumergroup.Config{Client: b.client, Topic: "relay", Schema: schema, Concurrency: b.c.Workers,
 				BatchSize: 1000, HeartbeatPool: b.pool},
 			Publisher:      confirmed(pub, &recordIn),
 			Subject:        "bench.{message_group}",
@@ -136,23 +137,23 @@ func (b *bench) relay(ctx context.Context) error {
 	if err := r.Start(ctx, consumergroup.FromNow()); err != nil {
 		return err
 	}
-	if err := waitRelayed(ctx, r, tr, b.c.n); err != nil {
+	if err := waitRelayed(ctx, r, tr, b.c.N); err != nil {
 		return err
 	}
 	relayed := time.Since(start)
-	if err := tr.check("RELAY"); err != nil {
+	if err := tr.Check("RELAY"); err != nil {
 		return err
 	}
-	if st := pub.Stats(); st.Stored-st.Duplicates != int64(b.c.n) {
-		return fmt.Errorf("relay: %d stored, %d of them duplicates, for %d messages", st.Stored, st.Duplicates, b.c.n)
+	if st := pub.Stats(); st.Stored-st.Duplicates != int64(b.c.N) {
+		return fmt.Errorf("relay: %d stored, %d of them duplicates, for %d messages", st.Stored, st.Duplicates, b.c.N)
 	}
-	logf("RELAY: relay: %.0f msgs/s", float64(b.c.n)/relayed.Seconds())
+	harness.Logf("RELAY: relay: %.0f msgs/s", float64(b.c.N)/relayed.Seconds())
 
 	// 4. latency, the relay running
-	n := b.c.rate * b.c.latencySeconds
-	lat := newTracker(n)
+	n := b.c.Rate * b.c.latencySeconds
+	lat := harness.NewTracker(n)
 	recordIn.Store(lat)
-	if err := b.paced(ctx, "relay", lat, 0, n, b.c.rate); err != nil {
+	if err := b.paced(ctx, "relay", lat, 0, n, b.c.Rate); err != nil {
 		return err
 	}
 	if err := waitRelayed(ctx, r, lat, n); err != nil {
@@ -161,14 +162,14 @@ func (b *bench) relay(ctx context.Context) error {
 	if err := r.Stop(ctx); err != nil {
 		return err
 	}
-	p50, p99 := lat.latencies()
+	p50, p99 := lat.Latencies()
 
 	out, _ := json.Marshal(map[string]any{
-		"system": b.c.system, "workload": "RELAY", "n": b.c.n, "mode": b.c.mode, "ordered": b.c.ordered,
-		"msg_groups": groups, "raw_msgs_per_sec": round(float64(b.c.n)/raw.Seconds(), 1),
-		"drain_msgs_per_sec": round(float64(b.c.n)/drain.Seconds(), 1), "relay_msgs_per_sec": round(float64(b.c.n)/relayed.Seconds(), 1),
-		"relay_vs_drain": round(drain.Seconds()/relayed.Seconds(), 3), "relay_vs_raw": round(raw.Seconds()/relayed.Seconds(), 3),
-		"latency_rate": b.c.rate, "latency_n": n, "latency_p50_ms": round(p50, 3), "latency_p99_ms": round(p99, 3),
+		"system": b.c.System, "workload": "RELAY", "n": b.c.N, "mode": b.c.mode, "ordered": b.c.ordered,
+		"msg_groups": groups, "raw_msgs_per_sec": harness.Round(float64(b.c.N)/raw.Seconds(), 1),
+		"drain_msgs_per_sec": harness.Round(float64(b.c.N)/drain.Seconds(), 1), "relay_msgs_per_sec": harness.Round(float64(b.c.N)/relayed.Seconds(), 1),
+		"relay_vs_drain": harness.Round(drain.Seconds()/relayed.Seconds(), 3), "relay_vs_raw": harness.Round(raw.Seconds()/relayed.Seconds(), 3),
+		"latency_rate": b.c.Rate, "latency_n": n, "latency_p50_ms": harness.Round(p50, 3), "latency_p99_ms": harness.Round(p99, 3),
 	})
 	fmt.Println(string(out))
 	return nil
@@ -177,7 +178,7 @@ func (b *bench) relay(ctx context.Context) error {
 // confirmed wraps pub to record in the tracker tr points to each message
 // JetStream confirmed (by the seq in its payload), as a handler records
 // what it handled.
-func confirmed(pub relay.Publisher, tr *atomic.Pointer[tracker]) relay.Publisher {
+func confirmed(pub relay.Publisher, tr *atomic.Pointer[harness.Tracker]) relay.Publisher {
 	return relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) []error {
 		errs := pub.Publish(ctx, msgs)
 		for i, err := range errs {
@@ -188,7 +189,7 @@ func confirmed(pub relay.Publisher, tr *atomic.Pointer[tracker]) relay.Publisher
 				Seq int `json:"seq"`
 			}
 			if json.Unmarshal(msgs[i].Payload, &m) == nil {
-				tr.Load().handled(m.Seq)
+				tr.Load().Handled(m.Seq)
 			}
 		}
 		return errs
@@ -197,11 +198,11 @@ func confirmed(pub relay.Publisher, tr *atomic.Pointer[tracker]) relay.Publisher
 
 // waitRelayed waits until n messages were confirmed and the relay's group
 // has nothing left to complete.
-func waitRelayed(ctx context.Context, r *relay.Relay, tr *tracker, n int) error {
-	for tr.distinct() < n {
+func waitRelayed(ctx context.Context, r *relay.Relay, tr *harness.Tracker, n int) error {
+	for tr.Distinct() < n {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("relay: %d of %d confirmed: %w", tr.distinct(), n, ctx.Err())
+			return fmt.Errorf("relay: %d of %d confirmed: %w", tr.Distinct(), n, ctx.Err())
 		case <-time.After(time.Millisecond):
 		}
 	}

@@ -2,9 +2,9 @@
 # W1 on a PUB_SUB topic (bitmap, 4 groups), alternating two builds of the
 # benchmark program, N pairs (default 20); one JSON line per run. Build
 # them first, e.g. for the change that partitioned outbox_published:
-#   git worktree add /tmp/before 45c11c9 && (cd /tmp/before && go build -o /tmp/bench-before ./internal/bench)
-#   go build -o /tmp/bench-after ./internal/bench
-#   bash internal/bench/w1pairs.sh 20 > pairs.jsonl
+#   git worktree add /tmp/before 45c11c9 && (cd /tmp/before && go build -o /tmp/bench-before ./internal/bench)  # where it was then
+#   (cd bench && go build -o /tmp/bench-after ./cmd/pgoutbox)
+#   bash bench/scripts/w1pairs.sh 20 > pairs.jsonl
 N=${1:-20}
 BEFORE=${BEFORE:-/tmp/bench-before}
 AFTER=${AFTER:-/tmp/bench-after}

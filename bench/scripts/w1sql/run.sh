@@ -2,8 +2,8 @@
 # W1's send statements alone, at the database: pgbench, 8 clients, one
 # statement per transaction, ROUNDS rounds of the four in turn (default 6),
 # DURATION seconds each (default 8); prints each round and the medians. Run the
-# benchmark program once first (`go run ./internal/bench -workload W1 -mode
-# offset`): it creates the schema bench_pgoutbox and the PUB_SUB topic w1.
+# benchmark program once first (`(cd bench && go run ./cmd/pgoutbox -workload W1 -mode
+# offset)`): it creates the schema bench_pgoutbox and the PUB_SUB topic w1.
 #   queue.sql            a QUEUE send (the outbox table)
 #   pubsub.sql           a PUB_SUB send as the producer writes it: the topic
 #                        row read for the required set, under the topic's

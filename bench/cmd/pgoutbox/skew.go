@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/bench/internal/harness"
 )
 
 // SKEW: does a hot topic slow a cold one? Two topics of the same kind
@@ -30,10 +32,10 @@ type skewResult struct {
 
 func (b *bench) skew(ctx context.Context) error {
 	c := b.c
-	coldRate := max(1, c.rate/10)
-	perPhase := int(float64(coldRate) * c.duration.Seconds())
-	hotN := int(float64(c.rate) * c.duration.Seconds())
-	cold, hot := newTracker(2*perPhase), newTracker(hotN)
+	coldRate := max(1, c.Rate/10)
+	perPhase := int(float64(coldRate) * c.Duration.Seconds())
+	hotN := int(float64(c.Rate) * c.Duration.Seconds())
+	cold, hot := harness.NewTracker(2*perPhase), harness.NewTracker(hotN)
 	stopCold, err := b.startTopicConsumer(ctx, "cold", cold)
 	if err != nil {
 		return err
@@ -55,7 +57,7 @@ func (b *bench) skew(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		hotErr = b.paced(ctx, "hot", hot, 0, hotN, c.rate)
+		hotErr = b.paced(ctx, "hot", hot, 0, hotN, c.Rate)
 	}()
 	coldErr := b.paced(ctx, "cold", cold, perPhase, perPhase, coldRate)
 	wg.Wait()
@@ -66,29 +68,29 @@ func (b *bench) skew(ctx context.Context) error {
 		return hotErr
 	}
 	for _, w := range []struct {
-		tr    *tracker
+		tr    *harness.Tracker
 		n     int
 		topic string
 	}{{cold, 2 * perPhase, "cold"}, {hot, hotN, "hot"}} {
-		for w.tr.distinct() < w.n {
+		for w.tr.Distinct() < w.n {
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("%s: %d of %d handled: %w", w.topic, w.tr.distinct(), w.n, ctx.Err())
+				return fmt.Errorf("%s: %d of %d handled: %w", w.topic, w.tr.Distinct(), w.n, ctx.Err())
 			case <-time.After(time.Millisecond):
 			}
 		}
-		if err := w.tr.check("SKEW " + w.topic); err != nil {
+		if err := w.tr.Check("SKEW " + w.topic); err != nil {
 			return err
 		}
 	}
-	a50, a99, _ := cold.latenciesBetween(time.Time{}, besideFrom)
-	b50, b99, _ := cold.latenciesBetween(besideFrom, time.Time{})
-	_, h99 := hot.latencies()
-	r := skewResult{System: c.system, Workload: c.workload, ColdRate: coldRate, HotRate: c.rate,
-		AloneP50Ms: round(a50, 3), AloneP99Ms: round(a99, 3), BesideP50Ms: round(b50, 3), BesideP99Ms: round(b99, 3),
-		HotP99Ms: round(h99, 3)}
+	a50, a99, _ := cold.LatenciesBetween(time.Time{}, besideFrom)
+	b50, b99, _ := cold.LatenciesBetween(besideFrom, time.Time{})
+	_, h99 := hot.Latencies()
+	r := skewResult{System: c.System, Workload: c.Workload, ColdRate: coldRate, HotRate: c.Rate,
+		AloneP50Ms: harness.Round(a50, 3), AloneP99Ms: harness.Round(a99, 3), BesideP50Ms: harness.Round(b50, 3), BesideP99Ms: harness.Round(b99, 3),
+		HotP99Ms: harness.Round(h99, 3)}
 	if a99 > 0 {
-		r.BesideOverAloneP99 = round(b99/a99, 2)
+		r.BesideOverAloneP99 = harness.Round(b99/a99, 2)
 	}
 	out, _ := json.Marshal(r)
 	fmt.Println(string(out))

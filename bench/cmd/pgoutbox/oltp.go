@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/bench/internal/harness"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 )
 
@@ -49,8 +50,8 @@ func (b *bench) backfillOLTP(ctx context.Context) error {
 	if _, err := exec.LookPath("pgbench"); err != nil {
 		return fmt.Errorf("BACKFILL_OLTP needs pgbench on PATH: %w", err)
 	}
-	logf("pgbench -i (scale %d)", b.c.oltpScale)
-	if out, err := exec.CommandContext(ctx, "pgbench", "-i", "-q", "-s", strconv.Itoa(b.c.oltpScale), b.c.dsn).CombinedOutput(); err != nil {
+	harness.Logf("pgbench -i (scale %d)", b.c.oltpScale)
+	if out, err := exec.CommandContext(ctx, "pgbench", "-i", "-q", "-s", strconv.Itoa(b.c.oltpScale), b.c.DSN).CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench -i: %w: %s", err, out)
 	}
 	if err := b.storeOld(ctx, topic); err != nil {
@@ -63,7 +64,7 @@ func (b *bench) backfillOLTP(ctx context.Context) error {
 	}
 	syscall.Sync() // and the kernel's write-back of it (the server is on this machine)
 
-	logf("baseline: %d s of pgbench at %d tps", int(b.c.oltpDuration.Seconds()), b.c.oltpTPS)
+	harness.Logf("baseline: %d s of pgbench at %d tps", int(b.c.oltpDuration.Seconds()), b.c.oltpTPS)
 	from := time.Now()
 	for end := from.Add(b.c.oltpDuration); time.Now().Before(end); {
 		if err := b.pgbench(ctx, 5*time.Second); err != nil {
@@ -75,7 +76,7 @@ func (b *bench) backfillOLTP(ctx context.Context) error {
 		return err
 	}
 
-	logf("backfill of %d rows beside pgbench", b.c.n)
+	harness.Logf("backfill of %d rows beside pgbench", b.c.N)
 	done := make(chan error, 1)
 	var elapsed time.Duration
 	start := time.Now()
@@ -114,11 +115,11 @@ func (b *bench) backfillOLTP(ctx context.Context) error {
 		return fmt.Errorf("pgbench logged %d baseline and %d concurrent transactions", len(baseline), len(during))
 	}
 	bp, dp := p95(baseline), p95(during)
-	out, _ := json.Marshal(oltpResult{System: b.c.system, Workload: b.c.workload, N: b.c.n,
+	out, _ := json.Marshal(oltpResult{System: b.c.System, Workload: b.c.Workload, N: b.c.N,
 		BackfillRate: b.c.backfillRate, TargetLatencyMS: ms(b.c.targetLatency), MaxSlowdown: b.c.maxSlowdown, OLTPTPS: b.c.oltpTPS,
-		BaselineP95MS: round(bp, 2), DuringP95MS: round(dp, 2), P95Ratio: round(dp/bp, 2),
+		BaselineP95MS: harness.Round(bp, 2), DuringP95MS: harness.Round(dp, 2), P95Ratio: harness.Round(dp/bp, 2),
 		BaselineTxns: len(baseline), DuringTxns: len(during),
-		BackfillSeconds: round(elapsed.Seconds(), 2), BackfillPerSecond: round(float64(b.c.n)/elapsed.Seconds(), 1)})
+		BackfillSeconds: harness.Round(elapsed.Seconds(), 2), BackfillPerSecond: harness.Round(float64(b.c.N)/elapsed.Seconds(), 1)})
 	fmt.Println(string(out))
 	return nil
 }
@@ -137,7 +138,7 @@ func (b *bench) pgbench(ctx context.Context, d time.Duration) error {
 	}
 	prefix := filepath.Join(b.oltpLogDir(), "pgbench_log")
 	cmd := exec.CommandContext(ctx, "pgbench", "-n", "-c", strconv.Itoa(b.c.oltpClients), "-j", "1",
-		"-R", strconv.Itoa(b.c.oltpTPS), "-T", strconv.Itoa(int(d.Seconds())), "-l", "--log-prefix", prefix, b.c.dsn)
+		"-R", strconv.Itoa(b.c.oltpTPS), "-T", strconv.Itoa(int(d.Seconds())), "-l", "--log-prefix", prefix, b.c.DSN)
 	cmd.Dir = b.oltpLogDir()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench: %w: %s", err, out)
@@ -194,4 +195,4 @@ func p95(v []float64) float64 {
 	return s[(len(s)*95)/100]
 }
 
-func ms(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 3) }
+func ms(d time.Duration) float64 { return harness.Round(float64(d)/float64(time.Millisecond), 3) }

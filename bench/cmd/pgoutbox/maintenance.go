@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/bench/internal/harness"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -46,7 +47,7 @@ func (b *bench) cleanup(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	if err := concurrently(ctx, b.c.n, b.c.workers, func(ctx context.Context, seq int) error {
+	if err := harness.Concurrently(ctx, b.c.N, b.c.Workers, func(ctx context.Context, seq int) error {
 		return b.sendOne(ctx, topic, seq)
 	}); err != nil {
 		return err
@@ -87,12 +88,12 @@ UPDATE ` + schema + `.outbox_published SET completed_count = required_count`
 	if err != nil {
 		return err
 	}
-	if got := r.Deleted["outbox_published"]; got != int64(b.c.n) {
-		return fmt.Errorf("cleanup deleted %d of %d messages", got, b.c.n)
+	if got := r.Deleted["outbox_published"]; got != int64(b.c.N) {
+		return fmt.Errorf("cleanup deleted %d of %d messages", got, b.c.N)
 	}
-	out, _ := json.Marshal(cleanupResult{System: b.c.system, Workload: b.c.workload, N: b.c.n, Groups: b.c.groups,
-		ProducePerSec: round(float64(b.c.n)/produced.Seconds(), 1), CleanupPerSec: round(float64(b.c.n)/cleaned.Seconds(), 1),
-		Seconds: round(cleaned.Seconds(), 4)})
+	out, _ := json.Marshal(cleanupResult{System: b.c.System, Workload: b.c.Workload, N: b.c.N, Groups: b.c.Groups,
+		ProducePerSec: harness.Round(float64(b.c.N)/produced.Seconds(), 1), CleanupPerSec: harness.Round(float64(b.c.N)/cleaned.Seconds(), 1),
+		Seconds: harness.Round(cleaned.Seconds(), 4)})
 	fmt.Println(string(out))
 	return nil
 }
@@ -107,7 +108,7 @@ func (b *bench) backfill(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	emit(b.c, elapsed, b.c.n, 0, 0)
+	b.c.Emit(elapsed, b.c.N, 0, 0)
 	return nil
 }
 
@@ -124,11 +125,11 @@ func (b *bench) storeOld(ctx context.Context, topic string) error {
 
 // storeRows is storeOld on a topic already configured.
 func (b *bench) storeRows(ctx context.Context, topic string) error {
-	for start := 0; start < b.c.n; start += 10_000 {
+	for start := 0; start < b.c.N; start += 10_000 {
 		_, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_published
     (topic, payload, correlation_id, status, required_bits, done_bits, required_ids, required_count, completed_count)
 SELECT $1, jsonb_build_object('seq', i, 'body', $2::text), 'c' || i, 'PUBLISHED', 0, 0, '{}', 0, 0
-FROM generate_series($3::int, $4::int - 1) AS i`, topic, body, start, min(b.c.n, start+10_000))
+FROM generate_series($3::int, $4::int - 1) AS i`, topic, harness.Body, start, min(b.c.N, start+10_000))
 		if err != nil {
 			return fmt.Errorf("store: %w", err)
 		}
@@ -141,16 +142,16 @@ FROM generate_series($3::int, $4::int - 1) AS i`, topic, body, start, min(b.c.n,
 // every stored message (opts sets its throttle), and waits until each was
 // handled once and the backfill says DONE.
 func (b *bench) runBackfill(ctx context.Context, topic string, opts consumergroup.SubscriptionOptions) (time.Duration, error) {
-	tr := newTracker(b.c.n)
+	tr := harness.NewTracker(b.c.N)
 	g, err := consumergroup.New(b.pool, consumergroup.Config{Client: b.client, Topic: topic, Group: "late", Schema: schema,
-		Concurrency: b.c.workers, BatchSize: 1000, HeartbeatPool: b.pool})
+		Concurrency: b.c.Workers, BatchSize: 1000, HeartbeatPool: b.pool})
 	if err != nil {
 		return 0, err
 	}
-	if err := g.AddConsumer("c", tr.handler, nil); err != nil {
+	if err := g.AddConsumer("c", handler(tr), nil); err != nil {
 		return 0, err
 	}
-	opts.Position, opts.Backfill, opts.MaxBackfill = consumergroup.StartBeginning, true, b.c.n
+	opts.Position, opts.Backfill, opts.MaxBackfill = consumergroup.StartBeginning, true, b.c.N
 	start := time.Now()
 	if err := g.Start(ctx, opts); err != nil {
 		return 0, err
@@ -161,7 +162,7 @@ func (b *bench) runBackfill(ctx context.Context, topic string, opts consumergrou
 		if err != nil {
 			return 0, err
 		}
-		if p.Outcome == consumergroup.BackfillDone && tr.distinct() == b.c.n {
+		if p.Outcome == consumergroup.BackfillDone && tr.Distinct() == b.c.N {
 			break
 		}
 		if p.Outcome != "" && p.Outcome != consumergroup.BackfillDone {
@@ -169,10 +170,10 @@ func (b *bench) runBackfill(ctx context.Context, topic string, opts consumergrou
 		}
 		select {
 		case <-ctx.Done():
-			return 0, fmt.Errorf("%d of %d delivered: %w", tr.distinct(), b.c.n, ctx.Err())
+			return 0, fmt.Errorf("%d of %d delivered: %w", tr.Distinct(), b.c.N, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	elapsed := time.Since(start)
-	return elapsed, tr.check("BACKFILL")
+	return elapsed, tr.Check("BACKFILL")
 }

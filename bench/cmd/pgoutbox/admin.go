@@ -50,24 +50,24 @@ func (b *bench) admin(ctx context.Context) error {
 	if err := b.subscribeIdle(ctx, psTopic); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "storing %d messages...\n", b.c.n)
+	fmt.Fprintf(os.Stderr, "storing %d messages...\n", b.c.N)
 	began := time.Now()
 	// Rows that require every group, as a send after the subscriptions
 	// writes them (bits 0..G-1; the subscriptions' ids).
-	for start := 0; start < b.c.n; start += 100_000 {
+	for start := 0; start < b.c.N; start += 100_000 {
 		_, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_published
     (topic, payload, correlation_id, status, required_bits, done_bits, required_ids, required_count, completed_count)
 SELECT $1, jsonb_build_object('seq', i), 'c' || i, 'PUBLISHED',
        CASE WHEN $4 = 'BITMAP' THEN (1::bigint << $5) - 1 ELSE 0 END, 0,
        CASE WHEN $4 = 'COUNTER' THEN (SELECT array_agg(id) FROM `+schema+`.outbox_topic_subscriptions WHERE topic = $1) ELSE '{}' END,
        CASE WHEN $4 = 'COUNTER' THEN $5 ELSE 0 END, 0
-FROM generate_series($2::int, $3::int - 1) AS i`, psTopic, start, min(b.c.n, start+100_000), string(mode), b.c.groups)
+FROM generate_series($2::int, $3::int - 1) AS i`, psTopic, start, min(b.c.N, start+100_000), string(mode), b.c.Groups)
 		if err != nil {
 			return fmt.Errorf("store: %w", err)
 		}
 	}
 	if _, err := b.pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_published (topic, payload, correlation_id, status)
-SELECT $1, jsonb_build_object('seq', i), 'c' || i, 'PUBLISHED' FROM generate_series(1, $2::int) AS i`, qTopic, b.c.n/10); err != nil {
+SELECT $1, jsonb_build_object('seq', i), 'c' || i, 'PUBLISHED' FROM generate_series(1, $2::int) AS i`, qTopic, b.c.N/10); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	// The QUEUE topic's dead letters are its group's, with their copies.
@@ -130,7 +130,7 @@ WHERE s.topic = $1`, psTopic); err != nil {
 		{"api dead letters", page("/api/topics/" + qTopic + "/dead-letters?limit=100")},
 		{"gauges", func() error { var rm metricdata.ResourceMetrics; return reader.Collect(ctx, &rm) }},
 	}
-	res := adminResult{System: b.c.system, Workload: b.c.workload, Mode: b.c.mode, N: b.c.n, Groups: b.c.groups,
+	res := adminResult{System: b.c.System, Workload: b.c.Workload, Mode: b.c.mode, N: b.c.N, Groups: b.c.Groups,
 		P50Ms: map[string]float64{}, MaxMs: map[string]float64{}}
 	for _, r := range reads {
 		var ms []float64
