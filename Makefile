@@ -16,11 +16,11 @@ fmt: ## format the code
 vet: ## go vet
 	go vet ./...
 
-bench: ## pgoutbox's own benchmark program, workload W=W1..W4 (MODE=bitmap|counter|offset for W3)
-	go run ./internal/bench -workload $(or $(W),W2) $(if $(MODE),-mode $(MODE))
+bench: ## pgoutbox's benchmark program, workload W=W1..W5 (MODE=bitmap|counter|offset for a PUB_SUB topic)
+	cd bench && go run ./cmd/pgoutbox -workload $(or $(W),W2) $(if $(MODE),-mode $(MODE))
 
-peers: ## pgoutbox beside raw pgx, River and Watermill-SQL (../shared/bench)
-	PGOUTBOX_DIR=$(CURDIR) ../shared/bench/run-peers.sh
+peers: ## pgoutbox beside raw pgx, River and Watermill-SQL, every workload, 3 runs (bench/README.md)
+	bash bench/run.sh
 
 router-bench: ## router overhead against direct HTTP calls (no-op and 2 ms receivers)
 	go test -run '^$$' -bench 'Deliver' -benchtime 20000x ./router

@@ -26,7 +26,7 @@ func benchSetup(b *testing.B) (*pgtest.DB, *outbox.Client, *outbox.Producer) {
 }
 
 // BenchmarkSend measures one message per transaction (BEGIN, write,
-// COMMIT) from 8 goroutines, as the W1 workload of ../shared/bench does:
+// COMMIT) from 8 goroutines, as the W1 workload of bench/ does:
 //
 //   - bare-insert: the peer harness's raw-pgx baseline, a two-column INSERT
 //     into a six-column table with two indexes, in the same database;

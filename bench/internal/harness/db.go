@@ -14,8 +14,9 @@ import (
 // OpenPool opens a pool on dsn, creating its database if it is missing.
 // Unless the DSN sets pool_max_conns, the pool has 2·workers + 8
 // connections (pgxpool's default, max(4, cores), would halve an 8-way
-// workload on a small machine).
-func OpenPool(ctx context.Context, dsn string, workers int) (*pgxpool.Pool, error) {
+// workload on a small machine). Each of configure may change the pool's
+// configuration before it opens.
+func OpenPool(ctx context.Context, dsn string, workers int, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -25,6 +26,9 @@ func OpenPool(ctx context.Context, dsn string, workers int) (*pgxpool.Pool, erro
 	}
 	if !strings.Contains(dsn, "pool_max_conns") {
 		cfg.MaxConns = int32(2*workers + 8)
+	}
+	for _, f := range configure {
+		f(cfg)
 	}
 	return pgxpool.NewWithConfig(ctx, cfg)
 }

@@ -42,10 +42,9 @@ func TableStats(pool *pgxpool.Pool, schema, pattern string) Tables {
 		if _, err := conn.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
 			return nil, err
 		}
-		_, extErr := conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pgstattuple`)
 		bloat := `NULL::float8`
-		if extErr == nil {
-			bloat = `(SELECT round((100 - a.approx_tuple_percent)::numeric, 1)::float8 FROM pgstattuple_approx(relid) AS a)`
+		if ext, err := pgstattuple(ctx, conn.Conn()); err == nil {
+			bloat = `(SELECT round((100 - a.approx_tuple_percent)::numeric, 1)::float8 FROM ` + ext + `.pgstattuple_approx(relid) AS a)`
 		}
 		rows, err := conn.Query(ctx, `
 			SELECT relname, n_dead_tup, n_live_tup, pg_total_relation_size(relid) / 1024,
@@ -63,6 +62,17 @@ func TableStats(pool *pgxpool.Pool, schema, pattern string) Tables {
 		})
 		return stats, err
 	}
+}
+
+// pgstattuple creates the pgstattuple extension if it can, and returns
+// the schema it is in, quoted (a program's search_path need not hold it).
+func pgstattuple(ctx context.Context, conn *pgx.Conn) (string, error) {
+	if _, err := conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pgstattuple`); err != nil {
+		return "", err
+	}
+	var schema string
+	err := conn.QueryRow(ctx, `SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pgstattuple'`).Scan(&schema)
+	return schema, err
 }
 
 // SumDead adds up the dead tuples of every table.
