@@ -108,10 +108,11 @@ type Client struct {
 
 // component is something the client starts and stops.
 type component struct {
-	name  string
-	last  bool // a router: started after, and stopped before, the others
-	start func(ctx context.Context) error
-	stop  func(ctx context.Context, cancel bool) error
+	name   string
+	last   bool // a router: started after, and stopped before, the others
+	start  func(ctx context.Context) error
+	stop   func(ctx context.Context, cancel bool) error
+	status func() ComponentHealth // from memory; Name is filled in
 }
 
 // NewClient returns a client on pool. It fails with ErrNotMigrated when
@@ -158,9 +159,10 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 			return nil, err
 		}
 		c.components = append(c.components, &component{
-			name:  "maintenance",
-			start: c.maint.Start,
-			stop:  func(ctx context.Context, _ bool) error { return c.maint.Stop(ctx) },
+			name:   "maintenance",
+			start:  c.maint.Start,
+			stop:   func(ctx context.Context, _ bool) error { return c.maint.Stop(ctx) },
+			status: func() ComponentHealth { return ComponentHealth{Running: c.maint.Running()} },
 		})
 	}
 	return c, nil
@@ -214,8 +216,9 @@ func (c *Client) NewConsumer(ctx context.Context, cfg outbox.ConsumerConfig) (*C
 		return nil, err
 	}
 	return k, c.add(&component{
-		name:  "consumer of " + cfg.Topic,
-		start: k.Start,
+		name:   "consumer of " + cfg.Topic,
+		status: func() ComponentHealth { return instanceHealth(k.group.Status()) },
+		start:  k.Start,
 		stop: func(ctx context.Context, cancel bool) error {
 			if cancel {
 				return k.StopAndCancel(ctx)
@@ -235,8 +238,9 @@ func (c *Client) NewGroup(cfg consumergroup.Config, opts consumergroup.Subscript
 		return nil, err
 	}
 	return g, c.add(&component{
-		name:  "consumer group " + cfg.Group + " of " + cfg.Topic,
-		start: func(ctx context.Context) error { return g.Start(ctx, opts) },
+		name:   "consumer group " + cfg.Group + " of " + cfg.Topic,
+		status: func() ComponentHealth { return instanceHealth(g.Status()) },
+		start:  func(ctx context.Context) error { return g.Start(ctx, opts) },
 		stop: func(ctx context.Context, cancel bool) error {
 			if cancel {
 				return g.StopAndCancel(ctx)
@@ -256,9 +260,10 @@ func (c *Client) NewRelay(cfg relay.Config, opts consumergroup.SubscriptionOptio
 		return nil, err
 	}
 	return r, c.add(&component{
-		name:  "relay of " + cfg.Consumer.Topic,
-		start: func(ctx context.Context) error { return r.Start(ctx, opts) },
-		stop:  func(ctx context.Context, _ bool) error { return r.Stop(ctx) },
+		name:   "relay of " + cfg.Consumer.Topic,
+		status: func() ComponentHealth { return instanceHealth(r.Group().Status()) },
+		start:  func(ctx context.Context) error { return r.Start(ctx, opts) },
+		stop:   func(ctx context.Context, _ bool) error { return r.Stop(ctx) },
 	})
 }
 
@@ -285,9 +290,10 @@ func (c *Client) NewRouter(cfg router.Config) (*router.Router, error) {
 		return nil, err
 	}
 	return rt, c.add(&component{
-		name:  "router",
-		last:  true,
-		start: rt.Start,
+		name:   "router",
+		last:   true,
+		status: func() ComponentHealth { return ComponentHealth{Running: rt.Running(), Sources: rt.Sources()} },
+		start:  rt.Start,
 		stop: func(ctx context.Context, cancel bool) error {
 			if cancel {
 				// In-flight calls are abandoned: their messages are nacked.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"net/http"
+	"net/http/httptest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -168,4 +170,47 @@ func ExampleConsumer_AckTx() {
 	}
 	// Output:
 	// invoiced order 7
+}
+
+// Health probes: /healthz while the client is live, /readyz while it is
+// ready, each answering 503 with the reasons otherwise.
+func ExampleClient_HealthHandler() {
+	ctx := context.Background()
+	pool, schema, cleanup, err := outboxtest.Open(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cleanup()
+	if err := migrations.Up(ctx, pool, migrations.Config{Schema: schema}); err != nil {
+		log.Fatal(err)
+	}
+	client, err := pgoutbox.NewClient(ctx, pool, pgoutbox.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/healthz", client.HealthHandler())
+	mux.Handle("/readyz", client.HealthHandler())
+
+	probe := func(path string) {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		fmt.Println(path, rec.Code)
+	}
+	probe("/readyz") // not started yet
+	if err := client.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	probe("/healthz")
+	probe("/readyz")
+	h := client.Health(ctx)
+	fmt.Println("live:", h.Live, "ready:", h.Ready, "database reachable:", h.Database.Reachable)
+	if err := client.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// /readyz 503
+	// /healthz 200
+	// /readyz 200
+	// live: true ready: true database reachable: true
 }

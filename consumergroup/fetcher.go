@@ -87,8 +87,12 @@ func (r *runner) look(limit int, notified bool) (pipeline.Found, error) {
 	r.silent = false
 	if r.idle && !notified && time.Since(r.lastFullLook) < idleFullLookEvery {
 		work, err := r.anyWork()
-		if (err == nil && !work) || r.fetchCtx.Err() != nil {
-			return pipeline.Found{}, nil // nothing to do, or stopping
+		if err == nil && !work {
+			r.looks.record(nil, time.Now())
+			return pipeline.Found{}, nil // nothing to do
+		}
+		if r.fetchCtx.Err() != nil {
+			return pipeline.Found{}, nil // stopping
 		} // on an error, the full look reports it
 	}
 	reap := time.Since(r.lastReap) >= g.cfg.PollInterval
@@ -98,6 +102,9 @@ func (r *runner) look(limit int, notified bool) (pipeline.Found, error) {
 	r.lastFullLook = time.Now()
 	res, err := r.fetchOnce(limit, reap)
 	g.metrics.fetchTime.Record(r.fetchCtx, time.Since(r.lastFullLook).Seconds())
+	if r.fetchCtx.Err() == nil {
+		r.looks.record(err, time.Now())
+	}
 	if errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
 		r.end(err)
 		return pipeline.Found{Done: true}, nil
@@ -318,8 +325,12 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		}
 	}
 	r.backfilling.Store(catchup)
+	if p.backfill == nil {
+		r.looks.noBackfill()
+	}
 	if catchup && r.catchupTurn {
 		r.catchupTurn = false
+		r.looks.readCatchup = true
 		if n, err := r.fetchCatchup(ctx, tx, p.backfill, limit); err != nil || n > 0 {
 			return fetchedWork, err
 		}

@@ -84,6 +84,7 @@ type runner struct {
 
 	stopping atomic.Bool
 	stopped  <-chan struct{} // closed when the run ended
+	looks    lookRecord      // the looks' outcomes, for Status (own mutex)
 	lastBeat atomic.Int64    // unix nanos of the last heartbeat that went through (the start, at first)
 
 	// The fetcher's own: it takes turns between the stream and a pending
@@ -259,6 +260,7 @@ func (g *Group) newRunner() (*runner, error) {
 // done ends the run once shutdown finished.
 func (r *runner) start(run context.Context, done func()) {
 	r.fetchCtx, r.stopped = run, r.g.life.Stopped()
+	r.looks.started = time.Now()
 	r.lastBeat.Store(time.Now().UnixNano()) // registering was as good as a beat
 	r.gauges = r.g.observeBlockedGroups()
 	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)

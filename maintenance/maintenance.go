@@ -174,6 +174,7 @@ type job struct {
 
 	mu    sync.Mutex
 	batch int // shrinks after a statement timed out, grows back after a good pass
+	last  JobStatus
 }
 
 func (j *job) batchSize() int {
@@ -215,6 +216,9 @@ func (s *Service) runPass(ctx context.Context, j *job, r *Report) error {
 	s.metrics.duration(ctx, j.name, time.Since(start))
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if ctx.Err() == nil { // a pass cut off by Stop says nothing of the job
+		j.last.record(err, time.Now())
+	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		j.batch = max(j.batch/10, 10)

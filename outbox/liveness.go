@@ -100,6 +100,8 @@ type liveness struct {
 	run           *liveRun       // the running session keeper and reaper, while members is not empty
 	sessions      int            // sessions that held the key so far
 	reconnectedAt time.Time      // when a session after the first took the key
+	noSession     bool           // the last attempt found no session of its own (a pooler)
+	lastErr       string         // why the last session ended or could not be made
 }
 
 // liveRun is one run of the session keeper and the reaper.
@@ -197,6 +199,12 @@ func (l *liveness) keepSession(ctx context.Context, run *liveRun) {
 		if ctx.Err() != nil {
 			return
 		}
+		l.mu.Lock()
+		l.noSession = errors.Is(err, errNoSession)
+		if err != nil {
+			l.lastErr = err.Error()
+		}
+		l.mu.Unlock()
 		delay := time.Duration(0) // after a session that held the key: at once
 		switch {
 		case errors.Is(err, errNoSession):

@@ -52,7 +52,8 @@ type GroupSource struct {
 	cfg     GroupSourceConfig
 	scope   string // where its message ids are unique
 	running atomic.Bool
-	queue   string // a QueueSource's name, when it runs this one: its messages keep a queue's ids
+	queue   string                              // a QueueSource's name, when it runs this one: its messages keep a queue's ids
+	group   atomic.Pointer[consumergroup.Group] // the instance of the current Run
 }
 
 // NewGroupSource returns a source for cfg.Group.
@@ -93,6 +94,16 @@ func (s *GroupSource) LastPoll() time.Time {
 	return time.Time{}
 }
 
+// Instance implements InstanceSource: the status of the group instance
+// of the current (or last) Run; false before the first Run started one.
+func (s *GroupSource) Instance() (consumergroup.Status, bool) {
+	g := s.group.Load()
+	if g == nil {
+		return consumergroup.Status{}, false
+	}
+	return g.Status(), true
+}
+
 // Run implements Source: it starts a group instance and stops it when ctx
 // ends, or returns the instance's error when it stopped on its own (its
 // subscription was cancelled or deleted).
@@ -126,6 +137,7 @@ func (s *GroupSource) RunReady(ctx context.Context, route func(context.Context, 
 	if err := g.Start(ctx, s.cfg.Options); err != nil {
 		return err
 	}
+	s.group.Store(g)
 	s.running.Store(true)
 	defer s.running.Store(false)
 	ready()

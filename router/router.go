@@ -44,6 +44,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
@@ -210,6 +211,16 @@ type ReadySource interface {
 	// from then on, every message committed reaches it. It may return
 	// before calling ready (with the error that prevented it).
 	RunReady(ctx context.Context, route func(ctx context.Context, batch []*Message), ready func()) error
+}
+
+// InstanceSource is a Source run by a consumer group instance, as
+// QueueSource and GroupSource are: its status shows in the router's
+// SourceStatus, and in pgoutbox.Client.Health.
+type InstanceSource interface {
+	Source
+	// Instance returns the status of the instance of the current (or
+	// last) Run; false when no Run started one yet.
+	Instance() (consumergroup.Status, bool)
 }
 
 // Router routes messages from sources to pools. Create it with New, add

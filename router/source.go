@@ -121,6 +121,10 @@ func (s *QueueSource) Name() string { return "queue:" + s.cfg.Topic }
 // reports now while it runs.
 func (s *QueueSource) LastPoll() time.Time { return s.group.LastPoll() }
 
+// Instance implements InstanceSource: the status of the member of the
+// topic's group that the current (or last) Run started.
+func (s *QueueSource) Instance() (consumergroup.Status, bool) { return s.group.Instance() }
+
 var _ ReadySource = (*QueueSource)(nil)
 
 // Run implements Source.

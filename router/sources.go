@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/consumergroup"
 )
 
 // runningSource is a source and its current Run. The router's mu guards
@@ -246,3 +248,48 @@ func (r *Router) keepLeases(rs *runningSource, k LeaseKeeper, keepStop <-chan st
 		t.Reset(every)
 	}
 }
+
+// SourceStatus is where a source of a router stands, from memory.
+type SourceStatus struct {
+	// Name is the source's name.
+	Name string `json:"name"`
+	// Running: a Run of the source is in progress. The router restarts a
+	// Run that returned or stalled (see Warnings).
+	Running bool `json:"running"`
+	// LastPoll is the source's own LastPoll.
+	LastPoll time.Time `json:"last_poll"`
+	// LastError is what the last Run that ended returned, if anything.
+	LastError string `json:"last_error,omitempty"`
+	// Instance is the status of the consumer group instance behind an
+	// InstanceSource (nil for other sources, or before its first Run).
+	Instance *consumergroup.Status `json:"instance,omitempty"`
+}
+
+// Sources returns where each source stands, in the order they were added.
+func (r *Router) Sources() []SourceStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]SourceStatus, 0, len(r.sources))
+	for _, rs := range r.sources {
+		st := SourceStatus{Name: rs.src.Name(), LastPoll: rs.src.LastPoll()}
+		if run := rs.current; run != nil {
+			if isClosed(run.done) {
+				if run.err != nil {
+					st.LastError = run.err.Error()
+				}
+			} else {
+				st.Running = true
+			}
+		}
+		if is, ok := rs.src.(InstanceSource); ok {
+			if s, ok := is.Instance(); ok {
+				st.Instance = &s
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// Running reports whether the router runs (between Start and Stop).
+func (r *Router) Running() bool { return r.life.Running() }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,6 +41,30 @@ type Listener struct {
 	life      startstop.Base
 	ready     chan struct{} // closed after the first successful LISTEN
 	readyOnce sync.Once
+
+	listening atomic.Bool            // a connection LISTENs now
+	deaf      atomic.Bool            // the last probe did not come back
+	lastErr   atomic.Pointer[string] // why the last connection ended
+}
+
+// State is where a listener stands.
+type State struct {
+	// Listening: a connection LISTENs now.
+	Listening bool
+	// Deaf: the last probe sent through the producers' path did not come
+	// back (a transaction pooler between them?).
+	Deaf bool
+	// LastError is why the last connection ended, if one did.
+	LastError string
+}
+
+// State returns where the listener stands now.
+func (l *Listener) State() State {
+	s := State{Listening: l.listening.Load(), Deaf: l.deaf.Load()}
+	if e := l.lastErr.Load(); e != nil {
+		s.LastError = *e
+	}
+	return s
 }
 
 // Probe checks that the LISTEN connection receives what producers send:
@@ -154,11 +179,13 @@ func (l *Listener) probeLoop(ctx context.Context) {
 			l.logger.Warn("pgoutbox: could not send the LISTEN probe", slog.String("channel", l.channel), slog.Any("error", err))
 		case !got && !dead:
 			dead = true
+			l.deaf.Store(true)
 			l.logger.Error("pgoutbox: the LISTEN connection receives no notifications: consumers fall back to polling (within their PollInterval). "+
 				"Is it going through a transaction pooler such as PgBouncer? Give it a direct connection (ListenDSN) or disable it (PollOnly)",
 				slog.String("channel", l.channel), slog.Duration("waited", l.probe.Interval))
 		case got && dead:
 			dead = false
+			l.deaf.Store(false)
 			l.logger.Info("pgoutbox: the LISTEN connection receives notifications again", slog.String("channel", l.channel))
 		}
 	}
@@ -179,10 +206,16 @@ func (l *Listener) run(ctx context.Context) {
 		listened := false
 		err := l.session(ctx, func() {
 			listened = true
+			l.listening.Store(true)
 			l.readyOnce.Do(func() { close(l.ready) })
 		})
+		l.listening.Store(false)
 		if ctx.Err() != nil {
 			return
+		}
+		if err != nil {
+			msg := err.Error()
+			l.lastErr.Store(&msg)
 		}
 		if listened {
 			failures = 0 // the connection worked: a new outage starts the backoff afresh
