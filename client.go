@@ -152,6 +152,11 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Client, er
 		return nil, err
 	}
 	c := &Client{pool: pool, cfg: cfg, outbox: oc, producer: producer, admin: adm}
+	if cfg.MeterProvider != nil {
+		if err := c.observeHealth(cfg.MeterProvider); err != nil {
+			return nil, err
+		}
+	}
 	if !cfg.NoMaintenance {
 		mcfg := cfg.Maintenance
 		mcfg.Client = oc

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -202,6 +205,44 @@ func (h *Health) checkInstance(name string, s consumergroup.Status) {
 		h.problem(false, "%s: no heartbeat went through since %s; it fetches nothing until one does",
 			name, s.LastHeartbeat.Format(time.RFC3339))
 	}
+}
+
+// observeHealth reports the client's health from memory (Liveness) at
+// each collection: pgoutbox.client.live and .ready (1 or 0; ready leaves
+// out the database's ping) and .warnings (how many), by schema.
+func (c *Client) observeHealth(mp metric.MeterProvider) error {
+	meter := mp.Meter("github.com/pgoutbox/pgoutbox")
+	live, err := meter.Int64ObservableGauge("pgoutbox.client.live",
+		metric.WithDescription("1 while nothing the client started has ended on its own (see Client.Liveness)"))
+	if err != nil {
+		return err
+	}
+	ready, err := meter.Int64ObservableGauge("pgoutbox.client.ready",
+		metric.WithDescription("1 while the client runs and every component does its work (Client.Liveness: no database ping)"))
+	if err != nil {
+		return err
+	}
+	warned, err := meter.Int64ObservableGauge("pgoutbox.client.warnings",
+		metric.WithDescription("how many warnings the client's health report holds"))
+	if err != nil {
+		return err
+	}
+	attrs := metric.WithAttributes(attribute.String("schema", c.cfg.Schema))
+	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		h := c.Liveness()
+		o.ObserveInt64(live, bit(h.Live), attrs)
+		o.ObserveInt64(ready, bit(h.Ready), attrs)
+		o.ObserveInt64(warned, int64(len(h.Warnings)), attrs)
+		return nil
+	}, live, ready, warned)
+	return err
+}
+
+func bit(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // HealthHandler serves the client's health over HTTP, for probes:

@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/testmetrics"
 	"github.com/pgoutbox/pgoutbox/maintenance"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -130,12 +132,20 @@ func TestHealthFollowsTheClient(t *testing.T) {
 }
 
 // A group whose subscription is cancelled under it stops on its own: the
-// client is not live any more (restart the process), and /healthz says so.
+// client is not live any more (restart the process), and /healthz and
+// the pgoutbox.client gauges say so.
 func TestHealthNotLiveWhenAGroupStopsOnItsOwn(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
-	c := newClient(t, db)
+	reader := sdkmetric.NewManualReader()
+	c, err := pgoutbox.NewClient(ctx, db.Pool, pgoutbox.Config{Schema: db.Schema, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	require.NoError(t, err)
+	gauge := func(name string) float64 {
+		g, ok := testmetrics.Point(testmetrics.Points(t, reader), name, "schema", db.Schema)
+		require.True(t, ok, name)
+		return g.Value
+	}
 	require.NoError(t, c.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset}))
 	g, err := c.NewGroup(consumergroup.Config{Topic: "events", Group: "audit", PollInterval: 50 * time.Millisecond}, consumergroup.FromNow())
 	require.NoError(t, err)
@@ -143,6 +153,8 @@ func TestHealthNotLiveWhenAGroupStopsOnItsOwn(t *testing.T) {
 	require.NoError(t, c.Start(ctx))
 	defer c.Stop(context.Background())
 	pgtest.Eventually(t, 10*time.Second, "ready", func() bool { return c.Health(ctx).Ready })
+	require.Equal(t, 1.0, gauge("pgoutbox.client.live"))
+	require.Equal(t, 1.0, gauge("pgoutbox.client.ready"))
 
 	require.NoError(t, c.Admin().CancelGroup(ctx, "events", "audit"))
 	var h pgoutbox.Health
@@ -153,6 +165,8 @@ func TestHealthNotLiveWhenAGroupStopsOnItsOwn(t *testing.T) {
 	code, body := get(t, c.HealthHandler(), "/healthz")
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Equal(t, false, body["live"])
+	require.Equal(t, 0.0, gauge("pgoutbox.client.live"))
+	require.Equal(t, 0.0, gauge("pgoutbox.client.ready"))
 }
 
 // While a consumer's looks for work fail (here every batch it takes
