@@ -383,3 +383,51 @@ func TestGauges(t *testing.T) {
 	require.NoError(t, rt.Stop(ctx))
 	require.Empty(t, testmetrics.Points(t, reader)["pgoutbox.router.pool.queued"], "a stopped router reports nothing")
 }
+
+// The settlement counters carry the pool, the host and the result, the
+// delivery histogram times each call with the same attributes, messages
+// sent to DEFAULT-POOL for want of their pool are counted by the pool
+// they asked for, and each pool reports its active message groups.
+func TestMetricsByPoolHostAndResult(t *testing.T) {
+	t.Parallel()
+	_, ok := endpoint(t, func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(`{"ack":true}`)) })
+	_, failing := endpoint(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) })
+	_, gone := endpoint(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(404) })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	rt := newRouter(t, router.Config{AllowedHosts: []string{ok, failing, gone}, MaxAttempts: 5, MeterProvider: mp})
+	rec := newRecorder()
+	route := func(id, host, pool string) string {
+		m := rec.msg(id, id+"/1", "http://"+host+"/", "")
+		m.Pool = pool
+		rt.Route(context.Background(), []*router.Message{m})
+		return rec.outcome(t, id+"/1").kind
+	}
+	require.Equal(t, "ack", route("a", ok, "P"))
+	require.Equal(t, "ack", route("b", ok, "P"))
+	require.Equal(t, "nack", route("c", failing, "P"))
+	require.Equal(t, "dead", route("d", gone, "P"))
+	require.Equal(t, "ack", route("e", ok, "NOPE"))
+	require.Equal(t, "dead", route("f", "elsewhere.example", "P"))
+
+	points := testmetrics.Points(t, reader)
+	count := func(name string, kv ...string) float64 {
+		t.Helper()
+		g, found := testmetrics.Point(points, name, kv...)
+		require.True(t, found, "no %s %v in %v", name, kv, points[name])
+		return g.Value
+	}
+	require.EqualValues(t, 2, count("pgoutbox.router.acked", "pool", "P", "host", ok, "result", "SUCCESS"))
+	require.EqualValues(t, 1, count("pgoutbox.router.nacked", "pool", "P", "host", failing, "result", "ERROR_PROCESS"))
+	require.EqualValues(t, 1, count("pgoutbox.router.dead_lettered", "pool", "P", "host", gone, "result", "ERROR_CONFIG"))
+	require.EqualValues(t, 1, count("pgoutbox.router.acked", "pool", router.DefaultPoolCode, "host", ok, "result", "SUCCESS"))
+	require.EqualValues(t, 1, count("pgoutbox.router.default_pool", "requested", "NOPE"))
+	require.EqualValues(t, 1, count("pgoutbox.router.dead_lettered", "host", "elsewhere.example", "result", "NOT_ALLOWED"))
+	// The histogram's points count its recordings: one per HTTP call.
+	require.EqualValues(t, 2, count("pgoutbox.router.delivery.duration", "pool", "P", "host", ok, "result", "SUCCESS"))
+	require.EqualValues(t, 1, count("pgoutbox.router.delivery.duration", "pool", "P", "host", failing, "result", "ERROR_PROCESS"))
+	_, found := testmetrics.Point(points, "pgoutbox.router.delivery.duration", "host", "elsewhere.example")
+	require.False(t, found, "a target not allowed is never called")
+	groups := count("pgoutbox.router.pool.active_groups", "pool", "P")
+	require.Zero(t, groups, "nothing queued or in flight")
+}

@@ -295,8 +295,10 @@ func (p *pool) process(m *Message) {
 		return
 	}
 	delivering = true
+	start := time.Now()
 	out := p.r.mediator.deliver(ctx, m)
 	delivering = false
+	p.r.metrics.delivery.Record(ctx, time.Since(start).Seconds(), settleAttrs(m, resultOf(out)))
 	p.handle(ctx, m, out)
 }
 
@@ -337,7 +339,9 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		p.r.recovery.succeeded(m.target.Host)
 		p.r.settle(ctx, m, ackIt, true)
 	case ErrorConfig:
-		p.r.settle(ctx, m, deadLetterWith(o.Reason), true)
+		s := deadLetterWith(o.Reason)
+		s.result = resultOf(o)
+		p.r.settle(ctx, m, s, true)
 	default: // ErrorProcess, ErrorConnection: retry later, and hold back the rest of the batch+group
 		delay := p.r.retryDelay(m, o)
 		if m.grouped() {
@@ -352,7 +356,7 @@ func (p *pool) handle(ctx context.Context, m *Message, o Outcome) {
 		p.r.events.Log(slog.LevelWarn, "retry|"+m.target.Host, "pgoutbox router: delivery failed; retrying later", slog.String("event", "retry"),
 			slog.String("host", m.target.Host), slog.String("pool", p.code), slog.String("id", m.ID), slog.String("result", o.Result.String()),
 			slog.Bool("attempted", !o.notTried), slog.Duration("delay", delay), slog.String("reason", o.Reason))
-		p.r.settle(ctx, m, settlement{kind: 1, delay: delay, attempted: !o.notTried, reason: o.Reason}, true)
+		p.r.settle(ctx, m, settlement{kind: 1, result: resultOf(o), delay: delay, attempted: !o.notTried, reason: o.Reason}, true)
 	}
 }
 

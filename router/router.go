@@ -147,6 +147,7 @@ type Message struct {
 	ordered  bool        // its source keeps its message group's order (see holds)
 	panicked *panicError // the source's mapper panicked on this message
 	target   *url.URL    // Target, parsed and allow-listed by Route
+	poolCode string      // the pool Route gave it (Pool, or DEFAULT-POOL)
 	settled  atomic.Bool
 }
 
@@ -429,7 +430,9 @@ func (r *Router) applyPools(cfgs []PoolConfig) {
 			leaving = append(leaving, p)
 			r.drained = append(r.drained, p)
 			delete(r.pools, code)
-			r.logger.Info("pgoutbox router: pool left the configuration; draining", slog.String("pool", code))
+			st := p.stats()
+			r.logger.Info("pgoutbox router: pool left the configuration; draining", slog.String("pool", code),
+				slog.Int("queued", st.Queued), slog.Int("in_flight", st.InFlight), slog.Int("active_groups", st.ActiveGroups))
 			continue
 		}
 		if keep {
@@ -518,17 +521,21 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 			if a, ok := adopter(orig, m); ok && a.Adopt(m.Settle) {
 				continue // the message in flight carries the new claim now
 			}
-			r.settle(ctx, m, nackWith(r.cfg.DefaultRetryDelay), false)
+			s := nackWith(r.cfg.DefaultRetryDelay)
+			s.result = resultDuplicate
+			r.settle(ctx, m, s, false)
 			continue
 		case logicalRequeue:
-			r.settle(ctx, m, ackIt, false)
+			r.settle(ctx, m, settlement{kind: 0, result: resultDuplicate}, false)
 			r.metrics.duplicates.Add(ctx, 1)
 			continue
 		}
 		u, err := targets.check(m.Target)
 		if err != nil {
 			r.warn.add(WarnTargetNotAllowed, SeverityError, targetSubject(m.Target), fmt.Sprintf("message %s: %v", m.ID, err))
-			r.settle(ctx, m, deadLetterWith(err.Error()), false)
+			s := deadLetterWith(err.Error())
+			s.result = resultNotAllowed
+			r.settle(ctx, m, s, false)
 			continue
 		}
 		m.target = u
@@ -536,10 +543,12 @@ func (r *Router) Route(ctx context.Context, batch []*Message) {
 		if _, ok := poolFor(code); !ok {
 			if code != DefaultPoolCode {
 				r.warn.add(WarnRouting, SeverityWarn, code, fmt.Sprintf("no pool %q; message %s routed to %s", code, m.ID, DefaultPoolCode))
+				r.metrics.defaultPool.Add(ctx, 1, metric.WithAttributes(attribute.String("requested", code)))
 			}
 			code = DefaultPoolCode
 			pools[code] = r.defaultPool()
 		}
+		m.poolCode = code
 		if _, seen := byPool[code]; !seen {
 			poolOrder = append(poolOrder, code)
 		}
@@ -655,7 +664,8 @@ func (b batchTargets) check(target string) (*url.URL, error) {
 }
 
 type settlement struct {
-	kind      int // 0 ack, 1 nack, 2 dead-letter
+	kind      int    // 0 ack, 1 nack, 2 dead-letter
+	result    string // the metrics' result attribute; "" is SUCCESS, NOT_DELIVERED or ERROR_CONFIG by kind
 	delay     time.Duration
 	until     time.Time // nack to this instant instead of now+delay
 	reason    string
@@ -684,7 +694,9 @@ func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
 func (r *Router) mapperPanicked(ctx context.Context, m *Message) {
 	r.reportPanic("mapper of "+m.Topic, fmt.Sprintf("mapping message %s of %s panicked: %v; the source goes on", m.ID, m.Topic, m.panicked.value),
 		m.panicked.stack)
-	r.settle(ctx, m, retryWith(r.retryDelay(m, Outcome{}), "mapper "+m.panicked.Error()), false)
+	s := retryWith(r.retryDelay(m, Outcome{}), "mapper "+m.panicked.Error())
+	s.result = resultMapperPanic
+	r.settle(ctx, m, s, false)
 }
 
 // reportPanic raises GROUP_THREAD_RESTART about subject and logs it with
@@ -716,20 +728,25 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 				slog.String("event", "settle-failed"), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.Any("error", err))
 		}
 	}()
+	result := s.result
+	if result == "" {
+		result = [...]string{"SUCCESS", resultNotDelivered, "ERROR_CONFIG"}[s.kind]
+	}
+	attrs := settleAttrs(m, result)
 	switch s.kind {
 	case 0:
 		err = m.Settle.Ack(ctx)
-		r.metrics.acked.Add(ctx, 1)
+		r.metrics.acked.Add(ctx, 1, attrs)
 	case 1:
 		until := s.until
 		if until.IsZero() {
 			until = r.cfg.Clock.Now().Add(clampDelay(s.delay))
 		}
 		err = m.Settle.Nack(ctx, Retry{At: until, Attempted: s.attempted, Reason: s.reason})
-		r.metrics.nacked.Add(ctx, 1)
+		r.metrics.nacked.Add(ctx, 1, attrs)
 	case 2:
 		err = m.Settle.DeadLetter(ctx, s.reason)
-		r.metrics.deadLettered.Add(ctx, 1)
+		r.metrics.deadLettered.Add(ctx, 1, attrs)
 		host := targetSubject(m.Target)
 		r.events.Log(slog.LevelWarn, "dead-letter|"+host, "pgoutbox router: message dead-lettered", slog.String("event", "dead-letter"),
 			slog.String("host", host), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.String("reason", s.reason))
