@@ -138,9 +138,13 @@ func (c *Client) Liveness() Health {
 	if c.maint != nil {
 		h.Maintenance = c.maint.Status()
 		for _, j := range h.Maintenance {
-			if j.Failures > 0 {
+			switch {
+			case j.Failures > 0:
 				h.Warnings = append(h.Warnings, fmt.Sprintf("maintenance job %s failed %d time(s) in a row, last at %s: %s",
 					j.Job, j.Failures, j.LastErrorAt.Format(time.RFC3339), j.LastError))
+			case j.FallingBehind():
+				h.Warnings = append(h.Warnings, fmt.Sprintf("maintenance job %s is falling behind: its last %d passes took longer than its interval (%v)",
+					j.Job, j.Behind, j.Every))
 			}
 		}
 	}

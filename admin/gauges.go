@@ -20,9 +20,14 @@ import (
 //     and .oldest_ready_age (seconds), per QUEUE topic;
 //   - pgoutbox.group.unread, .queued, .waiting, .leased, .dead_letters (messages),
 //     .lag and .since_heartbeat (seconds), and .active (1 while ACTIVE,
-//     else 0, with the state as an attribute), per group.
+//     else 0, with the state as an attribute), per group;
+//   - pgoutbox.storage.partitions, the log's partitions, and per topic
+//     pgoutbox.topic.stored (messages kept), .oldest_age (seconds) and
+//     .groups (groups holding its messages back: 0 on a PUB_SUB topic
+//     means nobody reads what it keeps), see Storage.
 //
-// A collection costs one statement per QUEUE topic and three per group.
+// A collection costs one statement per QUEUE topic, three per group, and
+// one per topic and one for the partitions.
 // Every process with an Admin may register them (they are gauges: each
 // reports the same values); one is enough. Unregister the returned
 // registration to stop.
@@ -61,7 +66,36 @@ func (a *Admin) RegisterGauges(mp metric.MeterProvider) (metric.Registration, er
 		}
 		floats[g.name], all = inst, append(all, inst)
 	}
+	storage := map[string]metric.Int64ObservableGauge{}
+	for _, g := range []struct{ name, desc string }{
+		{"pgoutbox.storage.partitions", "Partitions of the message log: a count that keeps growing means something keeps old messages."},
+		{"pgoutbox.topic.stored", "Messages a topic keeps in the log (counted up to the admin's count limit)."},
+		{"pgoutbox.topic.groups", "Groups holding a topic's messages back (ACTIVE or PAUSED); 0 on a PUB_SUB topic: nobody reads what it keeps."},
+	} {
+		inst, err := m.Int64ObservableGauge(g.name, metric.WithDescription(g.desc))
+		if err != nil {
+			return nil, err
+		}
+		storage[g.name], all = inst, append(all, inst)
+	}
+	oldest, err := m.Float64ObservableGauge("pgoutbox.topic.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest message a topic keeps in the log."))
+	if err != nil {
+		return nil, err
+	}
+	all = append(all, oldest)
 	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		if s, err := a.Storage(ctx); err != nil {
+			a.client.Logger().Warn("pgoutbox: reading the storage gauges failed", slog.Any("error", err))
+		} else {
+			o.ObserveInt64(storage["pgoutbox.storage.partitions"], int64(s.Partitions))
+			for _, t := range s.Topics {
+				attrs := metric.WithAttributes(attribute.String("topic", t.Topic))
+				o.ObserveInt64(storage["pgoutbox.topic.stored"], t.Stored, attrs)
+				o.ObserveInt64(storage["pgoutbox.topic.groups"], int64(t.Groups), attrs)
+				o.ObserveFloat64(oldest, t.Oldest.Seconds(), attrs)
+			}
+		}
 		topics, err := a.Topics(ctx)
 		if err != nil {
 			a.client.Logger().Warn("pgoutbox: reading the backlog gauges failed", slog.Any("error", err))

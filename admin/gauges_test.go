@@ -59,6 +59,19 @@ func TestGauges(t *testing.T) {
 	require.Zero(t, value("pgoutbox.group.dead_letters", "topic", "events", "group", "billing"))
 	require.Zero(t, value("pgoutbox.group.queued", "topic", "events", "group", "billing"))
 
+	// What the log keeps: the 25 messages of events (held back by billing)
+	// and orders' 6, the partitions, and a topic nobody reads.
+	require.EqualValues(t, 25, value("pgoutbox.topic.stored", "topic", "events"))
+	require.EqualValues(t, 1, value("pgoutbox.topic.groups", "topic", "events"))
+	require.Positive(t, value("pgoutbox.topic.oldest_age", "topic", "events"))
+	require.EqualValues(t, 6, value("pgoutbox.topic.stored", "topic", "orders"))
+	require.Positive(t, value("pgoutbox.storage.partitions"))
+	require.NoError(t, e.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "unread", Semantics: outbox.PubSub, Tracking: outbox.Offset}))
+	e.send(t, "unread", 3, 0)
+	points = testmetrics.Points(t, reader)
+	require.EqualValues(t, 3, value("pgoutbox.topic.stored", "topic", "unread"))
+	require.Zero(t, value("pgoutbox.topic.groups", "topic", "unread"), "a PUB_SUB topic nobody reads")
+
 	require.NoError(t, reg.Unregister())
 	require.Empty(t, testmetrics.Points(t, reader), "nothing reported once unregistered")
 }

@@ -213,11 +213,17 @@ func (s *Service) loop(ctx context.Context, j *job) {
 func (s *Service) runPass(ctx context.Context, j *job, r *Report) error {
 	start := time.Now()
 	err := j.pass(ctx, j, r)
-	s.metrics.duration(ctx, j.name, time.Since(start))
+	took := time.Since(start)
+	s.metrics.duration(ctx, j.name, took)
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if ctx.Err() == nil { // a pass cut off by Stop says nothing of the job
-		j.last.record(err, time.Now())
+		j.last.record(err, took, j.every, time.Now())
+		if st := j.last; st.FallingBehind() {
+			s.events.Log(slog.LevelWarn, "job-behind|"+j.name, "pgoutbox: a maintenance job is falling behind: its passes fail or take longer than its interval",
+				slog.String("job", j.name), slog.Int("passes", st.Behind), slog.Time("since", st.BehindSince),
+				slog.Duration("last_pass", took), slog.Duration("interval", j.every))
+		}
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:

@@ -22,7 +22,21 @@ type JobStatus struct {
 	Failures    int       `json:"failures"`
 	LastError   string    `json:"last_error,omitempty"`
 	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	// Behind counts the passes in a row that failed or took longer than
+	// the job's interval, since BehindSince: a job behind for
+	// BehindPasses passes or more does not keep up (for cleanup, the log
+	// grows), and is logged at WARN.
+	Behind      int       `json:"behind"`
+	BehindSince time.Time `json:"behind_since,omitzero"`
 }
+
+// BehindPasses is how many passes in a row must fail or overrun the
+// job's interval before the job is reported as falling behind.
+const BehindPasses = 3
+
+// FallingBehind reports whether the job has not kept up for BehindPasses
+// passes in a row.
+func (s JobStatus) FallingBehind() bool { return s.Behind >= BehindPasses }
 
 // MarshalJSON writes Every in seconds.
 func (s JobStatus) MarshalJSON() ([]byte, error) {
@@ -33,7 +47,15 @@ func (s JobStatus) MarshalJSON() ([]byte, error) {
 	}{plain(s), s.Every.Seconds()})
 }
 
-func (s *JobStatus) record(err error, now time.Time) {
+func (s *JobStatus) record(err error, took, every time.Duration, now time.Time) {
+	if err != nil || took > every {
+		if s.Behind == 0 {
+			s.BehindSince = now
+		}
+		s.Behind++
+	} else {
+		s.Behind, s.BehindSince = 0, time.Time{}
+	}
 	if err != nil {
 		s.Failures++
 		s.LastError, s.LastErrorAt = err.Error(), now

@@ -11,6 +11,7 @@ import (
 type Admin struct {
 	TopicNames, TopicStored, TopicGroups string
 	MessageGroups, MessageStored         string
+	Partitions, TopicStorage             string
 }
 
 // ForAdmin returns the statements for schema (already validated).
@@ -23,6 +24,8 @@ func ForAdmin(schema string) *Admin {
 
 		MessageGroups: r.Replace(messageGroups),
 		MessageStored: r.Replace(messageStored),
+		Partitions:    r.Replace(partitionCount),
+		TopicStorage:  r.Replace(topicStorage),
 	}
 }
 
@@ -43,6 +46,23 @@ SELECT topic FROM {{schema}}.outbox_topics
 UNION
 SELECT topic FROM stored WHERE topic IS NOT NULL
 ORDER BY topic`
+
+// partitionCount counts the log's partitions (the catalog only).
+const partitionCount = `
+SELECT count(*) FROM pg_inherits WHERE inhparent = '{{schema}}.outbox_published'::regclass`
+
+// topicStorage reads what topic @topic keeps in the log: its messages,
+// counted up to @limit (an index scan of the (topic, xid, id) index that
+// stops there), the age in seconds of its oldest message (in commit
+// order: one index probe per partition), and how many of its groups hold
+// messages back (ACTIVE or PAUSED: none on a PUB_SUB topic means nobody
+// reads what it keeps).
+const topicStorage = `
+SELECT (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_published WHERE topic = @topic LIMIT @limit) AS s),
+       (SELECT extract(epoch FROM clock_timestamp() - created_at)::float8
+        FROM {{schema}}.outbox_published WHERE topic = @topic ORDER BY xid, id LIMIT 1),
+       (SELECT count(*) FROM {{schema}}.outbox_topic_subscriptions
+        WHERE topic = @topic AND subscription_status IN ('ACTIVE', 'PAUSED'))`
 
 // topicStored: topic @topic holds messages.
 const topicStored = `
