@@ -34,12 +34,19 @@
 //	GET  /api/topics/{topic}/messages/{id}/groups which groups finished a message, where the others stand
 //	POST /api/topics/{topic}/dead-letters/replay  {"group": "", "ids": [], "all": false}
 //	POST /api/topics/{topic}/dead-letters/purge   {"group": "", "ids": [], "all": false}
-//	POST /api/topics/{topic}/groups/{group}/pause (and /resume)
+//	POST /api/topics/{topic}/groups/{group}/pause (and /resume, /cancel, /remove)
+//	POST /api/topics/{topic}/groups/{group}/resurrect       {"backfill": true}
+//	POST /api/topics/{topic}/groups/{group}/force-complete  {"older_than_seconds": 3600}
+//	POST /api/topics/{topic}/mode                 {"mode": "counter"} change the tracking mode
+//	GET  /api/check                               stored messages whose completion records do not add up
+//	GET  /api/storage                             what the message log keeps (admin.Admin.Storage)
 //	GET  /api/routers                             pools and warnings
 //
 // A dead-letter action takes the ids, or "all": true for every one there
 // (never an empty list alone); it answers {"replayed": n} or {"purged":
-// n}. Pausing a paused group, or resuming an active one, succeeds. The
+// n}. A group action answers {"done": action} (force-complete adds
+// {"completed": n}); the pages ask to confirm cancel, remove,
+// force-complete, a mode change and a purge. Pausing a paused group, or resuming an active one, succeeds. The
 // blocked message groups of an ordered topic are a QUEUE topic's, or with
 // group= a consumer group's (see admin.Admin.BlockedGroups); their names
 // and last errors go through Config.Redact as dead letters' do. Errors
@@ -125,8 +132,9 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	}
 	u := &ui{cfg: cfg, pages: map[string]*template.Template{}, cache: cache{entries: map[string]cached{}, ttl: cfg.CacheFor}}
 	funcs := template.FuncMap{"path": u.path, "age": age, "count": cfg.Admin.FormatCount, "join": strings.Join,
-		"routerTitle": routerTitle}
-	for _, page := range []string{"topics", "topic", "group", "confirm", "error"} {
+		"routerTitle": routerTitle,
+		"modes":       func() []string { return []string{string(outbox.Bitmap), string(outbox.Counter), string(outbox.Offset)} }}
+	for _, page := range []string{"topics", "topic", "group", "confirm", "confirmgroup", "confirmmode", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("adminui: templates: %w", err)
@@ -146,6 +154,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/topics/{topic}/groups/{group}", u.groupPage)
 	mux.HandleFunc("POST "+p+"/topics/{topic}/dead-letters/{action}", u.deadLettersForm)
 	mux.HandleFunc("POST "+p+"/topics/{topic}/groups/{group}/{action}", u.groupForm)
+	mux.HandleFunc("POST "+p+"/topics/{topic}/mode", u.modeForm)
 
 	mux.HandleFunc("GET "+p+"/api/topics", u.apiTopics)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}", u.apiTopic)
@@ -154,6 +163,9 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/dead-letters", u.apiDeadLetters)
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/dead-letters/{action}", u.apiDeadLettersAction)
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/groups/{group}/{action}", u.apiGroupAction)
+	mux.HandleFunc("POST "+p+"/api/topics/{topic}/mode", u.apiMode)
+	mux.HandleFunc("GET "+p+"/api/check", u.apiCheck)
+	mux.HandleFunc("GET "+p+"/api/storage", u.apiStorage)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/blocked", u.apiTopicBlocked)
 	mux.HandleFunc("GET "+p+"/api/blocked", u.apiBlocked)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/messages/{id}/groups", u.apiMessageGroups)

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
@@ -149,20 +151,62 @@ func (u *ui) deadLetterAction(ctx context.Context, topic, action, group string, 
 }
 
 // pastTense names what an action did.
-var pastTense = map[string]string{"replay": "replayed", "purge": "purged", "pause": "paused", "resume": "resumed"}
+var pastTense = map[string]string{"replay": "replayed", "purge": "purged", "pause": "paused", "resume": "resumed",
+	"cancel": "cancelled", "remove": "removed", "resurrect": "resurrected", "force-complete": "force-completed", "mode": "mode changed"}
 
-func (u *ui) groupAction(ctx context.Context, topic, group, action string) error {
+// destructive are the group actions a page asks to confirm: they cannot
+// be undone.
+var destructive = map[string]string{
+	"cancel":         "Cancel the subscription for good: the group stops receiving messages, and its instances stop. It cannot be resumed.",
+	"remove":         "Delete the group's subscription and everything it holds (retries, dead letters, position). Its instances stop.",
+	"force-complete": "Mark every message the group has not finished that is older than the given age as finished: they are never delivered to it.",
+}
+
+// groupParams are what a group action takes besides the names.
+type groupParams struct {
+	// Backfill (resurrect): deliver what the group missed while DEAD
+	// (default true).
+	Backfill *bool `json:"backfill,omitempty"`
+	// OlderThanSeconds (force-complete, required): the age past which
+	// unfinished messages are marked finished.
+	OlderThanSeconds float64 `json:"older_than_seconds,omitempty"`
+}
+
+// groupAction runs action on a group; force-complete returns how many
+// messages it completed.
+func (u *ui) groupAction(ctx context.Context, topic, group, action string, p groupParams) (int64, error) {
+	if !u.cfg.Writable {
+		return 0, ErrReadOnly
+	}
+	defer u.cache.clear()
+	a := u.cfg.Admin
+	switch action {
+	case "pause":
+		return 0, a.PauseGroup(ctx, topic, group)
+	case "resume":
+		return 0, a.ResumeGroup(ctx, topic, group)
+	case "cancel":
+		return 0, a.CancelGroup(ctx, topic, group)
+	case "remove":
+		return 0, a.RemoveGroup(ctx, topic, group)
+	case "resurrect":
+		return 0, a.ResurrectGroup(ctx, topic, group, p.Backfill == nil || *p.Backfill)
+	case "force-complete":
+		if !(p.OlderThanSeconds > 0) {
+			return 0, fmt.Errorf("%w: force-complete needs older_than_seconds above 0", errBadInput)
+		}
+		return a.ForceComplete(ctx, topic, group, time.Duration(p.OlderThanSeconds*float64(time.Second)))
+	}
+	return 0, fmt.Errorf("%w: unknown action %q (pause, resume, cancel, remove, resurrect or force-complete)", errBadInput, action)
+}
+
+// changeMode changes a PUB_SUB topic's tracking mode.
+func (u *ui) changeMode(ctx context.Context, topic, mode string) error {
 	if !u.cfg.Writable {
 		return ErrReadOnly
 	}
 	defer u.cache.clear()
-	switch action {
-	case "pause":
-		return u.cfg.Admin.PauseGroup(ctx, topic, group)
-	case "resume":
-		return u.cfg.Admin.ResumeGroup(ctx, topic, group)
-	}
-	return fmt.Errorf("%w: unknown action %q (pause or resume)", errBadInput, action)
+	return u.cfg.Admin.ChangeMode(ctx, topic, outbox.TrackingMode(strings.ToUpper(mode)))
 }
 
 // Pages.
@@ -232,8 +276,12 @@ func doneMessage(v string) string {
 		if err == nil && n >= 0 {
 			return fmt.Sprintf("%s %d dead letters", pastTense[action], n)
 		}
-	case "pause", "resume":
+	case "pause", "resume", "cancel", "remove", "resurrect", "mode":
 		return pastTense[action]
+	case "force-complete":
+		if err == nil && n >= 0 {
+			return fmt.Sprintf("force-completed %d messages", n)
+		}
 	}
 	return ""
 }
@@ -378,12 +426,64 @@ func (u *ui) groupForm(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
-	if err := u.groupAction(r.Context(), topic, group, action); err != nil {
+	var p groupParams
+	if v := r.PostForm.Get("older_than"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			u.pageError(w, r, fmt.Errorf("%w: older than %q: %v", errBadInput, v, err))
+			return
+		}
+		p.OlderThanSeconds = d.Seconds()
+	}
+	if v := r.PostForm.Get("backfill"); v != "" {
+		b := v == "yes"
+		p.Backfill = &b
+	}
+	if why, ok := destructive[action]; ok && r.PostForm.Get("confirm") != "yes" {
+		if _, err := u.cfg.Admin.Group(r.Context(), topic, group); err != nil { // the names exist
+			u.pageError(w, r, err)
+			return
+		}
+		u.render(w, r, "confirmgroup", http.StatusOK, map[string]any{"Title": "Confirm", "TopicName": topic, "GroupName": group,
+			"Action": action, "Why": why, "OlderThan": r.PostForm.Get("older_than"), "Back": u.path("topics", topic, "groups", group)})
+		return
+	}
+	n, err := u.groupAction(r.Context(), topic, group, action, p)
+	if err != nil {
 		u.pageError(w, r, err)
 		return
 	}
-	u.setFlash(w, action, 0)
-	http.Redirect(w, r, u.path("topics", topic, "groups", group), http.StatusSeeOther)
+	u.setFlash(w, action, n)
+	back := u.path("topics", topic, "groups", group)
+	if action == "remove" {
+		back = u.path("topics", topic)
+	}
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+// modeForm changes a topic's tracking mode, once confirmed.
+func (u *ui) modeForm(w http.ResponseWriter, r *http.Request) {
+	topic := r.PathValue("topic")
+	if err := parseForm(w, r); err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	mode := r.PostForm.Get("mode")
+	if r.PostForm.Get("confirm") != "yes" {
+		if _, err := u.cfg.Admin.Topic(r.Context(), topic); err != nil {
+			u.pageError(w, r, err)
+			return
+		}
+		u.render(w, r, "confirmmode", http.StatusOK, map[string]any{"Title": "Confirm", "TopicName": topic, "Mode": strings.ToUpper(mode),
+			"Back": u.path("topics", topic)})
+		return
+	}
+	if err := u.changeMode(r.Context(), topic, mode); err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	u.setFlash(w, "mode", 0)
+	http.Redirect(w, r, u.path("topics", topic), http.StatusSeeOther)
 }
 
 // maxBody is the largest request body an action takes: a form or a JSON
@@ -542,8 +642,57 @@ func (u *ui) apiDeadLettersAction(w http.ResponseWriter, r *http.Request) {
 
 func (u *ui) apiGroupAction(w http.ResponseWriter, r *http.Request) {
 	action := r.PathValue("action")
-	err := u.groupAction(r.Context(), r.PathValue("topic"), r.PathValue("group"), action)
-	reply(u, w, r, map[string]string{"done": action}, err)
+	var p groupParams
+	if err := decodeOptional(w, r, &p); err != nil {
+		u.apiError(w, r, err)
+		return
+	}
+	n, err := u.groupAction(r.Context(), r.PathValue("topic"), r.PathValue("group"), action, p)
+	out := map[string]any{"done": action}
+	if action == "force-complete" {
+		out["completed"] = n
+	}
+	reply(u, w, r, out, err)
+}
+
+// apiMode changes a topic's tracking mode: {"mode": "counter"}.
+func (u *ui) apiMode(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Mode string `json:"mode"`
+	}
+	if err := decodeOptional(w, r, &req); err != nil {
+		u.apiError(w, r, err)
+		return
+	}
+	err := u.changeMode(r.Context(), r.PathValue("topic"), req.Mode)
+	reply(u, w, r, map[string]string{"done": "mode", "mode": strings.ToUpper(req.Mode)}, err)
+}
+
+// apiCheck lists the stored messages whose completion records do not add
+// up (admin.Admin.Inconsistencies; an empty list when all do).
+func (u *ui) apiCheck(w http.ResponseWriter, r *http.Request) {
+	v, err := u.cfg.Admin.Inconsistencies(r.Context())
+	if v == nil {
+		v = []consumergroup.Inconsistency{}
+	}
+	reply(u, w, r, v, err)
+}
+
+// apiStorage says what the message log keeps (admin.Admin.Storage).
+func (u *ui) apiStorage(w http.ResponseWriter, r *http.Request) {
+	v, err := u.cfg.Admin.Storage(r.Context())
+	reply(u, w, r, v, err)
+}
+
+// decodeOptional decodes a JSON body into v when there is one; an empty
+// body leaves v as it is.
+func decodeOptional(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return bodyError(err)
+	}
+	return nil
 }
 
 func (u *ui) apiBlocked(w http.ResponseWriter, r *http.Request) {

@@ -168,6 +168,14 @@ func (b *browser) click(css string) {
 	b.must(b.call("POST", "/session/"+b.session+"/element/"+b.find(css)+"/click", map[string]any{}, nil))
 }
 
+// fill replaces the text of the input css selects with text.
+func (b *browser) fill(css, text string) {
+	b.t.Helper()
+	el := b.find(css)
+	b.must(b.call("POST", "/session/"+b.session+"/element/"+el+"/clear", map[string]any{}, nil))
+	b.must(b.call("POST", "/session/"+b.session+"/element/"+el+"/value", map[string]any{"text": text}, nil))
+}
+
 // reload reloads the page, as the browser's button does.
 func (b *browser) reload() {
 	b.t.Helper()
