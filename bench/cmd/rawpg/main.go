@@ -196,12 +196,7 @@ func (p *program) w4(ctx context.Context) error {
 	defer stop()
 	time.Sleep(500 * time.Millisecond)
 	send := func(ctx context.Context, seq int) error { return p.send(ctx, topic, seq, true) }
-	var held harness.Held
-	if p.Workload == "W5" {
-		held, err = p.paceHeld(ctx, tr, send)
-	} else {
-		err = harness.Paced(ctx, tr, 0, p.N, p.Rate, send)
-	}
+	held, err := p.Pace(ctx, tr, p.pool.Config().ConnConfig, harness.TableStats(p.pool, schema, "%"), send)
 	if err != nil {
 		return err
 	}
@@ -211,30 +206,8 @@ func (p *program) w4(ctx context.Context) error {
 	if err := tr.Check("rawpg " + p.Workload); err != nil {
 		return err
 	}
-	if p.Workload == "W5" {
-		harness.Print(p.W5Result(tr, held, nil))
-		return nil
-	}
-	p50, p99 := tr.Latencies()
-	p.Emit(tr.LastStart().Sub(tr.FirstCommit()), p.N, p50, p99)
+	p.EmitPaced(tr, held, nil)
 	return nil
-}
-
-// paceHeld sends as W4 does while the horizon is held in the middle
-// third of the run.
-func (p *program) paceHeld(ctx context.Context, tr *harness.Tracker, send func(context.Context, int) error) (harness.Held, error) {
-	start := time.Now()
-	var held harness.Held
-	var holdErr error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		held, holdErr = harness.HoldXmin(ctx, p.pool.Config().ConnConfig, start, p.Duration, false, harness.TableStats(p.pool, schema, "%"))
-	}()
-	err := harness.Paced(ctx, tr, 0, p.N, p.Rate, send)
-	wg.Wait()
-	return held, errors.Join(err, holdErr)
 }
 
 // waitDrained waits until every message was handled and deleted.

@@ -234,24 +234,9 @@ func (p *program) w4(ctx context.Context) error {
 	}
 	defer p.stop()
 	time.Sleep(500 * time.Millisecond)
-	var held harness.Held
-	var holdErr error
-	var wg sync.WaitGroup
-	if p.Workload == "W5" {
-		start := time.Now()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			held, holdErr = harness.HoldXmin(ctx, p.pool.Config().ConnConfig, start, p.Duration, false, harness.TableStats(p.pool, schema, "river_job"))
-		}()
-	}
-	err := harness.Paced(ctx, p.tr, 0, p.N, p.Rate, p.send)
-	wg.Wait()
+	held, err := p.Pace(ctx, p.tr, p.pool.Config().ConnConfig, harness.TableStats(p.pool, schema, "river_job"), p.send)
 	if err != nil {
 		return err
-	}
-	if holdErr != nil {
-		return fmt.Errorf("held transaction: %w", holdErr)
 	}
 	if err := p.waitCompleted(ctx, done); err != nil {
 		return err
@@ -259,11 +244,6 @@ func (p *program) w4(ctx context.Context) error {
 	if err := p.tr.Check("river " + p.Workload); err != nil {
 		return err
 	}
-	if p.Workload == "W5" {
-		harness.Print(p.W5Result(p.tr, held, nil))
-		return nil
-	}
-	p50, p99 := p.tr.Latencies()
-	p.Emit(p.tr.LastStart().Sub(p.tr.FirstCommit()), p.N, p50, p99)
+	p.EmitPaced(p.tr, held, nil)
 	return nil
 }

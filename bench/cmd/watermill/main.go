@@ -17,7 +17,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -281,20 +280,8 @@ func (p *program) w4(ctx context.Context) error {
 	}
 	defer c.close()
 	time.Sleep(500 * time.Millisecond)
-	var held harness.Held
-	var holdErr error
-	var wg sync.WaitGroup
-	if p.Workload == "W5" {
-		start := time.Now()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			held, holdErr = harness.HoldXmin(ctx, p.pool.Config().ConnConfig, start, p.Duration, false, harness.TableStats(p.pool, schema, "watermill%"))
-		}()
-	}
-	err = harness.Paced(ctx, c.tr, 0, p.N, p.Rate, p.send)
-	wg.Wait()
-	if err = errors.Join(err, holdErr); err != nil {
+	held, err := p.Pace(ctx, c.tr, p.pool.Config().ConnConfig, harness.TableStats(p.pool, schema, "watermill%"), p.send)
+	if err != nil {
 		return err
 	}
 	if err := p.waitDrained(ctx, c); err != nil {
@@ -303,11 +290,6 @@ func (p *program) w4(ctx context.Context) error {
 	if err := c.tr.Check("watermill " + p.Workload); err != nil {
 		return err
 	}
-	if p.Workload == "W5" {
-		harness.Print(p.W5Result(c.tr, held, nil))
-		return nil
-	}
-	p50, p99 := c.tr.Latencies()
-	p.Emit(c.tr.LastStart().Sub(c.tr.FirstCommit()), p.N, p50, p99)
+	p.EmitPaced(c.tr, held, nil)
 	return nil
 }

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -185,4 +186,41 @@ func (r *Run) W5Result(tr *Tracker, h Held, cEnd map[string]TableStat) W5Result 
 		w.BOverAP99 = Round(b99/a99, 2)
 	}
 	return w
+}
+
+// Pace sends the run's N messages at its Rate, one a call of send, and
+// records each commit in tr (W4). For W5 it holds the horizon in the
+// middle third of Duration meanwhile, on a connection made with cfg, and
+// returns what the hold saw; for W4 the Held is empty.
+func (r *Run) Pace(ctx context.Context, tr *Tracker, cfg *pgx.ConnConfig, tables Tables, send func(context.Context, int) error) (Held, error) {
+	if r.Workload != "W5" {
+		return Held{}, Paced(ctx, tr, 0, r.N, r.Rate, send)
+	}
+	type hold struct {
+		h   Held
+		err error
+	}
+	done := make(chan hold, 1)
+	start := time.Now()
+	go func() {
+		h, err := HoldXmin(ctx, cfg, start, r.Duration, false, tables)
+		done <- hold{h, err}
+	}()
+	err := Paced(ctx, tr, 0, r.N, r.Rate, send)
+	h := <-done
+	if h.err != nil {
+		return h.h, fmt.Errorf("held transaction: %w", h.err)
+	}
+	return h.h, err
+}
+
+// EmitPaced prints the line of a paced run: W5's with its phases (h,
+// and the tables at the end, cEnd, if read), else W4's latencies.
+func (r *Run) EmitPaced(tr *Tracker, h Held, cEnd map[string]TableStat) {
+	if r.Workload == "W5" {
+		Print(r.W5Result(tr, h, cEnd))
+		return
+	}
+	p50, p99 := tr.Latencies()
+	r.Emit(tr.LastStart().Sub(tr.FirstCommit()), r.N, p50, p99)
 }
