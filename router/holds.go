@@ -44,7 +44,17 @@ func (h *holds) hold(m *Message, retryAt time.Time, gap time.Duration) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.m[holdKey(m)] = hold{messageID: m.ID, afterBatch: m.batchSeq, resume: retryAt.Add(gap), until: retryAt.Add(2 * gap)}
+	k := holdKey(m)
+	nh := hold{messageID: m.ID, afterBatch: m.batchSeq, resume: retryAt.Add(gap), until: retryAt.Add(2 * gap)}
+	if old, ok := h.m[k]; ok && old.resume.After(nh.resume) {
+		// A mate already waits to come back later: m's later mates must
+		// not come back before it.
+		nh.resume = old.resume
+		if old.until.After(nh.until) {
+			nh.until = old.until
+		}
+	}
+	h.m[k] = nh
 }
 
 // heldBack reports whether m must wait for an earlier message of its
