@@ -116,10 +116,10 @@ func parseFlags() *config {
 }
 
 func run(ctx context.Context, c *config) error {
-	if c.Workload == "RELAY" && c.mode == "" {
-		c.mode = "offset"
+	if (c.Workload == "RELAY" || c.Workload == "W3") && c.mode == "" {
+		c.mode = "offset" // a PUB_SUB topic's default mode
 	}
-	if (c.Workload == "W3" || c.Workload == "CLEANUP" || c.Workload == "DROP" || c.Workload == "BACKFILL" || c.Workload == "BACKFILL_OLTP" || c.Workload == "ADMIN") && c.mode == "" {
+	if (c.Workload == "CLEANUP" || c.Workload == "DROP" || c.Workload == "BACKFILL" || c.Workload == "BACKFILL_OLTP" || c.Workload == "ADMIN") && c.mode == "" {
 		c.Unsupported(c.Workload + " needs -mode bitmap, counter or offset")
 	}
 	pool, err := harness.OpenPool(ctx, c.DSN, c.Workers)
