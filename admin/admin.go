@@ -505,15 +505,15 @@ func View(d outbox.DeadLetter, payload bool) DeadLetterView {
 // deliverable message has waited longer, and groups (of every state)
 // whose oldest unfinished message is older.
 type Stuck struct {
-	Topics []Topic
-	Groups []consumergroup.Health
+	Topics []Topic                `json:"topics"`
+	Groups []consumergroup.Health `json:"groups"`
 }
 
 // Stuck lists the QUEUE topics and groups whose oldest waiting message is
 // older than olderThan, the seed's "stuck messages" alert as a read: what
 // to look at first when messages do not move.
 func (a *Admin) Stuck(ctx context.Context, olderThan time.Duration) (Stuck, error) {
-	var s Stuck
+	s := Stuck{Topics: []Topic{}, Groups: []consumergroup.Health{}}
 	if olderThan < 0 {
 		return s, fmt.Errorf("%w: admin: stuck: bound %s is negative", outbox.ErrInvalidConfig, olderThan)
 	}

@@ -41,7 +41,8 @@ func (a *Admin) BlockedGroups(ctx context.Context, topic, group string, limit in
 type Blocked struct {
 	// Topic is the ordered topic, ConsumerGroup the consumer group held
 	// back ("" on a QUEUE topic).
-	Topic, ConsumerGroup string
+	Topic         string `json:"topic"`
+	ConsumerGroup string `json:"group,omitempty"`
 	outbox.BlockedGroup
 }
 

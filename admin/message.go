@@ -41,15 +41,15 @@ const (
 // Admin.MessageGroups).
 type MessageGroup struct {
 	// ConsumerGroup is the group's name, Status its subscription's state.
-	ConsumerGroup string
-	Status        consumergroup.State
-	State         MessageState
+	ConsumerGroup string              `json:"group"`
+	Status        consumergroup.State `json:"status"`
+	State         MessageState        `json:"state"`
 	// Attempts and LastError are those of a message being retried or
 	// dead-lettered (0 and "" otherwise); NextAttempt is when a retry is
 	// due, or when a message sent with Delay or NotBefore is.
-	Attempts    int
-	LastError   string
-	NextAttempt *time.Time
+	Attempts    int        `json:"attempts"`
+	LastError   string     `json:"last_error,omitempty"`
+	NextAttempt *time.Time `json:"next_attempt,omitempty"`
 }
 
 // MessageGroups answers which consumer groups finished message id of

@@ -38,6 +38,7 @@
 //	POST /api/topics/{topic}/groups/{group}/resurrect       {"backfill": true}
 //	POST /api/topics/{topic}/groups/{group}/force-complete  {"older_than_seconds": 3600}
 //	POST /api/topics/{topic}/mode                 {"mode": "counter"} change the tracking mode
+//	GET  /api/stuck                               ?older_than_seconds= (default 3600) what waits longer
 //	GET  /api/check                               stored messages whose completion records do not add up
 //	GET  /api/storage                             what the message log keeps (admin.Admin.Storage)
 //	GET  /api/routers                             pools and warnings
@@ -46,10 +47,19 @@
 // (never an empty list alone); it answers {"replayed": n} or {"purged":
 // n}. A group action answers {"done": action} (force-complete adds
 // {"completed": n}); the pages ask to confirm cancel, remove,
-// force-complete, a mode change and a purge. Pausing a paused group, or resuming an active one, succeeds. The
-// blocked message groups of an ordered topic are a QUEUE topic's, or with
-// group= a consumer group's (see admin.Admin.BlockedGroups); their names
-// and last errors go through Config.Redact as dead letters' do. Errors
+// force-complete, a mode change and a purge. Pausing a paused group, or
+// resuming an active one, succeeds. The blocked message groups of an
+// ordered topic are a QUEUE topic's or each of a PUB_SUB topic's groups',
+// or with group= one consumer group's (see admin.Admin.BlockedGroups);
+// their names and last errors go through Config.Redact as dead letters'
+// do.
+//
+// Every document has one shape, the one the pgoutbox command writes with
+// --json: the MarshalJSON of the type the admin package returns
+// (admin.Topic, consumergroup.Health, admin.Blocked, admin.DeadLetterView,
+// admin.MessageGroup, admin.Stuck, consumergroup.Inconsistency,
+// admin.Storage). Keys are snake_case, durations are seconds with a
+// _seconds suffix, and times are RFC 3339. docs/admin.md shows each. Errors
 // are JSON {"error": "..."} with a 4xx status for bad input (400),
 // unknown names (404), a refused action (403), a forbidden state change
 // (409) or a body over 1 MiB (413).
@@ -165,6 +175,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/groups/{group}/{action}", u.apiGroupAction)
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/mode", u.apiMode)
 	mux.HandleFunc("GET "+p+"/api/check", u.apiCheck)
+	mux.HandleFunc("GET "+p+"/api/stuck", u.apiStuck)
 	mux.HandleFunc("GET "+p+"/api/storage", u.apiStorage)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/blocked", u.apiTopicBlocked)
 	mux.HandleFunc("GET "+p+"/api/blocked", u.apiBlocked)

@@ -367,12 +367,13 @@ func TestAPIAndPayloads(t *testing.T) {
 	hidden := f.serve(t, adminui.Config{Prefix: "/ops"}, nil)
 	code, body := get(t, hidden, "/ops/api/topics")
 	require.Equal(t, http.StatusOK, code, body)
-	var topics []admin.Topic
+	var topics []topicJSON
 	require.NoError(t, json.Unmarshal([]byte(body), &topics))
 	require.Len(t, topics, 2)
 	require.Equal(t, "orders", topics[1].Name)
-	require.EqualValues(t, 1, topics[1].Ready)
-	require.EqualValues(t, 2, topics[1].DeadLetters)
+	require.EqualValues(t, 1, *topics[1].Ready)
+	require.EqualValues(t, 2, *topics[1].DeadLetters)
+	require.Nil(t, topics[0].Ready, "a PUB_SUB topic's backlog is its groups'")
 
 	code, body = get(t, hidden, "/ops/api/topics/events/groups")
 	require.Equal(t, http.StatusOK, code, body)
@@ -437,4 +438,16 @@ func TestPagesFlagUnconfiguredTopics(t *testing.T) {
 	code, body = get(t, srv, "/topics/emials")
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "was never configured")
+}
+
+// topicJSON is the documented JSON shape of a topic (see admin.Topic's
+// MarshalJSON), as a client of the API decodes it.
+type topicJSON struct {
+	Name        string   `json:"name"`
+	Semantics   string   `json:"semantics"`
+	Groups      []string `json:"groups"`
+	Ready       *int64   `json:"ready"`
+	Scheduled   *int64   `json:"scheduled"`
+	Leased      *int64   `json:"leased"`
+	DeadLetters *int64   `json:"dead_letters"`
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -57,20 +58,30 @@ func (u *ui) blocked(ctx context.Context) ([]admin.Blocked, error) {
 	return out, err
 }
 
-// topicBlocked reads the blocked message groups of each of a PUB_SUB
-// topic's groups.
-func (u *ui) topicBlocked(ctx context.Context, t admin.Topic) ([]admin.Blocked, error) {
-	var out []admin.Blocked
-	for _, group := range t.Groups {
-		bs, err := u.blockedGroups(ctx, t.Name, group, blockedPage)
-		if errors.Is(err, outbox.ErrNotFound) {
+// topicBlocked reads the blocked message groups of topic t, up to limit
+// of each: a QUEUE topic's, or each of a PUB_SUB topic's groups'.
+func (u *ui) topicBlocked(ctx context.Context, t admin.Topic, limit int) ([]admin.Blocked, error) {
+	groups := []string{""}
+	if t.Semantics == outbox.PubSub {
+		groups = t.Groups
+	}
+	return u.blockedOf(ctx, t.Name, groups, limit)
+}
+
+// blockedOf reads the blocked message groups of topic's groups ("": a
+// QUEUE topic's), up to limit of each.
+func (u *ui) blockedOf(ctx context.Context, topic string, groups []string, limit int) ([]admin.Blocked, error) {
+	out := []admin.Blocked{}
+	for _, group := range groups {
+		bs, err := u.blockedGroups(ctx, topic, group, limit)
+		if errors.Is(err, outbox.ErrNotFound) && len(groups) > 1 {
 			continue // removed since the topic was read
 		}
 		if err != nil {
 			return nil, err
 		}
 		for _, b := range bs {
-			out = append(out, admin.Blocked{Topic: t.Name, ConsumerGroup: group, BlockedGroup: b})
+			out = append(out, admin.Blocked{Topic: topic, ConsumerGroup: group, BlockedGroup: b})
 		}
 	}
 	return out, nil
@@ -320,7 +331,7 @@ func (u *ui) topicPage(w http.ResponseWriter, r *http.Request) {
 	if t.Semantics == outbox.PubSub {
 		data["Groups"], err = u.groups(r.Context(), name)
 		if err == nil && t.Ordered {
-			data["Blocked"], err = u.topicBlocked(r.Context(), t)
+			data["Blocked"], err = u.topicBlocked(r.Context(), t, blockedPage)
 		}
 	} else {
 		data["DeadLetters"], err = u.deadLetters(r.Context(), name, "", 0, deadLetterPage)
@@ -668,6 +679,35 @@ func (u *ui) apiMode(w http.ResponseWriter, r *http.Request) {
 	reply(u, w, r, map[string]string{"done": "mode", "mode": strings.ToUpper(req.Mode)}, err)
 }
 
+// apiStuck lists the QUEUE topics and groups whose oldest waiting
+// message is older than ?older_than_seconds= (default an hour; see
+// admin.Admin.Stuck).
+func (u *ui) apiStuck(w http.ResponseWriter, r *http.Request) {
+	olderThan, err := stuckBound(r.URL.Query().Get("older_than_seconds"))
+	if err != nil {
+		u.apiError(w, r, err)
+		return
+	}
+	v, err := u.cfg.Admin.Stuck(r.Context(), olderThan)
+	reply(u, w, r, v, err)
+}
+
+// DefaultStuckBound is how long a message waits before the stuck list
+// shows it, when the request does not say.
+const DefaultStuckBound = time.Hour
+
+// stuckBound reads a bound in seconds ("" is DefaultStuckBound).
+func stuckBound(v string) (time.Duration, error) {
+	if v == "" {
+		return DefaultStuckBound, nil
+	}
+	secs, err := strconv.ParseFloat(v, 64)
+	if err != nil || secs < 0 || math.IsInf(secs, 0) || math.IsNaN(secs) {
+		return 0, fmt.Errorf("%w: older_than_seconds %q is not a number of seconds", errBadInput, v)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
 // apiCheck lists the stored messages whose completion records do not add
 // up (admin.Admin.Inconsistencies; an empty list when all do).
 func (u *ui) apiCheck(w http.ResponseWriter, r *http.Request) {
@@ -707,7 +747,18 @@ func (u *ui) apiTopicBlocked(w http.ResponseWriter, r *http.Request) {
 		u.apiError(w, r, err)
 		return
 	}
-	v, err := u.blockedGroups(r.Context(), r.PathValue("topic"), q.Get("group"), limit)
+	topic := r.PathValue("topic")
+	if group := q.Get("group"); group != "" {
+		v, err := u.blockedOf(r.Context(), topic, []string{group}, limit)
+		reply(u, w, r, v, err)
+		return
+	}
+	t, err := u.topic(r.Context(), topic)
+	if err != nil {
+		u.apiError(w, r, err)
+		return
+	}
+	v, err := u.topicBlocked(r.Context(), t, limit)
 	reply(u, w, r, v, err)
 }
 

@@ -97,13 +97,18 @@ func TestAPIBlockedGroups(t *testing.T) {
 	code, body = get(t, srv, "/api/topics/events/blocked?group=billing&limit=5")
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "account closed")
+	code, body = get(t, srv, "/api/topics/events/blocked")
+	require.Equal(t, http.StatusOK, code, body)
+	var each []admin.Blocked
+	require.NoError(t, json.Unmarshal([]byte(body), &each))
+	require.Len(t, each, 2, "without group=, each of a PUB_SUB topic's groups': %s", body)
+	require.Equal(t, "billing", each[0].ConsumerGroup)
 	code, body = get(t, srv, "/api/topics/later/blocked")
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, "[]\n", body, "a topic that is not ordered has none")
 	for path, want := range map[string]int{
 		"/api/topics/nope/blocked":                 http.StatusNotFound,
 		"/api/topics/events/blocked?group=nobody":  http.StatusNotFound,
-		"/api/topics/events/blocked":               http.StatusBadRequest, // name the group
 		"/api/topics/orders/blocked?limit=-1":      http.StatusBadRequest,
 		"/api/topics/orders/blocked?group=billing": http.StatusBadRequest,
 	} {
@@ -121,10 +126,10 @@ func TestAPIBlockedGroups(t *testing.T) {
 
 	code, body = get(t, srv, "/api/topics/later")
 	require.Equal(t, http.StatusOK, code, body)
-	var later admin.Topic
+	var later topicJSON
 	require.NoError(t, json.Unmarshal([]byte(body), &later))
-	require.EqualValues(t, 1, later.Scheduled)
-	require.Zero(t, later.Leased)
+	require.EqualValues(t, 1, *later.Scheduled)
+	require.Zero(t, *later.Leased)
 }
 
 // The pages: blocked message groups where an operator looks (the topics
@@ -241,10 +246,10 @@ func TestAPIMessageGroups(t *testing.T) {
 	}
 	code, body := get(t, srv, fmt.Sprintf("/api/topics/events/messages/%d/groups", f.EventsMessage(t, "cust-99", 1)))
 	require.Equal(t, http.StatusOK, code, body)
-	require.Contains(t, body, `"State":"PENDING"`, "behind its blocked head")
+	require.Contains(t, body, `"state":"PENDING"`, "behind its blocked head")
 	code, body = get(t, srv, fmt.Sprintf("/api/topics/orders/messages/%d/groups", f.DeadHead))
 	require.Equal(t, http.StatusOK, code, body)
-	require.Contains(t, body, `"State":"DEAD_LETTER"`, "a QUEUE topic's consumers' group")
+	require.Contains(t, body, `"state":"DEAD_LETTER"`, "a QUEUE topic's consumers' group")
 	for path, want := range map[string]int{
 		"/api/topics/events/messages/999999999/groups": http.StatusNotFound,
 		"/api/topics/nope/messages/1/groups":           http.StatusNotFound,

@@ -2,6 +2,7 @@ package consumergroup
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,22 +32,34 @@ const (
 type BackfillProgress struct {
 	// Running: it still reads (it may also have batches in flight after
 	// it ended).
-	Running bool
+	Running bool `json:"running"`
 	// Outcome is how it ended (BackfillDone, BackfillCapped,
 	// BackfillCancelled, BackfillForgotten), or "" while it runs or when
 	// the group never had one.
-	Outcome string
+	Outcome string `json:"outcome,omitempty"`
 	// Done is how many messages it handed out; Left how many more
 	// MaxBackfill allows; Total its estimated size (at most MaxBackfill),
 	// 0 until its first read.
-	Done, Left, Total int64
+	Done  int64 `json:"done"`
+	Left  int64 `json:"left"`
+	Total int64 `json:"total"`
 	// StartedAt and EndedAt bound it (EndedAt is zero while it runs).
-	StartedAt, EndedAt time.Time
+	StartedAt time.Time `json:"started_at"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
 	// Rate is how many messages a second it handed out since it started;
 	// ETA how long the rest of Total takes at that rate (0 when unknown
 	// or done).
-	Rate float64
-	ETA  time.Duration
+	Rate float64       `json:"rate_per_second"`
+	ETA  time.Duration `json:"-"`
+}
+
+// MarshalJSON writes ETA in seconds.
+func (p BackfillProgress) MarshalJSON() ([]byte, error) {
+	type plain BackfillProgress
+	return json.Marshal(struct {
+		plain
+		ETA float64 `json:"eta_seconds"`
+	}{plain(p), p.ETA.Seconds()})
 }
 
 // BackfillProgress reads the group's latest backfill (zero when it never

@@ -2,6 +2,7 @@ package consumergroup
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -19,47 +20,62 @@ const DefaultHealthCountLimit = 10_000
 // reads it. Counts stop at the limit Health was given: a count equal to
 // it means "at least".
 type Health struct {
-	Topic, Group string
-	State        State
+	Topic string `json:"topic"`
+	Group string `json:"group"`
+	State State  `json:"state"`
 	// SubscribedAt is when the subscription was made.
-	SubscribedAt time.Time
+	SubscribedAt time.Time `json:"subscribed_at"`
 	// LastHeartbeat is the last heartbeat of any of the group's instances;
 	// HeartbeatTimeout is how long without one makes the group DEAD.
-	LastHeartbeat    time.Time
-	HeartbeatTimeout time.Duration
+	LastHeartbeat    time.Time     `json:"last_heartbeat"`
+	HeartbeatTimeout time.Duration `json:"-"`
 	// SinceHeartbeat is the database's time since LastHeartbeat.
-	SinceHeartbeat time.Duration
+	SinceHeartbeat time.Duration `json:"-"`
 	// Unread counts the committed messages for the group written since
 	// its position, due now: those it has not read, and those in the
 	// batches it is handling that it has not completed (in Offset mode,
 	// which records nothing per message, all of them). It is not
 	// counted for a DEAD group: what that one missed is read by the
 	// backfill its return starts (Backfill).
-	Unread int64
+	Unread int64 `json:"unread"`
 	// LeasedBatches and LeasedRetries count what instances hold now:
 	// batches of the stream, and messages delivered one by one (retries,
 	// and every message of an ordered group).
-	LeasedBatches, LeasedRetries int64
+	LeasedBatches int64 `json:"leased_batches"`
+	LeasedRetries int64 `json:"leased_retries"`
 	// Waiting counts messages that failed and wait for their next
 	// attempt (a retry).
-	Waiting int64
+	Waiting int64 `json:"waiting"`
 	// Queued counts messages the group read and will deliver, that have
 	// not failed: an ordered group's queue (it queues what it reads and
 	// delivers each message group's oldest first), replayed dead letters,
 	// and messages a stopping instance handed back untried.
-	Queued int64
+	Queued int64 `json:"queued"`
 	// Scheduled counts messages that are not due yet (sent with Delay or
 	// NotBefore), read by the group or not: it delivers them when they
 	// are. They do not count in Lag.
-	Scheduled int64
+	Scheduled int64 `json:"scheduled"`
 	// DeadLetters counts the group's dead letters.
-	DeadLetters int64
+	DeadLetters int64 `json:"dead_letters"`
 	// Lag is the age of the oldest message the group has not finished:
 	// the oldest unread, or the lowest id it retries (0 when there is
 	// none).
-	Lag time.Duration
+	Lag time.Duration `json:"-"`
 	// Backfill is the group's latest backfill (zero when it had none).
-	Backfill BackfillProgress
+	Backfill BackfillProgress `json:"backfill,omitzero"`
+}
+
+// MarshalJSON writes the durations in seconds and adds near_timeout
+// (NearTimeout): the shape the admin JSON API and the CLI's --json share.
+func (h Health) MarshalJSON() ([]byte, error) {
+	type plain Health
+	return json.Marshal(struct {
+		plain
+		SinceHeartbeat   float64 `json:"since_heartbeat_seconds"`
+		HeartbeatTimeout float64 `json:"heartbeat_timeout_seconds"`
+		NearTimeout      bool    `json:"near_timeout"`
+		Lag              float64 `json:"lag_seconds"`
+	}{plain(h), h.SinceHeartbeat.Seconds(), h.HeartbeatTimeout.Seconds(), h.NearTimeout(), h.Lag.Seconds()})
 }
 
 // NearTimeout reports whether an ACTIVE group's last heartbeat is older

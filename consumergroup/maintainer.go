@@ -484,14 +484,14 @@ func (m *Maintainer) RemoveGroup(ctx context.Context, topic, group string) error
 // Inconsistency is a kind of stored PUB_SUB message whose completion
 // record does not add up (see Maintainer.Inconsistencies).
 type Inconsistency struct {
-	Topic string
+	Topic string `json:"topic"`
 	// Kind is InconsistentCount, InconsistentGroup or InconsistentMode.
-	Kind string
+	Kind string `json:"kind"`
 	// Messages is how many such messages the topic stores, at most the
 	// limit Inconsistencies was given.
-	Messages int64
+	Messages int64 `json:"messages"`
 	// FirstID is the lowest such message's id.
-	FirstID int64
+	FirstID int64 `json:"first_id"`
 }
 
 // Kinds of Inconsistency.

@@ -9,21 +9,21 @@ import (
 // dead-lettered on a topic that blocks groups on dead letters.
 type BlockedGroup struct {
 	// Group is the message group.
-	Group string
+	Group string `json:"message_group"`
 	// HeadID is the message holding it back.
-	HeadID int64
+	HeadID int64 `json:"head_id"`
 	// Attempts the head has used.
-	Attempts int
+	Attempts int `json:"attempts"`
 	// LastError is the head's last error.
-	LastError string
+	LastError string `json:"last_error"`
 	// Since is when the head first failed (or was dead-lettered).
-	Since time.Time
+	Since time.Time `json:"since"`
 	// DeadLettered: the head is a dead letter; replay or discard it (the
 	// consumer group's ReplayDeadLetters and DiscardDeadLetters, or the
 	// admin API's) to let the group go on.
-	DeadLettered bool
+	DeadLettered bool `json:"dead_lettered"`
 	// Behind is how many of the group's messages wait behind the head.
-	Behind int
+	Behind int `json:"behind"`
 }
 
 // DefaultBlockedGroupsPage is the page size of a list of blocked groups

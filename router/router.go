@@ -456,17 +456,20 @@ func (r *Router) applyPools(cfgs []PoolConfig) {
 
 // PoolStats describes a pool.
 type PoolStats struct {
-	Code               string
-	Concurrency        int
-	RateLimitPerMinute int
-	Capacity, Queued   int
+	Code               string `json:"code"`
+	Concurrency        int    `json:"concurrency"`
+	RateLimitPerMinute int    `json:"rate_limit_per_minute"`
+	// Capacity is how many messages the pool queues at most; Queued how
+	// many it holds now.
+	Capacity int `json:"capacity"`
+	Queued   int `json:"queued"`
 	// InFlight counts the messages a worker took: being delivered, or
 	// waiting for the rate limit, or being sent back.
-	InFlight int
+	InFlight int `json:"in_flight"`
 	// ActiveGroups counts the message groups with messages queued or
 	// being delivered (the lane of messages without a group counts as one
 	// while it has messages queued).
-	ActiveGroups int
+	ActiveGroups int `json:"active_groups"`
 }
 
 // Pools describes the active pools.

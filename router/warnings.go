@@ -54,16 +54,17 @@ const (
 // raised again with the same code and subject is the same warning: its
 // count goes up and its message and time are the latest ones.
 type Warning struct {
-	Code     string
-	Severity Severity
+	Code     string   `json:"code"`
+	Severity Severity `json:"severity"`
 	// Subject is what the warning is about: a pool, a host, a source.
-	Subject string
+	Subject string `json:"subject"`
 	// Message describes the latest occurrence.
-	Message string
+	Message string `json:"message"`
 	// Count is how often the warning was raised; First and At are when it
 	// was raised first and last.
-	Count     int
-	First, At time.Time
+	Count int       `json:"count"`
+	First time.Time `json:"first"`
+	At    time.Time `json:"at"`
 }
 
 type warningKey struct{ code, subject string }

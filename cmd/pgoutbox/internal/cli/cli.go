@@ -310,43 +310,14 @@ func (c *command) print(v any, text func(io.Writer)) error {
 	return tw.Flush()
 }
 
-// topicView is a topic as the command prints it.
-type topicView struct {
-	Name        string   `json:"name"`
-	Semantics   string   `json:"semantics"`
-	Tracking    string   `json:"tracking,omitempty"`
-	Changing    bool     `json:"mode_changing,omitempty"` // messages of an earlier mode are still stored
-	Ordered     bool     `json:"ordered"`
-	Configured  bool     `json:"configured"` // false: it holds messages but was never configured
-	Groups      []string `json:"groups,omitempty"`
-	Ready       *int64   `json:"ready,omitempty"`
-	Scheduled   *int64   `json:"scheduled,omitempty"` // due later: a delay or a retry's backoff
-	Leased      *int64   `json:"leased,omitempty"`
-	OldestReady *float64 `json:"oldest_ready_seconds,omitempty"` // absent when nothing is ready
-	DeadLetters *int64   `json:"dead_letters,omitempty"`
-}
-
 func (c *command) topics(ctx context.Context, a *admin.Admin) error {
 	topics, err := a.Topics(ctx)
 	if err != nil {
 		return err
 	}
-	views := make([]topicView, len(topics))
-	for i, t := range topics {
-		v := topicView{Name: t.Name, Semantics: string(t.Semantics), Tracking: string(t.Tracking), Changing: t.ModeChanging,
-			Ordered: t.Ordered, Configured: t.Configured, Groups: t.Groups}
-		if t.Semantics == outbox.Queue {
-			v.Ready, v.Scheduled, v.Leased, v.DeadLetters = &t.Ready, &t.Scheduled, &t.Leased, &t.DeadLetters
-			if t.Ready > 0 {
-				age := t.OldestReady.Seconds()
-				v.OldestReady = &age
-			}
-		}
-		views[i] = v
-	}
-	return c.print(views, func(w io.Writer) {
+	return c.print(topics, func(w io.Writer) {
 		fmt.Fprintln(w, "TOPIC\tSEMANTICS\tTRACKING\tORDERED\tREADY\tSCHEDULED\tLEASED\tOLDEST READY\tDEAD LETTERS\tGROUPS")
-		for i, t := range topics {
+		for _, t := range topics {
 			ready, scheduled, leased, oldest, dead := "-", "-", "-", "-", "-"
 			if t.Semantics == outbox.Queue {
 				ready, scheduled, dead = a.FormatCount(t.Ready), a.FormatCount(t.Scheduled), a.FormatCount(t.DeadLetters)
@@ -364,29 +335,9 @@ func (c *command) topics(ctx context.Context, a *admin.Admin) error {
 				semantics += " (unconfigured)"
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, semantics, tracking, t.Ordered,
-				ready, scheduled, leased, oldest, dead, dash(strings.Join(views[i].Groups, ",")))
+				ready, scheduled, leased, oldest, dead, dash(strings.Join(t.Groups, ",")))
 		}
 	})
-}
-
-// groupView is a group's health as the command prints it.
-type groupView struct {
-	Topic            string    `json:"topic"`
-	Group            string    `json:"group"`
-	State            string    `json:"state"`
-	LastHeartbeat    time.Time `json:"last_heartbeat"`
-	SinceHeartbeat   float64   `json:"since_heartbeat_seconds"`
-	HeartbeatTimeout float64   `json:"heartbeat_timeout_seconds"`
-	NearTimeout      bool      `json:"near_timeout"`
-	Unread           int64     `json:"unread"`
-	LeasedBatches    int64     `json:"leased_batches"`
-	LeasedRetries    int64     `json:"leased_retries"`
-	Queued           int64     `json:"queued"`    // read, to deliver, never failed (an ordered group's queue)
-	Scheduled        int64     `json:"scheduled"` // read, not due yet (Delay, NotBefore)
-	Waiting          int64     `json:"waiting"`   // failed, waiting for a retry
-	DeadLetters      int64     `json:"dead_letters"`
-	Lag              float64   `json:"lag_seconds"`
-	Backfill         string    `json:"backfill,omitempty"`
 }
 
 func (c *command) groups(ctx context.Context, a *admin.Admin, topic string) error {
@@ -394,14 +345,7 @@ func (c *command) groups(ctx context.Context, a *admin.Admin, topic string) erro
 	if err != nil {
 		return err
 	}
-	views := make([]groupView, len(hs))
-	for i, h := range hs {
-		views[i] = groupView{Topic: h.Topic, Group: h.Group, State: string(h.State), LastHeartbeat: h.LastHeartbeat,
-			SinceHeartbeat: h.SinceHeartbeat.Seconds(), HeartbeatTimeout: h.HeartbeatTimeout.Seconds(),
-			NearTimeout: h.NearTimeout(), Unread: h.Unread, LeasedBatches: h.LeasedBatches, LeasedRetries: h.LeasedRetries,
-			Queued: h.Queued, Scheduled: h.Scheduled, Waiting: h.Waiting, DeadLetters: h.DeadLetters, Lag: h.Lag.Seconds(), Backfill: backfill(h.Backfill)}
-	}
-	return c.print(views, func(w io.Writer) {
+	return c.print(hs, func(w io.Writer) {
 		fmt.Fprintln(w, "GROUP\tSTATE\tHEARTBEAT\tUNREAD\tQUEUED\tLEASED\tRETRIES\tDEAD LETTERS\tLAG\tBACKFILL")
 		for _, h := range hs {
 			state := string(h.State)
@@ -422,37 +366,22 @@ func (c *command) stuck(ctx context.Context, a *admin.Admin) error {
 		return err
 	}
 	type row struct {
-		Topic  string  `json:"topic"`
-		Group  string  `json:"group,omitempty"`
-		State  string  `json:"state,omitempty"`
-		Oldest float64 `json:"oldest_seconds"`
+		topic, group, state string
+		oldest              time.Duration
 	}
-	rows := []row{}
+	var rows []row
 	for _, t := range s.Topics {
-		rows = append(rows, row{Topic: t.Name, Oldest: t.OldestReady.Seconds()})
+		rows = append(rows, row{topic: t.Name, oldest: t.OldestReady})
 	}
 	for _, h := range s.Groups {
-		rows = append(rows, row{Topic: h.Topic, Group: h.Group, State: string(h.State), Oldest: h.Lag.Seconds()})
+		rows = append(rows, row{topic: h.Topic, group: h.Group, state: string(h.State), oldest: h.Lag})
 	}
-	return c.print(rows, func(w io.Writer) {
+	return c.print(s, func(w io.Writer) {
 		fmt.Fprintln(w, "TOPIC\tGROUP\tSTATE\tOLDEST WAITING")
 		for _, r := range rows {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Topic, dash(r.Group), dash(r.State), age(time.Duration(r.Oldest*float64(time.Second))))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.topic, dash(r.group), dash(r.state), age(r.oldest))
 		}
 	})
-}
-
-// blockedView is a blocked message group as the command prints it.
-type blockedView struct {
-	Topic        string    `json:"topic"`
-	Group        string    `json:"group,omitempty"` // the consumer group; none on a QUEUE topic
-	MessageGroup string    `json:"message_group"`
-	HeadID       int64     `json:"head_id"`
-	Attempts     int       `json:"attempts"`
-	LastError    string    `json:"last_error"`
-	Since        time.Time `json:"since"`
-	DeadLettered bool      `json:"dead_lettered"`
-	Behind       int       `json:"behind"`
 }
 
 // blocked prints the message groups ordered topics and groups are held
@@ -476,19 +405,17 @@ func (c *command) blocked(ctx context.Context, a *admin.Admin, args []string) er
 	if err != nil {
 		return err
 	}
-	views := make([]blockedView, len(found))
-	for i, b := range found {
-		views[i] = blockedView{Topic: b.Topic, Group: b.ConsumerGroup, MessageGroup: b.Group, HeadID: b.HeadID,
-			Attempts: b.Attempts, LastError: b.LastError, Since: b.Since, DeadLettered: b.DeadLettered, Behind: b.Behind}
+	if found == nil {
+		found = []admin.Blocked{}
 	}
-	return c.print(views, func(w io.Writer) {
+	return c.print(found, func(w io.Writer) {
 		fmt.Fprintln(w, "TOPIC\tGROUP\tMESSAGE GROUP\tHEAD\tATTEMPTS\tSINCE\tBEHIND\tLAST ERROR")
-		for _, v := range views {
+		for _, v := range found {
 			head := strconv.FormatInt(v.HeadID, 10)
 			if v.DeadLettered {
 				head += " (dead letter)"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", v.Topic, dash(v.Group), printable(v.MessageGroup), head,
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", v.Topic, dash(v.ConsumerGroup), printable(v.Group), head,
 				v.Attempts, v.Since.UTC().Format(time.RFC3339), v.Behind, oneLine(v.LastError, 60))
 		}
 	})
@@ -605,15 +532,6 @@ func (c *command) mode(ctx context.Context, args []string) error {
 var errInconsistent = errors.New("stored messages whose completion record does not add up (see above)")
 
 // check prints the stored messages whose completion record does not add up.
-type messageGroupView struct {
-	Group       string     `json:"group"`
-	Status      string     `json:"status"`
-	State       string     `json:"state"`
-	Attempts    int        `json:"attempts"`
-	LastError   string     `json:"last_error,omitempty"`
-	NextAttempt *time.Time `json:"next_attempt,omitempty"`
-}
-
 // message prints which groups finished a message, and where the others
 // stand with it.
 func (c *command) message(ctx context.Context, a *admin.Admin, topic string, id int64) error {
@@ -621,19 +539,14 @@ func (c *command) message(ctx context.Context, a *admin.Admin, topic string, id 
 	if err != nil {
 		return err
 	}
-	views := make([]messageGroupView, len(gs))
-	for i, g := range gs {
-		views[i] = messageGroupView{Group: g.ConsumerGroup, Status: string(g.Status), State: string(g.State),
-			Attempts: g.Attempts, LastError: g.LastError, NextAttempt: g.NextAttempt}
-	}
-	return c.print(views, func(w io.Writer) {
+	return c.print(gs, func(w io.Writer) {
 		fmt.Fprintln(w, "GROUP\tSTATUS\tSTATE\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR")
-		for _, v := range views {
+		for _, v := range gs {
 			next := "-"
 			if v.NextAttempt != nil {
 				next = v.NextAttempt.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", v.Group, v.Status, v.State, v.Attempts, next, dash(oneLine(v.LastError, 60)))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", v.ConsumerGroup, v.Status, v.State, v.Attempts, next, dash(oneLine(v.LastError, 60)))
 		}
 	})
 }
@@ -643,27 +556,20 @@ func (c *command) check(ctx context.Context, a *admin.Admin) error {
 	if err != nil {
 		return err
 	}
-	type row struct {
-		Topic    string `json:"topic"`
-		Kind     string `json:"kind"`
-		Messages string `json:"messages"`
-		FirstID  int64  `json:"first_id"`
+	if found == nil {
+		found = []consumergroup.Inconsistency{}
 	}
-	rows := []row{}
-	for _, i := range found {
-		rows = append(rows, row{Topic: i.Topic, Kind: i.Kind, Messages: a.FormatCount(i.Messages), FirstID: i.FirstID})
-	}
-	err = c.print(rows, func(w io.Writer) {
-		if len(rows) == 0 {
+	err = c.print(found, func(w io.Writer) {
+		if len(found) == 0 {
 			fmt.Fprintln(w, "every stored message's completion record adds up")
 			return
 		}
 		fmt.Fprintln(w, "TOPIC\tKIND\tMESSAGES\tFIRST ID")
-		for _, r := range rows {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", r.Topic, r.Kind, r.Messages, r.FirstID)
+		for _, r := range found {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", r.Topic, r.Kind, a.FormatCount(r.Messages), r.FirstID)
 		}
 	})
-	if err == nil && len(rows) > 0 {
+	if err == nil && len(found) > 0 {
 		err = errInconsistent
 	}
 	return err

@@ -5,9 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/adminui"
 	"github.com/pgoutbox/pgoutbox/cmd/pgoutbox/internal/cli"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/blockedtest"
@@ -133,7 +138,7 @@ func TestOperatorCommands(t *testing.T) {
 
 	r = run(t, db.DSN, "stuck", schema, "--older-than", "0s", "--json")
 	require.Zero(t, r.code, r.stderr)
-	require.Contains(t, r.stdout, `"topic": "orders"`, "its ready message has waited more than 0s")
+	require.Contains(t, r.stdout, `"name": "orders"`, "its ready message has waited more than 0s")
 	failsWith(t, run(t, db.DSN, "stuck", "--older-than", "soon", schema), 2, "older-than")
 
 	r = run(t, db.DSN, "topics", schema)
@@ -486,4 +491,69 @@ func TestMessageCommand(t *testing.T) {
 		r = run(t, db.DSN, append(args, schema)...)
 		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
 	}
+}
+
+// The CLI's --json and the web UI's JSON API write one shape per concept:
+// the same reads give the same documents, key for key (docs/admin.md).
+func TestJSONIsTheAdminAPIs(t *testing.T) {
+	t.Parallel()
+	f := blockedtest.New(t)
+	adm, err := admin.New(f.Client, admin.Options{})
+	require.NoError(t, err)
+	ui, err := adminui.NewHandler(adminui.Config{Admin: adm, CacheFor: -1})
+	require.NoError(t, err)
+	srv := httptest.NewServer(ui)
+	t.Cleanup(srv.Close)
+	schema := "--schema=" + f.DB.Schema
+	message := strconv.FormatInt(f.EventsMessage(t, "cust-99", 1), 10)
+
+	for _, c := range []struct{ api, cli string }{
+		{"/api/topics", "topics"},
+		{"/api/topics/events/groups", "groups events"},
+		{"/api/blocked", "blocked"},
+		{"/api/topics/orders/blocked", "blocked orders"},
+		{"/api/topics/orders/dead-letters", "dead list orders"},
+		{"/api/topics/events/dead-letters?group=billing", "dead list events billing"},
+		{"/api/topics/events/messages/" + message + "/groups", "message events " + message},
+		{"/api/stuck?older_than_seconds=0", "stuck --older-than 0s"},
+		{"/api/check", "check"},
+	} {
+		resp, err := http.Get(srv.URL + c.api)
+		require.NoError(t, err)
+		fromAPI, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(fromAPI))
+		r := run(t, f.DB.DSN, append(strings.Fields(c.cli), schema, "--json")...)
+		require.Zero(t, r.code, r.stderr)
+		require.Equal(t, steady(t, fromAPI), steady(t, []byte(r.stdout)), "%s against pgoutbox %s --json", c.api, c.cli)
+	}
+}
+
+// steady decodes a JSON document and zeroes what moves between two reads
+// (ages and heartbeats), keeping every key.
+func steady(t *testing.T, doc []byte) any {
+	t.Helper()
+	var v any
+	require.NoError(t, json.Unmarshal(doc, &v), string(doc))
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				switch k {
+				case "since_heartbeat_seconds", "oldest_ready_seconds", "lag_seconds", "last_heartbeat":
+					v[k] = "(moves)"
+				default:
+					walk(x)
+				}
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(v)
+	return v
 }
