@@ -28,6 +28,8 @@
 //	GET  /api/topics/{topic}                      one topic
 //	GET  /api/topics/{topic}/groups               its groups' health
 //	GET  /api/topics/{topic}/groups/{group}       one group's health
+//	GET  /api/topics/{topic}/history              its charts' readings (Config.History)
+//	GET  /api/topics/{topic}/groups/{group}/history
 //	GET  /api/topics/{topic}/dead-letters         ?group=&after=&limit=
 //	GET  /api/topics/{topic}/blocked              ?group=&limit= blocked message groups
 //	GET  /api/blocked                             every ordered topic's and group's
@@ -105,6 +107,10 @@ type Config struct {
 	Redact func(outbox.DeadLetter) outbox.DeadLetter
 	// Routers are shown with their pools and warnings.
 	Routers []*router.Router
+	// History, when set and running, draws each topic's and group's
+	// charts over its span (see History), and serves them in the JSON
+	// API.
+	History *History
 	// CacheFor is how long a read is reused; negative: never. Defaults
 	// to DefaultCacheFor.
 	CacheFor time.Duration
@@ -144,7 +150,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	funcs := template.FuncMap{"path": u.path, "age": age, "count": cfg.Admin.FormatCount, "join": strings.Join,
 		"routerTitle": routerTitle,
 		"modes":       func() []string { return []string{string(outbox.Bitmap), string(outbox.Counter), string(outbox.Offset)} }}
-	for _, page := range []string{"topics", "topic", "group", "confirm", "confirmgroup", "confirmmode", "error"} {
+	for _, page := range []string{"topics", "topic", "group", "checks", "message", "confirm", "confirmgroup", "confirmmode", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("adminui: templates: %w", err)
@@ -162,6 +168,8 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/{$}", u.topicsPage)
 	mux.HandleFunc("GET "+p+"/topics/{topic}", u.topicPage)
 	mux.HandleFunc("GET "+p+"/topics/{topic}/groups/{group}", u.groupPage)
+	mux.HandleFunc("GET "+p+"/topics/{topic}/message", u.messagePage)
+	mux.HandleFunc("GET "+p+"/checks", u.checksPage)
 	mux.HandleFunc("POST "+p+"/topics/{topic}/dead-letters/{action}", u.deadLettersForm)
 	mux.HandleFunc("POST "+p+"/topics/{topic}/groups/{group}/{action}", u.groupForm)
 	mux.HandleFunc("POST "+p+"/topics/{topic}/mode", u.modeForm)
@@ -170,6 +178,8 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}", u.apiTopic)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/groups", u.apiGroups)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/groups/{group}", u.apiGroup)
+	mux.HandleFunc("GET "+p+"/api/topics/{topic}/history", u.apiHistory)
+	mux.HandleFunc("GET "+p+"/api/topics/{topic}/groups/{group}/history", u.apiHistory)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/dead-letters", u.apiDeadLetters)
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/dead-letters/{action}", u.apiDeadLettersAction)
 	mux.HandleFunc("POST "+p+"/api/topics/{topic}/groups/{group}/{action}", u.apiGroupAction)

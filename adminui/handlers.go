@@ -327,7 +327,8 @@ func (u *ui) topicPage(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
-	data := map[string]any{"Title": name, "Topic": t, "TopicName": name, "GroupName": "", "Ordered": t.Ordered}
+	data := map[string]any{"Title": name, "Topic": t, "TopicName": name, "GroupName": "", "Ordered": t.Ordered,
+		"Charts": u.charts(name, "")}
 	if t.Semantics == outbox.PubSub {
 		data["Groups"], err = u.groups(r.Context(), name)
 		if err == nil && t.Ordered {
@@ -371,7 +372,103 @@ func (u *ui) groupPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	u.render(w, r, "group", http.StatusOK, map[string]any{"Title": group + " on " + topic, "Health": h, "DeadLetters": dls,
-		"TopicName": topic, "GroupName": group, "Ordered": t.Ordered, "Blocked": blocked})
+		"TopicName": topic, "GroupName": group, "Ordered": t.Ordered, "Blocked": blocked, "Charts": u.charts(topic, group)})
+}
+
+// messagePage answers, for ?id=, which groups finished a message of the
+// topic and where the others stand (admin.Admin.MessageGroups).
+func (u *ui) messagePage(w http.ResponseWriter, r *http.Request) {
+	topic := r.PathValue("topic")
+	id, err := messageID(r.URL.Query().Get("id"))
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	gs, err := u.messageGroups(r.Context(), topic, id)
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	u.render(w, r, "message", http.StatusOK, map[string]any{"Title": fmt.Sprintf("message %d of %s", id, topic),
+		"TopicName": topic, "ID": id, "Groups": gs})
+}
+
+// checksPage shows what waits longer than ?older_than= (a Go duration,
+// default an hour), what the log keeps, and the consistency check.
+func (u *ui) checksPage(w http.ResponseWriter, r *http.Request) {
+	olderThan := DefaultStuckBound
+	if v := r.URL.Query().Get("older_than"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			u.pageError(w, r, fmt.Errorf("%w: older than %q is not a duration such as 15m", errBadInput, v))
+			return
+		}
+		olderThan = d
+	}
+	ctx := r.Context()
+	stuck, err := get(&u.cache, "stuck\x00"+olderThan.String(), func() (admin.Stuck, error) { return u.cfg.Admin.Stuck(ctx, olderThan) })
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	storage, err := get(&u.cache, "storage", func() (admin.Storage, error) { return u.cfg.Admin.Storage(ctx) })
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	check, err := get(&u.cache, "check", func() ([]consumergroup.Inconsistency, error) { return u.cfg.Admin.Inconsistencies(ctx) })
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
+	u.render(w, r, "checks", http.StatusOK, map[string]any{"Title": "Checks", "Stuck": stuck, "OlderThan": olderThan.String(),
+		"Storage": storage, "Inconsistencies": check})
+}
+
+// messageID reads a message id.
+func messageID(v string) (int64, error) {
+	id, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: %q is not a message id", errBadInput, v)
+	}
+	return id, nil
+}
+
+// messageGroups reads where each group stands with a message (never
+// cached: it is one indexed read); last errors go through Config.Redact
+// as the message's dead letter.
+func (u *ui) messageGroups(ctx context.Context, topic string, id int64) ([]admin.MessageGroup, error) {
+	gs, err := u.cfg.Admin.MessageGroups(ctx, topic, id)
+	for i, g := range gs {
+		if u.cfg.Redact != nil && g.LastError != "" {
+			gs[i].LastError = u.cfg.Redact(outbox.DeadLetter{Delivery: outbox.Delivery{ID: id, Topic: topic},
+				LastError: g.LastError}).LastError
+		}
+	}
+	return gs, err
+}
+
+// historyView is a topic's or group's charts in the JSON API.
+type historyView struct {
+	EverySeconds float64  `json:"every_seconds"`
+	SpanSeconds  float64  `json:"span_seconds"`
+	Series       []Series `json:"series"`
+}
+
+// apiHistory serves a topic's or group's readings (404 without a
+// History, or for a topic or group it has not read).
+func (u *ui) apiHistory(w http.ResponseWriter, r *http.Request) {
+	h := u.cfg.History
+	if h == nil {
+		u.apiError(w, r, fmt.Errorf("%w: charts are off (Config.History is not set)", outbox.ErrNotFound))
+		return
+	}
+	series := h.Of(r.PathValue("topic"), r.PathValue("group"))
+	if len(series) == 0 {
+		u.apiError(w, r, fmt.Errorf("%w: no readings of %q", outbox.ErrNotFound, r.PathValue("topic")+"/"+r.PathValue("group")))
+		return
+	}
+	u.writeJSON(w, http.StatusOK, historyView{EverySeconds: h.cfg.Every.Seconds(), SpanSeconds: h.cfg.Span.Seconds(), Series: series})
 }
 
 // deadLettersForm handles a page's replay or purge button: the form's
@@ -766,19 +863,12 @@ func (u *ui) apiTopicBlocked(w http.ResponseWriter, r *http.Request) {
 // cached: it is one indexed read); last errors go through Config.Redact as
 // the message's dead letter.
 func (u *ui) apiMessageGroups(w http.ResponseWriter, r *http.Request) {
-	topic := r.PathValue("topic")
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id <= 0 {
-		u.apiError(w, r, fmt.Errorf("%w: %q is not a message id", errBadInput, r.PathValue("id")))
+	id, err := messageID(r.PathValue("id"))
+	if err != nil {
+		u.apiError(w, r, err)
 		return
 	}
-	gs, err := u.cfg.Admin.MessageGroups(r.Context(), topic, id)
-	for i, g := range gs {
-		if u.cfg.Redact != nil && g.LastError != "" {
-			gs[i].LastError = u.cfg.Redact(outbox.DeadLetter{Delivery: outbox.Delivery{ID: id, Topic: topic},
-				LastError: g.LastError}).LastError
-		}
-	}
+	gs, err := u.messageGroups(r.Context(), r.PathValue("topic"), id)
 	reply(u, w, r, gs, err)
 }
 

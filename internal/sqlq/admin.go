@@ -12,6 +12,7 @@ type Admin struct {
 	TopicNames, TopicStored, TopicGroups string
 	MessageGroups, MessageStored         string
 	Partitions, TopicStorage             string
+	Watermark, SentBetween               string
 }
 
 // ForAdmin returns the statements for schema (already validated).
@@ -26,6 +27,8 @@ func ForAdmin(schema string) *Admin {
 		MessageStored: r.Replace(messageStored),
 		Partitions:    r.Replace(partitionCount),
 		TopicStorage:  r.Replace(topicStorage),
+		Watermark:     watermark,
+		SentBetween:   r.Replace(sentBetween),
 	}
 }
 
@@ -63,6 +66,21 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.outbox_published WHERE to
         FROM {{schema}}.outbox_published WHERE topic = @topic ORDER BY xid, id LIMIT 1),
        (SELECT count(*) FROM {{schema}}.outbox_topic_subscriptions
         WHERE topic = @topic AND subscription_status IN ('ACTIVE', 'PAUSED'))`
+
+// watermark reads the server's commit watermark: every transaction whose
+// id is below it has ended, so what it wrote is there for good (or never
+// will be). A transaction held open holds it back.
+const watermark = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`
+
+// sentBetween counts topic @topic's messages written by transactions with
+// ids from @from up to @to (excluded), two watermarks: each message
+// counted once over a series of them. An index range scan of the (topic,
+// xid, id) index that stops at @limit.
+const sentBetween = `
+SELECT count(*) FROM (
+    SELECT 1 FROM {{schema}}.outbox_published
+    WHERE topic = @topic AND xid >= @from::text::xid8 AND xid < @to::text::xid8
+    LIMIT @limit) AS s`
 
 // topicStored: topic @topic holds messages.
 const topicStored = `
