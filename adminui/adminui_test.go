@@ -229,7 +229,7 @@ func post(t *testing.T, srv *httptest.Server, path string, form url.Values, head
 	return resp.StatusCode, string(body)
 }
 
-func get(t *testing.T, srv *httptest.Server, path string) (int, string) {
+func get(t testing.TB, srv *httptest.Server, path string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(srv.URL + path)
 	require.NoError(t, err)

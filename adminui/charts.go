@@ -50,7 +50,7 @@ func (u *ui) charts(topic, group string) []chartView {
 	span, gap := h.cfg.Span, 2*h.cfg.Every
 	out := make([]chartView, 0, len(series))
 	for _, s := range series {
-		c := chartView{Name: s.Name, Title: chartTitles[s.Name], Points: len(s.Points), Span: age(span), Last: "–", Max: "0"}
+		c := chartView{Name: s.Name, Title: chartTitles[s.Name], Points: len(s.Points), Span: roundSpan(span), Last: "–", Max: "0"}
 		top := 0.0
 		for _, p := range s.Points {
 			top = max(top, p.Value)
@@ -98,4 +98,15 @@ func figure(v float64) string {
 		return strconv.FormatFloat(v, 'f', 0, 64)
 	}
 	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+// roundSpan writes a span without its zero parts ("1h", "15m", "90s").
+func roundSpan(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	}
+	return age(d)
 }

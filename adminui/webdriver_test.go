@@ -198,3 +198,14 @@ func (b *browser) screenshot(path string) {
 	b.must(err)
 	b.must(os.WriteFile(path, png, 0o644))
 }
+
+// attr returns the attribute name of the element css selects.
+func (b *browser) attr(css, name string) string {
+	b.t.Helper()
+	var v *string
+	b.must(b.call("GET", "/session/"+b.session+"/element/"+b.find(css)+"/attribute/"+name, nil, &v))
+	if v == nil {
+		return ""
+	}
+	return *v
+}

@@ -123,9 +123,17 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 		"limit": limit, "read_unread": sub.status != Dead})
 	var oldestUnread, oldestRetry *time.Time
 	var now time.Time
-	err = g.pool.QueryRow(ctx, g.q.GroupHealth.Numbered, g.q.GroupHealth.Bind(args)...).Scan(&h.Unread, &oldestUnread, &h.LeasedBatches,
-		&h.LeasedRetries, &h.Waiting, &h.Queued, &h.Scheduled, &oldestRetry, &h.DeadLetters, &now)
-	if err != nil {
+	// In a read-only transaction of its own, without JIT (see sqlq's
+	// WithoutJIT), in one round trip.
+	var b pgx.Batch
+	b.Queue("BEGIN READ ONLY")
+	b.Queue(sqlq.WithoutJIT)
+	b.Queue(g.q.GroupHealth.Numbered, g.q.GroupHealth.Bind(args)...).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&h.Unread, &oldestUnread, &h.LeasedBatches, &h.LeasedRetries, &h.Waiting, &h.Queued, &h.Scheduled,
+			&oldestRetry, &h.DeadLetters, &now)
+	})
+	b.Queue("COMMIT")
+	if err := g.pool.SendBatch(ctx, &b).Close(); err != nil {
 		return h, fmt.Errorf("consumergroup: health: %w", err)
 	}
 	h.SinceHeartbeat = max(now.Sub(h.LastHeartbeat), 0)

@@ -96,7 +96,15 @@ func run(ctx context.Context, addr string, once bool) error {
 		}}); err != nil {
 		return err
 	}
-	ui, err := adminui.NewHandler(adminui.Config{Admin: client.Admin(), Prefix: "/pgoutbox"})
+	history, err := adminui.NewHistory(adminui.HistoryConfig{Admin: client.Admin()})
+	if err != nil {
+		return err
+	}
+	historyCtx, stopHistory := context.WithCancel(ctx) // the UI's charts: sampled every 10 s until run returns
+	historyDone := make(chan struct{})
+	go func() { defer close(historyDone); _ = history.Run(historyCtx) }()
+	defer func() { stopHistory(); <-historyDone }()
+	ui, err := adminui.NewHandler(adminui.Config{Admin: client.Admin(), Prefix: "/pgoutbox", History: history})
 	if err != nil {
 		return err
 	}

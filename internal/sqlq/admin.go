@@ -79,7 +79,7 @@ const watermark = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`
 const sentBetween = `
 SELECT count(*) FROM (
     SELECT 1 FROM {{schema}}.outbox_published
-    WHERE topic = @topic AND xid >= @from::text::xid8 AND xid < @to::text::xid8
+    WHERE topic = @topic AND xid >= @from::bigint::text::xid8 AND xid < @to::bigint::text::xid8
     LIMIT @limit) AS s`
 
 // topicStored: topic @topic holds messages.

@@ -42,6 +42,12 @@ const lookPlanning = `set_config('jit', 'off', true) = 'off' AND set_config('pla
 // check, and the readying of connections for its looks.
 const LookPlanning = `SELECT ` + lookPlanning
 
+// WithoutJIT turns JIT off for the rest of a transaction: for a read
+// whose estimate passes jit_above_cost (a group's health beside 100,000
+// unread messages is estimated at 900,000) while it reads a bounded
+// number of rows. Compiling it took 2.1 s of a 2.15 s read.
+const WithoutJIT = `SELECT set_config('jit', 'off', true)`
+
 // offsetExists tells a locked offsets row (another instance is fetching)
 // from a deleted subscription.
 const offsetExists = `
