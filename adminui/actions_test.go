@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -65,9 +66,16 @@ func TestAPIGroupActions(t *testing.T) {
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, f.group.Stop(stopCtx))
+	f.declareDead(t, "events", "billing")
+	code, out = postJSON(t, api+"/groups/billing/resurrect", map[string]bool{"backfill": false})
+	require.Equal(t, http.StatusOK, code, out)
+	require.Equal(t, map[string]any{"done": "resurrect"}, out)
+	h, err := f.admin.Group(ctx, "events", "billing")
+	require.NoError(t, err)
+	require.Equal(t, consumergroup.Active, h.State, "a DEAD group resurrected")
 	code, out = postJSON(t, api+"/groups/billing/cancel", nil)
 	require.Equal(t, http.StatusOK, code, out)
-	h, err := f.admin.Group(ctx, "events", "billing")
+	h, err = f.admin.Group(ctx, "events", "billing")
 	require.NoError(t, err)
 	require.Equal(t, consumergroup.Cancelled, h.State)
 	code, out = postJSON(t, api+"/groups/billing/remove", nil)
@@ -112,7 +120,7 @@ func TestAPIGroupActions(t *testing.T) {
 func TestInBrowserGroupActions(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	srv := f.serve(t, adminui.Config{Writable: true}, nil)
+	srv := f.serve(t, adminui.Config{Writable: true, CacheFor: -1}, nil)
 	ctx := context.Background()
 	b := newBrowser(t)
 
@@ -144,10 +152,24 @@ func TestInBrowserGroupActions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.Offset, topic.Tracking)
 
+	b.open(srv.URL + "/topics/events/groups/billing")
+	b.click("#pause")
+	b.waitFor("#done")
+	require.Equal(t, "PAUSED", b.text("#state"))
+	b.click("#resume")
+	b.waitFor("#done")
+	require.Equal(t, "ACTIVE", b.text("#state"))
+
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, f.group.Stop(stopCtx))
+	f.declareDead(t, "events", "billing")
 	b.open(srv.URL + "/topics/events/groups/billing")
+	require.Equal(t, "DEAD", b.text("#state"))
+	b.click("#resurrect")
+	b.waitFor("#done")
+	require.Equal(t, "resurrected", b.text("#done"))
+	require.Equal(t, "ACTIVE", b.text("#state"))
 	b.click("#cancel-group")
 	b.waitFor("#confirm-action")
 	b.click("#confirm")
@@ -161,4 +183,19 @@ func TestInBrowserGroupActions(t *testing.T) {
 	require.Equal(t, "removed", b.text("#done"))
 	_, err = f.admin.Group(ctx, "events", "billing")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
+}
+
+// declareDead makes a stopped group's heartbeats an hour old and has
+// maintenance declare it DEAD, as it would an hour later.
+func (f *fixture) declareDead(t *testing.T, topic, group string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := f.db.Pool.Exec(ctx, fmt.Sprintf(`UPDATE %q.outbox_topic_subscriptions SET last_heartbeat_at = now() - interval '1 hour'
+		WHERE topic = $1 AND group_name = $2`, f.db.Schema), topic, group)
+	require.NoError(t, err)
+	m, err := consumergroup.NewMaintainer(f.db.Pool, f.client)
+	require.NoError(t, err)
+	dead, err := m.DetectDead(ctx, topic)
+	require.NoError(t, err)
+	require.Equal(t, []string{group}, dead)
 }

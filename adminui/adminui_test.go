@@ -39,6 +39,7 @@ type fixture struct {
 	admin  *admin.Admin
 	dead   []int64 // the dead letters of orders
 	group  *consumergroup.Group
+	db     *pgtest.DB
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -51,7 +52,7 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Counter}))
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema, AllowUnconfiguredTopics: true})
 	require.NoError(t, err)
-	f := &fixture{client: client}
+	f := &fixture{client: client, db: db}
 	f.dead = queuetest.DeadLetter(t, db.Pool, client, "schema mismatch: field total missing",
 		outbox.Message{Topic: "orders", Payload: json.RawMessage(`{"email":"someone@example.com"}`), Group: "customer-7"},
 		outbox.Message{Topic: "orders", Payload: json.RawMessage(`{"n":2}`)})
