@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,27 +19,10 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/adminui"
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/clocktest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
-
-// testClock is a clock the test moves.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // chartsFixture is a PUB_SUB topic "events" with a group "audit" that
 // dead-letters the messages whose payload says {"bad": true}, a QUEUE
@@ -51,14 +33,14 @@ type chartsFixture struct {
 	admin    *admin.Admin
 	producer *outbox.Producer
 	history  *adminui.History
-	clock    *testClock
+	clock    *clocktest.Clock
 	handled  atomic.Int64
 }
 
 func newChartsFixture(t testing.TB) *chartsFixture {
 	t.Helper()
 	ctx := context.Background()
-	f := &chartsFixture{db: pgtest.NewDB(t), clock: &testClock{now: time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)}}
+	f := &chartsFixture{db: pgtest.NewDB(t), clock: clocktest.New(time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC))}
 	var err error
 	f.client, err = outbox.NewClient(f.db.Pool, outbox.Config{Schema: f.db.Schema})
 	require.NoError(t, err)
@@ -100,6 +82,25 @@ func (f *chartsFixture) stop(t testing.TB, g *consumergroup.Group) {
 	require.NoError(t, g.Stop(ctx))
 }
 
+// run starts an instance of the audit group until the test ends.
+func (f *chartsFixture) run(t *testing.T) {
+	t.Helper()
+	g := f.group(t)
+	require.NoError(t, g.Start(context.Background(), consumergroup.FromNow()))
+	t.Cleanup(func() { f.stop(t, g) })
+}
+
+// drained waits until audit has read everything and holds dead dead
+// letters.
+func (f *chartsFixture) drained(t *testing.T, dead int64) {
+	t.Helper()
+	pgtest.Eventually(t, 30*time.Second, "the group drained", func() bool {
+		h, err := f.admin.Group(context.Background(), "events", "audit")
+		require.NoError(t, err)
+		return h.Unread == 0 && h.Queued == 0 && h.Waiting == 0 && h.DeadLetters == dead
+	})
+}
+
 // send sends n messages to topic, bad of them dead-lettered by audit.
 func (f *chartsFixture) send(t testing.TB, topic string, n, bad int) {
 	t.Helper()
@@ -114,7 +115,7 @@ func (f *chartsFixture) send(t testing.TB, topic string, n, bad int) {
 // sample moves the clock on by the history's interval and samples.
 func (f *chartsFixture) sample(t testing.TB) {
 	t.Helper()
-	f.clock.Add(adminui.DefaultHistoryEvery)
+	f.clock.Advance(adminui.DefaultHistoryEvery)
 	require.NoError(t, f.history.Sample(context.Background()))
 }
 
@@ -151,7 +152,6 @@ func last(points []adminui.Point) float64 {
 func TestHistory(t *testing.T) {
 	t.Parallel()
 	f := newChartsFixture(t)
-	ctx := context.Background()
 	f.sample(t) // the first sample marks where counting starts
 	require.Empty(t, series(f.history, "events", "")["sent"], "no rate before a second sample")
 
@@ -169,14 +169,9 @@ func TestHistory(t *testing.T) {
 	require.Zero(t, last(audit["dead_letters"]))
 	require.EqualValues(t, 5, last(series(f.history, "jobs", "")["backlog"]), "the QUEUE topic's ready messages")
 
-	g := f.group(t)
-	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
-	t.Cleanup(func() { f.stop(t, g) })
-	pgtest.Eventually(t, 30*time.Second, "the group drained", func() bool {
-		h, err := f.admin.Group(ctx, "events", "audit")
-		require.NoError(t, err)
-		return h.Unread == 0 && h.DeadLetters == 4 && f.handled.Load() == 36
-	})
+	f.run(t)
+	f.drained(t, 4)
+	require.EqualValues(t, 36, f.handled.Load())
 	f.sample(t)
 	audit = series(f.history, "events", "audit")
 	require.Zero(t, last(audit["backlog"]))
@@ -227,7 +222,7 @@ func TestHistoryKeepsItsSpan(t *testing.T) {
 	h, err := adminui.NewHistory(adminui.HistoryConfig{Admin: f.admin, Clock: f.clock, Every: time.Second, Span: 5 * time.Second})
 	require.NoError(t, err)
 	for range 9 {
-		f.clock.Add(time.Second)
+		f.clock.Advance(time.Second)
 		require.NoError(t, h.Sample(context.Background()))
 	}
 	backlog := series(h, "events", "audit")["backlog"]
@@ -237,7 +232,7 @@ func TestHistoryKeepsItsSpan(t *testing.T) {
 
 	require.NoError(t, f.admin.RemoveGroup(context.Background(), "events", "audit"))
 	for range 6 {
-		f.clock.Add(time.Second)
+		f.clock.Advance(time.Second)
 		require.NoError(t, h.Sample(context.Background()))
 	}
 	require.Empty(t, h.Of("events", "audit"), "a removed group's charts go once its span has passed")
@@ -254,30 +249,19 @@ func TestHistoryKeepsItsSpan(t *testing.T) {
 func TestInBrowserCharts(t *testing.T) {
 	t.Parallel()
 	f := newChartsFixture(t)
-	ctx := context.Background()
 	f.sample(t)
 	for i := range 12 { // two minutes of sends while the group is stopped
 		f.send(t, "events", 20+10*(i%4), 1)
 		f.send(t, "jobs", 3, 0)
 		f.sample(t)
 	}
-	g := f.group(t)
-	require.NoError(t, g.Start(ctx, consumergroup.FromNow()))
-	t.Cleanup(func() { f.stop(t, g) })
-	pgtest.Eventually(t, 30*time.Second, "the group drained", func() bool {
-		h, err := f.admin.Group(ctx, "events", "audit")
-		require.NoError(t, err)
-		return h.Unread == 0 && h.Queued == 0
-	})
+	f.run(t)
+	f.drained(t, 12)
 	for i := range 6 { // a minute of sends the running group keeps up with
 		f.send(t, "events", 15, i%2)
 		f.sample(t)
 	}
-	pgtest.Eventually(t, 30*time.Second, "the group handled the last sends", func() bool {
-		h, err := f.admin.Group(ctx, "events", "audit")
-		require.NoError(t, err)
-		return h.Unread == 0 && h.Queued == 0 && h.DeadLetters == 15
-	})
+	f.drained(t, 15)
 	f.sample(t)
 	want := len(series(f.history, "events", "audit")["backlog"])
 	require.GreaterOrEqual(t, want, 19)
