@@ -277,7 +277,9 @@ func (c *Client) NewRelay(cfg relay.Config, opts consumergroup.SubscriptionOptio
 // provider, and its LogInterval, are the client's unless cfg sets them. Give it sources that use
 // the client: router.QueueSourceConfig{Client: c.Outbox()} and
 // router.GroupSourceConfig{Pool: c.Pool(), Group: consumergroup.Config{Client: c.Outbox()}}.
-func (c *Client) NewRouter(cfg router.Config) (*router.Router, error) {
+// With Standby, it delivers only while it leads its name among the
+// processes that run a router of that name.
+func (c *Client) NewRouter(cfg router.Config, opts ...RouterOption) (*router.Router, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = c.cfg.Logger
 	}
@@ -290,25 +292,38 @@ func (c *Client) NewRouter(cfg router.Config) (*router.Router, error) {
 	if cfg.LogInterval == 0 {
 		cfg.LogInterval = c.outbox.LogInterval()
 	}
+	var o routerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	rt, err := router.New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return rt, c.add(&component{
+	comp := &component{
 		name:   "router",
 		last:   true,
 		status: func() ComponentHealth { return ComponentHealth{Running: rt.Running(), Sources: rt.Sources()} },
 		start:  rt.Start,
-		stop: func(ctx context.Context, cancel bool) error {
-			if cancel {
-				// In-flight calls are abandoned: their messages are nacked.
-				done, end := context.WithCancel(ctx)
-				end()
-				return rt.Stop(done)
-			}
-			return rt.Stop(ctx)
-		},
-	})
+		stop:   func(ctx context.Context, cancel bool) error { return stopRouter(ctx, rt, cancel) },
+	}
+	if o.standby != "" {
+		if err := c.standby(comp, rt, o, cfg.Logger); err != nil {
+			return nil, err
+		}
+	}
+	return rt, c.add(comp)
+}
+
+// stopRouter stops rt; with cancel its in-flight calls are abandoned and
+// their messages nacked.
+func stopRouter(ctx context.Context, rt *router.Router, cancel bool) error {
+	if cancel {
+		done, end := context.WithCancel(ctx)
+		end()
+		return rt.Stop(done)
+	}
+	return rt.Stop(ctx)
 }
 
 // add registers a component; one created while the client runs starts at

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,7 +27,12 @@ import (
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(standbyChildEnv); spec != "" {
+		runStandbyChild(spec)
+	}
+	pgtest.Main(m)
+}
 
 func newClient(t *testing.T, db *pgtest.DB) *pgoutbox.Client {
 	t.Helper()

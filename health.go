@@ -80,8 +80,11 @@ type ComponentHealth struct {
 	// Instance is the consumer group instance behind a consumer, group or
 	// relay.
 	Instance *consumergroup.Status `json:"instance,omitempty"`
-	// Sources are a router's sources.
+	// Sources are a router's sources (a router on standby: while it
+	// leads).
 	Sources []router.SourceStatus `json:"sources,omitempty"`
+	// Standby is where a router on standby stands (see Standby).
+	Standby *StandbyHealth `json:"standby,omitempty"`
 }
 
 func instanceHealth(s consumergroup.Status) ComponentHealth {
@@ -177,6 +180,9 @@ func (h *Health) check(ch ComponentHealth) {
 		h.checkInstance(ch.Name, *ch.Instance)
 	case !ch.Running:
 		h.problem(true, "%s is not running", ch.Name)
+	}
+	if sb := ch.Standby; sb != nil && !sb.Leading && sb.Error != "" {
+		h.Warnings = append(h.Warnings, fmt.Sprintf("%s stands by and cannot lead: %s", ch.Name, sb.Error))
 	}
 	for _, s := range ch.Sources {
 		if s.Instance != nil && s.Instance.Running {

@@ -390,6 +390,17 @@ func (c *Client) LoadTopic(ctx context.Context, db QueryRower, name string) (Top
 	return c.loadTopic(ctx, db, name)
 }
 
+// SessionConfig returns the settings of a connection of the client's own
+// beside its pool, as its LISTEN connection is made (Config.ListenDSN, or
+// the pool's settings): a copy, or nil with PollOnly. A standby router
+// holds its leadership on such a connection.
+func (c *Client) SessionConfig() *pgx.ConnConfig {
+	if c.listen == nil {
+		return nil
+	}
+	return c.listen.Copy()
+}
+
 // Pool returns the client's pool.
 func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 
