@@ -278,3 +278,31 @@ func TestStandbyHealth(t *testing.T) {
 	require.NoError(t, leader.Stop(stopCtx))
 	pgtest.Eventually(t, 10*time.Second, "the other leads", func() bool { return standby(other).Leading })
 }
+
+// Through a transaction pooler a router on standby finds no session of
+// its own: it never leads, and the health report says why.
+func TestStandbyThroughATransactionPooler(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	pooled := pgtest.NewPool(t, pgtest.PgBouncer(t, db)+"&default_query_exec_mode=simple_protocol")
+	client, err := pgoutbox.NewClient(ctx, pooled, pgoutbox.Config{Schema: db.Schema, NoMaintenance: true})
+	require.NoError(t, err)
+	_, err = client.NewRouter(router.Config{AllowedHosts: []string{"127.0.0.1"}}, pgoutbox.Standby("webhooks"))
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() { _ = client.Stop(context.Background()) })
+	pgtest.Eventually(t, 30*time.Second, "a warning that it cannot lead", func() bool {
+		for _, w := range client.Health(ctx).Warnings {
+			if strings.Contains(w, "stands by and cannot lead") && strings.Contains(w, "not a session of its own") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, comp := range client.Health(ctx).Components {
+		if comp.Standby != nil {
+			require.False(t, comp.Standby.Leading)
+		}
+	}
+}
