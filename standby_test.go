@@ -234,7 +234,6 @@ func TestStandbyNeedsASessionOfItsOwn(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 }
 
-
 // The health report says which of two clients' routers on standby leads
 // and which stands by, both ready; once the leader's client stops, the
 // other leads.
