@@ -33,7 +33,7 @@ func queryStrings(t *testing.T, pool *pgxpool.Pool, query string, args ...any) [
 	return out
 }
 
-var wantTables = []string{"outbox", "outbox_consumer_groups", "outbox_dead_letters", "outbox_deleted_subscriptions", "outbox_group_batches", "outbox_group_retries", "outbox_group_set_aside", "outbox_idempotency_keys", "outbox_inbox", "outbox_live_instances", "outbox_partitions", "outbox_published", "outbox_published_default", "outbox_published_p1", "outbox_published_p2", "outbox_subscription_offsets", "outbox_topic_subscriptions", "outbox_topic_watermarks", "outbox_topics", migrations.VersionTable}
+var wantTables = []string{"outbox", "outbox_consumer_groups", "outbox_dead_letters", "outbox_deleted_subscriptions", "outbox_group_batches", "outbox_group_retries", "outbox_group_set_aside", "outbox_idempotency_keys", "outbox_inbox", "outbox_live_instances", "outbox_partitions", "outbox_published", "outbox_published_default", "outbox_published_p1", "outbox_published_p2", "outbox_router_leaders", "outbox_router_limits", "outbox_router_permits", "outbox_subscription_offsets", "outbox_topic_subscriptions", "outbox_topic_watermarks", "outbox_topics", migrations.VersionTable}
 
 func TestUpConcurrentIdempotentDownUp(t *testing.T) {
 	t.Parallel()

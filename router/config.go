@@ -337,6 +337,11 @@ type Config struct {
 	// Logger receives what goes wrong (rate-limited, see LogInterval).
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+	// Shared, when set, makes every pool's Concurrency and
+	// RateLimitPerMinute hold for all routers of its Name together (see
+	// SharedLimits). Without it each router keeps its pools' limits alone.
+	Shared *SharedLimits
+
 	// MeterProvider receives the router's metrics. Defaults to a no-op
 	// provider.
 	MeterProvider metric.MeterProvider
@@ -384,6 +389,11 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Shared != nil {
+		shared := *c.Shared
+		shared.withDefaults()
+		c.Shared = &shared
+	}
 	return c
 }
 
@@ -398,6 +408,11 @@ func (c Config) validate() error {
 	}
 	for _, p := range c.Pools {
 		if err := p.validate(); err != nil {
+			return err
+		}
+	}
+	if c.Shared != nil {
+		if err := c.Shared.validate(); err != nil {
 			return err
 		}
 	}

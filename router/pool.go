@@ -36,6 +36,7 @@ type pool struct {
 	idle        int             // workers waiting on cond and not yet signalled
 	failed      map[string]bool // batchID|group whose delivery failed
 	remaining   map[string]int  // batchID|group → messages not yet done
+	permits     *permitState    // the shared permits and tokens it holds (Config.Shared); nil: its limits are its own
 	workers     sync.WaitGroup
 }
 
@@ -55,7 +56,34 @@ func newPool(r *Router, c PoolConfig) *pool {
 		running: true, failed: map[string]bool{}, remaining: map[string]int{}}
 	p.cond = sync.NewCond(&p.mu)
 	p.setRate(c.RateLimitPerMinute)
+	if r.shared != nil {
+		p.permits = &permitState{}
+	}
 	return p
+}
+
+// limit is how many deliveries the pool may run at once: its concurrency,
+// or, with shared limits, the permits it holds under a lease that may not
+// have ended (callers hold mu).
+func (p *pool) limit() int {
+	if p.permits == nil {
+		return p.concurrency
+	}
+	return min(p.concurrency, p.permits.permits(time.Now()))
+}
+
+// setPermits records the shared permits the pool holds, until when, and
+// wakes workers for them.
+func (p *pool) setPermits(held, wanted int, until time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.permits == nil {
+		return
+	}
+	p.permits.held, p.permits.wanted, p.permits.validUntil = held, wanted, until
+	for range len(p.ready) {
+		p.wakeLocked()
+	}
 }
 
 // setRate replaces the limiter (callers hold mu, or own p exclusively).
@@ -129,8 +157,12 @@ func (p *pool) finished() bool {
 func (p *pool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolStats{Code: p.code, Concurrency: p.concurrency, RateLimitPerMinute: p.rateLimit,
+	st := PoolStats{Code: p.code, Concurrency: p.concurrency, RateLimitPerMinute: p.rateLimit,
 		Capacity: p.capacity(), Queued: p.queued, InFlight: p.inFlight, ActiveGroups: len(p.groups)}
+	if p.permits != nil {
+		st.Shared, st.Permits = true, p.limit()
+	}
+	return st
 }
 
 // submit queues m behind the earlier messages of its group; false when the
@@ -178,10 +210,12 @@ func (p *pool) wakeLocked() {
 	case p.idle > 0:
 		p.idle--
 		p.cond.Signal()
-	case p.live < p.concurrency:
+	case p.live < p.limit():
 		p.live++
 		p.workers.Add(1)
 		go p.work()
+	case p.permits != nil && p.live < p.concurrency:
+		p.r.shared.want() // more permits would start it
 	}
 }
 
@@ -209,7 +243,7 @@ func (p *pool) take() (*groupQueue, *Message) {
 			p.live--
 			return nil, nil
 		}
-		if p.live > p.concurrency { // the concurrency was lowered
+		if p.live > p.limit() { // the concurrency was lowered, or shared permits given up
 			p.live--
 			if len(p.ready) > 0 {
 				p.wakeLocked() // an idle worker takes what this one leaves
@@ -319,12 +353,19 @@ func (p *pool) recovered(ctx context.Context, m *Message, v any, delivering bool
 func (p *pool) waitRate() bool {
 	for {
 		p.mu.Lock()
-		running, lim := p.running, p.limiter
+		running, lim, perMinute := p.running, p.limiter, p.rateLimit
 		p.mu.Unlock()
 		if !running {
 			return false
 		}
-		if lim == nil || lim.AllowN(p.r.cfg.Clock.Now(), 1) {
+		switch {
+		case lim == nil:
+			return true
+		case p.permits != nil:
+			if p.sharedToken(perMinute) {
+				return true
+			}
+		case lim.AllowN(p.r.cfg.Clock.Now(), 1):
 			return true
 		}
 		p.r.metrics.rateLimited.Add(context.Background(), 1)
@@ -428,4 +469,37 @@ func (p *pool) drain() {
 	for _, m := range queued {
 		p.r.settle(context.Background(), m, nackWith(MinDelay), true)
 	}
+}
+
+// sharedToken takes a rate token shared with the other routers: one of
+// those taken before and not yet dropped, or a batch of them for the
+// messages waiting, one round trip for the batch.
+func (p *pool) sharedToken(perMinute int) bool {
+	ps := p.permits
+	ps.fetching.Lock()
+	defer ps.fetching.Unlock()
+	p.mu.Lock()
+	now := time.Now()
+	if ps.tokens > 0 && now.Before(ps.tokensEnd) {
+		ps.tokens--
+		p.mu.Unlock()
+		return true
+	}
+	want := p.queued + 1
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	got, err := p.r.shared.tokens(ctx, p.code, perMinute, want)
+	if err != nil {
+		p.r.events.Log(slog.LevelWarn, "tokens|"+p.code, "pgoutbox router: taking shared rate tokens failed; the pool waits",
+			slog.String("pool", p.code), slog.Any("error", err))
+		return false
+	}
+	if got == 0 {
+		return false
+	}
+	p.mu.Lock()
+	ps.tokens, ps.tokensEnd = got-1, now.Add(time.Second) // unused ones are dropped: never more than the bucket gave
+	p.mu.Unlock()
+	return true
 }

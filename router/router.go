@@ -238,6 +238,7 @@ type Router struct {
 	batches  atomic.Uint64       // batch ids
 	holds    *holds              // groups held back behind a message awaiting its retry
 	recovery *recoveries         // hosts whose deliveries fail, until one succeeds
+	shared   *shared             // limits shared with other routers (Config.Shared); nil: each pool's are its own
 
 	life    startstop.Base // runs and stops the router
 	startMu sync.Mutex     // held by Start: a Stop waits for the Start in progress
@@ -276,6 +277,9 @@ func New(cfg Config) (*Router, error) {
 	r.warn = newWarnings(cfg.WarningTTL, cfg.MaxWarnings, cfg.Clock.Now, r.events)
 	r.recovery = newRecoveries(r.events, cfg.Clock.Now)
 	r.mediator = newMediator(cfg, r.warn, r.events)
+	if cfg.Shared != nil {
+		r.shared = newShared(*cfg.Shared, cfg.Logger)
+	}
 	return r, nil
 }
 
@@ -334,6 +338,9 @@ func (r *Router) startRun(ctx context.Context, run context.Context) error {
 	r.loop(r.cfg.HealthInterval, r.checkSources)
 	r.loop(r.cfg.LeakCheckInterval, r.checkLeaks)
 	r.loop(r.cfg.CleanupInterval, r.cleanup)
+	if r.shared != nil {
+		r.loops.Go(func() { r.shared.run(r.bg, r) })
+	}
 	r.mu.Lock()
 	runs := make([]*sourceRun, 0, len(r.sources))
 	for _, rs := range r.sources {
@@ -470,6 +477,11 @@ type PoolStats struct {
 	// being delivered (the lane of messages without a group counts as one
 	// while it has messages queued).
 	ActiveGroups int `json:"active_groups"`
+	// Shared: the pool's limits hold for every router of its
+	// Config.Shared name together, and Permits is how many deliveries
+	// this router may run at once now (the permits it holds).
+	Shared  bool `json:"shared,omitempty"`
+	Permits int  `json:"permits,omitempty"`
 }
 
 // Pools describes the active pools.

@@ -29,7 +29,7 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 	n := 0
 	var numberedLeft []string
 	for _, set := range []any{sqlq.For(db.Schema), sqlq.ForPubSub(db.Schema), sqlq.ForMaintenance(db.Schema),
-		sqlq.ForAdmin(db.Schema), sqlq.ForInbox(db.Schema), sqlq.ForPartitions(db.Schema), sqlq.ForLiveness(db.Schema)} {
+		sqlq.ForAdmin(db.Schema), sqlq.ForInbox(db.Schema), sqlq.ForPartitions(db.Schema), sqlq.ForLiveness(db.Schema), sqlq.ForRouter(db.Schema)} {
 		v := reflect.ValueOf(set).Elem()
 		for i := range v.NumField() {
 			f := v.Type().Field(i)
