@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/pgoutbox/internal/leader"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
 )
@@ -60,9 +64,12 @@ type StandbyHealth struct {
 
 // standbyRouter runs a router only while its process leads a name.
 type standbyRouter struct {
-	name string
-	el   *leader.Election
-	rt   *router.Router
+	name     string
+	instance string // host:pid, recorded as the leader's
+	el       *leader.Election
+	rt       *router.Router
+	c        *Client
+	logger   *slog.Logger
 
 	mu       sync.Mutex
 	cancel   context.CancelFunc // ends the election
@@ -78,7 +85,8 @@ func (c *Client) standby(comp *component, rt *router.Router, o routerOptions, lo
 	if conn == nil {
 		return fmt.Errorf("%w: a router on standby needs a session of its own, and the client has PollOnly", outbox.ErrInvalidConfig)
 	}
-	s := &standbyRouter{name: o.standby, rt: rt,
+	host, _ := os.Hostname()
+	s := &standbyRouter{name: o.standby, rt: rt, c: c, logger: logger, instance: fmt.Sprintf("%s:%d", host, os.Getpid()),
 		el: leader.New(leader.Config{Name: o.standby, Conn: conn, Pool: c.pool, Logger: logger})}
 	comp.name = "router (standby for " + o.standby + ")"
 	comp.start, comp.stop, comp.status = s.start, s.stop, s.status
@@ -103,6 +111,11 @@ func (s *standbyRouter) start(context.Context) error {
 func (s *standbyRouter) lead(ctx context.Context) error {
 	if err := s.rt.Start(ctx); err != nil {
 		return err
+	}
+	// For operators (admin.Admin.Routers): who leads, since when.
+	q := sqlq.ForRouter(s.c.outbox.Schema())
+	if _, err := s.c.pool.Exec(ctx, q.SetLeader, pgx.StrictNamedArgs{"router": s.name, "instance": s.instance}); err != nil && ctx.Err() == nil {
+		s.logger.Warn("pgoutbox: recording the router's leadership for operators failed", slog.String("name", s.name), slog.Any("error", err))
 	}
 	<-ctx.Done()
 	s.mu.Lock()

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/childproc"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -272,6 +273,14 @@ func TestStandbyHealth(t *testing.T) {
 	}
 	require.False(t, standby(other).Leading, "one leader")
 	require.Equal(t, "webhooks", standby(other).Name)
+	adm, err := admin.New(a.Outbox(), admin.Options{})
+	require.NoError(t, err)
+	pgtest.Eventually(t, 10*time.Second, "the leader shown to operators", func() bool {
+		routers, err := adm.Routers(ctx)
+		require.NoError(t, err)
+		return len(routers) == 1 && routers[0].Name == "webhooks" && routers[0].Leader != nil &&
+			strings.HasSuffix(routers[0].Leader.Instance, fmt.Sprintf(":%d", os.Getpid()))
+	})
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, leader.Stop(stopCtx))

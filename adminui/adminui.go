@@ -43,7 +43,8 @@
 //	GET  /api/stuck                               ?older_than_seconds= (default 3600) what waits longer
 //	GET  /api/check                               stored messages whose completion records do not add up
 //	GET  /api/storage                             what the message log keeps (admin.Admin.Storage)
-//	GET  /api/routers                             pools and warnings
+//	GET  /api/routers                             pools and warnings (Config.Routers)
+//	GET  /api/routers/shared                      every router name's leader and permits (admin.Admin.Routers)
 //
 // A dead-letter action takes the ids, or "all": true for every one there
 // (never an empty list alone); it answers {"replayed": n} or {"purged":
@@ -191,6 +192,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/api/blocked", u.apiBlocked)
 	mux.HandleFunc("GET "+p+"/api/topics/{topic}/messages/{id}/groups", u.apiMessageGroups)
 	mux.HandleFunc("GET "+p+"/api/routers", u.apiRouters)
+	mux.HandleFunc("GET "+p+"/api/routers/shared", u.apiClusters)
 
 	// Actions (every POST) from another origin are refused before they
 	// reach a handler, and no page may be framed by another (a framed

@@ -316,8 +316,13 @@ func (u *ui) topicsPage(w http.ResponseWriter, r *http.Request) {
 		u.pageError(w, r, err)
 		return
 	}
+	clusters, err := u.clusters(r.Context())
+	if err != nil {
+		u.pageError(w, r, err)
+		return
+	}
 	u.render(w, r, "topics", http.StatusOK, map[string]any{"Title": "Topics", "Topics": topics, "Blocked": blocked,
-		"Routers": u.routers()})
+		"Routers": u.routers(), "Clusters": clusters})
 }
 
 func (u *ui) topicPage(w http.ResponseWriter, r *http.Request) {
@@ -870,6 +875,18 @@ func (u *ui) apiMessageGroups(w http.ResponseWriter, r *http.Request) {
 	}
 	gs, err := u.messageGroups(r.Context(), r.PathValue("topic"), id)
 	reply(u, w, r, gs, err)
+}
+
+// clusters reads what the routers of each name share: their leader and
+// the permits each instance holds (admin.Admin.Routers).
+func (u *ui) clusters(ctx context.Context) ([]admin.RouterCluster, error) {
+	return get(&u.cache, "clusters", func() ([]admin.RouterCluster, error) { return u.cfg.Admin.Routers(ctx) })
+}
+
+// apiClusters serves clusters.
+func (u *ui) apiClusters(w http.ResponseWriter, r *http.Request) {
+	v, err := u.clusters(r.Context())
+	reply(u, w, r, v, err)
 }
 
 func (u *ui) apiRouters(w http.ResponseWriter, r *http.Request) {

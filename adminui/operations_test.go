@@ -268,3 +268,48 @@ func hiding(word string) func(outbox.DeadLetter) outbox.DeadLetter {
 		return d
 	}
 }
+
+// The topics page and the JSON API show, for each router name, which
+// instance leads and which holds which permits of each pool.
+func TestRouterClusters(t *testing.T) {
+	t.Parallel()
+	f := newOrderedFixture(t)
+	srv := f.serve(t, adminui.Config{CacheFor: -1})
+	code, body := get(t, srv, "/api/routers/shared")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, "[]\n", body, "no router shares anything yet")
+
+	_, err := f.DB.Pool.Exec(context.Background(), fmt.Sprintf(`
+		INSERT INTO %[1]q.outbox_router_permits (router, pool, instance, permits, wanted, lease_until)
+		VALUES ('webhooks', 'P', 'web-1', 3, 4, now() + interval '10 seconds'),
+		       ('webhooks', 'P', 'web-2', 1, 2, now() + interval '10 seconds'),
+		       ('webhooks', 'P', 'web-3', 2, 2, now() - interval '1 second');
+		INSERT INTO %[1]q.outbox_router_leaders (router, instance) VALUES ('webhooks', 'web-1')`, f.DB.Schema))
+	require.NoError(t, err)
+	code, body = get(t, srv, "/api/routers/shared")
+	require.Equal(t, http.StatusOK, code, body)
+	var clusters []struct {
+		Name   string `json:"name"`
+		Leader struct {
+			Instance string `json:"instance"`
+		} `json:"leader"`
+		Permits []struct {
+			Instance  string  `json:"instance"`
+			Permits   int     `json:"permits"`
+			LeaseLeft float64 `json:"lease_left_seconds"`
+		} `json:"permits"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &clusters))
+	require.Len(t, clusters, 1)
+	require.Equal(t, "web-1", clusters[0].Leader.Instance)
+	require.Len(t, clusters[0].Permits, 2, "an expired lease holds nothing")
+	require.Equal(t, 3, clusters[0].Permits[0].Permits)
+	require.Positive(t, clusters[0].Permits[0].LeaseLeft)
+
+	code, body = get(t, srv, "/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "Routers named webhooks")
+	require.Contains(t, body, `<strong class="leader">web-1</strong>`)
+	require.Contains(t, body, `<tr data-instance="web-2"><td>P</td><td>web-2</td><td class="num">1</td>`)
+	require.NotContains(t, body, "web-3")
+}

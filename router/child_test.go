@@ -31,19 +31,27 @@ type childSpec struct {
 	Concurrency       int
 	BatchSize         int
 	RequestTimeout    time.Duration
+	// Shared names the routers that share pool P's limits (none: its
+	// own), RatePerMinute its rate limit.
+	Shared        string
+	RatePerMinute int
 }
 
 // routerProcess is what a child runs: the router spec describes, started,
 // logging to logger (nil: slog's default). Tests run the same in their
 // own process as a survivor.
 func routerProcess(ctx context.Context, pool *pgxpool.Pool, spec childSpec, logger *slog.Logger) (*router.Router, error) {
-	rt, err := router.New(router.Config{AllowedHosts: []string{spec.Host}, MaxAttempts: 1, Logger: logger,
-		RequestTimeout: spec.RequestTimeout, FastFailDelay: 50 * time.Millisecond,
-		Pools: []router.PoolConfig{{Code: "P", Concurrency: spec.Concurrency}}})
+	client, err := outbox.NewClient(pool, outbox.Config{Schema: spec.Schema, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
-	client, err := outbox.NewClient(pool, outbox.Config{Schema: spec.Schema, Logger: logger})
+	cfg := router.Config{AllowedHosts: []string{spec.Host}, MaxAttempts: 1, Logger: logger,
+		RequestTimeout: spec.RequestTimeout, FastFailDelay: 50 * time.Millisecond,
+		Pools: []router.PoolConfig{{Code: "P", Concurrency: spec.Concurrency, RateLimitPerMinute: spec.RatePerMinute}}}
+	if spec.Shared != "" {
+		cfg.Shared = &router.SharedLimits{Client: client, Name: spec.Shared, Instance: spec.Instance}
+	}
+	rt, err := router.New(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/childproc"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
@@ -64,6 +66,19 @@ func (l *limitWatch) most(d time.Duration) int {
 	return best
 }
 
+// since counts the calls that started after t.
+func (l *limitWatch) since(t time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.starts {
+		if s.After(t) {
+			n++
+		}
+	}
+	return n
+}
+
 func (l *limitWatch) stats() (calls, peak int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -97,6 +112,23 @@ func TestSharedLimitsInOneProcess(t *testing.T) {
 		b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 2}},
 			Shared: &router.SharedLimits{Client: b.client, Name: "hooks-router", Instance: string(rune('a' + i))}})
 	}
+	adm, err := admin.New(b.client, admin.Options{})
+	require.NoError(t, err)
+	pgtest.Eventually(t, 30*time.Second, "the permits shown to operators", func() bool {
+		routers, err := adm.Routers(context.Background())
+		require.NoError(t, err)
+		if len(routers) != 1 || len(routers[0].Permits) == 0 {
+			return false
+		}
+		sum := 0
+		for _, p := range routers[0].Permits {
+			require.Equal(t, "P", p.Pool)
+			require.Contains(t, []string{"a", "b", "c"}, p.Instance)
+			sum += p.Permits
+		}
+		require.LessOrEqual(t, sum, 2)
+		return sum > 0
+	})
 	pgtest.Eventually(t, 60*time.Second, "every message delivered", func() bool { return b.pending(t) == 0 })
 	calls, peak := watch.stats()
 	require.GreaterOrEqual(t, calls, 60)
@@ -121,4 +153,38 @@ func TestSharedRateLimitInOneProcess(t *testing.T) {
 	t.Logf("most calls in 10 s: %d", most)
 	require.LessOrEqual(t, most, 20+2)
 	require.GreaterOrEqual(t, most, 15, "the rate is used")
+}
+
+// Three router processes share pool P (concurrency 4, 600 a minute),
+// measured by the receiver over two minutes: in the first, calls are
+// quick and the rate binds; then one process is killed, calls take a
+// second and the concurrency binds. No minute sees more than 600 calls
+// start plus the bucket's depth (10), never more than 4 run at once, and
+// the killed process's permits come back: the survivors run 4 at once
+// again.
+func TestSharedLimitsAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	watch := &limitWatch{delay: 50 * time.Millisecond}
+	_, host := endpoint(t, watch.ServeHTTP)
+	b.sendMany(t, "http://"+host+"/hook", 1200)
+	var children []*childproc.Child
+	for _, name := range []string{"a", "b", "c"} {
+		children = append(children, startChild(t, childSpec{DSN: b.db.DSN, Schema: b.db.Schema, Host: host, Instance: name,
+			Queue: true, Concurrency: 4, BatchSize: 20, Shared: "hooks-router", RatePerMinute: 600}))
+	}
+	time.Sleep(time.Minute)
+	watch.setDelay(time.Second)
+	children[0].Kill()
+	killed := time.Now()
+	time.Sleep(time.Minute)
+
+	calls, peak := watch.stats()
+	most := watch.most(time.Minute)
+	late := watch.since(killed.Add(30 * time.Second))
+	t.Logf("%d calls; at most %d in a minute; at most %d at once; %d in the last 30 s (4 at once of 1 s: 120)", calls, most, peak, late)
+	require.LessOrEqual(t, most, 600+10, "calls started within a minute, every router together")
+	require.LessOrEqual(t, peak, 4, "calls at once, every router together")
+	require.GreaterOrEqual(t, most, 500, "the rate is used")
+	require.GreaterOrEqual(t, late, 90, "the killed process's permits came back to the others")
 }

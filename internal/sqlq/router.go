@@ -22,10 +22,10 @@ type Router struct {
 	// at @per_second up to @burst, and returns how many it took.
 	Tokens string
 	// ReleasePermits drops an instance's permits; Holders lists the
-	// instances holding permits of router @router's pools, and Leader the
-	// instance that leads @router, if one wrote it; SetLeader records
-	// @instance as @router's leader.
-	ReleasePermits, Holders, Leader, SetLeader string
+	// instances holding unexpired permits of every router's pools, and
+	// Leaders the instance that leads each router name (as the leader
+	// wrote it); SetLeader records @instance as @router's leader.
+	ReleasePermits, Holders, Leaders, SetLeader string
 }
 
 // ForRouter returns the statements for schema (already validated).
@@ -38,7 +38,7 @@ func ForRouter(schema string) *Router {
 		Tokens:         r.Replace(routerTokens),
 		ReleasePermits: r.Replace(releaseRouterPermits),
 		Holders:        r.Replace(routerHolders),
-		Leader:         r.Replace(routerLeader),
+		Leaders:        r.Replace(routerLeaders),
 		SetLeader:      r.Replace(setRouterLeader),
 	}
 }
@@ -87,13 +87,13 @@ const releaseRouterPermits = `
 DELETE FROM {{schema}}.outbox_router_permits WHERE router = @router AND instance = @instance`
 
 const routerHolders = `
-SELECT pool, instance, permits, extract(epoch FROM lease_until - clock_timestamp())::float8
+SELECT router, pool, instance, permits, wanted, extract(epoch FROM lease_until - clock_timestamp())::float8
 FROM {{schema}}.outbox_router_permits
-WHERE router = @router AND lease_until > clock_timestamp() AND permits > 0
-ORDER BY pool, instance`
+WHERE lease_until > clock_timestamp()
+ORDER BY router, pool, instance`
 
-const routerLeader = `
-SELECT instance, since FROM {{schema}}.outbox_router_leaders WHERE router = @router`
+const routerLeaders = `
+SELECT router, instance, since FROM {{schema}}.outbox_router_leaders ORDER BY router`
 
 const setRouterLeader = `
 INSERT INTO {{schema}}.outbox_router_leaders (router, instance) VALUES (@router, @instance)
