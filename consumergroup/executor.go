@@ -243,8 +243,9 @@ func (r *runner) watch() {
 
 // handleBatch gives a whole batch (or the retry deliveries claimed
 // together), in commit order, to the batch handler.
-func (r *runner) handleBatch(bh BatchHandler, jobs []*job) {
+func (r *runner) handleBatch(bh BatchHandler, jobs []*job, t *turn) {
 	defer r.workWG.Done()
+	defer t.finish() // the next batch's turn comes, whatever this one did
 	if r.stopping.Load() {
 		for _, j := range jobs {
 			r.record(j, release, untried(j))
@@ -257,7 +258,7 @@ func (r *runner) handleBatch(bh BatchHandler, jobs []*job) {
 		ds[i], headers[i] = j.d, j.d.Headers
 	}
 	timeout := r.g.handlerTimeout()
-	ctx, cancel := context.WithTimeout(r.workCtx, timeout)
+	ctx, cancel := context.WithTimeout(context.WithValue(r.workCtx, turnKey{}, t), timeout)
 	defer cancel()
 	ctx, span := r.g.tracer.ProcessBatch(ctx, r.g.cfg.Topic, r.g.cfg.Group, headers)
 	defer span.End()

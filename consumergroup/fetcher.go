@@ -703,7 +703,7 @@ func (r *runner) dispatch(jobs []*job) {
 	}
 	if bh := g.batchHandler; bh != nil {
 		r.workWG.Add(1) // shutdown waits for it with the executors
-		go r.handleBatch(bh, jobs)
+		go r.handleBatch(bh, jobs, r.nextTurn())
 		return
 	}
 	if g.topic.Ordered {

@@ -98,6 +98,7 @@ type runner struct {
 	silent          bool          // it stopped fetching for want of heartbeats (see canFetch)
 	lastReap        time.Time     // when a look last reaped retries
 	lastFullLook    time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
+	lastTurn        chan struct{} // closed once the last batch handed to the batch handler had its turn (see InTurn)
 	walkAfter       string        // an ordered group's next claim walks the message groups from after this one
 	lastOrphanSweep time.Time     // see orphanSweepEvery
 	noReadAhead     bool          // the last look took over, claimed retries or had a backfill pending (see readAhead)

@@ -198,9 +198,14 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 			unmapped[d.Group] = true
 		}
 	}
-	if len(batch) > 0 {
-		route(ctx, batch)
-	}
+	// Batches are routed in the order the group fetched them, so that a
+	// message group's later batch never reaches a pool before its
+	// earlier one (batch handlers run concurrently).
+	consumergroup.InTurn(ctx, func() {
+		if len(batch) > 0 {
+			route(ctx, batch)
+		}
+	})
 	wg.Wait() // stopping too: the router settles everything before it stops
 	return results
 }
