@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
 )
 
@@ -24,6 +26,9 @@ import (
 // realistic webhook). Compare:
 //
 //	go test -run '^$' -bench 'Deliver' -benchtime 20000x ./router
+//
+// BenchmarkDeliverRouterShared runs the router with its pool's limits
+// shared through the database (Config.Shared).
 //
 // The receiver runs in a process of its own. Besides deliveries/s and
 // latency, each benchmark reports its process's CPU time per delivery
@@ -144,9 +149,30 @@ func BenchmarkDeliverRouter(b *testing.B) {
 	}
 }
 
+// BenchmarkDeliverRouterShared is BenchmarkDeliverRouter's 2 ms receiver
+// with the pool's limits shared through the database (Config.Shared):
+// the permits a router holds, renewed every 500 ms, and no round trip
+// per delivery.
+func BenchmarkDeliverRouterShared(b *testing.B) {
+	db := pgtest.NewDB(b)
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	shared := &router.SharedLimits{Client: client, Name: "bench"}
+	b.Run(fmt.Sprintf("receiver=%v/window=%d", 2*time.Millisecond, benchConcurrency*20), func(b *testing.B) {
+		benchRouterWith(b, 2*time.Millisecond, benchConcurrency*20, shared)
+	})
+}
+
 func benchRouter(b *testing.B, delay time.Duration, window int) {
+	benchRouterWith(b, delay, window, nil)
+}
+
+func benchRouterWith(b *testing.B, delay time.Duration, window int, shared *router.SharedLimits) {
 	host := startReceiver(b, delay)
-	rt, err := router.New(router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: benchConcurrency}}})
+	rt, err := router.New(router.Config{AllowedHosts: []string{host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: benchConcurrency}},
+		Shared: shared})
 	if err != nil {
 		b.Fatal(err)
 	}

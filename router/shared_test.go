@@ -98,20 +98,28 @@ func (b *pgBundle) sendMany(t *testing.T, target string, n int) {
 	require.NoError(t, err)
 }
 
+// sharedRouters sends n messages to a receiver that takes delay a call,
+// and starts three routers a, b and c that share pool's limits.
+func sharedRouters(t *testing.T, delay time.Duration, n int, pool router.PoolConfig) (*pgBundle, *limitWatch) {
+	t.Helper()
+	b := setupPG(t)
+	watch := &limitWatch{delay: delay}
+	_, host := endpoint(t, watch.ServeHTTP)
+	b.sendMany(t, "http://"+host+"/hook", n)
+	for _, name := range []string{"a", "b", "c"} {
+		b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{pool},
+			Shared: &router.SharedLimits{Client: b.client, Name: "hooks-router", Instance: name}})
+	}
+	return b, watch
+}
+
 // Three routers in one process share pool P's limits (concurrency 2, 120
 // a minute): together they never run more than 2 calls at once, nor start
 // more than 2 in a second plus the bucket's depth; without sharing, each
 // would run its own 2.
 func TestSharedLimitsInOneProcess(t *testing.T) {
 	t.Parallel()
-	b := setupPG(t)
-	watch := &limitWatch{delay: 300 * time.Millisecond}
-	_, host := endpoint(t, watch.ServeHTTP)
-	b.sendMany(t, "http://"+host+"/hook", 60)
-	for i := range 3 {
-		b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 2}},
-			Shared: &router.SharedLimits{Client: b.client, Name: "hooks-router", Instance: string(rune('a' + i))}})
-	}
+	b, watch := sharedRouters(t, 300*time.Millisecond, 60, router.PoolConfig{Code: "P", Concurrency: 2})
 	adm, err := admin.New(b.client, admin.Options{})
 	require.NoError(t, err)
 	pgtest.Eventually(t, 30*time.Second, "the permits shown to operators", func() bool {
@@ -140,14 +148,7 @@ func TestSharedLimitsInOneProcess(t *testing.T) {
 // most 20 calls start, plus the bucket's depth (2).
 func TestSharedRateLimitInOneProcess(t *testing.T) {
 	t.Parallel()
-	b := setupPG(t)
-	watch := &limitWatch{delay: 10 * time.Millisecond}
-	_, host := endpoint(t, watch.ServeHTTP)
-	b.sendMany(t, "http://"+host+"/hook", 50)
-	for i := range 3 {
-		b.startRouter(t, host, router.Config{Pools: []router.PoolConfig{{Code: "P", Concurrency: 4, RateLimitPerMinute: 120}},
-			Shared: &router.SharedLimits{Client: b.client, Name: "hooks-router", Instance: string(rune('a' + i))}})
-	}
+	b, watch := sharedRouters(t, 10*time.Millisecond, 50, router.PoolConfig{Code: "P", Concurrency: 4, RateLimitPerMinute: 120})
 	pgtest.Eventually(t, 60*time.Second, "every message delivered", func() bool { return b.pending(t) == 0 })
 	most := watch.most(10 * time.Second)
 	t.Logf("most calls in 10 s: %d", most)
