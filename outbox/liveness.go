@@ -183,7 +183,7 @@ func (l *liveness) unregister(member string) {
 func (l *liveness) record(member string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := l.c.pool.Exec(ctx, l.q.RegisterInstance, pgx.StrictNamedArgs{"member": member, "key": l.key}); err != nil {
+	if _, err := l.c.pool.Exec(ctx, l.q.RegisterInstances, pgx.StrictNamedArgs{"members": []string{member}, "key": l.key}); err != nil {
 		l.c.logger.Warn("pgoutbox: could not record a consumer group instance as alive; if its process dies, its work comes back when its lease ends",
 			slog.String("instance", member), slog.Any("error", err))
 	}

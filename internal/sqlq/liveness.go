@@ -25,12 +25,12 @@ type Liveness struct {
 	// reports whether it holds it; WaitForLock takes it, waiting up to
 	// the session's lock_timeout (set with SetLockTimeout to @wait).
 	LockInstance, WaitForLock, SetLockTimeout string
-	// RegisterInstance records that @member's client holds the lock of
-	// @key, RegisterInstances that every one of @members' does;
-	// UnregisterInstance forgets @member if it is recorded with @key;
-	// ForgetInstance forgets @member if no session holds its lock, and
-	// returns its key if it stays.
-	RegisterInstance, RegisterInstances, UnregisterInstance, ForgetInstance string
+	// RegisterInstances records that the client of every one of @members
+	// holds the lock of @key (one member, as an instance starts, or all
+	// of them, on a new session); UnregisterInstance forgets @member if it
+	// is recorded with @key; ForgetInstance forgets @member if no session
+	// holds its lock, and returns its key if it stays.
+	RegisterInstances, UnregisterInstance, ForgetInstance string
 	// GoneInstances lists the recorded instances whose lock no session
 	// holds. It and TakeBack find nothing when @own, the calling client's
 	// key (0: none), is held by no session on this server: the client's
@@ -52,7 +52,6 @@ func ForLiveness(schema string) *Liveness {
 		LockInstance:       r.Replace(lockInstance),
 		WaitForLock:        r.Replace(waitForLock),
 		SetLockTimeout:     r.Replace(setLockTimeout),
-		RegisterInstance:   r.Replace(registerInstance),
 		RegisterInstances:  r.Replace(registerInstances),
 		UnregisterInstance: r.Replace(unregisterInstance),
 		ForgetInstance:     r.Replace(forgetInstance),
@@ -69,10 +68,6 @@ const setLockTimeout = `SELECT set_config('lock_timeout', @wait, false)`
 
 const registerInstances = `
 INSERT INTO {{schema}}.outbox_live_instances (member, lock_key) SELECT m, @key FROM unnest(@members::text[]) AS m
-ON CONFLICT (member) DO UPDATE SET lock_key = EXCLUDED.lock_key, registered_at = now()`
-
-const registerInstance = `
-INSERT INTO {{schema}}.outbox_live_instances (member, lock_key) VALUES (@member, @key)
 ON CONFLICT (member) DO UPDATE SET lock_key = EXCLUDED.lock_key, registered_at = now()`
 
 const unregisterInstance = `DELETE FROM {{schema}}.outbox_live_instances WHERE member = @member AND lock_key = @key`
