@@ -56,36 +56,54 @@ func (a *Admin) Blocked(ctx context.Context, limit int) ([]Blocked, error) {
 		return nil, err
 	}
 	var out []Blocked
-	add := func(topic, group string) error {
-		bs, err := a.BlockedGroups(ctx, topic, group, limit)
-		for _, b := range bs {
-			out = append(out, Blocked{Topic: topic, ConsumerGroup: group, BlockedGroup: b})
-		}
-		return err
-	}
 	for _, name := range names {
 		cfg, err := a.topicConfig(ctx, name)
 		if err != nil {
 			return nil, err
 		}
-		if !cfg.Ordered {
-			continue
-		}
-		if cfg.Semantics == outbox.Queue {
-			if err := add(name, ""); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		groups, err := a.groupNames(ctx, name)
+		bs, err := a.topicBlocked(ctx, cfg, limit)
 		if err != nil {
 			return nil, err
 		}
-		for _, group := range groups {
-			// A group removed since it was listed has nothing to show.
-			if err := add(name, group); err != nil && !errors.Is(err, outbox.ErrNotFound) {
-				return nil, err
-			}
+		out = append(out, bs...)
+	}
+	return out, nil
+}
+
+// TopicBlocked lists the blocked message groups of one topic, as Blocked
+// does for every topic: a QUEUE topic's, or each of a PUB_SUB topic's
+// consumer groups', up to limit of each (none when the topic is not
+// ordered).
+func (a *Admin) TopicBlocked(ctx context.Context, topic string, limit int) ([]Blocked, error) {
+	cfg, err := a.topicConfig(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	return a.topicBlocked(ctx, cfg, limit)
+}
+
+func (a *Admin) topicBlocked(ctx context.Context, cfg outbox.TopicConfig, limit int) ([]Blocked, error) {
+	out := []Blocked{}
+	if !cfg.Ordered {
+		return out, nil
+	}
+	groups := []string{""}
+	if cfg.Semantics == outbox.PubSub {
+		var err error
+		if groups, err = a.groupNames(ctx, cfg.Name); err != nil {
+			return nil, err
+		}
+	}
+	for _, group := range groups {
+		bs, err := a.BlockedGroups(ctx, cfg.Name, group, limit)
+		if group != "" && errors.Is(err, outbox.ErrNotFound) {
+			continue // a group removed since it was listed has nothing to show
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range bs {
+			out = append(out, Blocked{Topic: cfg.Name, ConsumerGroup: group, BlockedGroup: b})
 		}
 	}
 	return out, nil

@@ -58,33 +58,18 @@ func (u *ui) blocked(ctx context.Context) ([]admin.Blocked, error) {
 	return out, err
 }
 
-// topicBlocked reads the blocked message groups of topic t, up to limit
-// of each: a QUEUE topic's, or each of a PUB_SUB topic's groups'.
-func (u *ui) topicBlocked(ctx context.Context, t admin.Topic, limit int) ([]admin.Blocked, error) {
-	groups := []string{""}
-	if t.Semantics == outbox.PubSub {
-		groups = t.Groups
+// topicBlocked reads the blocked message groups of a topic, up to limit
+// of each of its groups (admin.Admin.TopicBlocked), through Config.Redact.
+func (u *ui) topicBlocked(ctx context.Context, topic string, limit int) ([]admin.Blocked, error) {
+	bs, err := get(&u.cache, fmt.Sprintf("topicblocked\x00%s\x00%d", topic, limit), func() ([]admin.Blocked, error) {
+		return u.cfg.Admin.TopicBlocked(ctx, topic, limit)
+	})
+	out := make([]admin.Blocked, len(bs))
+	for i, b := range bs {
+		out[i] = b
+		out[i].BlockedGroup = u.redactBlocked(b.Topic, b.BlockedGroup)
 	}
-	return u.blockedOf(ctx, t.Name, groups, limit)
-}
-
-// blockedOf reads the blocked message groups of topic's groups ("": a
-// QUEUE topic's), up to limit of each.
-func (u *ui) blockedOf(ctx context.Context, topic string, groups []string, limit int) ([]admin.Blocked, error) {
-	out := []admin.Blocked{}
-	for _, group := range groups {
-		bs, err := u.blockedGroups(ctx, topic, group, limit)
-		if errors.Is(err, outbox.ErrNotFound) && len(groups) > 1 {
-			continue // removed since the topic was read
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, b := range bs {
-			out = append(out, admin.Blocked{Topic: topic, ConsumerGroup: group, BlockedGroup: b})
-		}
-	}
-	return out, nil
+	return out, err
 }
 
 // blockedGroups reads a QUEUE topic's blocked message groups (group ""),
@@ -337,7 +322,7 @@ func (u *ui) topicPage(w http.ResponseWriter, r *http.Request) {
 	if t.Semantics == outbox.PubSub {
 		data["Groups"], err = u.groups(r.Context(), name)
 		if err == nil && t.Ordered {
-			data["Blocked"], err = u.topicBlocked(r.Context(), t, blockedPage)
+			data["Blocked"], err = u.topicBlocked(r.Context(), name, blockedPage)
 		}
 	} else {
 		data["DeadLetters"], err = u.deadLetters(r.Context(), name, "", 0, deadLetterPage)
@@ -849,18 +834,17 @@ func (u *ui) apiTopicBlocked(w http.ResponseWriter, r *http.Request) {
 		u.apiError(w, r, err)
 		return
 	}
-	topic := r.PathValue("topic")
-	if group := q.Get("group"); group != "" {
-		v, err := u.blockedOf(r.Context(), topic, []string{group}, limit)
+	topic, group := r.PathValue("topic"), q.Get("group")
+	if group == "" {
+		v, err := u.topicBlocked(r.Context(), topic, limit)
 		reply(u, w, r, v, err)
 		return
 	}
-	t, err := u.topic(r.Context(), topic)
-	if err != nil {
-		u.apiError(w, r, err)
-		return
+	bs, err := u.blockedGroups(r.Context(), topic, group, limit)
+	v := make([]admin.Blocked, len(bs))
+	for i, b := range bs {
+		v[i] = admin.Blocked{Topic: topic, ConsumerGroup: group, BlockedGroup: b}
 	}
-	v, err := u.topicBlocked(r.Context(), t, limit)
 	reply(u, w, r, v, err)
 }
 

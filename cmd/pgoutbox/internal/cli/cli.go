@@ -394,7 +394,7 @@ func (c *command) blocked(ctx context.Context, a *admin.Admin, args []string) er
 	case 0:
 		found, err = a.Blocked(ctx, c.limit)
 	case 1:
-		found, err = c.topicBlocked(ctx, a, args[0])
+		found, err = a.TopicBlocked(ctx, args[0], c.limit)
 	default:
 		var bs []outbox.BlockedGroup
 		bs, err = a.BlockedGroups(ctx, args[0], args[1], c.limit)
@@ -419,30 +419,6 @@ func (c *command) blocked(ctx context.Context, a *admin.Admin, args []string) er
 				v.Attempts, v.Since.UTC().Format(time.RFC3339), v.Behind, oneLine(v.LastError, 60))
 		}
 	})
-}
-
-// topicBlocked lists a topic's blocked message groups: a QUEUE topic's,
-// or each of a PUB_SUB topic's groups'.
-func (c *command) topicBlocked(ctx context.Context, a *admin.Admin, topic string) ([]admin.Blocked, error) {
-	t, err := a.Topic(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
-	groups := []string{""}
-	if t.Semantics == outbox.PubSub {
-		groups = t.Groups
-	}
-	var out []admin.Blocked
-	for _, g := range groups {
-		bs, err := a.BlockedGroups(ctx, topic, g, c.limit)
-		if err != nil {
-			return nil, err
-		}
-		for _, b := range bs {
-			out = append(out, admin.Blocked{Topic: topic, ConsumerGroup: g, BlockedGroup: b})
-		}
-	}
-	return out, nil
 }
 
 func backfill(p consumergroup.BackfillProgress) string {
