@@ -60,14 +60,12 @@ func (u *ui) charts(topic, group string) []chartView {
 			c.Max = figure(top)
 		}
 		top = max(top*1.1, 1)
-		var seg []string
+		var seg [][2]float64
 		for i, p := range s.Points {
 			if i > 0 && p.At.Sub(s.Points[i-1].At) > gap {
 				c.Segments, seg = append(c.Segments, line(seg)), nil
 			}
-			x := chartWidth * (1 - end.Sub(p.At).Seconds()/span.Seconds())
-			y := chartHeight * (1 - p.Value/top)
-			seg = append(seg, fmt.Sprintf("%.1f,%.1f", x, y))
+			seg = append(seg, [2]float64{chartWidth * (1 - end.Sub(p.At).Seconds()/span.Seconds()), chartHeight * (1 - p.Value/top)})
 		}
 		if len(seg) > 0 {
 			c.Segments = append(c.Segments, line(seg))
@@ -77,15 +75,18 @@ func (u *ui) charts(topic, group string) []chartView {
 	return out
 }
 
-// line joins a segment's points; a lone point becomes a short dash so it
-// shows.
-func line(points []string) string {
+// line writes a segment's points as a polyline's; a lone point becomes a
+// short dash so it shows.
+func line(points [][2]float64) string {
 	if len(points) == 1 {
-		x, y, _ := strings.Cut(points[0], ",")
-		fx, _ := strconv.ParseFloat(x, 64)
-		return fmt.Sprintf("%.1f,%s %s", math.Max(0, fx-3), y, points[0])
+		p := points[0]
+		points = [][2]float64{{max(0, p[0]-3), p[1]}, p}
 	}
-	return strings.Join(points, " ")
+	out := make([]string, len(points))
+	for i, p := range points {
+		out[i] = fmt.Sprintf("%.1f,%.1f", p[0], p[1])
+	}
+	return strings.Join(out, " ")
 }
 
 // figure writes a reading shortly: whole numbers as they are, others

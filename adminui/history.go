@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -75,13 +74,14 @@ type History struct {
 	at     []time.Time // ring of sample times, oldest at next once full
 	next   int
 	series map[seriesKey][]float64 // rings aligned with at; NaN: no reading
-	prev   map[string]backlog      // the last sample's backlog per topic or group
+	prev   map[seriesKey]backlog   // the last sample's backlog per topic or group (name "")
 	mark   admin.Watermark
 	marked bool
 	last   time.Time
 }
 
-// seriesKey names a series: a topic's (group "") or a group's.
+// seriesKey names a series: a topic's (group "") or a group's; with name
+// "", the topic or group itself.
 type seriesKey struct{ topic, group, name string }
 
 // backlog is a topic's or group's backlog at a sample, and whether it was
@@ -121,7 +121,7 @@ func NewHistory(cfg HistoryConfig) (*History, error) {
 		cfg.Logger = slog.Default()
 	}
 	keep := int(cfg.Span/cfg.Every) + 1
-	return &History{cfg: cfg, keep: keep, series: map[seriesKey][]float64{}, prev: map[string]backlog{}}, nil
+	return &History{cfg: cfg, keep: keep, series: map[seriesKey][]float64{}, prev: map[seriesKey]backlog{}}, nil
 }
 
 type systemClock struct{}
@@ -164,7 +164,7 @@ func (h *History) Sample(ctx context.Context) error {
 	h.mu.Unlock()
 
 	point := map[seriesKey]float64{}
-	backlogs := map[string]backlog{}
+	backlogs := map[seriesKey]backlog{}
 	for _, t := range topics {
 		sent := math.NaN()
 		if marked && since > 0 {
@@ -205,28 +205,27 @@ func groupBacklog(g consumergroup.Health, limit int64) backlog {
 }
 
 // record puts a topic's or group's readings into point.
-func (h *History) record(point map[seriesKey]float64, backlogs map[string]backlog, topic, group string, b backlog, lag float64, retrying, dead int64) {
+func (h *History) record(point map[seriesKey]float64, backlogs map[seriesKey]backlog, topic, group string, b backlog, lag float64, retrying, dead int64) {
 	point[seriesKey{topic, group, seriesBacklog}] = float64(b.n)
 	point[seriesKey{topic, group, seriesLag}] = lag
 	point[seriesKey{topic, group, seriesRetrying}] = float64(retrying)
 	point[seriesKey{topic, group, seriesDeadLetters}] = float64(dead)
-	backlogs[topic+"\x00"+group] = b
+	backlogs[seriesKey{topic, group, ""}] = b
 }
 
 // add appends a sample, working out each finished rate from the topic's
 // sends and the backlog's growth since the sample before.
-func (h *History) add(now time.Time, mark admin.Watermark, point map[seriesKey]float64, backlogs map[string]backlog, since time.Duration) {
+func (h *History) add(now time.Time, mark admin.Watermark, point map[seriesKey]float64, backlogs map[seriesKey]backlog, since time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for key, b := range backlogs {
-		topic, group, _ := strings.Cut(key, "\x00")
 		finished := math.NaN()
 		prev, ok := h.prev[key]
-		sent := point[seriesKey{topic, "", seriesSent}]
+		sent := point[seriesKey{key.topic, "", seriesSent}]
 		if ok && prev.exact && b.exact && !math.IsNaN(sent) {
 			finished = max(0, sent-float64(b.n-prev.n)/since.Seconds())
 		}
-		point[seriesKey{topic, group, seriesFinished}] = finished
+		point[seriesKey{key.topic, key.group, seriesFinished}] = finished
 	}
 	h.prev = backlogs
 	h.mark, h.marked, h.last = mark, true, now
