@@ -292,7 +292,7 @@ func (r *runner) handleBatch(bh BatchHandler, jobs []*job, t *turn) {
 			err = res.errs[i]
 		}
 		o, f := r.classify(j, err)
-		if r.g.topic.Ordered && j.d.Group != "" {
+		if r.g.byMessageGroup() && j.d.Group != "" {
 			// A message after one of its group that did not succeed is
 			// handed back whatever its result: it must not finish first.
 			if failing[j.d.Group] {

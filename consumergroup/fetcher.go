@@ -306,7 +306,12 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		}
 		tx.queue("forget messages set aside", g.q.ForgetSetAside, pgx.StrictNamedArgs{"sub": g.sub.ID})
 	}
-	if g.topic.Ordered {
+	if g.byMessageGroup() {
+		if expired { // a batch of an instance that read the stream (before Config.ByMessageGroup was set)
+			if took, err := r.takeOver(ctx, tx); err != nil || took {
+				return fetchedWork, err
+			}
+		}
 		return r.lookOrdered(ctx, tx, p, snapshot, limit)
 	}
 	catchup := p.backfill != nil && !p.backfill.readingEnded
@@ -410,9 +415,9 @@ func (r *runner) claimRetries(ctx context.Context, tx *lookTx, limit int) (int, 
 	g := r.g
 	args := sqlq.Args{"sub": g.sub.ID, "member": g.cfg.InstanceID, "now": g.now(), "lease_us": g.topic.Lease.Microseconds(), "limit": limit}
 	query := g.q.ClaimRetries
-	if g.topic.Ordered {
+	if g.byMessageGroup() {
 		query = g.q.ClaimOrderedRetries
-		args["after_group"], args["dead_letter_blocks"], args["run_limit"] = r.walkAfter, g.topic.OrderedDeadLetters == outbox.BlockGroup, pipeline.OrderedRun
+		args["after_group"], args["dead_letter_blocks"], args["run_limit"] = r.walkAfter, g.deadLettersBlock(), pipeline.OrderedRun
 	}
 	rows, err := tx.Query(ctx, query.Numbered, query.Bind(args)...)
 	if err != nil {
@@ -435,7 +440,7 @@ func (r *runner) claimRetries(ctx context.Context, tx *lookTx, limit int) (int, 
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}
-	if g.topic.Ordered {
+	if g.byMessageGroup() {
 		r.walkAfter = groupwalk.End(r.walkAfter, ds, func(d *outbox.Delivery) string { return d.Group })
 	}
 	jobs := make([]*job, len(ds))
@@ -602,7 +607,7 @@ type rowsAhead struct {
 func (r *runner) readAhead(limit int) *rowsAhead {
 	g := r.g
 	t := g.tracking()
-	if g.topic.Ordered || r.noReadAhead || t == nil {
+	if g.byMessageGroup() || r.noReadAhead || t == nil {
 		return nil
 	}
 	return &rowsAhead{args: t.stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": g.cfg.Topic, "limit": limit})}
@@ -622,12 +627,13 @@ func (r *runner) park(ctx context.Context, tx *lookTx, rows []row) error {
 		if x.scheduled {
 			due[i] = &x.due
 		}
-		if g.topic.Ordered { // the queue is walked by message group
+		if g.byMessageGroup() { // the queue is walked by message group
 			groups[i] = x.d.Group
 		}
 	}
 	tx.queue("park rows", g.q.ParkRows,
 		pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now(), "message_ids": ids, "message_groups": groups, "dues": due})
+	r.parked(len(rows))
 	return nil
 }
 
@@ -643,7 +649,7 @@ func (r *runner) park(ctx context.Context, tx *lookTx, rows []row) error {
 // parked or already handled.
 func (r *runner) recordBatch(ctx context.Context, tx *lookTx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
 	g := r.g
-	if g.topic.Ordered {
+	if g.byMessageGroup() {
 		return r.park(ctx, tx, got)
 	}
 	last := got[len(got)-1]
@@ -698,7 +704,7 @@ func (r *runner) dispatch(jobs []*job) {
 	r.handOut(jobs)
 	g.metrics.delivered.Add(context.Background(), int64(len(jobs)))
 	g.tracer.Received(context.Background(), g.cfg.Topic, g.cfg.Group, len(jobs), r.lastFullLook)
-	if g.topic.Ordered {
+	if g.byMessageGroup() {
 		slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
 	}
 	if bh := g.batchHandler; bh != nil {
@@ -706,7 +712,7 @@ func (r *runner) dispatch(jobs []*job) {
 		go r.handleBatch(bh, jobs, r.nextTurn())
 		return
 	}
-	if g.topic.Ordered {
+	if g.byMessageGroup() {
 		jobs = runs(jobs)
 	}
 	for _, j := range jobs {

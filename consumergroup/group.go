@@ -410,4 +410,16 @@ func (g *Group) Cancel(ctx context.Context) error {
 func (g *Group) now() *time.Time { return g.client.Now() }
 
 // handlerTimeout is how long a handler call may take.
+// byMessageGroup says whether the group reads its topic by message group:
+// an ordered topic's groups, and those configured so (Config.ByMessageGroup).
+// They queue what they read and claim each message group's next messages
+// (see ordered.go).
+func (g *Group) byMessageGroup() bool { return g.topic.Ordered || g.cfg.ByMessageGroup }
+
+// deadLettersBlock says whether a dead letter blocks its message group: on
+// an ordered topic with that policy.
+func (g *Group) deadLettersBlock() bool {
+	return g.topic.Ordered && g.topic.OrderedDeadLetters == outbox.BlockGroup
+}
+
 func (g *Group) handlerTimeout() time.Duration { return cmp.Or(g.cfg.HandlerTimeout, g.topic.Lease) }

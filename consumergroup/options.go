@@ -285,6 +285,18 @@ type Config struct {
 	// as one with members does (a full batch at a time, and smaller ones
 	// beside it).
 	ConcurrentBatches int
+	// ByMessageGroup reads a topic that is not ordered the way an ordered
+	// topic's groups read theirs: the group queues what it reads and hands
+	// out the next messages of each message group in turn, one message
+	// group's at a time (the first, or a run of the first few), so one
+	// message group's backlog never delays another's messages. Messages
+	// of one message group then go in the order of their ids (on a topic
+	// that is not ordered, two transactions sending to one message group
+	// at once may commit in the other order), priorities above 0 are not
+	// taken ahead of a backlog, and a dead letter never blocks its message
+	// group. Each message costs one more row write, insert and delete. The
+	// router's sources set it. It changes nothing on an ordered topic.
+	ByMessageGroup bool
 	// PollInterval bounds how long an idle instance waits before looking
 	// for messages when no notification woke it. Defaults to DefaultPollInterval.
 	PollInterval time.Duration

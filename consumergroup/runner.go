@@ -89,19 +89,21 @@ type runner struct {
 
 	// The fetcher's own: it takes turns between the stream and a pending
 	// backfill, whose reads the throttle paces.
-	catchupTurn     bool
-	throttle        *throttle
-	catchupWait     time.Duration // until the throttle allows the next catch-up read (0: none waits)
-	backfilling     atomic.Bool   // a backfill is pending: the load sampler probes
-	idleSince       time.Time     // when an empty look last moved the position (see idlePositionEvery)
-	idle            bool          // the last full look found nothing to do (see look)
-	silent          bool          // it stopped fetching for want of heartbeats (see canFetch)
-	lastReap        time.Time     // when a look last reaped retries
-	lastFullLook    time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
-	lastTurn        chan struct{} // closed once the last batch handed to the batch handler had its turn (see InTurn)
-	walkAfter       string        // an ordered group's next claim walks the message groups from after this one
-	lastOrphanSweep time.Time     // see orphanSweepEvery
-	noReadAhead     bool          // the last look took over, claimed retries or had a backfill pending (see readAhead)
+	catchupTurn        bool
+	throttle           *throttle
+	catchupWait        time.Duration // until the throttle allows the next catch-up read (0: none waits)
+	backfilling        atomic.Bool   // a backfill is pending: the load sampler probes
+	idleSince          time.Time     // when an empty look last moved the position (see idlePositionEvery)
+	idle               bool          // the last full look found nothing to do (see look)
+	silent             bool          // it stopped fetching for want of heartbeats (see canFetch)
+	lastReap           time.Time     // when a look last reaped retries
+	lastFullLook       time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
+	lastTurn           chan struct{} // closed once the last batch handed to the batch handler had its turn (see InTurn)
+	walkAfter          string        // an ordered group's next claim walks the message groups from after this one
+	lastOrphanSweep    time.Time     // see orphanSweepEvery
+	noReadAhead        bool          // the last look took over, claimed retries or had a backfill pending (see readAhead)
+	parkedSinceAnalyze int           // rows queued in the retry table since lastAnalyze (see analyze.go)
+	lastAnalyze        time.Time     // when the fetcher last analyzed the retry table
 }
 
 // job is one delivery to handle.
@@ -245,7 +247,7 @@ func (g *Group) newRunner() (*runner, error) {
 		}
 		r.hbPool, r.releaseHB = p, p.Close
 	}
-	capacity := pipeline.Capacity(g.cfg.BatchSize, g.cfg.Concurrency, g.topic.Ordered)
+	capacity := pipeline.Capacity(g.cfg.BatchSize, g.cfg.Concurrency, g.byMessageGroup())
 	if g.batchHandler != nil && g.cfg.ConcurrentBatches > 0 {
 		capacity = g.cfg.BatchSize * g.cfg.ConcurrentBatches
 	}

@@ -3,7 +3,9 @@ package router_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -42,16 +44,25 @@ func (a *arrivals) at(g string) (time.Time, bool) {
 	return t, ok
 }
 
-// On an ordered topic, a cold message group beside a hot one with 100,000
-// messages queued: the cold group's message is not delivered behind the
-// hot group's backlog. The database hands out each message group's head,
-// and the pool's workers go round the groups with messages ready. (On a
-// topic that is not ordered, the cold message waits until its source has
-// read past the hot backlog: see docs/router.md.)
+// A cold message group beside a hot one with 100,000 messages queued: the
+// cold group's message is not delivered behind the hot group's backlog,
+// on an ordered topic or not. The router's sources read a topic by
+// message group (the database hands out each message group's next
+// messages in turn), and the pool's workers go round the groups with
+// messages ready.
 func TestColdGroupBesideAHotOne(t *testing.T) {
 	t.Parallel()
+	for _, ordered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ordered=%t", ordered), func(t *testing.T) {
+			t.Parallel()
+			coldBesideHot(t, ordered)
+		})
+	}
+}
+
+func coldBesideHot(t *testing.T, ordered bool) {
 	b := setupPG(t)
-	require.NoError(t, b.client.ConfigureTopic(context.Background(), outbox.TopicConfig{Name: "hooks", Semantics: outbox.Queue, Ordered: true}))
+	require.NoError(t, b.client.ConfigureTopic(context.Background(), outbox.TopicConfig{Name: "hooks", Semantics: outbox.Queue, Ordered: ordered}))
 	rv := &arrivals{first: map[string]time.Time{}, delay: 2 * time.Millisecond}
 	_, host := endpoint(t, rv.ServeHTTP)
 	target := "http://" + host + "/hook"
@@ -77,10 +88,21 @@ func TestColdGroupBesideAHotOne(t *testing.T) {
 		})
 		return got.Sub(sent)
 	}
-	alone := latency("cold-alone")
+	median := func(prefix string) time.Duration {
+		var ds []time.Duration
+		for i := range 7 {
+			ds = append(ds, latency(fmt.Sprintf("%s%d", prefix, i)))
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	alone := median("alone")
 	send("hot", 100_000)
 	pgtest.Eventually(t, 30*time.Second, "the hot group under way", func() bool { _, ok := rv.at("hot"); return ok })
-	beside := latency("cold")
-	t.Logf("cold message alone: %s; beside 100,000 hot ones: %s", alone.Round(time.Millisecond), beside.Round(time.Millisecond))
-	require.Less(t, beside, time.Second, "not behind the hot backlog (delivering it takes minutes)")
+	beside := median("cold")
+	t.Logf("a cold message's latency (median of 7): alone %s; beside 100,000 hot ones %s (%.1fx)",
+		alone.Round(100*time.Microsecond), beside.Round(100*time.Microsecond), float64(beside)/float64(alone))
+	// Within twice its latency alone, with 20 ms for a busy machine's noise
+	// (the backlog takes minutes to deliver).
+	require.Less(t, beside, 2*alone+20*time.Millisecond, "the cold message waited behind the hot backlog")
 }

@@ -39,13 +39,17 @@ type GroupSourceConfig struct {
 }
 
 // GroupSource feeds the router from a consumer group on a PUB_SUB topic.
-// Each group batch (in commit order), and each set of the group's retries
-// claimed together, becomes one router batch; the group's batch completes
-// once the router settled every message of it. The group keeps the
-// batch's lease alive meanwhile. A message delivered is recorded as done
-// for the group at once (with Group.AckTx), not when its batch ends, so a
-// crash after the receiver's 200 does not send it again; on an ordered
-// topic, once the messages before it in its message group and batch are.
+// The group reads its topic by message group, ordered or not
+// (consumergroup.Config.ByMessageGroup, which the source sets): it queues
+// what it reads and hands out the next messages of each message group in
+// turn, one message group's at a time, so a message group's backlog never
+// delays another's and its messages go in order, whatever the number of
+// routers. Each set of messages the group hands out together becomes one
+// router batch, which completes once the router settled every message of
+// it; the group keeps their leases alive meanwhile. A message delivered is
+// recorded as done for the group at once (with Group.AckTx), not when its
+// batch ends, so a crash after the receiver's 200 does not send it again;
+// once the messages before it in its message group and batch are.
 // Router nacks become group retries (a nack that attempted no delivery
 // spends no attempt), dead letters group dead letters.
 type GroupSource struct {
@@ -68,6 +72,10 @@ func NewGroupSource(cfg GroupSourceConfig) (*GroupSource, error) {
 		cfg.Mapper = HeaderMapper
 	}
 	cfg.Group.HandlerTimeout = cmp.Or(cfg.Group.HandlerTimeout, DefaultGroupHandlerTimeout)
+	// Each message group's next messages in turn, from the database up, on
+	// any topic: a message group's backlog never delays another's, and its
+	// order is kept by the group (the router holds nothing back for it).
+	cfg.Group.ByMessageGroup = true
 	schema := cfg.Group.Schema
 	if schema == "" && cfg.Group.Client != nil {
 		schema = cfg.Group.Client.Schema()
@@ -157,24 +165,24 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 	results := make([]error, len(ds))
 	var wg sync.WaitGroup
 	batch := make([]*Message, 0, len(ds))
-	last := map[string]*groupSettler{} // an ordered topic's last message of each message group so far (ds is in commit order)
-	unmapped := map[string]bool{}      // an ordered topic's message groups with a message the mapper refused
+	last := map[string]*groupSettler{} // each message group's last message so far (ds is in the group's order)
+	unmapped := map[string]bool{}      // message groups with a message the mapper refused
 	for i, d := range ds {
-		if topic.Ordered && d.Group != "" && unmapped[d.Group] {
+		if d.Group != "" && unmapped[d.Group] {
 			continue // not delivered: the group hands it back, as it follows a message that failed
 		}
 		r, err := mapRoute(s.cfg.Mapper, d)
 		var panicked *panicError
 		if err != nil && !errors.As(err, &panicked) {
 			results[i] = outbox.Permanent(err)
-			if topic.Ordered && d.Group != "" {
+			if d.Group != "" {
 				unmapped[d.Group] = true
 			}
 			continue
 		}
 		wg.Add(1)
 		st := &groupSettler{result: &results[i], wg: &wg, acks: acks, d: d}
-		if topic.Ordered && d.Group != "" {
+		if d.Group != "" {
 			st.prev, last[d.Group] = last[d.Group], st
 		}
 		// A message is the group's copy: another group's copy of the same
@@ -192,9 +200,9 @@ func (s *GroupSource) handle(ctx context.Context, route func(context.Context, []
 			Topic: d.Topic, Payload: d.Payload, Settle: st, TraceContext: d.Headers,
 			RetryDelay: backoff.Exponential(d.Attempt, topic.BackoffInitial, topic.BackoffMax),
 			panicked:   panicked, // the router retries it and reports the panic
-			ordered:    topic.Ordered && r.Group == d.Group,
+			ordered:    r.Group == d.Group,
 		})
-		if panicked != nil && topic.Ordered && d.Group != "" {
+		if panicked != nil && d.Group != "" {
 			unmapped[d.Group] = true
 		}
 	}

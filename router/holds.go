@@ -11,14 +11,14 @@ import (
 // instead of delivered ahead of it. Messages routed before it are not
 // affected.
 //
-// Holds serve only sources that do not keep the order themselves: sources
-// of your own, and QueueSource and GroupSource on an unordered topic. On
-// an ordered topic (outbox.TopicConfig.Ordered), when the route's Group is
-// the message's own, the database hands out a message group's next
-// message only once the one before it is settled, across routers and
-// restarts, which no hold in one process can do; such messages are never
-// held (Message.ordered). Sources like SQS FIFO keep the order themselves
-// too.
+// Holds serve only sources that do not keep the order themselves:
+// sources of your own, and messages whose Mapper gave them another Group
+// than the one they were sent with. QueueSource and GroupSource read every
+// topic by message group (consumergroup.Config.ByMessageGroup), so the
+// database hands out a message group's next messages only once those
+// before them are settled, across routers and restarts, which no hold in
+// one process can do; their messages are never held (Message.ordered).
+// Sources like SQS FIFO keep the order themselves too.
 type holds struct {
 	mu sync.Mutex
 	m  map[string]hold

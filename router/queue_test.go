@@ -453,8 +453,10 @@ func TestReclaimWhileInFlightIsAdopted(t *testing.T) {
 	rt := newRouter(t, router.Config{AllowedHosts: []string{host}, MaxAttempts: 1, DefaultRetryDelay: time.Second})
 	b.addSource(t, rt, router.QueueSourceConfig{})
 	pgtest.Eventually(t, 10*time.Second, "first delivery in flight", func() bool { return calls.Load() == 1 })
-	// The lease runs out under the delivery: the source claims the message again.
-	_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_group_batches")+` SET lease_until = now() - interval '1 ms'`)
+	// The lease runs out under the delivery: the source claims the message
+	// again. (Its group reads by message group: the message is leased in
+	// the group's retry table.)
+	_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("outbox_group_retries")+` SET lease_until = now() - interval '1 ms' WHERE status = 'PROCESSING'`)
 	require.NoError(t, err)
 	pgtest.Eventually(t, 10*time.Second, "claimed again", func() bool { return b.retries(t, "attempts = 2") == 1 || b.pending(t) == 0 })
 	require.Equal(t, 1, b.retries(t, "attempts = 2 AND status = 'PROCESSING'"), "the new claim is held, not acked away")

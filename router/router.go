@@ -112,8 +112,8 @@ type Message struct {
 	// groups of the same name in two topics are two groups. After a
 	// failure the router holds the rest of a message group back in memory
 	// (in this process) until the failed message's retry, unless its
-	// source keeps the order: QueueSource and GroupSource on an ordered
-	// topic, when Group is the group the message was sent with.
+	// source keeps the order: QueueSource and GroupSource do, when Group
+	// is the group the message was sent with.
 	Pool, Target, Group string
 	HighPriority        bool
 	Topic               string

@@ -443,7 +443,10 @@ WHERE subscription_id = @sub`
 // reapRetries returns retries whose lease ran out to the queue (or the
 // dead letters, on their last attempt), counting the expiry. It returns
 // how many it returned of those whose lease ran out and of those whose
-// instance was found gone (see OwnerGone).
+// instance was found gone (see OwnerGone). It reads the leased retries
+// only, in their index, whatever the statistics say: with the plan of a
+// small table it read every retry of the group twice (30–60 ms every
+// PollInterval beside 100,000 queued messages).
 const reapRetries = `
 WITH reaped AS (
     UPDATE {{schema}}.outbox_group_retries
@@ -454,13 +457,20 @@ WITH reaped AS (
                      || ' (member ' || coalesce(lease_owner, '?') || ')',
         lease_expiries = lease_expiries + 1, failing_since = coalesce(failing_since, @now::timestamptz, now()),
         lease_owner = NULL, lease_until = NULL
-    WHERE subscription_id = @sub AND message_id = ANY (ARRAY(
+    WHERE message_id = ANY (ARRAY(
         SELECT message_id FROM {{schema}}.outbox_group_retries
         WHERE subscription_id = @sub AND status = 'PROCESSING' AND lease_until < coalesce(@now::timestamptz, now())
+        ORDER BY lease_until -- outbox_group_retries_leased_idx's order: no other index can serve it
         FOR UPDATE SKIP LOCKED)) -- a locked row is being acked in a handler's transaction (see takeRetry)
+          AND subscription_id + 0 = @sub -- by message id alone, as leaseDue
     RETURNING starts_with(last_error, 'instance gone') AS gone
 )
 SELECT count(*) FILTER (WHERE NOT gone), count(*) FILTER (WHERE gone) FROM reaped`
+
+// analyzeRetries refreshes the retry table's statistics (see
+// consumergroup's analyze.go), waiting at most 100 ms for a lock another
+// ANALYZE or a VACUUM holds: they refresh them too.
+const analyzeRetries = `ANALYZE {{schema}}.outbox_group_retries`
 
 // deleteOrphanRetries drops retries of messages that no longer exist
 // (deleted while the group was DEAD, or by the retention cap) of which the
@@ -523,26 +533,37 @@ WITH ordinary AS (
 // leaseDue ends claimRetries and claimOrderedRetries: it leases the
 // retries of subscription @sub that CTE due lists to @member, for @lease_us
 // microseconds from @now, and returns their messages in commit order. A
-// retry settled since the statement's snapshot is left alone. The ids in
-// due are looked up as one array (primary key probes): joined with due,
-// the planner, guessing it holds a row or two, scanned the group's due
-// retries and compared each with every row of due (1.5 s a claim with
-// 14,000 messages queued).
+// retry settled since the statement's snapshot is left alone.
+//
+// The retries are found by message id alone, one probe of
+// outbox_group_retries_message_idx per id, and what a message row no
+// longer has (a dead letter's copy) comes back from the update itself.
+// The subscription and status are written so that no index can search by
+// them (0 added to one, an empty string appended to the other): every
+// plan that did read the whole queue of the group whenever the planner
+// thought it small. Joined with due, guessing
+// due held a row or two, it compared each retry of the group with every
+// row of due (1.5 s a claim with 14,000 messages queued); with a plan made
+// while the table was small (a prepared statement's generic plan, kept
+// until the table is analyzed again), it searched the primary key by
+// subscription only; and after a vacuum had found the table empty, a
+// partial index on status looked empty to the planner, which read all of
+// it (30–90 ms a claim beside 100,000 queued messages, the whole of a look).
 const leaseDue = `, claimed AS (
     UPDATE {{schema}}.outbox_group_retries AS r
     SET status = 'PROCESSING', attempts = r.attempts + 1, lease_owner = @member,
         lease_until = coalesce(@now::timestamptz, now()) + @lease_us * interval '1 microsecond'
-    WHERE r.subscription_id = @sub AND r.message_id = ANY (ARRAY(SELECT message_id FROM due)) AND r.status = 'RETRY'
-    RETURNING r.message_id, r.attempts, r.lease_until
+    WHERE r.message_id = ANY (ARRAY(SELECT message_id FROM due)) AND r.subscription_id + 0 = @sub AND r.status || '' = 'RETRY'
+    RETURNING r.message_id, r.attempts, r.lease_until,
+              r.xid, r.payload, r.headers, r.correlation_id, r.message_group, r.priority, r.created_at
 )
-SELECT c.message_id, coalesce(o.xid, r.xid)::text, coalesce(o.payload, r.payload), coalesce(o.headers, r.headers),
-       coalesce(o.correlation_id, r.correlation_id), coalesce(o.message_group, r.message_group, ''),
-       coalesce(o.priority, r.priority), coalesce(o.created_at, r.created_at), c.attempts, c.lease_until
+SELECT c.message_id, coalesce(o.xid, c.xid)::text, coalesce(o.payload, c.payload), coalesce(o.headers, c.headers),
+       coalesce(o.correlation_id, c.correlation_id), coalesce(o.message_group, c.message_group, ''),
+       coalesce(o.priority, c.priority), coalesce(o.created_at, c.created_at), c.attempts, c.lease_until
 FROM claimed AS c
-JOIN {{schema}}.outbox_group_retries AS r ON r.subscription_id = @sub AND r.message_id = c.message_id
 LEFT JOIN {{schema}}.outbox_published AS o ON o.id = c.message_id
-WHERE coalesce(o.payload, r.payload) IS NOT NULL -- neither: an orphan, deleted at the next reap
-ORDER BY coalesce(o.xid, r.xid), c.message_id`
+WHERE coalesce(o.payload, c.payload) IS NOT NULL -- neither: an orphan, deleted at the next reap
+ORDER BY coalesce(o.xid, c.xid), c.message_id`
 
 // parkRows puts messages (ids @message_ids, their @message_groups, empty
 // for none, and @dues, the times scheduled ones are due, NULL for the
@@ -558,7 +579,8 @@ SELECT @sub, u.id, 'RETRY', 0, greatest(coalesce(@now::timestamptz, now()), u.du
 FROM unnest(@message_ids::bigint[], @message_groups::text[], @dues::timestamptz[]) AS u(id, message_group, due)
 ON CONFLICT (subscription_id, message_id) DO NOTHING`
 
-// claimOrderedRetries is claimRetries for an ordered group, with the same
+// claimOrderedRetries is claimRetries for a group that reads by message
+// group (an ordered topic's, or one configured so), with the same
 // parameters and three more: @after_group, the message group to start the
 // walk after (empty: the first), @dead_letter_blocks, whether a dead
 // letter blocks its message group, and @run_limit, the most messages of
@@ -574,26 +596,32 @@ ON CONFLICT (subscription_id, message_id) DO NOTHING`
 // one run, which one executor handles in order.
 //
 // Heads are found by walking outbox_group_retries_group_idx from one
-// message group to the next (one index probe each), from the group after
-// @after_group to the last, then from the first, until the walk is back at @after_group or
-// has met @limit free heads. A message group with a long queue so never
-// crowds out the others. A head that is a suspect (see isSuspect) is, as
-// in claimRetries, claimed alone (no run) and only while no other suspect
-// is leased. Retries of
-// messages without a group are claimed as in claimRetries.
+// message group's head to the next (one index probe each: the first
+// entry past the last message group is the next one's head), from the
+// group after @after_group to the last, then from the first, until the
+// walk is back at @after_group or has met @limit free heads. A message
+// group with a long queue so never crowds out the others. A head that is
+// a suspect (see isSuspect) is, as in claimRetries, claimed alone (no run)
+// and only while no other suspect is leased. Retries of messages without
+// a group are claimed as in claimRetries.
+//
+// Every probe orders by (message_group, message_id) from a bound on both,
+// an order only the group index has. Asked for one message group's
+// lowest id, the planner could take the order of another index on
+// message_id, filter it by message group, and read a whole queue for a
+// message group that had one row at its end: 17–50 ms a claim beside
+// 100,000 messages of another message group, whenever the statistics
+// made that message group look like all of the table (a generic plan, or
+// a burst that autovacuum had not analyzed yet).
 var claimOrderedRetries = `
 WITH RECURSIVE walk AS (
-    SELECT n.message_group, n.wrapped, h.message_id, coalesce(h.free, false) AS free, h.suspect,
-           coalesce(h.free, false)::int AS found
-    FROM (` + nextMessageGroup("@after_group::text", "false") + `) AS n
-    LEFT JOIN LATERAL (` + orderedHead("n") + `) AS h ON true
+    SELECT h.message_group, h.wrapped, h.message_id, h.free, h.suspect, h.free::int AS found
+    FROM (` + nextHead("@after_group::text", "false") + `) AS h
     UNION ALL
-    SELECT n.message_group, n.wrapped, h.message_id, coalesce(h.free, false), h.suspect,
-           w.found + coalesce(h.free, false)::int
+    SELECT h.message_group, h.wrapped, h.message_id, h.free, h.suspect, w.found + h.free::int
     FROM walk AS w
-    CROSS JOIN LATERAL (` + nextMessageGroup("w.message_group", "w.wrapped") + `) AS n
-    LEFT JOIN LATERAL (` + orderedHead("n") + `) AS h ON true
-    WHERE w.found < @limit AND NOT (n.wrapped AND n.message_group COLLATE "C" > @after_group::text)
+    CROSS JOIN LATERAL (` + nextHead("w.message_group", "w.wrapped") + `) AS h
+    WHERE w.found < @limit AND NOT (h.wrapped AND h.message_group COLLATE "C" > @after_group::text)
 ), runs AS (
     SELECT message_id, 1 AS pos, suspect FROM walk WHERE free
     UNION ALL
@@ -601,13 +629,15 @@ WITH RECURSIVE walk AS (
     FROM walk AS h
     CROSS JOIN LATERAL (
         SELECT message_id, pos FROM (
-            SELECT message_id, 1 + row_number() OVER (ORDER BY message_id) AS pos,
-                   bool_and(status = 'RETRY' AND NOT ` + isSuspect("") + ` AND available_at <= coalesce(@now::timestamptz, now()))
-                       OVER (ORDER BY message_id) AS unbroken
-            FROM (SELECT message_id, status, lease_expiries, available_at FROM {{schema}}.outbox_group_retries
-                  WHERE subscription_id = @sub AND message_group COLLATE "C" = h.message_group
-                        AND message_id > h.message_id AND (status <> 'DEAD_LETTER' OR @dead_letter_blocks::bool)
-                  ORDER BY message_id LIMIT @run_limit - 1) AS x) AS y
+            SELECT message_id, 1 + row_number() OVER (ORDER BY message_group COLLATE "C", message_id) AS pos,
+                   bool_and(message_group COLLATE "C" = h.message_group AND status = 'RETRY' AND NOT ` + isSuspect("") + `
+                            AND available_at <= coalesce(@now::timestamptz, now()))
+                       OVER (ORDER BY message_group COLLATE "C", message_id) AS unbroken
+            FROM (SELECT message_id, message_group, status, lease_expiries, available_at FROM {{schema}}.outbox_group_retries
+                  WHERE subscription_id = @sub AND message_group IS NOT NULL -- the group index's predicate
+                        AND (message_group COLLATE "C", message_id) > (h.message_group COLLATE "C", h.message_id)
+                        AND (status <> 'DEAD_LETTER' OR @dead_letter_blocks::bool)
+                  ORDER BY message_group COLLATE "C", message_id LIMIT @run_limit - 1) AS x) AS y
         WHERE unbroken) AS b
     WHERE h.free AND NOT h.suspect
 ), ungrouped AS (
@@ -626,33 +656,29 @@ WITH RECURSIVE walk AS (
      LIMIT 1)
 )` + leaseDue
 
-// nextMessageGroup is the first message group, in the walk of
-// claimOrderedRetries, after message group after: the next one in
-// outbox_group_retries_group_idx, or once past the last (wrapped is
-// false), the first, with wrapped true.
-func nextMessageGroup(after, wrapped string) string {
-	return `SELECT * FROM (
-        (SELECT message_group, ` + wrapped + ` AS wrapped FROM {{schema}}.outbox_group_retries
-         WHERE subscription_id = @sub AND message_group COLLATE "C" > ` + after + `
-         ORDER BY message_group COLLATE "C" LIMIT 1)
-        UNION ALL
-        (SELECT message_group, true FROM {{schema}}.outbox_group_retries
-         WHERE subscription_id = @sub AND message_group IS NOT NULL AND NOT ` + wrapped + `
-         ORDER BY message_group COLLATE "C" LIMIT 1)) AS next
-    LIMIT 1`
-}
-
-// orderedHead is the head of message group g.message_group in
-// claimOrderedRetries: its id, whether it is free, and whether it is a
-// suspect (see there).
-func orderedHead(g string) string {
-	return `SELECT message_id, status = 'RETRY' AND available_at <= coalesce(@now::timestamptz, now())
-                   AND (NOT ` + isSuspect("") + ` OR NOT ` + suspectLeased + `) AS free,
-                   ` + isSuspect("") + ` AS suspect
+// nextHead is the head of the first message group, in the walk of
+// claimOrderedRetries, after message group after: the first entry of
+// outbox_group_retries_group_idx past it (a dead letter only when it
+// blocks), or once past the last (wrapped is false), the first entry,
+// with wrapped true. Its columns: message_group, message_id, free (due,
+// not leased, and not a suspect while another is leased), suspect (see
+// isSuspect) and wrapped.
+func nextHead(after, wrapped string) string {
+	head := func(where, wrappedCol string) string {
+		return `SELECT message_group, message_id,
+                   status = 'RETRY' AND available_at <= coalesce(@now::timestamptz, now())
+                       AND (NOT ` + isSuspect("") + ` OR NOT ` + suspectLeased + `) AS free,
+                   ` + isSuspect("") + ` AS suspect, ` + wrappedCol + ` AS wrapped
             FROM {{schema}}.outbox_group_retries
-            WHERE subscription_id = @sub AND message_group COLLATE "C" = ` + g + `.message_group
+            WHERE subscription_id = @sub AND ` + where + `
                   AND (status <> 'DEAD_LETTER' OR @dead_letter_blocks::bool)
-            ORDER BY message_id LIMIT 1`
+            ORDER BY message_group COLLATE "C", message_id LIMIT 1`
+	}
+	return `SELECT * FROM (
+        (` + head(`message_group COLLATE "C" > `+after, wrapped) + `)
+        UNION ALL
+        (` + head(`message_group IS NOT NULL AND NOT `+wrapped, "true") + `)) AS next
+    LIMIT 1`
 }
 
 // isSuspect: the retry (of table alias alias, "" for none) is suspected

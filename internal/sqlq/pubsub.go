@@ -34,6 +34,7 @@ type PubSub struct {
 	AdvanceOffset, InsertBatch                    string
 	SetAside, ForgetSetAside                      string
 	ReapRetries, DeleteOrphanRetries, ParkRows    string
+	AnalyzeRetries                                string
 	CopyDeadLetters, DeadLettersToComplete        string
 	// Large, and run by most looks: numbered once (see Named).
 	FetchRows, FetchRowsAhead, TakeAhead, AnyWork Named
@@ -115,6 +116,7 @@ func ForPubSub(schema string) *PubSub {
 		AdvanceOffset:       q(advanceOffset),
 		InsertBatch:         q(insertBatch),
 		ReapRetries:         q(reapRetries),
+		AnalyzeRetries:      q(analyzeRetries),
 		DeleteOrphanRetries: q(deleteOrphanRetries),
 		ClaimRetries:        named(q(claimRetries)),
 		ParkRows:            q(parkRows),

@@ -60,6 +60,13 @@ func TestEveryStatementPreparesAgainstTheMigratedSchema(t *testing.T) {
 			if numbered.MatchString(rawSQL(v.Field(i).Interface())) {
 				numberedLeft = append(numberedLeft, name)
 			}
+			if strings.HasPrefix(sql, "ANALYZE ") { // a utility statement does not prepare: it runs
+				if _, err := conn.Exec(ctx, sql); err != nil {
+					t.Errorf("%s does not run: %v\n%s", name, err, sql)
+				}
+				n++
+				continue
+			}
 			if _, err := conn.Conn().Prepare(ctx, name, sql); err != nil {
 				t.Errorf("%s does not prepare: %v\n%s", name, err, sql)
 			}
