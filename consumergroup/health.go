@@ -40,15 +40,17 @@ type Health struct {
 	Unread int64 `json:"unread"`
 	// LeasedBatches and LeasedRetries count what instances hold now:
 	// batches of the stream, and messages delivered one by one (retries,
-	// and every message of an ordered group).
+	// and every message of a group that reads by message group).
 	LeasedBatches int64 `json:"leased_batches"`
 	LeasedRetries int64 `json:"leased_retries"`
 	// Waiting counts messages that failed and wait for their next
 	// attempt (a retry).
 	Waiting int64 `json:"waiting"`
 	// Queued counts messages the group read and will deliver, that have
-	// not failed: an ordered group's queue (it queues what it reads and
-	// delivers each message group's oldest first), replayed dead letters,
+	// not failed: the queue of a group that reads by message group (an
+	// ordered topic's, or one with Config.ByMessageGroup: it queues what
+	// it reads and delivers each message group's oldest first), replayed
+	// dead letters,
 	// and messages a stopping instance handed back untried.
 	Queued int64 `json:"queued"`
 	// Scheduled counts messages that are not due yet (sent with Delay or

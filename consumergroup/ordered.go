@@ -5,8 +5,10 @@ import (
 	"time"
 )
 
-// Ordered groups. A group of an ordered topic (outbox.TopicConfig.Ordered)
-// does not hand out what it reads as batches: each look queues the rows
+// Ordered groups. A group of an ordered topic (outbox.TopicConfig.Ordered),
+// and one configured to read by message group (Config.ByMessageGroup; all
+// that follows holds for it, with ids in place of commit order), does not
+// hand out what it reads as batches: each look queues the rows
 // it reads in the group's retry table, as retries that never ran, and
 // claims from there only the head of each message group (its oldest
 // queued message, by id: on an ordered topic ids follow commit order

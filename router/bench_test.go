@@ -218,3 +218,69 @@ func benchRouterWith(b *testing.B, delay time.Duration, window int, shared *rout
 	}
 	reportLatency(b, d.lat, elapsed, used)
 }
+
+// BenchmarkDeliverFromQueue: the router end to end, reading a QUEUE topic
+// (not ordered) through a QueueSource, which reads it by message group:
+// b.N messages of benchGroups message groups, queued before the timer
+// starts, delivered to an in-process no-op receiver with pool concurrency
+// benchConcurrency. It measures what the database side of a source costs
+// per message (the queue row each message gets, its claims and acks):
+//
+//	go test -run '^$' -bench DeliverFromQueue -benchtime 20000x ./router
+func BenchmarkDeliverFromQueue(b *testing.B) {
+	db := pgtest.NewDB(b)
+	ctx := context.Background()
+	client, err := outbox.NewClient(db.Pool, outbox.Config{Schema: db.Schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := client.ConfigureTopic(ctx, outbox.TopicConfig{Name: "hooks", Semantics: outbox.Queue}); err != nil {
+		b.Fatal(err)
+	}
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: db.Schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var got atomic.Int64
+	all := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write([]byte(`{"ack":true}`))
+		if got.Add(1) == int64(b.N) {
+			close(all)
+		}
+	}))
+	b.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	headers := map[string]string{router.HeaderPool: "P", router.HeaderTarget: srv.URL + "/hook"}
+	for i := 0; i < b.N; i += 1000 {
+		msgs := make([]outbox.Message, 0, 1000)
+		for j := i; j < min(i+1000, b.N); j++ {
+			msgs = append(msgs, outbox.Message{Topic: "hooks", Payload: []byte(`{"n":1}`), Group: strconv.Itoa(j % benchGroups), Headers: headers})
+		}
+		if _, err := producer.SendBatch(ctx, db.Pool, msgs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rt, err := router.New(router.Config{AllowedHosts: []string{u.Host}, Pools: []router.PoolConfig{{Code: "P", Concurrency: benchConcurrency}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: client, Topic: "hooks", BatchSize: 100})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt.AddSource(src)
+	b.ResetTimer()
+	start := time.Now()
+	if err := rt.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	<-all
+	elapsed := time.Since(start)
+	b.StopTimer()
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_ = rt.Stop(stopCtx)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "deliveries/s")
+}
