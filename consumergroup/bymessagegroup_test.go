@@ -182,3 +182,26 @@ func TestByMessageGroupAnalyzesAfterABurst(t *testing.T) {
 	b.sendGroups(t, []string{"hot"}, 12_000)
 	pgtest.Eventually(t, 30*time.Second, "the retry table analyzed", func() bool { return lastAnalyze() != nil })
 }
+
+// A retry whose message no longer exists (the retention cap deleted it)
+// is dropped by the instance's janitor, outside its looks: a look never
+// reads the whole queue for it.
+func TestRetriesOfDeletedMessagesAreDropped(t *testing.T) {
+	t.Parallel()
+	b := setupTopic(t, outbox.TopicConfig{Name: "jobs", BackoffInitial: time.Hour, BackoffMax: time.Hour})
+	g := b.newGroup(t, "(queue)", byMessageGroup)
+	require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+		return fmt.Errorf("receiver down")
+	}, nil))
+	start(t, g, consumergroup.FromNow())
+	ids := b.send(t, 1, 2)
+	pgtest.Eventually(t, 10*time.Second, "both waiting to be retried", func() bool {
+		return b.countIn(t, "outbox_group_retries", "status = 'RETRY' AND attempts = 1") == 2
+	})
+	_, err := b.db.Pool.Exec(context.Background(), "DELETE FROM "+b.db.Table("outbox_published")+" WHERE id = $1", ids[0])
+	require.NoError(t, err)
+	pgtest.Eventually(t, 30*time.Second, "the deleted message's retry dropped", func() bool {
+		return b.countIn(t, "outbox_group_retries", "message_id = $1", ids[0]) == 0
+	})
+	require.Equal(t, 1, b.countIn(t, "outbox_group_retries", "message_id = $1", ids[1]), "the other retry stays")
+}

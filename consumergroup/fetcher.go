@@ -120,15 +120,8 @@ func (r *runner) look(limit int, notified bool) (pipeline.Found, error) {
 	return pipeline.Found{Within: r.catchupWait}, err
 }
 
-// orphanSweepEvery is how often an instance drops retries of messages
-// that no longer exist (sqlq's deleteOrphanRetries): the statement reads
-// every retry of the group, and an ordered group holds its whole queue
-// there.
-const orphanSweepEvery = 10 * time.Second
-
 // idleFullLookEvery is how often an idle instance looks in full anyway:
-// that look moves its position (see idlePositionEvery) and drops retries
-// of messages that no longer exist.
+// that look moves its position (see idlePositionEvery).
 const idleFullLookEvery = 30 * time.Second
 
 // anyWork runs sqlq's anyWork: false when the group is ACTIVE and a full
@@ -297,10 +290,6 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		r.loggedTakeover(gone, "", true)
 		due = due || expired+gone > 0
 		tx.queue("copy dead letters", g.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": g.sub.ID})
-		if time.Since(r.lastOrphanSweep) >= orphanSweepEvery {
-			r.lastOrphanSweep = time.Now()
-			tx.queue("drop retries of deleted messages", g.q.DeleteOrphanRetries, pgx.StrictNamedArgs{"sub": g.sub.ID})
-		}
 		if p.backfill != nil && p.backfill.readingEnded {
 			tx.queue("finish backfill", g.q.FinishBackfill, pgx.StrictNamedArgs{"sub": g.sub.ID})
 		}

@@ -100,7 +100,6 @@ type runner struct {
 	lastFullLook       time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
 	lastTurn           chan struct{} // closed once the last batch handed to the batch handler had its turn (see InTurn)
 	walkAfter          string        // an ordered group's next claim walks the message groups from after this one
-	lastOrphanSweep    time.Time     // see orphanSweepEvery
 	noReadAhead        bool          // the last look took over, claimed retries or had a backfill pending (see readAhead)
 	parkedSinceAnalyze int           // rows queued in the retry table since lastAnalyze (see analyze.go)
 	lastAnalyze        time.Time     // when the fetcher last analyzed the retry table
