@@ -154,8 +154,10 @@ func TestByMessageGroupTakesOverAStreamBatch(t *testing.T) {
 	require.NoError(t, upgraded.AddConsumer("m", r.handler, nil))
 	start(t, upgraded, consumergroup.FromNow())
 	b.sendGroups(t, []string{"c"}, 5)
-	pgtest.Eventually(t, 10*time.Second, "the new messages handled", func() bool { return r.distinct() == 5 })
-	clock.Advance(31 * time.Second)
+	pgtest.Eventually(t, 10*time.Second, "the new messages handled and acked", func() bool {
+		return r.distinct() == 5 && b.countIn(t, "outbox_group_retries", "true") == 0
+	})
+	clock.Advance(31 * time.Second) // the old batch's lease ends (only it was leased)
 	pgtest.Eventually(t, 10*time.Second, fmt.Sprintf("the old batch taken over (%d of 15)", r.distinct()), func() bool { return r.distinct() == 15 })
 	require.Zero(t, r.dups(), r.duplicates())
 }
