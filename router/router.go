@@ -747,21 +747,23 @@ func (r *Router) settle(ctx context.Context, m *Message, s settlement, wasTracke
 	if result == "" {
 		result = [...]string{"SUCCESS", resultNotDelivered, "ERROR_CONFIG"}[s.kind]
 	}
+	// Counted before the source hears of it: whoever sees a message
+	// settled sees it counted (and a settler that panics does not hide it).
 	attrs := settleAttrs(m, result)
 	switch s.kind {
 	case 0:
-		err = m.Settle.Ack(ctx)
 		r.metrics.acked.Add(ctx, 1, attrs)
+		err = m.Settle.Ack(ctx)
 	case 1:
 		until := s.until
 		if until.IsZero() {
 			until = r.cfg.Clock.Now().Add(clampDelay(s.delay))
 		}
-		err = m.Settle.Nack(ctx, Retry{At: until, Attempted: s.attempted, Reason: s.reason})
 		r.metrics.nacked.Add(ctx, 1, attrs)
+		err = m.Settle.Nack(ctx, Retry{At: until, Attempted: s.attempted, Reason: s.reason})
 	case 2:
-		err = m.Settle.DeadLetter(ctx, s.reason)
 		r.metrics.deadLettered.Add(ctx, 1, attrs)
+		err = m.Settle.DeadLetter(ctx, s.reason)
 		host := targetSubject(m.Target)
 		r.events.Log(slog.LevelWarn, "dead-letter|"+host, "pgoutbox router: message dead-lettered", slog.String("event", "dead-letter"),
 			slog.String("host", host), slog.String("topic", m.Topic), slog.String("id", m.ID), slog.String("reason", s.reason))
