@@ -409,7 +409,6 @@ func (g *Group) Cancel(ctx context.Context) error {
 // now is the injected clock's time, or nil for database time.
 func (g *Group) now() *time.Time { return g.client.Now() }
 
-// handlerTimeout is how long a handler call may take.
 // byMessageGroup says whether the group reads its topic by message group:
 // an ordered topic's groups, and those configured so (Config.ByMessageGroup).
 // They queue what they read and claim each message group's next messages
@@ -422,4 +421,5 @@ func (g *Group) deadLettersBlock() bool {
 	return g.topic.Ordered && g.topic.OrderedDeadLetters == outbox.BlockGroup
 }
 
+// handlerTimeout is how long a handler call may take.
 func (g *Group) handlerTimeout() time.Duration { return cmp.Or(g.cfg.HandlerTimeout, g.topic.Lease) }

@@ -50,8 +50,7 @@ type Health struct {
 	// not failed: the queue of a group that reads by message group (an
 	// ordered topic's, or one with Config.ByMessageGroup: it queues what
 	// it reads and delivers each message group's oldest first), replayed
-	// dead letters,
-	// and messages a stopping instance handed back untried.
+	// dead letters, and messages a stopping instance handed back untried.
 	Queued int64 `json:"queued"`
 	// Scheduled counts messages that are not due yet (sent with Delay or
 	// NotBefore), read by the group or not: it delivers them when they

@@ -460,7 +460,7 @@ WITH reaped AS (
     WHERE message_id = ANY (ARRAY(
         SELECT message_id FROM {{schema}}.outbox_group_retries
         WHERE subscription_id = @sub AND status = 'PROCESSING' AND lease_until < coalesce(@now::timestamptz, now())
-        ORDER BY lease_until -- outbox_group_retries_leased_idx's order: no other index can serve it
+        ORDER BY lease_until -- outbox_group_retries_leased_idx's order: any other index needs a sort
         FOR UPDATE SKIP LOCKED)) -- a locked row is being acked in a handler's transaction (see takeRetry)
           AND subscription_id + 0 = @sub -- by message id alone, as leaseDue
     RETURNING starts_with(last_error, 'instance gone') AS gone
@@ -541,9 +541,9 @@ WITH ordinary AS (
 // The subscription and status are written so that no index can search by
 // them (0 added to one, an empty string appended to the other): every
 // plan that did read the whole queue of the group whenever the planner
-// thought it small. Joined with due, guessing
-// due held a row or two, it compared each retry of the group with every
-// row of due (1.5 s a claim with 14,000 messages queued); with a plan made
+// thought it small. Joined with due, guessing due held a row or two, it
+// compared each retry of the group with every row of due (1.5 s a claim
+// with 14,000 messages queued); with a plan made
 // while the table was small (a prepared statement's generic plan, kept
 // until the table is analyzed again), it searched the primary key by
 // subscription only; and after a vacuum had found the table empty, a
