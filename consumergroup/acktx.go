@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -49,14 +50,14 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 	g.mu.Lock()
 	r := g.run
 	g.mu.Unlock()
-	var j *job
+	var j *pipeline.Job
 	if r != nil {
-		j = r.handedOut(d)
+		j = r.exec.HandedOut(d)
 	}
 	if j == nil {
 		return fmt.Errorf("%w: message %d is not being handled by this instance", outbox.ErrLeaseLost, d.ID)
 	}
-	if j.batch == nil {
+	if j.Batch == nil {
 		tag, err := tx.Exec(ctx, g.q.TakeRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": d.ID,
 			"member": g.cfg.InstanceID, "attempt": d.Attempt})
 		if err != nil {
@@ -67,7 +68,7 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 		}
 		return nil // its retry gone, the message is finished (see sqlq's passedBy)
 	}
-	tag, err := tx.Exec(ctx, g.q.HoldBatch, pgx.StrictNamedArgs{"batch_id": j.batch.id, "member": g.cfg.InstanceID})
+	tag, err := tx.Exec(ctx, g.q.HoldBatch, pgx.StrictNamedArgs{"batch_id": j.Batch.ID, "member": g.cfg.InstanceID})
 	if err != nil {
 		return fmt.Errorf("consumergroup: ack: %w", err)
 	}
@@ -80,39 +81,6 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 	if _, err := tx.Exec(ctx, g.q.RecordHandled, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": d.ID}); err != nil {
 		return fmt.Errorf("consumergroup: ack: %w", err)
 	}
-	j.batch.mu.Lock()
-	j.batch.ackedInTx = append(j.batch.ackedInTx, d.ID)
-	j.batch.mu.Unlock()
+	j.Batch.AckedInTx(d.ID)
 	return nil
-}
-
-// handOut lists jobs as handed to handlers, for AckTx.
-func (r *runner) handOut(jobs []*job) {
-	r.inflightMu.Lock()
-	defer r.inflightMu.Unlock()
-	for _, j := range jobs {
-		r.inflight[j.d] = j
-	}
-}
-
-// handedOut returns the job of a delivery being handled, or nil.
-func (r *runner) handedOut(d *outbox.Delivery) *job {
-	r.inflightMu.Lock()
-	defer r.inflightMu.Unlock()
-	return r.inflight[d]
-}
-
-// settled ends a job's listing: its outcome is being recorded.
-func (r *runner) settled(j *job) {
-	r.inflightMu.Lock()
-	delete(r.inflight, j.d)
-	r.inflightMu.Unlock()
-}
-
-// handledInTx returns the messages of the batch acked in handlers'
-// transactions.
-func (b *batch) handledInTx() []int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.ackedInTx
 }

@@ -23,32 +23,32 @@ func (r *runner) complete() {
 	// The acks of retry deliveries that arrive together share one
 	// transaction (an ordered group's messages all come as retry
 	// deliveries).
-	pipeline.Complete(r.finished, r.window, maxAcksPerTx, r.write)
+	pipeline.Complete(r.exec.Settled(), r.window, maxAcksPerTx, r.write)
 }
 
 // write writes outcomes, in the order they came.
-func (r *runner) write(pending []settled) {
+func (r *runner) write(pending []pipeline.Settled) {
 	var acks []int64
 	for _, s := range pending {
 		switch {
-		case s.batch != nil:
-			r.held.finishing(s.batch.id)
-			r.completeBatch(s.batch)
+		case s.Batch != nil:
+			r.held.Finishing(s.Batch.ID)
+			r.completeBatch(s.Batch)
 			if r.testBatchFinished != nil {
-				r.testBatchFinished(s.batch.id)
+				r.testBatchFinished(s.Batch.ID)
 			}
-			r.held.remove(s.batch.id, 0)
-		case s.retry.outcome == ack:
-			acks = append(acks, s.retry.f.id)
+			r.held.Remove(s.Batch.ID, 0)
+		case s.Outcome == pipeline.Ack:
+			acks = append(acks, s.Failure.ID)
 		default:
-			r.completeRetry(s.retry)
-			r.held.remove(0, s.retry.f.id)
+			r.completeRetry(s.Outcome, s.Failure)
+			r.held.Remove(0, s.Failure.ID)
 		}
 	}
 	if len(acks) > 0 {
 		r.ackRetries(acks)
 		for _, id := range acks {
-			r.held.remove(0, id)
+			r.held.Remove(0, id)
 		}
 	}
 }
@@ -90,21 +90,22 @@ func (r *runner) ackRetries(ids []int64) {
 // a graceful stop redelivers nothing that was finished. A batch whose
 // every message succeeded, none acked in a handler's transaction, is one
 // statement, with no transaction around it.
-func (r *runner) completeBatch(b *batch) {
+func (r *runner) completeBatch(b *pipeline.Batch) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	retries := append(slices.Clip(b.failed), b.released...)
+	acked, failed, released := b.Outcomes()
+	retries := append(slices.Clip(failed), released...)
 	err := withRetry(ctx, func() error {
-		if len(retries) == 0 && len(b.handledInTx()) == 0 {
-			tag, err := g.pool.Exec(ctx, g.q.FinishBatch, pgx.StrictNamedArgs{"batch_id": b.id, "member": g.cfg.InstanceID})
+		if len(retries) == 0 && len(b.HandledInTx()) == 0 {
+			tag, err := g.pool.Exec(ctx, g.q.FinishBatch, pgx.StrictNamedArgs{"batch_id": b.ID, "member": g.cfg.InstanceID})
 			if err == nil && tag.RowsAffected() == 0 {
 				return errBatchLost
 			}
 			return err
 		}
 		return pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, g.q.FinishBatch, pgx.StrictNamedArgs{"batch_id": b.id, "member": g.cfg.InstanceID})
+			tag, err := tx.Exec(ctx, g.q.FinishBatch, pgx.StrictNamedArgs{"batch_id": b.ID, "member": g.cfg.InstanceID})
 			if err != nil {
 				return err
 			}
@@ -117,7 +118,7 @@ func (r *runner) completeBatch(b *batch) {
 					return err
 				}
 			}
-			if inTx := b.handledInTx(); len(inTx) > 0 {
+			if inTx := b.HandledInTx(); len(inTx) > 0 {
 				// The records AckTx wrote for a takeover are not needed once
 				// the batch is done.
 				_, err := tx.Exec(ctx, g.q.ForgetHandled, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_ids": inTx})
@@ -128,33 +129,24 @@ func (r *runner) completeBatch(b *batch) {
 	})
 	switch {
 	case errors.Is(err, errBatchLost):
-		r.loggedLost(b.id)
+		r.loggedLost(b.ID)
 	case err != nil:
 		g.logger.Error("pgoutbox: completing a batch failed; its messages are retried when its lease expires",
-			slog.Int64("batch", b.id), slog.Any("error", err))
+			slog.Int64("batch", b.ID), slog.Any("error", err))
 	default:
-		g.metrics.acked.Add(ctx, int64(len(b.acked)))
-		g.metrics.retried.Add(ctx, int64(len(b.failed)))
+		g.metrics.acked.Add(ctx, int64(len(acked)))
+		g.metrics.retried.Add(ctx, int64(len(failed)))
 	}
 }
 
 var errBatchLost = errors.New("batch taken over")
 
-// dueAt is the instant f was given (RetryAt, SnoozeUntil), or nil: due
-// after its delay.
-func (f failure) dueAt() *time.Time {
-	if f.at.IsZero() {
-		return nil
-	}
-	return &f.at
-}
-
-func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, t *tracking, fs []failure) error {
+func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, t *tracking, fs []pipeline.Failure) error {
 	n := len(fs)
 	ids, attempts, delays, dead, errs := make([]int64, n), make([]int32, n), make([]int64, n), make([]bool, n), make([]string, n)
 	at := make([]*time.Time, n)
 	for i, f := range fs {
-		ids[i], attempts[i], delays[i], dead[i], errs[i], at[i] = f.id, int32(f.attempts), f.delay.Microseconds(), f.dead, f.err, f.dueAt()
+		ids[i], attempts[i], delays[i], dead[i], errs[i], at[i] = f.ID, int32(f.Attempts), f.Delay.Microseconds(), f.Dead, f.Err, f.DueAt()
 	}
 	if _, err := tx.Exec(ctx, r.g.q.InsertRetries, pgx.StrictNamedArgs{"sub": r.g.sub.ID, "message_ids": ids, "attempts": attempts,
 		"delays_us": delays, "dead": dead, "now": r.g.now(), "errors": errs, "bit": t.sub.Mask(), "due_at": at}); err != nil {
@@ -167,25 +159,25 @@ func (r *runner) insertRetries(ctx context.Context, tx pgx.Tx, t *tracking, fs [
 	return nil
 }
 
-func (r *runner) completeRetry(o *retryOut) {
+func (r *runner) completeRetry(o pipeline.Outcome, f pipeline.Failure) {
 	g := r.g
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := withRetry(ctx, func() error {
-		switch o.outcome {
-		case release:
-			_, err := g.pool.Exec(ctx, g.q.SettleRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": o.f.id, "member": g.cfg.InstanceID,
+		switch o {
+		case pipeline.Release:
+			_, err := g.pool.Exec(ctx, g.q.SettleRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": f.ID, "member": g.cfg.InstanceID,
 				"delay_us": 0, "dead": false, "error": "", "now": g.now(), "give_back": 1, "due_at": nil})
 			return err
 		default:
 			uncount := 0
-			if o.f.snoozed {
+			if f.Snoozed {
 				uncount = 1
 			}
 			err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, g.q.SettleRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": o.f.id, "member": g.cfg.InstanceID,
-					"delay_us": o.f.delay.Microseconds(), "dead": o.f.dead, "error": o.f.err, "now": g.now(), "give_back": uncount,
-					"due_at": o.f.dueAt()}); err != nil || !o.f.dead {
+				if _, err := tx.Exec(ctx, g.q.SettleRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": f.ID, "member": g.cfg.InstanceID,
+					"delay_us": f.Delay.Microseconds(), "dead": f.Dead, "error": f.Err, "now": g.now(), "give_back": uncount,
+					"due_at": f.DueAt()}); err != nil || !f.Dead {
 					return err
 				}
 				_, err := tx.Exec(ctx, g.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": g.sub.ID}) // a dead letter keeps a copy of its message
@@ -198,7 +190,7 @@ func (r *runner) completeRetry(o *retryOut) {
 		}
 	})
 	if err != nil {
-		g.logger.Error("pgoutbox: settling a retry failed; it is redelivered after its lease", slog.Int64("id", o.f.id), slog.Any("error", err))
+		g.logger.Error("pgoutbox: settling a retry failed; it is redelivered after its lease", slog.Int64("id", f.ID), slog.Any("error", err))
 	}
 }
 

@@ -1,7 +1,6 @@
 package consumergroup
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,7 +61,7 @@ func (r *runner) fetch() {
 		PollInterval: g.cfg.PollInterval,
 		// Executors are not tracked as idle or busy: fetched work waiting
 		// in the channel means none is idle with nothing to take.
-		Waiting: func() int { return len(r.jobs) },
+		Waiting: r.exec.Waiting,
 		Look:    r.look,
 		Logger:  g.logger,
 	}
@@ -432,12 +431,12 @@ func (r *runner) claimRetries(ctx context.Context, tx *lookTx, limit int) (int, 
 	if g.byMessageGroup() {
 		r.walkAfter = groupwalk.End(r.walkAfter, ds, func(d *outbox.Delivery) string { return d.Group })
 	}
-	jobs := make([]*job, len(ds))
+	jobs := make([]*pipeline.Job, len(ds))
 	ids := make([]int64, len(ds))
 	for i, d := range ds {
-		jobs[i], ids[i] = &job{d: d}, d.ID
+		jobs[i], ids[i] = &pipeline.Job{D: d}, d.ID
 	}
-	r.held.add(0, ids)
+	r.held.Add(0, ids)
 	r.dispatch(jobs)
 	return len(ds), nil
 }
@@ -672,47 +671,21 @@ func (r *runner) recordBatch(ctx context.Context, tx *lookTx, prev, cur, afterXI
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
-	b := &batch{id: bid, size: len(got)}
-	b.remaining.Store(int64(len(got)))
-	jobs := make([]*job, len(got))
+	b := pipeline.NewBatch(bid, len(got))
+	jobs := make([]*pipeline.Job, len(got))
 	for i, x := range got {
 		x.d.LeaseUntil = leaseUntil
-		jobs[i] = &job{d: x.d, batch: b}
+		jobs[i] = &pipeline.Job{D: x.d, Batch: b}
 	}
-	r.held.add(bid, nil)
+	r.held.Add(bid, nil)
 	r.dispatch(jobs)
 	return nil
 }
 
-// dispatch hands jobs to the executors, or all of them at once to the
-// batch handler. An ordered group's jobs go in id order, which is commit
-// order within each message group (see handleBatch and runs).
-func (r *runner) dispatch(jobs []*job) {
+// dispatch hands jobs to the executor, counting them.
+func (r *runner) dispatch(jobs []*pipeline.Job) {
 	g := r.g
-	r.window.Claimed(len(jobs))
-	r.handOut(jobs)
 	g.metrics.delivered.Add(context.Background(), int64(len(jobs)))
 	g.tracer.Received(context.Background(), g.cfg.Topic, g.cfg.Group, len(jobs), r.lastFullLook)
-	if g.byMessageGroup() {
-		slices.SortFunc(jobs, func(a, b *job) int { return cmp.Compare(a.d.ID, b.d.ID) })
-	}
-	if bh := g.batchHandler; bh != nil {
-		r.workWG.Add(1) // shutdown waits for it with the executors
-		go r.handleBatch(bh, jobs, r.nextTurn())
-		return
-	}
-	if g.byMessageGroup() {
-		jobs = runs(jobs)
-	}
-	for _, j := range jobs {
-		r.jobs <- j
-	}
-}
-
-// runs links the runs of an ordered group's jobs (see pipeline.Runs) and
-// returns the first job of each, and the jobs without a message group: an
-// executor handles a run's jobs one after the other (see work).
-func runs(jobs []*job) []*job {
-	return pipeline.Runs(jobs, func(j *job) (string, int64) { return j.d.Group, j.d.ID },
-		func(prev, next *job) { prev.next = next })
+	r.exec.Dispatch(jobs)
 }

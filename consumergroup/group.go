@@ -185,7 +185,7 @@ func (g *Group) RemoveConsumer(id string) error {
 	if i < 0 {
 		return fmt.Errorf("%w: %q", ErrUnknownMember, id)
 	}
-	if len(g.members) == 1 && g.run != nil && g.life.Running() && !g.run.isStopping() && g.batchHandler == nil {
+	if len(g.members) == 1 && g.run != nil && g.life.Running() && !g.run.exec.Stopping() && g.batchHandler == nil {
 		return fmt.Errorf("%w: %q", ErrLastMember, id)
 	}
 	members := slices.Delete(slices.Clone(g.members), i, i+1)

@@ -32,7 +32,7 @@ func (r *runner) keepLeases() {
 
 func (r *runner) extendLeases() {
 	g := r.g
-	batches, retries := r.held.snapshot()
+	batches, retries := r.held.Snapshot()
 	if len(batches)+len(retries) == 0 {
 		return
 	}
@@ -54,7 +54,7 @@ func (r *runner) extendLeases() {
 	for _, b := range batches {
 		// A batch the completer began to finish is gone because it
 		// finished (a takeover, the completer reports itself).
-		if !kept["batch"][b] && r.held.workingOn(b) {
+		if !kept["batch"][b] && r.held.WorkingOn(b) {
 			r.loggedLost(b)
 		}
 	}
@@ -66,7 +66,7 @@ func (r *runner) extendLeases() {
 // most once per LogInterval, the next record counting those left out: an
 // instance that resumes after a long pause loses its batches all at once.
 func (r *runner) loggedLost(batchID int64) {
-	if !r.held.reportLost(batchID) {
+	if !r.held.ReportLost(batchID) {
 		return
 	}
 	r.g.events.Sum(slog.LevelWarn, "lease-lost", "pgoutbox: batches this instance worked on were taken over by another (their lease expired, or this instance's database session ended: it froze, or lost its database); what it did with their messages is not recorded, and they are retried",

@@ -2,34 +2,9 @@ package consumergroup
 
 import (
 	"context"
-	"sync"
+
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
-
-// turn keeps the order in which the fetcher handed batches to the batch
-// handler: a batch's turn comes once the batch before it has had its
-// turn (see InTurn) or its handler returned.
-type turn struct {
-	ready    <-chan struct{} // closed once the batch before has had its turn
-	finished chan struct{}   // closed once this batch has had its turn
-	once     sync.Once
-}
-
-func (t *turn) finish() { t.once.Do(func() { close(t.finished) }) }
-
-type turnKey struct{}
-
-// nextTurn makes the turn of the batch the fetcher hands out next (the
-// fetcher's goroutine only).
-func (r *runner) nextTurn() *turn {
-	if r.lastTurn == nil {
-		first := make(chan struct{})
-		close(first)
-		r.lastTurn = first
-	}
-	t := &turn{ready: r.lastTurn, finished: make(chan struct{})}
-	r.lastTurn = t.finished
-	return t
-}
 
 // InTurn runs f, within a BatchHandler, once the batch handlers of every
 // batch the group fetched before this one have run theirs (or returned):
@@ -37,16 +12,4 @@ func (r *runner) nextTurn() *turn {
 // passes them on in the order they were fetched, although batch handlers
 // run concurrently. Outside a batch handler's ctx, or once ctx ends, f
 // runs at once.
-func InTurn(ctx context.Context, f func()) {
-	t, ok := ctx.Value(turnKey{}).(*turn)
-	if !ok {
-		f()
-		return
-	}
-	defer t.finish()
-	select {
-	case <-t.ready:
-	case <-ctx.Done():
-	}
-	f()
-}
+func InTurn(ctx context.Context, f func()) { pipeline.InTurn(ctx, f) }
