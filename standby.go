@@ -24,8 +24,8 @@ type routerOptions struct {
 }
 
 // Standby makes a router deliver only while it leads name: of the
-// processes that run a router with this name, one leads and the others
-// stand by. The leader holds a session advisory lock on a connection of
+// processes that run a router with this name on one schema, one leads and
+// the others stand by (each schema elects its own). The leader holds a session advisory lock on a connection of
 // its client's own (made like its LISTEN connection: Config.ListenDSN,
 // else the pool's settings). When the leader's process dies, or its
 // connection is cut, the server frees the lock (at once; for a host that
@@ -87,7 +87,7 @@ func (c *Client) standby(comp *component, rt *router.Router, o routerOptions, lo
 	}
 	host, _ := os.Hostname()
 	s := &standbyRouter{name: o.standby, rt: rt, c: c, logger: logger, instance: fmt.Sprintf("%s:%d", host, os.Getpid()),
-		el: leader.New(leader.Config{Name: o.standby, Conn: conn, Pool: c.pool, Logger: logger})}
+		el: leader.New(leader.Config{Name: o.standby, Schema: c.cfg.Schema, Conn: conn, Pool: c.pool, Logger: logger})}
 	comp.name = "router (standby for " + o.standby + ")"
 	comp.start, comp.stop, comp.status = s.start, s.stop, s.status
 	return nil

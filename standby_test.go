@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/childproc"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrations"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
 )
@@ -186,7 +188,8 @@ func TestStandbyRoutersDeliverOneAtATime(t *testing.T) {
 	// a leader (it again, or the other) follows.
 	var ended int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
-		WHERE locktype = 'advisory' AND classid = 1885826915 AND granted`).Scan(&ended))
+		WHERE locktype = 'advisory' AND classid = 1885826915 AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&ended))
 	require.Equal(t, 1, ended, "one session holds the leadership")
 	terminated := time.Now()
 	pgtest.Eventually(t, 30*time.Second, "a leader delivers again", func() bool {
@@ -242,29 +245,8 @@ func TestStandbyHealth(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
-	start := func() *pgoutbox.Client {
-		client, err := pgoutbox.NewClient(ctx, db.Pool, pgoutbox.Config{Schema: db.Schema, NoMaintenance: true})
-		require.NoError(t, err)
-		rt, err := client.NewRouter(router.Config{AllowedHosts: []string{"127.0.0.1"}}, pgoutbox.Standby("webhooks"))
-		require.NoError(t, err)
-		src, err := router.NewQueueSource(router.QueueSourceConfig{Client: client.Outbox(), Topic: "hooks"})
-		require.NoError(t, err)
-		rt.AddSource(src)
-		require.NoError(t, client.Start(ctx))
-		t.Cleanup(func() { _ = client.Stop(context.Background()) })
-		return client
-	}
-	standby := func(c *pgoutbox.Client) pgoutbox.StandbyHealth {
-		h := c.Health(ctx)
-		require.True(t, h.Ready, "%v", h.Problems)
-		for _, comp := range h.Components {
-			if comp.Standby != nil {
-				return *comp.Standby
-			}
-		}
-		t.Fatal("no router on standby in the report")
-		return pgoutbox.StandbyHealth{}
-	}
+	start := func() *pgoutbox.Client { return startStandby(t, db) }
+	standby := func(c *pgoutbox.Client) pgoutbox.StandbyHealth { return standbyHealth(t, c) }
 	a, b := start(), start()
 	pgtest.Eventually(t, 30*time.Second, "one leads", func() bool { return standby(a).Leading || standby(b).Leading })
 	leader, other := a, b
@@ -285,6 +267,51 @@ func TestStandbyHealth(t *testing.T) {
 	defer cancel()
 	require.NoError(t, leader.Stop(stopCtx))
 	pgtest.Eventually(t, 10*time.Second, "the other leads", func() bool { return standby(other).Leading })
+}
+
+// A name is elected within its schema: routers of one name in two
+// schemas of one database (two installations) each have a leader.
+func TestStandbyNamesArePerSchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	other := *db
+	other.Schema = "pgoutbox_other"
+	require.NoError(t, migrations.Up(context.Background(), db.Pool, migrations.Config{Schema: other.Schema, Logger: slog.New(slog.DiscardHandler)}))
+	a, b := startStandby(t, db), startStandby(t, &other)
+	pgtest.Eventually(t, 30*time.Second, "each schema's router leads", func() bool {
+		return standbyHealth(t, a).Leading && standbyHealth(t, b).Leading
+	})
+}
+
+// startStandby starts a client in db's schema with a router on standby
+// for "webhooks" that reads QUEUE topic "hooks".
+func startStandby(t *testing.T, db *pgtest.DB) *pgoutbox.Client {
+	t.Helper()
+	ctx := context.Background()
+	client, err := pgoutbox.NewClient(ctx, db.Pool, pgoutbox.Config{Schema: db.Schema, NoMaintenance: true})
+	require.NoError(t, err)
+	rt, err := client.NewRouter(router.Config{AllowedHosts: []string{"127.0.0.1"}}, pgoutbox.Standby("webhooks"))
+	require.NoError(t, err)
+	src, err := router.NewQueueSource(router.QueueSourceConfig{Client: client.Outbox(), Topic: "hooks"})
+	require.NoError(t, err)
+	rt.AddSource(src)
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() { _ = client.Stop(context.Background()) })
+	return client
+}
+
+// standbyHealth is the health report of c's router on standby.
+func standbyHealth(t *testing.T, c *pgoutbox.Client) pgoutbox.StandbyHealth {
+	t.Helper()
+	h := c.Health(context.Background())
+	require.True(t, h.Ready, "%v", h.Problems)
+	for _, comp := range h.Components {
+		if comp.Standby != nil {
+			return *comp.Standby
+		}
+	}
+	t.Fatal("no router on standby in the report")
+	return pgoutbox.StandbyHealth{}
 }
 
 // Through a transaction pooler a router on standby finds no session of

@@ -30,7 +30,8 @@ import (
 )
 
 // lockClass is the first key of the leadership locks (the second is the
-// name's hash), apart from pgoutbox's other advisory locks.
+// hash of the schema and the name), apart from pgoutbox's other advisory
+// locks.
 const lockClass = 1885826915
 
 // Defaults of Config.
@@ -56,6 +57,10 @@ var ErrNoSession = errors.New("leader: the connection is not a session of its ow
 type Config struct {
 	// Name is what the processes elect a leader of.
 	Name string
+	// Schema is the schema of the pgoutbox installation the processes
+	// use: each installation elects its own leader of a name (an
+	// advisory lock is database-wide).
+	Schema string
 	// Conn makes the session that holds the lock: a direct connection,
 	// not through a transaction pooler.
 	Conn *pgx.ConnConfig
@@ -97,7 +102,7 @@ func New(cfg Config) *Election {
 		cfg.Logger = slog.Default()
 	}
 	h := fnv.New32a()
-	_, _ = h.Write([]byte(cfg.Name))
+	_, _ = h.Write([]byte(cfg.Schema + "\x00" + cfg.Name))
 	return &Election{cfg: cfg, key: int32(h.Sum32()), state: State{Since: time.Now()}}
 }
 
