@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/leader"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/router"
 )
@@ -148,19 +149,10 @@ func (s *standbyRouter) status() ComponentHealth {
 	st := s.el.State()
 	h := ComponentHealth{Standby: &StandbyHealth{Name: s.name, Leading: st.Leading, Since: st.Since, Error: st.Err}}
 	s.mu.Lock()
-	h.Running = s.ended != nil && !isDone(s.ended)
+	h.Running = s.ended != nil && !startstop.Closed(s.ended)
 	s.mu.Unlock()
 	if st.Leading {
 		h.Sources = s.rt.Sources()
 	}
 	return h
-}
-
-func isDone(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

@@ -363,18 +363,8 @@ func (a *Admin) DeadLetters(ctx context.Context, topic, group string, afterID in
 // not dead letters there make an error wrapping outbox.ErrNotFound (the
 // others are still replayed).
 func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
-	if group == "" {
-		g, err := a.queueGroupOf(ctx, topic, deadLettersHint)
-		if err != nil {
-			return 0, err
-		}
-		if g == nil {
-			return 0, noneOf(topic, ids)
-		}
-		return g.ReplayDeadLetters(ctx, ids...)
-	}
-	g, err := a.group(ctx, topic, group)
-	if err != nil {
+	g, err := a.deadLettersOf(ctx, topic, group, ids)
+	if err != nil || g == nil {
 		return 0, err
 	}
 	return g.ReplayDeadLetters(ctx, ids...)
@@ -383,21 +373,26 @@ func (a *Admin) ReplayDeadLetters(ctx context.Context, topic, group string, ids 
 // DiscardDeadLetters deletes dead letters for good, as ReplayDeadLetters
 // picks them (the CLI's and the web UI's purge).
 func (a *Admin) DiscardDeadLetters(ctx context.Context, topic, group string, ids ...int64) (int64, error) {
-	if group == "" {
-		g, err := a.queueGroupOf(ctx, topic, deadLettersHint)
-		if err != nil {
-			return 0, err
-		}
-		if g == nil {
-			return 0, noneOf(topic, ids)
-		}
-		return g.DiscardDeadLetters(ctx, ids...)
-	}
-	g, err := a.group(ctx, topic, group)
-	if err != nil {
+	g, err := a.deadLettersOf(ctx, topic, group, ids)
+	if err != nil || g == nil {
 		return 0, err
 	}
 	return g.DiscardDeadLetters(ctx, ids...)
+}
+
+// deadLettersOf is the group whose dead letters ids are: a QUEUE topic's
+// when group is "", else group. A QUEUE topic that has no group yet has
+// no dead letters: nil, and an error wrapping outbox.ErrNotFound when ids
+// were named.
+func (a *Admin) deadLettersOf(ctx context.Context, topic, group string, ids []int64) (*consumergroup.Group, error) {
+	if group != "" {
+		return a.group(ctx, topic, group)
+	}
+	g, err := a.queueGroupOf(ctx, topic, deadLettersHint)
+	if err == nil && g == nil {
+		err = noneOf(topic, ids)
+	}
+	return g, err
 }
 
 // queueTopic loads a QUEUE topic, or fails with ErrNotFound or, for

@@ -133,21 +133,9 @@ func TestByMessageGroupTakesOverAStreamBatch(t *testing.T) {
 	t.Parallel()
 	clock := clocktest.New(time.Now())
 	b := setupTopic(t, outbox.TopicConfig{Name: "jobs", Lease: 30 * time.Second})
-	ctx := context.Background()
 	withClock := func(c *consumergroup.Config) { c.Clock = clock; c.BatchSize = 10 }
 
-	oldPool := pgtest.NewPool(t, b.db.DSN)
-	old := b.newGroupOn(t, oldPool, "(queue)", withClock)
-	var oldGot atomic.Int64
-	require.NoError(t, old.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
-		oldGot.Add(1)
-		<-ctx.Done()
-		return ctx.Err()
-	}, nil))
-	require.NoError(t, old.Start(ctx, consumergroup.FromNow()))
-	b.sendGroups(t, []string{"a", "b"}, 5)
-	pgtest.Eventually(t, 10*time.Second, "the old instance holds the batch", func() bool { return oldGot.Load() > 0 })
-	crash(old, oldPool)
+	b.crashHoldingABatch(t, "(queue)", func() { b.sendGroups(t, []string{"a", "b"}, 5) }, withClock)
 
 	r := newRecorder()
 	upgraded := b.newGroup(t, "(queue)", withClock, byMessageGroup)

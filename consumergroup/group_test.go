@@ -85,18 +85,7 @@ func TestCrashedMemberBatchRedeliveredAfterLease(t *testing.T) {
 			require.NoError(t, b.client.ConfigureTopic(ctx, outbox.TopicConfig{Name: b.topic, Semantics: outbox.PubSub, Tracking: mode, Lease: 30 * time.Second}))
 			withClock := func(c *consumergroup.Config) { c.Clock = clock; c.BatchSize = 10 }
 
-			doomedPool := pgtest.NewPool(t, b.db.DSN)
-			doomed := b.newGroupOn(t, doomedPool, "g", withClock)
-			var doomedGot atomic.Int64
-			require.NoError(t, doomed.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
-				doomedGot.Add(1)
-				<-ctx.Done()
-				return ctx.Err()
-			}, nil))
-			require.NoError(t, doomed.Start(ctx, consumergroup.FromNow()))
-			b.sendRange(t, 0, 10)
-			pgtest.Eventually(t, 10*time.Second, "doomed member holds the batch", func() bool { return doomedGot.Load() > 0 })
-			crash(doomed, doomedPool)
+			b.crashHoldingABatch(t, "g", func() { b.sendRange(t, 0, 10) }, withClock)
 
 			r := newRecorder()
 			survivor := b.newGroup(t, "g", withClock)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -229,4 +230,24 @@ func crash(g *consumergroup.Group, pool *pgxpool.Pool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	_ = g.Stop(ctx)
+}
+
+// crashHoldingABatch starts an instance of group name on a pool of its
+// own whose handler holds every message until its context ends, calls
+// send, and crashes the instance (see crash) once it holds a batch: its
+// lease is left to run out.
+func (b *bundle) crashHoldingABatch(t *testing.T, name string, send func(), opts ...groupOpt) {
+	t.Helper()
+	pool := pgtest.NewPool(t, b.db.DSN)
+	g := b.newGroupOn(t, pool, name, opts...)
+	var got atomic.Int64
+	require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
+		got.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}, nil))
+	require.NoError(t, g.Start(context.Background(), consumergroup.FromNow()))
+	send()
+	pgtest.Eventually(t, 10*time.Second, "the doomed instance holds a batch", func() bool { return got.Load() > 0 })
+	crash(g, pool)
 }

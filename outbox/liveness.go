@@ -45,12 +45,6 @@ import (
 // life, within this bound.
 const KeepaliveBound = 10 * time.Second
 
-// sessionSettings are the proof-of-life session's settings: TCP
-// keepalives (see KeepaliveBound; a Unix-domain socket ignores them), and
-// no idle timeout, which would end the session of a client that is alive.
-const sessionSettings = `SELECT set_config('tcp_keepalives_idle', '5', false), set_config('tcp_keepalives_interval', '1', false),
-       set_config('tcp_keepalives_count', '5', false), set_config('tcp_user_timeout', '10000', false)`
-
 const noIdleTimeout = `SET idle_session_timeout = 0` // PostgreSQL 14 and later
 
 const (
@@ -260,7 +254,7 @@ func (l *liveness) session(ctx context.Context, run *liveRun) (held bool, err er
 			return false, err
 		}
 	}
-	if _, err := conn.Exec(ctx, sessionSettings); err != nil {
+	if _, err := conn.Exec(ctx, sqlq.SessionSettings); err != nil {
 		return false, err
 	}
 	_, _ = conn.Exec(ctx, noIdleTimeout) // refused before PostgreSQL 14, where there is no such timeout

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/startstop"
 )
 
 // runningSource is a source and its current Run. The router's mu guards
@@ -136,7 +137,7 @@ func waitReady(ctx, routerRun context.Context, runs []*sourceRun) error {
 		case <-routerRun.Done():
 			return fmt.Errorf("router: stopped while source %s subscribed: %w", run.name, context.Cause(routerRun))
 		}
-		if isClosed(run.ready) {
+		if startstop.Closed(run.ready) {
 			continue // subscribed, then returned: the health check restarts it
 		}
 		if run.err == nil {
@@ -161,7 +162,7 @@ func (r *Router) checkSources() {
 			continue
 		}
 		last := rs.src.LastPoll()
-		exited := isClosed(rs.done)
+		exited := startstop.Closed(rs.done)
 		if stalled := !last.IsZero() && time.Since(last) > r.cfg.StallTimeout; !stalled && !exited {
 			continue
 		}
@@ -205,15 +206,6 @@ func (r *Router) restartAfter(rs *runningSource, done <-chan struct{}) {
 	rs.restarting = false
 	if r.live && !rs.removed.Load() {
 		r.runSource(rs, true)
-	}
-}
-
-func isClosed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
 	}
 }
 
@@ -273,7 +265,7 @@ func (r *Router) Sources() []SourceStatus {
 	for _, rs := range r.sources {
 		st := SourceStatus{Name: rs.src.Name(), LastPoll: rs.src.LastPoll()}
 		if run := rs.current; run != nil {
-			if isClosed(run.done) {
+			if startstop.Closed(run.done) {
 				if run.err != nil {
 					st.LastError = run.err.Error()
 				}

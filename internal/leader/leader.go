@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/ident"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
 // lockClass is the first key of the leadership locks (the second is the
@@ -42,11 +43,6 @@ const (
 	connectTimeout    = 5 * time.Second
 	checkTimeout      = 5 * time.Second
 )
-
-// sessionSettings end the session of a vanished host within 10 s (TCP
-// keepalives and user timeout) and keep an idle one.
-const sessionSettings = `SELECT set_config('tcp_keepalives_idle', '5', false), set_config('tcp_keepalives_interval', '1', false),
-       set_config('tcp_keepalives_count', '5', false), set_config('tcp_user_timeout', '10000', false)`
 
 // ErrNoSession: the connection is not a session of its own (a
 // transaction pooler lends server connections out), so a lock on it
@@ -164,7 +160,7 @@ func (e *Election) session(ctx context.Context, lead func(ctx context.Context) e
 		return err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, sessionSettings); err != nil {
+	if _, err := conn.Exec(ctx, sqlq.SessionSettings); err != nil {
 		return err
 	}
 	if err := e.check(ctx, conn); err != nil {

@@ -12,6 +12,16 @@ import (
 // first key, is never taken for one.
 const LockNamespace = 1885826914 // "pgob"
 
+// SessionSettings are the settings of a session whose end must be
+// noticed (a client's proof of life, a leader's lock): TCP keepalives of
+// 5 s idle, 1 s interval and 5 probes and a 10 s TCP user timeout, so the
+// server ends the session of a vanished host within 10 s
+// (outbox.KeepaliveBound; a Unix-domain socket ignores them). The
+// session keeps no idle timeout, which would end the session of a client
+// that is alive.
+const SessionSettings = `SELECT set_config('tcp_keepalives_idle', '5', false), set_config('tcp_keepalives_interval', '1', false),
+       set_config('tcp_keepalives_count', '5', false), set_config('tcp_user_timeout', '10000', false)`
+
 // OwnerGone is the lease end TakeBack gives the leases of an instance
 // found gone: past, so the next look of the group takes them over, and
 // apart from every other (an expired lease is later; a DEAD group's

@@ -96,7 +96,7 @@ func (b *Base) StartInit(ctx context.Context, what string) (run context.Context,
 		return nil, nil, fmt.Errorf("%w: %s", cfgcheck.ErrAlreadyStarted, what)
 	}
 	b.state = running
-	if b.stopped == nil || closed(b.stopped) {
+	if b.stopped == nil || Closed(b.stopped) {
 		b.stopped = make(chan struct{}) // the previous run's is closed
 	}
 	b.idle = make(chan struct{})
@@ -154,7 +154,8 @@ func (b *Base) Running() bool {
 	return b.state != idle
 }
 
-func closed(ch chan struct{}) bool {
+// Closed reports whether ch is closed (it never blocks).
+func Closed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true
