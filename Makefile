@@ -5,7 +5,7 @@ help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 test: ## run the tests against a real PostgreSQL, with the race detector (what CI runs)
-	go test -race -count=1 -p 1 -timeout 20m ./...
+	go test -race -count=1 -p 1 -timeout 40m ./...
 
 ci: ## run CI locally: start PostgreSQL if needed, gofmt, vet, tests, examples
 	bash .ci/run

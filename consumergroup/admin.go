@@ -145,7 +145,7 @@ func (g *Group) DiscardDeadLetters(ctx context.Context, ids ...int64) (int64, er
 		// its own record (none for an Offset message: the group's
 		// position is past it): the topic's mode may have changed since
 		// it was read.
-		tracker, err := completion.NewMixed(topic.Tracking, g.schema)
+		tracker, err := completion.NewMixed(topic.Tracking, g.q)
 		if err != nil {
 			return err
 		}
@@ -290,7 +290,7 @@ func (g *Group) mixedTracker(ctx context.Context) (*completion.Mixed, error) {
 	if !onLog(topic) {
 		return nil, fmt.Errorf("%w: %q is a %s topic", outbox.ErrWrongSemantics, g.cfg.Topic, topic.Semantics)
 	}
-	return completion.NewMixed(topic.Tracking, g.schema)
+	return completion.NewMixed(topic.Tracking, g.q)
 }
 
 // releaseOwed drops the DEAD group from every stored message it had not

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/completion"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -69,7 +70,7 @@ func completeAs(ctx context.Context, tx pgx.Tx, b *bundle, group string, mode ou
 		` WHERE topic = $1 AND group_name = $2`, b.topic, group).Scan(&sub.ID, &sub.Topic, &sub.Group, &sub.Bit); err != nil {
 		return fmt.Errorf("subscription of %s: %w", group, err)
 	}
-	tracker, err := completion.New(mode, b.db.Schema)
+	tracker, err := completion.New(mode, sqlq.ForPubSub(b.db.Schema))
 	if err != nil {
 		return err
 	}

@@ -85,7 +85,7 @@ func (g *Group) setTracking(bit int, mode outbox.TrackingMode, mixing bool) (boo
 	if cur != nil && cur.sub.Bit == bit && cur.mode == mode && cur.mixing == mixing {
 		return false, nil
 	}
-	tracker, err := completion.ForTopic(outbox.TopicConfig{Tracking: mode, ModeChanging: mixing}, g.schema)
+	tracker, err := completion.ForTopic(outbox.TopicConfig{Tracking: mode, ModeChanging: mixing}, g.q)
 	if err != nil {
 		return false, err
 	}

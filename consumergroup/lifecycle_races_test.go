@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
 	"github.com/pgoutbox/pgoutbox/internal/completion"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -95,7 +96,7 @@ func TestBackfillGoesOnWhenARowIsDeletedUnderIt(t *testing.T) {
 			tx, err := b.db.Pool.Begin(ctx)
 			require.NoError(t, err)
 			defer tx.Rollback(ctx)
-			tracker, err := completion.New(mode, b.db.Schema)
+			tracker, err := completion.New(mode, sqlq.ForPubSub(b.db.Schema))
 			require.NoError(t, err)
 			n, err := tracker.Cleanup(ctx, tx, b.topic, completion.Retention{Completed: time.Microsecond, ZeroSubscription: time.Microsecond}, 100)
 			require.NoError(t, err)

@@ -199,7 +199,7 @@ func (m *Maintainer) forgetPending(ctx context.Context, db beginQuerier, topic s
 // in progress) is never stripped. When a pass finds nothing, forgetting
 // is done (and a CANCELLED group's bit is free).
 func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.TopicConfig, id int64) error {
-	tracker, err := completion.ForTopic(topic, m.schema)
+	tracker, err := completion.ForTopic(topic, m.q)
 	if err != nil {
 		return err
 	}
@@ -248,7 +248,7 @@ func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) erro
 	if err != nil || !onLog(t) || (t.Tracking == outbox.Offset && !t.ModeChanging) {
 		return err // Offset records nothing per message: its positions pass them
 	}
-	tracker, err := completion.NewMixed(t.Tracking, m.schema) // by each message's own record: t may be stale
+	tracker, err := completion.NewMixed(t.Tracking, m.q) // by each message's own record: t may be stale
 	if err != nil {
 		return err
 	}
@@ -315,12 +315,12 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 		if err != nil {
 			return err
 		}
-		tracker, err := completion.ForTopic(t, m.schema)
+		tracker, err := completion.ForTopic(t, m.q)
 		if err != nil {
 			return err
 		}
 		keep := completion.Retention{Now: m.client.Now(), Completed: t.Retention + delay, ZeroSubscription: t.ZeroSubscriptionRetention + delay}
-		if keep.Bounds, err = completion.CleanupBounds(ctx, tx, m.schema, t, keep); err != nil {
+		if keep.Bounds, err = completion.CleanupBounds(ctx, tx, m.q, t, keep); err != nil {
 			return err
 		}
 		if n, err = tracker.Cleanup(ctx, tx, topic, keep, limit); err != nil || !t.ModeChanging {
@@ -376,7 +376,7 @@ func (m *Maintainer) PartitionHeld(ctx context.Context, tx pgx.Tx, topic, lo, hi
 	if t, err = m.client.LoadTopic(ctx, tx, topic); err != nil {
 		return false, err
 	}
-	tracker, err := completion.ForTopic(t, m.schema)
+	tracker, err := completion.ForTopic(t, m.q)
 	if err != nil {
 		return false, err
 	}
@@ -413,7 +413,7 @@ func (m *Maintainer) CapRetention(ctx context.Context, topic string, limit int) 
 			return err
 		}
 		keep := completion.Retention{Now: m.client.Now(), Completed: t.MaxRetention, ZeroSubscription: t.MaxRetention}
-		below, err := completion.RetentionFrontier(ctx, tx, m.schema, topic, keep)
+		below, err := completion.RetentionFrontier(ctx, tx, m.q, topic, keep)
 		if err != nil {
 			return err
 		}

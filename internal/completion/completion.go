@@ -134,27 +134,27 @@ type Tracker interface {
 // ForTopic returns the tracker for topic: its mode's, or, while messages
 // written under an earlier mode may be stored (topic.ModeChanging),
 // Mixed.
-func ForTopic(topic outbox.TopicConfig, schema string) (Tracker, error) {
+func ForTopic(topic outbox.TopicConfig, q *sqlq.PubSub) (Tracker, error) {
 	if topic.ModeChanging {
-		return NewMixed(topic.Tracking, schema)
+		return NewMixed(topic.Tracking, q)
 	}
-	return New(topic.Tracking, schema)
+	return New(topic.Tracking, q)
 }
 
 // NewMixed returns the Mixed tracker of a topic whose mode is now mode.
 // It handles messages of every mode: a caller that read the topic's
 // configuration outside its transaction uses it to complete messages
 // that a mode change may have raced.
-func NewMixed(mode outbox.TrackingMode, schema string) (*Mixed, error) {
-	if _, err := New(mode, schema); err != nil {
+func NewMixed(mode outbox.TrackingMode, q *sqlq.PubSub) (*Mixed, error) {
+	if _, err := New(mode, q); err != nil {
 		return nil, err
 	}
-	return &Mixed{q: sqlq.ForPubSub(schema), mode: mode}, nil
+	return &Mixed{q: q, mode: mode}, nil
 }
 
-// New returns the tracker for mode, using the statements for schema.
-func New(mode outbox.TrackingMode, schema string) (Tracker, error) {
-	q := sqlq.ForPubSub(schema)
+// New returns the tracker for mode, using the statements q (of the
+// schema it works in).
+func New(mode outbox.TrackingMode, q *sqlq.PubSub) (Tracker, error) {
 	switch mode {
 	case outbox.Bitmap:
 		return &Bitmap{q: q}, nil

@@ -113,14 +113,10 @@ type Bounds struct {
 // row by row (in Bitmap and Counter mode it is in their required sets; in
 // Offset mode cleanup asks its claim), and the messages written after it
 // died need it no more.
-func CleanupBounds(ctx context.Context, db DB, schema string, t outbox.TopicConfig, keep Retention) (Bounds, error) {
+func CleanupBounds(ctx context.Context, db DB, q *sqlq.PubSub, t outbox.TopicConfig, keep Retention) (Bounds, error) {
 	topic := t.Name
-	schema, err := ident.Schema(schema)
-	if err != nil {
-		return Bounds{}, err
-	}
-	q := sqlq.ForPubSub(schema)
 	var b Bounds
+	var err error
 	var now time.Time
 	if err := db.QueryRow(ctx, q.SnapshotXmax).Scan(&b.Below, &now); err != nil {
 		return Bounds{}, fmt.Errorf("completion: cleanup bounds: %w", err)
@@ -146,12 +142,7 @@ func CleanupBounds(ctx context.Context, db DB, schema string, t outbox.TopicConf
 // RetentionFrontier returns an xid8 (text) below which topic's rows were
 // written before keep's retentions (the shorter of them): cleanup scans no
 // further.
-func RetentionFrontier(ctx context.Context, db DB, schema, topic string, keep Retention) (string, error) {
-	schema, err := ident.Schema(schema)
-	if err != nil {
-		return "", err
-	}
-	q := sqlq.ForPubSub(schema)
+func RetentionFrontier(ctx context.Context, db DB, q *sqlq.PubSub, topic string, keep Retention) (string, error) {
 	var xmax string
 	var now time.Time
 	if err := db.QueryRow(ctx, q.SnapshotXmax).Scan(&xmax, &now); err != nil {

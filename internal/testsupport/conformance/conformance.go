@@ -409,7 +409,7 @@ func (e *Env) WaitDelivered(t testing.TB, group string, ids []int64, timeout tim
 			t.Fatalf("group %q: %d of %d messages neither delivered nor dead-lettered after %v (first: %v)\n%s",
 				group, len(missing), len(ids), timeout, first, e.explain(group, first))
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // each look reads every record so far
 	}
 }
 
