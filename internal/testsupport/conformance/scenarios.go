@@ -164,7 +164,7 @@ func (e *Env) cleaner(t testing.TB) {
 	for range 2 {
 		svc, err := maintenance.New(e.DB.Pool, maintenance.Config{Client: e.Client, Logger: logs.Logger(),
 			DeadGroupInterval: time.Hour, CleanupInterval: time.Hour, SubscriptionCleanupInterval: time.Hour,
-			PartitionInterval: 20 * time.Millisecond, PartitionSize: 500, RowCleanupDelay: time.Millisecond})
+			PartitionInterval: 100 * time.Millisecond, PartitionSize: 500, RowCleanupDelay: time.Millisecond})
 		require.NoError(t, err)
 		require.NoError(t, svc.Start(ctx))
 		services = append(services, svc)
