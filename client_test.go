@@ -140,7 +140,7 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 		t.Fatal("Stopped not closed after Stop")
 	}
 	require.NoError(t, c.Stop(stopCtx), "Stop is idempotent")
-	goleak.VerifyNone(t, leaks, pgtest.PoolReaders)
+	db.VerifyNoLeaks(t, leaks)
 
 	// Stopped, the client starts again, with what was created meanwhile.
 	var late atomic.Int64
@@ -151,7 +151,7 @@ func TestOneClientStartsAndStopsEverything(t *testing.T) {
 	require.NoError(t, c.Start(ctx))
 	pgtest.Eventually(t, 20*time.Second, "handled after a restart", func() bool { return jobs.Load()+late.Load() == 20 })
 	require.NoError(t, c.Stop(stopCtx))
-	goleak.VerifyNone(t, leaks, pgtest.PoolReaders)
+	db.VerifyNoLeaks(t, leaks)
 }
 
 // A client started and stopped from ten goroutines at once, over and over,
@@ -171,7 +171,7 @@ func TestClientStartStopStress(t *testing.T) {
 	_, err = c.NewRouter(router.Config{AllowedHosts: []string{"x"}})
 	require.NoError(t, err)
 	startstoptest.Stress(t, c, 5)
-	goleak.VerifyNone(t, leaks, pgtest.PoolReaders)
+	db.VerifyNoLeaks(t, leaks)
 }
 
 // StopAndCancel returns by its deadline even when handlers ignore their
@@ -328,9 +328,9 @@ func TestStartStopsWhatItStartedWhenAComponentFails(t *testing.T) {
 	send(t, c, "jobs", 1, nil)
 	time.Sleep(100 * time.Millisecond) // five poll intervals of a consumer that would still run
 	require.Zero(t, handled.Load())
-	goleak.VerifyNone(t, leaks, pgtest.PoolReaders)
+	db.VerifyNoLeaks(t, leaks)
 	require.ErrorIs(t, c.Start(ctx), outbox.ErrUnknownTopic, "it fails the same way again")
-	goleak.VerifyNone(t, leaks, pgtest.PoolReaders)
+	db.VerifyNoLeaks(t, leaks)
 }
 
 // A failing handler is logged once per kind and topic (or group) per

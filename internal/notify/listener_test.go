@@ -138,7 +138,7 @@ func TestStartTwiceStartsOnce(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.NoError(t, l.Stop(context.Background()))
 	require.NoError(t, l.Stop(context.Background()))
-	goleak.VerifyNone(t, leaks, pgtest.PoolReaders)
+	db.VerifyNoLeaks(t, leaks)
 }
 
 // The LISTEN connection started and stopped from ten goroutines at once

@@ -462,3 +462,22 @@ pidfile = %s/pgbouncer.pid
 // still wait on the idle connection after the write finished. It ends when
 // the pool closes the connection, so it is not a leak of the code under test.
 var PoolReaders = goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead")
+
+// VerifyNoLeaks fails tb if goroutines other than those opts allow (and
+// PoolReaders) still run after 30 s, as goleak.VerifyNone does at once.
+// Beside db's pool a stop leaves goroutines of the pool's own for a while:
+// an Acquire whose context ended leaves the pool to finish opening its
+// connection, and a statement whose context ended has its connection
+// cancelled and closed in the background. Those end on their own (pgx
+// bounds a close at 15 s), on a busy server later than goleak waits;
+// what leaked never ends.
+func (db *DB) VerifyNoLeaks(tb testing.TB, opts ...goleak.Option) {
+	tb.Helper()
+	opts = append(opts, PoolReaders)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if db.Pool.Stat().ConstructingConns() == 0 && goleak.Find(opts...) == nil {
+			return
+		}
+	}
+	goleak.VerifyNone(tb, opts...)
+}
