@@ -45,7 +45,11 @@ import (
 // life, within this bound.
 const KeepaliveBound = 10 * time.Second
 
-const noIdleTimeout = `SET idle_session_timeout = 0` // PostgreSQL 14 and later
+// noIdleTimeout lifts the server's idle_session_timeout from the
+// proof-of-life session, which sits idle while its client lives: the
+// timeout would end it, and its client would count as gone (PostgreSQL 14
+// and later).
+const noIdleTimeout = `SET idle_session_timeout = 0`
 
 const (
 	// reapEvery is how often a client looks for instances whose session

@@ -16,9 +16,7 @@ const LockNamespace = 1885826914 // "pgob"
 // noticed (a client's proof of life, a leader's lock): TCP keepalives of
 // 5 s idle, 1 s interval and 5 probes and a 10 s TCP user timeout, so the
 // server ends the session of a vanished host within 10 s
-// (outbox.KeepaliveBound; a Unix-domain socket ignores them). The
-// session keeps no idle timeout, which would end the session of a client
-// that is alive.
+// (outbox.KeepaliveBound; a Unix-domain socket ignores them).
 const SessionSettings = `SELECT set_config('tcp_keepalives_idle', '5', false), set_config('tcp_keepalives_interval', '1', false),
        set_config('tcp_keepalives_count', '5', false), set_config('tcp_user_timeout', '10000', false)`
 
