@@ -74,7 +74,6 @@ type Group struct {
 	cfg     Config
 	pool    *pgxpool.Pool
 	client  *outbox.Client
-	schema  string
 	q       *sqlq.PubSub
 	logger  *slog.Logger
 	events  *ratelog.Log // handler failures, rate-limited
@@ -146,7 +145,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Group, error) {
 	} else if client.Schema() != schema {
 		return nil, fmt.Errorf("%w: Client works in schema %q, the group in %q", outbox.ErrInvalidConfig, client.Schema(), schema)
 	}
-	return &Group{cfg: cfg, pool: pool, client: client, schema: schema, q: sqlq.ForPubSub(schema),
+	return &Group{cfg: cfg, pool: pool, client: client, q: sqlq.ForPubSub(schema),
 		maint:  newMaintainer(pool, client, schema),
 		logger: logger, events: ratelog.New(logger, client.LogInterval(), time.Now),
 		metrics: newMetrics(cfg.MeterProvider, cfg.Topic, cfg.Group), tracer: tracing.New(cfg.TracerProvider)}, nil

@@ -31,7 +31,6 @@ import (
 type Maintainer struct {
 	pool   *pgxpool.Pool
 	client *outbox.Client
-	schema string
 	q      *sqlq.PubSub
 	mq     *sqlq.Maintenance
 	logger *slog.Logger
@@ -51,7 +50,7 @@ func NewMaintainer(pool *pgxpool.Pool, client *outbox.Client) (*Maintainer, erro
 }
 
 func newMaintainer(pool *pgxpool.Pool, client *outbox.Client, schema string) *Maintainer {
-	return &Maintainer{pool: pool, client: client, schema: schema, q: sqlq.ForPubSub(schema), mq: sqlq.ForMaintenance(schema),
+	return &Maintainer{pool: pool, client: client, q: sqlq.ForPubSub(schema), mq: sqlq.ForMaintenance(schema),
 		logger: client.Logger()}
 }
 
