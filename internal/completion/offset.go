@@ -34,7 +34,7 @@ func (o *Offset) Cleanup(ctx context.Context, db DB, topic string, keep Retentio
 	return exec(ctx, db, "offset cleanup", o.q.OffsetCleanup, args)
 }
 
-// Holds implements Tracker: the watermark (see Watermark) must see every
+// Holds implements Tracker: the watermark (see Bounds.Watermark) must see every
 // message of the range, and no DEAD group within its ZombieTTL may owe
 // one.
 func (o *Offset) Holds(ctx context.Context, db DB, topic string, keep Retention, lo, hi string, sealed time.Time) (bool, error) {

@@ -10,13 +10,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
-// Watermark returns the least committed position of the ACTIVE and
-// PAUSED groups of topic, in the tables of schema, as pg_snapshot text,
+// watermark returns the least committed position of the ACTIVE and
+// PAUSED groups of topic, read with the statements q, as pg_snapshot text,
 // or "" when there is none. A DEAD group does not hold it back: within
 // its topic's ZombieTTL it holds only what it had not finished when it
 // died, which cleanup and the partition check ask apart. Every position
@@ -24,15 +23,6 @@ import (
 // ordered by inclusion: a snapshot taken earlier sees a subset of what a
 // later one sees. The least is found by comparing xmax, then xmin, then
 // the in-progress list (longer is earlier).
-func Watermark(ctx context.Context, db DB, schema, topic string) (string, error) {
-	schema, err := ident.Schema(schema)
-	if err != nil {
-		return "", err
-	}
-	return watermark(ctx, db, sqlq.ForPubSub(schema), topic)
-}
-
-// watermark is Watermark with the statements q.
 func watermark(ctx context.Context, db DB, q *sqlq.PubSub, topic string) (string, error) {
 	rows, err := db.Query(ctx, q.CommittedPosition, pgx.StrictNamedArgs{"topic": topic})
 	if err != nil {
