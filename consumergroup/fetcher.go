@@ -54,7 +54,8 @@ const (
 
 func (r *runner) fetch() {
 	g := r.g
-	r.warm()
+	defer r.conns.wait()
+	r.conns.warm()
 	loop := pipeline.Loop{
 		Window:       r.window,
 		Wake:         r.wake,
@@ -149,7 +150,13 @@ func (r *runner) anyWork() (bool, error) {
 		return err
 	})
 	b.Queue("COMMIT")
-	if err := g.pool.SendBatch(ctx, &b).Close(); err != nil {
+	conn, err := r.conns.acquire(ctx)
+	if err != nil {
+		return true, err
+	}
+	err = conn.SendBatch(ctx, &b).Close()
+	conn.Release()
+	if err != nil {
 		return true, err
 	}
 	if gone {
@@ -204,7 +211,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	var bit int
 	var mixing, expired, due, locked, found bool
 	ahead := r.readAhead(limit)
-	tx, err := beginLook(ctx, g.pool, func(batch *pgx.Batch) {
+	tx, err := beginLook(ctx, r.conns.acquire, func(batch *pgx.Batch) {
 		batch.Queue(g.q.LockOffset, pgx.StrictNamedArgs{"sub": g.sub.ID}).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
 				&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more, &noJIT)

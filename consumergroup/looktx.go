@@ -39,11 +39,11 @@ type lookTx struct {
 const lookSettings = `
 SELECT set_config('idle_in_transaction_session_timeout', '` + idleInTransaction + `', true), set_config('synchronous_commit', 'off', true)`
 
-// beginLook takes a connection from pool and begins a look's transaction
+// beginLook takes a connection (from acquire) and begins a look's transaction
 // on it, in one round trip with the statements first queues (whose
 // callbacks read their results). On an error the transaction is over.
-func beginLook(ctx context.Context, pool *pgxpool.Pool, first func(*pgx.Batch)) (*lookTx, error) {
-	conn, err := pool.Acquire(ctx)
+func beginLook(ctx context.Context, acquire func(context.Context) (*pgxpool.Conn, error), first func(*pgx.Batch)) (*lookTx, error) {
+	conn, err := acquire(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -27,7 +27,7 @@ func TestALookRunsItsStatementsInOrderAndCommitsThemTogether(t *testing.T) {
 			require.NoError(t, err)
 			var first int
 			var syncCommit string
-			tx, err := beginLook(ctx, pool, func(b *pgx.Batch) {
+			tx, err := beginLook(ctx, pool.Acquire, func(b *pgx.Batch) {
 				b.Queue(`INSERT INTO ` + table + ` VALUES (1) RETURNING x`).QueryRow(func(row pgx.Row) error { return row.Scan(&first) })
 				b.Queue(`SELECT current_setting('synchronous_commit')`).QueryRow(func(row pgx.Row) error { return row.Scan(&syncCommit) })
 			})
@@ -62,7 +62,7 @@ func TestALookWhoseStatementFailsCommitsNothing(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, db.DSN+"&pool_max_conns=1")
 
-	tx, err := beginLook(ctx, pool, func(b *pgx.Batch) { b.Queue(`INSERT INTO ` + table + ` VALUES (1)`) })
+	tx, err := beginLook(ctx, pool.Acquire, func(b *pgx.Batch) { b.Queue(`INSERT INTO ` + table + ` VALUES (1)`) })
 	require.NoError(t, err)
 	tx.queue("insert 2", `INSERT INTO `+table+` VALUES (2)`)
 	tx.queue("divide", `SELECT 1 / (SELECT count(*) - 2 FROM `+table+`)`)
@@ -77,7 +77,7 @@ func TestALookWhoseStatementFailsCommitsNothing(t *testing.T) {
 	outsideATransaction(t, pool)
 
 	// A failure in the statements that begin it ends the look at once.
-	_, err = beginLook(ctx, pool, func(b *pgx.Batch) { b.Queue(`SELECT 1 / 0`) })
+	_, err = beginLook(ctx, pool.Acquire, func(b *pgx.Batch) { b.Queue(`SELECT 1 / 0`) })
 	require.ErrorContains(t, err, "division by zero")
 	outsideATransaction(t, pool)
 }

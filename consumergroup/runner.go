@@ -71,6 +71,7 @@ type runner struct {
 
 	stopped  <-chan struct{} // closed when the run ended
 	looks    lookRecord      // the looks' outcomes, for Status (own mutex)
+	conns    *lookConns      // the looks' connections
 	lastBeat atomic.Int64    // unix nanos of the last heartbeat that went through (the start, at first)
 
 	// The fetcher's own: it takes turns between the stream and a pending
@@ -149,6 +150,7 @@ func (r *runner) start(run context.Context, done func()) {
 	r.writer.Go(r.complete)
 	r.keepers.Go(r.keepLeases)
 	r.exec.Start()
+	r.conns = r.lookConns()
 	r.fetchers.Go(r.fetch)
 	r.fetchers.Go(r.heartbeat)
 	r.fetchers.Go(r.janitor)
