@@ -11,19 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/completion"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
-
-// shortTx begins the transactions of groups, all of which are short: if
-// their instance stops answering in the middle of one (a frozen process),
-// the server ends the session after ten idle seconds, so the locks it
-// holds (a group's position, rows being completed) do not stall the
-// group's other instances, or other groups, for longer.
-var shortTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '" + idleInTransaction + "'"}
-
-// idleInTransaction is how long a group's transaction may sit idle (see
-// shortTx and lookSettings).
-const idleInTransaction = "10s"
 
 // beginQuerier is what lifecycle work runs on: the main or the heartbeat pool.
 type beginQuerier interface {
@@ -121,7 +111,7 @@ func (g *Group) DiscardDeadLetters(ctx context.Context, ids ...int64) (int64, er
 		return 0, err
 	}
 	var n int64
-	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, g.pool, sqlq.ShortTx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, g.q.DiscardDeadLetters,
 			pgx.StrictNamedArgs{"topic": g.cfg.Topic, "group_name": g.cfg.Group, "message_ids": filter})
 		if err != nil {
@@ -247,7 +237,7 @@ func (g *Group) Resurrect(ctx context.Context, backfill bool) error {
 // subscriptionRef reads the group's subscription (ErrNotFound: none).
 func (g *Group) subscriptionRef(ctx context.Context) (completion.Subscription, error) {
 	var sub completion.Subscription
-	err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, g.pool, sqlq.ShortTx, func(tx pgx.Tx) error {
 		s, err := g.foundSubscription(ctx, tx)
 		if err == nil {
 			sub = s.ref(g.cfg.Topic, g.cfg.Group)
@@ -304,7 +294,7 @@ func (g *Group) releaseOwed(ctx context.Context) error {
 	}
 	for {
 		var n int64
-		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, g.pool, sqlq.ShortTx, func(tx pgx.Tx) error {
 			sub, err := g.deadSubscription(ctx, tx)
 			if err != nil {
 				return err
@@ -392,7 +382,7 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 	// completed by the group in the same transaction.
 	complete := func(sql string, args pgx.StrictNamedArgs) ([]int64, error) {
 		var ids []int64
-		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, g.pool, sqlq.ShortTx, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, sql, args)
 			if err != nil {
 				return err
@@ -436,7 +426,7 @@ func (g *Group) ForceComplete(ctx context.Context, olderThan time.Duration) (int
 	// Its position passes them too, where it can (no batch open): the
 	// scan bound of cleanup, and in Offset mode the watermark, go by it.
 	var moved bool
-	err = pgx.BeginTxFunc(ctx, g.pool, shortTx, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, g.pool, sqlq.ShortTx, func(tx pgx.Tx) error {
 		if err := g.lockOffset(ctx, tx, sub.ID); err != nil {
 			return err
 		}

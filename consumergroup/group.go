@@ -87,7 +87,7 @@ type Group struct {
 
 	batchHandler BatchHandler // set before Start
 
-	testBatchFinished func(batchID int64) // see runner.testBatchFinished
+	testBatchFinished func(batchID int64) // see engine.Instance.BatchFinished
 
 	// Set by Start, read-only afterwards.
 	opts   SubscriptionOptions

@@ -35,7 +35,7 @@ func TestLeaseKeeperWarnsOnlyForRealTakeovers(t *testing.T) {
 	var finished sync.WaitGroup
 	// Between a batch's completion and its leaving the held list, the
 	// keeper runs: the batch row is gone.
-	g.testBatchFinished = func(int64) { g.run.extendLeases(); finished.Done() }
+	g.testBatchFinished = func(int64) { g.run.eng.ExtendLeases(g.run.hbPool, g.topic.Lease); finished.Done() }
 	block := make(chan struct{})
 	var blocked sync.Once
 	blockedNow := make(chan struct{})
@@ -73,7 +73,7 @@ func TestLeaseKeeperWarnsOnlyForRealTakeovers(t *testing.T) {
 	<-blockedNow
 	_, err = db.Pool.Exec(ctx, `DELETE FROM `+db.Table("outbox_group_batches"))
 	require.NoError(t, err)
-	g.run.extendLeases()
+	g.run.eng.ExtendLeases(g.run.hbPool, g.topic.Lease)
 	require.Equal(t, 1, strings.Count(logs.String(), "taken over"), logs.String())
 	close(block)
 	finished.Wait()

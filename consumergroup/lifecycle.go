@@ -175,7 +175,7 @@ func onLog(topic outbox.TopicConfig) bool {
 // with backoff, until ctx ends.
 func (g *Group) changeTx(ctx context.Context, f func(pgx.Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		err := pgx.BeginTxFunc(ctx, g.pool, shortTx, f)
+		err := pgx.BeginTxFunc(ctx, g.pool, sqlq.ShortTx, f)
 		if !lockConflict(err) {
 			return err
 		}

@@ -7,6 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
 // lookTx is the transaction of one look (see fetchOnce), on a connection
@@ -29,7 +31,7 @@ type lookTx struct {
 }
 
 // lookSettings are a look's transaction's settings:
-//   - it may sit idle for idleInTransaction at most (see shortTx);
+//   - it may sit idle for sqlq's IdleInTransaction at most (see ShortTx there);
 //   - its commit does not wait for the server to flush it to disk. A look
 //     writes leases, batches and positions, never a message or a
 //     completion: if the server crashes before its commit reaches the
@@ -37,7 +39,7 @@ type lookTx struct {
 //     completion or a handler's transaction that committed after it
 //     flushed it too). The wait was a third of a look's time.
 const lookSettings = `
-SELECT set_config('idle_in_transaction_session_timeout', '` + idleInTransaction + `', true), set_config('synchronous_commit', 'off', true)`
+SELECT set_config('idle_in_transaction_session_timeout', '` + sqlq.IdleInTransaction + `', true), set_config('synchronous_commit', 'off', true)`
 
 // beginLook takes a connection (from acquire) and begins a look's transaction
 // on it, in one round trip with the statements first queues (whose

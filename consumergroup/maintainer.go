@@ -104,7 +104,7 @@ func (m *Maintainer) detectDead(ctx context.Context, db beginQuerier, topic stri
 // whose offsets row no fetch holds, and returns them.
 func (m *Maintainer) declareDead(ctx context.Context, db beginQuerier, topic string) ([]deadGroup, error) {
 	var dead []deadGroup
-	err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, db, sqlq.ShortTx, func(tx pgx.Tx) error {
 		dead = nil
 		rows, err := tx.Query(ctx, m.q.DeadCandidates, pgx.StrictNamedArgs{"topic": topic})
 		if err != nil {
@@ -205,7 +205,7 @@ func (m *Maintainer) forget(ctx context.Context, db beginQuerier, topic outbox.T
 	for {
 		var n int64
 		done := false
-		err := pgx.BeginTxFunc(ctx, db, shortTx, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, db, sqlq.ShortTx, func(tx pgx.Tx) error {
 			var status string
 			var bit int
 			var pending, holds bool
@@ -251,7 +251,7 @@ func (m *Maintainer) CompleteDeadLetters(ctx context.Context, topic string) erro
 	if err != nil {
 		return err
 	}
-	return pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, m.pool, sqlq.ShortTx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, m.q.DeadLettersToComplete, pgx.StrictNamedArgs{"topic": topic})
 		if err != nil {
 			return err
@@ -303,7 +303,7 @@ func (m *Maintainer) CleanupOlder(ctx context.Context, topic string, limit int, 
 		return 0, fmt.Errorf("consumergroup: cleanup of %q: %w", topic, err)
 	}
 	var n int64
-	err = pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, m.pool, sqlq.ShortTx, func(tx pgx.Tx) error {
 		// Like a producer: a subscription change (which may start a
 		// backfill) waits for this cleanup, and a later one sees it.
 		if _, err := tx.Exec(ctx, m.q.LockTopicShared, pgx.StrictNamedArgs{"topic": topic}); err != nil {
@@ -407,7 +407,7 @@ func (m *Maintainer) CapRetention(ctx context.Context, topic string, limit int) 
 	}
 	var total int64
 	var unread map[string]int64
-	err = pgx.BeginTxFunc(ctx, m.pool, shortTx, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, m.pool, sqlq.ShortTx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, m.q.LockTopicShared, pgx.StrictNamedArgs{"topic": topic}); err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pgoutbox/pgoutbox/internal/engine"
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/internal/startstop"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -28,14 +29,14 @@ import (
 //     watchdog fails and replaces handler calls that overran their
 //     timeout. It removes each job from the window as it is handled: the
 //     next fetch does not wait for the write.
-//   - completer (completer.go), one goroutine: writes the executor's
-//     outcomes. Removes from held.
+//   - completer (complete, writing through engine.Instance), one
+//     goroutine: writes the executor's outcomes. Removes from held.
 //   - heartbeat (heartbeat.go), one goroutine: liveness, following the
 //     subscription's state, resurrection.
 //   - janitor (janitor.go), one goroutine: dead-group detection,
 //     forgetting groups that left, expired idempotency keys.
-//   - lease keeper (leases.go), one goroutine: extends the leases of what
-//     held lists, while anyone works on it.
+//   - lease keeper (engine.Instance.KeepLeases), one goroutine: extends
+//     the leases of what held lists, while anyone works on it.
 //
 // Everything they share is atomic, a channel, or guarded by the mutex
 // named beside it.
@@ -46,10 +47,7 @@ type runner struct {
 	window  *pipeline.Window         // what the instance holds, and when it fetches next
 	exec    *pipeline.Executor       // runs the handlers
 	held    *pipeline.Held           // leases being worked on
-
-	// testBatchFinished, when set (tests), is called by the completer
-	// after a batch's outcome was written and before it leaves held.
-	testBatchFinished func(batchID int64)
+	eng     *engine.Instance         // the completer's writes and the lease keeper
 
 	hbPool    *pgxpool.Pool   // heartbeats and lifecycle work
 	releaseHB func()          // gives hbPool back (closes a pool of its own)
@@ -92,7 +90,15 @@ type runner struct {
 }
 
 func (g *Group) newRunner() (*runner, error) {
-	r := &runner{g: g, held: pipeline.NewHeld(), testBatchFinished: g.testBatchFinished, throttle: newThrottle(g.opts)}
+	r := &runner{g: g, held: pipeline.NewHeld(), throttle: newThrottle(g.opts)}
+	r.eng = &engine.Instance{
+		Pool: g.pool, Statements: g.q, Subscription: g.sub.ID, ID: g.cfg.InstanceID,
+		Now: g.now, Logger: g.logger, Events: g.events, Held: r.held,
+		Mask:          func() int64 { return g.tracking().sub.Mask() },
+		Acked:         g.metrics.acked.Add,
+		Retried:       g.metrics.retried.Add,
+		BatchFinished: g.testBatchFinished,
+	}
 	members := g.members
 	r.members.Store(&members)
 	r.hbPool, r.releaseHB = g.cfg.HeartbeatPool, func() {}
@@ -148,7 +154,7 @@ func (r *runner) start(run context.Context, done func()) {
 	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)
 	r.unregisterLive = r.g.client.LiveInstance(run, r.g.cfg.InstanceID)
 	r.writer.Go(r.complete)
-	r.keepers.Go(r.keepLeases)
+	r.keepers.Go(func() { r.eng.KeepLeases(r.keepCtx, r.hbPool, r.g.topic.Lease) })
 	r.exec.Start()
 	r.conns = r.lookConns()
 	r.fetchers.Go(r.fetch)
@@ -236,4 +242,11 @@ func (r *runner) shutdown() {
 	}
 	r.releaseHB()
 	r.g.logger.Info("pgoutbox: consumer group instance stopped")
+}
+
+// complete is the completer: one goroutine per instance, writing outcomes
+// in the order they come (see engine.Instance.Write), several at once
+// when they arrive while a write runs.
+func (r *runner) complete() {
+	pipeline.Complete(r.exec.Settled(), r.window, engine.MaxOutcomesPerWrite, r.eng.Write)
 }
