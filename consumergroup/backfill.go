@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/engine"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -116,7 +117,7 @@ func (g *Group) CancelBackfill(ctx context.Context) (bool, error) {
 // batch, as the throttle allows, moves its cursor (a checkpoint: another
 // instance, or this one after a crash, resumes there) and commits. It
 // returns how many rows it handed out.
-func (r *runner) fetchCatchup(ctx context.Context, tx *lookTx, b *backfill, limit int) (int, error) {
+func (r *runner) fetchCatchup(ctx context.Context, tx *engine.LookTx, b *backfill, limit int) (int, error) {
 	g := r.g
 	now := time.Now()
 	n := r.catchupSize(b, limit)
@@ -187,7 +188,7 @@ func (r *runner) fetchCatchup(ctx context.Context, tx *lookTx, b *backfill, limi
 // nextCatchupPair hands out got, the last rows of the pair the backfill
 // read, and moves it to the next pair it queues (committing when there
 // are rows, else reading on from that pair in tx).
-func (r *runner) nextCatchupPair(ctx context.Context, tx *lookTx, b *backfill, total int64, got []row, limit int) (int, error) {
+func (r *runner) nextCatchupPair(ctx context.Context, tx *engine.LookTx, b *backfill, total int64, got []row, limit int) (int, error) {
 	g := r.g
 	if err := r.catchupProgress(ctx, tx, got, total, ""); err != nil {
 		return 0, err
@@ -222,7 +223,7 @@ func (r *runner) catchupSize(b *backfill, limit int) int {
 
 // endCatchup ends the reading with outcome and hands out the last rows,
 // committing, if there are any (else the caller goes on in tx).
-func (r *runner) endCatchup(ctx context.Context, tx *lookTx, b *backfill, total int64, got []row, outcome string) error {
+func (r *runner) endCatchup(ctx context.Context, tx *engine.LookTx, b *backfill, total int64, got []row, outcome string) error {
 	g := r.g
 	if err := r.catchupProgress(ctx, tx, got, total, outcome); err != nil {
 		return err
@@ -240,7 +241,7 @@ func (r *runner) endCatchup(ctx context.Context, tx *lookTx, b *backfill, total 
 // catchupProgress records, in tx, that the backfill handed out got (the
 // last rows of a pair, or of its reading), total its estimated size, and
 // that its reading ended with outcome (unless "").
-func (r *runner) catchupProgress(ctx context.Context, tx *lookTx, got []row, total int64, outcome string) error {
+func (r *runner) catchupProgress(ctx context.Context, tx *engine.LookTx, got []row, total int64, outcome string) error {
 	var lastXID *string
 	var lastID *int64
 	if len(got) > 0 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/engine"
 	"github.com/pgoutbox/pgoutbox/internal/groupwalk"
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
@@ -54,8 +55,8 @@ const (
 
 func (r *runner) fetch() {
 	g := r.g
-	defer r.conns.wait()
-	r.conns.warm()
+	defer r.conns.Wait()
+	r.conns.Warm()
 	loop := pipeline.Loop{
 		Window:       r.window,
 		Wake:         r.wake,
@@ -150,7 +151,7 @@ func (r *runner) anyWork() (bool, error) {
 		return err
 	})
 	b.Queue("COMMIT")
-	conn, err := r.conns.acquire(ctx)
+	conn, err := r.conns.Acquire(ctx)
 	if err != nil {
 		return true, err
 	}
@@ -211,7 +212,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	var bit int
 	var mixing, expired, due, locked, found bool
 	ahead := r.readAhead(limit)
-	tx, err := beginLook(ctx, r.conns.acquire, func(batch *pgx.Batch) {
+	tx, err := engine.BeginLook(ctx, r.conns.Acquire, func(batch *pgx.Batch) {
 		batch.Queue(g.q.LockOffset, pgx.StrictNamedArgs{"sub": g.sub.ID}).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
 				&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more, &noJIT)
@@ -249,7 +250,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer tx.end(ctx)
+	defer tx.End(ctx)
 	if !locked {
 		var exists bool
 		if err := tx.QueryRow(ctx, g.q.OffsetExists, pgx.StrictNamedArgs{"sub": g.sub.ID}).Scan(&exists); err != nil {
@@ -295,11 +296,11 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		r.loggedTakeover(expired, "", false)
 		r.loggedTakeover(gone, "", true)
 		due = due || expired+gone > 0
-		tx.queue("copy dead letters", g.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": g.sub.ID})
+		tx.Queue("copy dead letters", g.q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": g.sub.ID})
 		if p.backfill != nil && p.backfill.readingEnded {
-			tx.queue("finish backfill", g.q.FinishBackfill, pgx.StrictNamedArgs{"sub": g.sub.ID})
+			tx.Queue("finish backfill", g.q.FinishBackfill, pgx.StrictNamedArgs{"sub": g.sub.ID})
 		}
-		tx.queue("forget messages set aside", g.q.ForgetSetAside, pgx.StrictNamedArgs{"sub": g.sub.ID})
+		tx.Queue("forget messages set aside", g.q.ForgetSetAside, pgx.StrictNamedArgs{"sub": g.sub.ID})
 	}
 	if g.byMessageGroup() {
 		if expired { // a batch of an instance that read the stream (before Config.ByMessageGroup was set)
@@ -350,7 +351,7 @@ func (r *runner) fetchOnce(limit int, reap bool) (fetchResult, error) {
 
 // takeOver moves the messages of one batch whose lease ran out to the
 // retry table (and commits), reporting whether there was one.
-func (r *runner) takeOver(ctx context.Context, tx *lookTx) (bool, error) {
+func (r *runner) takeOver(ctx context.Context, tx *engine.LookTx) (bool, error) {
 	g := r.g
 	var prev, cur, afterXID, lastXID, member string
 	var afterID, lastID int64
@@ -406,7 +407,7 @@ func (r *runner) loggedTakeover(n int64, member string, gone bool) {
 
 // claimRetries leases due retries of the group (and commits), and hands
 // them out.
-func (r *runner) claimRetries(ctx context.Context, tx *lookTx, limit int) (int, error) {
+func (r *runner) claimRetries(ctx context.Context, tx *engine.LookTx, limit int) (int, error) {
 	g := r.g
 	args := sqlq.Args{"sub": g.sub.ID, "member": g.cfg.InstanceID, "now": g.now(), "lease_us": g.topic.Lease.Microseconds(), "limit": limit}
 	query := g.q.ClaimRetries
@@ -468,7 +469,7 @@ const idlePositionEvery = time.Second
 
 // fetchBatch reads the next rows of the snapshot pair, records them as a
 // batch with a lease and moves the position, and commits.
-func (r *runner) fetchBatch(ctx context.Context, tx *lookTx, p position, snapshot string, limit int, ahead *rowsAhead) (fetchResult, error) {
+func (r *runner) fetchBatch(ctx context.Context, tx *engine.LookTx, p position, snapshot string, limit int, ahead *rowsAhead) (fetchResult, error) {
 	pr, err := r.nextRows(ctx, tx, p, snapshot, limit, ahead)
 	if err != nil {
 		return 0, err
@@ -490,7 +491,7 @@ func (r *runner) fetchBatch(ctx context.Context, tx *lookTx, p position, snapsho
 // takeAhead, in tx, takes up to limit messages of a priority above 0 from
 // the rows the stream has not read once pr is read (sqlq's takeAhead): the
 // next look claims them from the retry table, ahead of the backlog.
-func (r *runner) takeAhead(ctx context.Context, tx *lookTx, pr pairRows, snapshot string, limit int) error {
+func (r *runner) takeAhead(ctx context.Context, tx *engine.LookTx, pr pairRows, snapshot string, limit int) error {
 	g := r.g
 	position, pairCur := pr.cur, (*string)(nil) // the read reached the end of the pair
 	var resumeXID *string
@@ -501,7 +502,7 @@ func (r *runner) takeAhead(ctx context.Context, tx *lookTx, pr pairRows, snapsho
 	}
 	args := g.tracking().stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": g.cfg.Topic, "snapshot": snapshot,
 		"position": position, "pair_cur": pairCur, "resume_xid": resumeXID, "resume_id": resumeID, "now": g.now(), "limit": limit})
-	tx.queue("take prioritized messages ahead", g.q.TakeAhead.Numbered, g.q.TakeAhead.Bind(args)...)
+	tx.Queue("take prioritized messages ahead", g.q.TakeAhead.Numbered, g.q.TakeAhead.Bind(args)...)
 	return nil
 }
 
@@ -519,7 +520,7 @@ type pairRows struct {
 // ahead (non-nil ahead) are those rows: a new pair then ends at the
 // snapshot their read took, later than snapshot (when they are none, the
 // pair ending at snapshot holds none either).
-func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot string, limit int, ahead *rowsAhead) (pairRows, error) {
+func (r *runner) nextRows(ctx context.Context, tx *engine.LookTx, p position, snapshot string, limit int, ahead *rowsAhead) (pairRows, error) {
 	g := r.g
 	pr := pairRows{prev: p.position, cur: snapshot, afterXID: "0"}
 	if p.pairCur != nil {
@@ -546,11 +547,11 @@ func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot 
 		if len(got) == 0 && p.pairCur == nil {
 			r.idleSince = time.Now()
 		}
-		tx.queue("advance position", g.q.AdvanceOffset,
+		tx.Queue("advance position", g.q.AdvanceOffset,
 			pgx.StrictNamedArgs{"sub": g.sub.ID, "position": pr.cur, "pair_cur": nil, "resume_xid": nil, "resume_id": nil})
 	default:
 		last := got[len(got)-1]
-		tx.queue("advance position", g.q.AdvanceOffset,
+		tx.Queue("advance position", g.q.AdvanceOffset,
 			pgx.StrictNamedArgs{"sub": g.sub.ID, "position": pr.prev, "pair_cur": pr.cur, "resume_xid": last.xid, "resume_id": last.d.ID})
 	}
 	return pr, nil
@@ -558,7 +559,7 @@ func (r *runner) nextRows(ctx context.Context, tx *lookTx, p position, snapshot 
 
 // readRows reads messages (the columns of sqlq's nextUnseenRows) as first
 // deliveries.
-func (r *runner) readRows(ctx context.Context, tx *lookTx, query string, args ...any) ([]row, error) {
+func (r *runner) readRows(ctx context.Context, tx *engine.LookTx, query string, args ...any) ([]row, error) {
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -611,7 +612,7 @@ func (r *runner) readAhead(limit int) *rowsAhead {
 // park puts rows in the group's retry table, in tx, as retries that never
 // ran (sqlq's parkRows), available now, or a scheduled one from its due
 // time: an ordered group's queue, and every group's scheduled messages.
-func (r *runner) park(ctx context.Context, tx *lookTx, rows []row) error {
+func (r *runner) park(ctx context.Context, tx *engine.LookTx, rows []row) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -626,7 +627,7 @@ func (r *runner) park(ctx context.Context, tx *lookTx, rows []row) error {
 			groups[i] = x.d.Group
 		}
 	}
-	tx.queue("park rows", g.q.ParkRows,
+	tx.Queue("park rows", g.q.ParkRows,
 		pgx.StrictNamedArgs{"sub": g.sub.ID, "now": g.now(), "message_ids": ids, "message_groups": groups, "dues": due})
 	r.parked(len(rows))
 	return nil
@@ -642,7 +643,7 @@ func (r *runner) park(ctx context.Context, tx *lookTx, rows []row) error {
 // park) and recorded as set aside; the batch, which still spans them, is
 // the rest. A takeover of the batch reads its rows again and skips them,
 // parked or already handled.
-func (r *runner) recordBatch(ctx context.Context, tx *lookTx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
+func (r *runner) recordBatch(ctx context.Context, tx *engine.LookTx, prev, cur, afterXID string, afterID int64, got []row, catchup bool) error {
 	g := r.g
 	if g.byMessageGroup() {
 		return r.park(ctx, tx, got)
@@ -664,14 +665,14 @@ func (r *runner) recordBatch(ctx context.Context, tx *lookTx, prev, cur, afterXI
 		for i, x := range later {
 			ids[i], xids[i] = x.d.ID, x.xid
 		}
-		tx.queue("set scheduled messages aside", g.q.SetAside, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_ids": ids, "xids": xids})
+		tx.Queue("set scheduled messages aside", g.q.SetAside, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_ids": ids, "xids": xids})
 		if got = due; len(got) == 0 {
 			return tx.Commit(ctx)
 		}
 	}
 	var bid int64
 	var leaseUntil time.Time
-	tx.queue("record batch", g.q.InsertBatch, pgx.StrictNamedArgs{"sub": g.sub.ID, "prev": prev, "cur": cur,
+	tx.Queue("record batch", g.q.InsertBatch, pgx.StrictNamedArgs{"sub": g.sub.ID, "prev": prev, "cur": cur,
 		"after_xid": afterXID, "after_id": afterID, "last_xid": last.xid, "last_id": last.d.ID,
 		"member": g.cfg.InstanceID, "now": g.now(), "lease_us": g.topic.Lease.Microseconds(), "catchup": catchup}).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&bid, &leaseUntil) })

@@ -3,6 +3,8 @@ package consumergroup
 import (
 	"context"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/engine"
 )
 
 // Ordered groups. A group of an ordered topic (outbox.TopicConfig.Ordered),
@@ -38,7 +40,7 @@ const orderedPage = 1000
 // lookOrdered is the rest of fetchOnce for an ordered group: queue the
 // pending backfill's next rows, or else the stream's, and once the
 // stream's pair is queued whole, claim. It commits.
-func (r *runner) lookOrdered(ctx context.Context, tx *lookTx, p position, snapshot string, limit int) (fetchResult, error) {
+func (r *runner) lookOrdered(ctx context.Context, tx *engine.LookTx, p position, snapshot string, limit int) (fetchResult, error) {
 	if b := p.backfill; b != nil && !b.readingEnded {
 		r.backfilling.Store(true)
 		n, err := r.fetchCatchup(ctx, tx, b, orderedPage)

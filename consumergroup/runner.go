@@ -67,10 +67,10 @@ type runner struct {
 	writer   startstop.Tasks // completer
 	keepers  startstop.Tasks // lease keeper
 
-	stopped  <-chan struct{} // closed when the run ended
-	looks    lookRecord      // the looks' outcomes, for Status (own mutex)
-	conns    *lookConns      // the looks' connections
-	lastBeat atomic.Int64    // unix nanos of the last heartbeat that went through (the start, at first)
+	stopped  <-chan struct{}   // closed when the run ended
+	looks    lookRecord        // the looks' outcomes, for Status (own mutex)
+	conns    *engine.LookConns // the looks' connections
+	lastBeat atomic.Int64      // unix nanos of the last heartbeat that went through (the start, at first)
 
 	// The fetcher's own: it takes turns between the stream and a pending
 	// backfill, whose reads the throttle paces.

@@ -1,4 +1,4 @@
-package consumergroup
+package engine
 
 import (
 	"context"
@@ -11,12 +11,12 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
-// lookTx is the transaction of one look (see fetchOnce), on a connection
+// LookTx is the transaction of one look for work (see consumergroup's fetchOnce), on a connection
 // of its own. It spends fewer round trips than pgx.Tx, which spends one on
 // BEGIN and one on COMMIT:
-//   - beginLook sends BEGIN in the same round trip as the look's first
+//   - BeginLook sends BEGIN in the same round trip as the look's first
 //     statements;
-//   - queue holds back a statement whose result the look does not need at
+//   - Queue holds back a statement whose result the look does not need at
 //     once; it goes to the server with the next statement, or with COMMIT.
 //
 // A look that reads new rows runs in two round trips: the position's
@@ -24,7 +24,7 @@ import (
 // position's move and the batch's record with the commit. Statements
 // still run one after the other, in the order the look wrote them, each
 // with its own snapshot.
-type lookTx struct {
+type LookTx struct {
 	conn    *pgxpool.Conn
 	pending pgx.Batch
 	labels  []string // what each pending statement does, for errors
@@ -41,37 +41,37 @@ type lookTx struct {
 const lookSettings = `
 SELECT set_config('idle_in_transaction_session_timeout', '` + sqlq.IdleInTransaction + `', true), set_config('synchronous_commit', 'off', true)`
 
-// beginLook takes a connection (from acquire) and begins a look's transaction
+// BeginLook takes a connection (from acquire) and begins a look's transaction
 // on it, in one round trip with the statements first queues (whose
 // callbacks read their results). On an error the transaction is over.
-func beginLook(ctx context.Context, acquire func(context.Context) (*pgxpool.Conn, error), first func(*pgx.Batch)) (*lookTx, error) {
+func BeginLook(ctx context.Context, acquire func(context.Context) (*pgxpool.Conn, error), first func(*pgx.Batch)) (*LookTx, error) {
 	conn, err := acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	t := &lookTx{conn: conn}
+	t := &LookTx{conn: conn}
 	var b pgx.Batch
 	b.Queue("BEGIN")
 	b.Queue(lookSettings)
 	first(&b)
 	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
-		t.end(ctx)
+		t.End(ctx)
 		return nil, err
 	}
 	return t, nil
 }
 
-// queue holds a statement back until the next one, or the commit, goes to
+// Queue holds a statement back until the next one, or the commit, goes to
 // the server. Its error, if any, is the error of that statement or commit,
 // prefixed with what.
-func (t *lookTx) queue(what, sql string, args ...any) *pgx.QueuedQuery {
+func (t *LookTx) Queue(what, sql string, args ...any) *pgx.QueuedQuery {
 	t.labels = append(t.labels, what)
 	return t.pending.Queue(sql, args...)
 }
 
-// flush sends what queue held back, in one round trip. An error names
+// Flush sends what Queue held back, in one round trip. An error names
 // the statement that failed.
-func (t *lookTx) flush(ctx context.Context) error {
+func (t *LookTx) Flush(ctx context.Context) error {
 	if t.pending.Len() == 0 {
 		return nil
 	}
@@ -95,45 +95,45 @@ func (t *lookTx) flush(ctx context.Context) error {
 	return nil
 }
 
-// Exec runs sql after whatever queue held back.
-func (t *lookTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := t.flush(ctx); err != nil {
+// Exec runs sql after whatever Queue held back.
+func (t *LookTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.Flush(ctx); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return t.conn.Exec(ctx, sql, args...)
 }
 
-// Query runs sql after whatever queue held back.
-func (t *lookTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := t.flush(ctx); err != nil {
+// Query runs sql after whatever Queue held back.
+func (t *LookTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.Flush(ctx); err != nil {
 		return nil, err
 	}
 	return t.conn.Query(ctx, sql, args...)
 }
 
-// QueryRow runs sql after whatever queue held back.
-func (t *lookTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := t.flush(ctx); err != nil {
+// QueryRow runs sql after whatever Queue held back.
+func (t *LookTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.Flush(ctx); err != nil {
 		return errRow{err}
 	}
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
-// Commit sends what queue held back and COMMIT, in one round trip.
-func (t *lookTx) Commit(ctx context.Context) error {
-	t.queue("commit", "COMMIT").Exec(func(tag pgconn.CommandTag) error {
+// Commit sends what Queue held back and COMMIT, in one round trip.
+func (t *LookTx) Commit(ctx context.Context) error {
+	t.Queue("commit", "COMMIT").Exec(func(tag pgconn.CommandTag) error {
 		if tag.String() == "ROLLBACK" { // a statement before it failed
 			return pgx.ErrTxCommitRollback
 		}
 		return nil
 	})
-	return t.flush(ctx)
+	return t.Flush(ctx)
 }
 
-// end rolls the transaction back unless it committed, and gives the
+// End rolls the transaction back unless it committed, and gives the
 // connection back to the pool (which closes it if it is still in a
 // transaction, or broken).
-func (t *lookTx) end(ctx context.Context) {
+func (t *LookTx) End(ctx context.Context) {
 	if t.conn == nil {
 		return
 	}

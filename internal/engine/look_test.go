@@ -1,4 +1,4 @@
-package consumergroup
+package engine
 
 import (
 	"context"
@@ -27,7 +27,7 @@ func TestALookRunsItsStatementsInOrderAndCommitsThemTogether(t *testing.T) {
 			require.NoError(t, err)
 			var first int
 			var syncCommit string
-			tx, err := beginLook(ctx, pool.Acquire, func(b *pgx.Batch) {
+			tx, err := BeginLook(ctx, pool.Acquire, func(b *pgx.Batch) {
 				b.Queue(`INSERT INTO ` + table + ` VALUES (1) RETURNING x`).QueryRow(func(row pgx.Row) error { return row.Scan(&first) })
 				b.Queue(`SELECT current_setting('synchronous_commit')`).QueryRow(func(row pgx.Row) error { return row.Scan(&syncCommit) })
 			})
@@ -35,15 +35,15 @@ func TestALookRunsItsStatementsInOrderAndCommitsThemTogether(t *testing.T) {
 			require.Equal(t, 1, first)
 			require.Equal(t, "off", syncCommit, "a look's commit does not wait for the disk")
 
-			tx.queue("insert 2", `INSERT INTO `+table+` VALUES (2)`)
+			tx.Queue("insert 2", `INSERT INTO `+table+` VALUES (2)`)
 			var seen int
 			require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&seen))
 			require.Equal(t, 2, seen, "a held-back statement runs before the next one")
-			tx.queue("insert 3", `INSERT INTO `+table+` VALUES (3)`)
+			tx.Queue("insert 3", `INSERT INTO `+table+` VALUES (3)`)
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&seen))
 			require.Zero(t, seen, "nothing is visible before the commit")
 			require.NoError(t, tx.Commit(ctx))
-			tx.end(ctx)
+			tx.End(ctx)
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&seen))
 			require.Equal(t, 3, seen)
 
@@ -62,14 +62,14 @@ func TestALookWhoseStatementFailsCommitsNothing(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, db.DSN+"&pool_max_conns=1")
 
-	tx, err := beginLook(ctx, pool.Acquire, func(b *pgx.Batch) { b.Queue(`INSERT INTO ` + table + ` VALUES (1)`) })
+	tx, err := BeginLook(ctx, pool.Acquire, func(b *pgx.Batch) { b.Queue(`INSERT INTO ` + table + ` VALUES (1)`) })
 	require.NoError(t, err)
-	tx.queue("insert 2", `INSERT INTO `+table+` VALUES (2)`)
-	tx.queue("divide", `SELECT 1 / (SELECT count(*) - 2 FROM `+table+`)`)
+	tx.Queue("insert 2", `INSERT INTO `+table+` VALUES (2)`)
+	tx.Queue("divide", `SELECT 1 / (SELECT count(*) - 2 FROM `+table+`)`)
 	err = tx.Commit(ctx)
 	require.ErrorContains(t, err, "divide: ")
 	require.ErrorContains(t, err, "division by zero")
-	tx.end(ctx)
+	tx.End(ctx)
 
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
@@ -77,7 +77,7 @@ func TestALookWhoseStatementFailsCommitsNothing(t *testing.T) {
 	outsideATransaction(t, pool)
 
 	// A failure in the statements that begin it ends the look at once.
-	_, err = beginLook(ctx, pool.Acquire, func(b *pgx.Batch) { b.Queue(`SELECT 1 / 0`) })
+	_, err = BeginLook(ctx, pool.Acquire, func(b *pgx.Batch) { b.Queue(`SELECT 1 / 0`) })
 	require.ErrorContains(t, err, "division by zero")
 	outsideATransaction(t, pool)
 }
