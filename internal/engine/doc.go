@@ -4,7 +4,8 @@
 // router's sources and the relay (package consumergroup makes and runs
 // an [Instance] for each).
 //
-// So far it holds the complete step's writes ([Instance.Write]) and the
-// lease keeper ([Instance.KeepLeases]); the fetch step's reads and claims
-// are still in package consumergroup.
+// So far it holds the complete step's writes ([Instance.Write]), the
+// lease keeper ([Instance.KeepLeases]), and a look's transaction
+// ([LookTx]) on a connection ready for it ([LookConns]); what a look
+// reads and claims is still in package consumergroup.
 package engine
