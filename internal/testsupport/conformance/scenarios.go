@@ -144,21 +144,22 @@ func shortRetention(tc *outbox.TopicConfig) {
 
 // cleaner runs Cleanup for the topic every few milliseconds until the
 // test ends, beside two maintenance services that add and drop small
-// partitions of messages all along (every subject's: each reads the log). When
-// the test ends, neither service has logged an error.
+// partitions of messages all along (every subject's: each reads the log).
+// When the test ends, neither service has logged an error, and, if the
+// log was empty when the cleaner started, they added partitions and
+// dropped some (see churnPartitions).
 func (e *Env) cleaner(t testing.TB) {
 	g, err := e.NewGroup(e.DB.Pool, Spec{Group: "cleaner"})
 	require.NoError(t, err)
+	churn := e.churnPartitions(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for ctx.Err() == nil {
 			_, _ = g.Cleanup(ctx, 1000)
 			time.Sleep(5 * time.Millisecond)
 		}
-	}()
+	})
 	var logs testlog.Buffer
 	var services []*maintenance.Service
 	for range 2 {
@@ -170,6 +171,11 @@ func (e *Env) cleaner(t testing.TB) {
 		services = append(services, svc)
 	}
 	t.Cleanup(func() {
+		if churn != nil {
+			// A scenario that held the xmin back lets go at its end: the
+			// partitions it held are dropped then.
+			pgtest.Eventually(t, 30*time.Second, "the maintenance services added partitions and dropped some", churn.addedAndDropped)
+		}
 		cancel()
 		wg.Wait()
 		for _, svc := range services {
@@ -177,6 +183,116 @@ func (e *Env) cleaner(t testing.TB) {
 		}
 		require.Empty(t, logs.Lines("level=ERROR"), "the maintenance services failed")
 	})
+}
+
+// partitionChurn follows the range partitions of the message log.
+type partitionChurn struct {
+	e       *Env
+	initial map[string]bool
+}
+
+// churnPartitions, while the message log is empty, makes the range
+// partition that new messages go to end 1,000 transaction ids from now
+// and drops those after it: the migrations' partitions span 10,000, more
+// than a scenario writes, so the maintenance services beside the cleaner
+// would add none and drop none. Then they add partitions of their
+// PartitionSize as transactions move on, and drop those whose messages
+// are done. It returns what follows the partitions, or nil when the log
+// holds messages: it leaves the partitions as they are then.
+func (e *Env) churnPartitions(t testing.TB) *partitionChurn {
+	ctx := context.Background()
+	parent, partitions := e.DB.Table("outbox_published"), e.DB.Table("outbox_partitions")
+	var shrunk bool
+	err := pgx.BeginFunc(ctx, e.DB.Pool, func(tx pgx.Tx) error {
+		// Writers in flight commit first: their rows count.
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+parent+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		var stored bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+parent+`)`).Scan(&stored); err != nil || stored {
+			return err
+		}
+		// The partition holding the next transaction id (or the first
+		// after it) spans from that id, or earlier, to 1,000 past it.
+		rows, err := tx.Query(ctx, `
+SELECT id, least(lo, pg_snapshot_xmax(pg_current_snapshot()))::text,
+       (pg_snapshot_xmax(pg_current_snapshot())::text::numeric + 1000)::text
+FROM `+partitions+` WHERE hi > pg_snapshot_xmax(pg_current_snapshot()) ORDER BY lo`)
+		if err != nil {
+			return err
+		}
+		type part struct {
+			ID     int64
+			Lo, Hi string
+		}
+		parts, err := pgx.CollectRows(rows, pgx.RowToStructByPos[part])
+		if err != nil || len(parts) == 0 {
+			return err
+		}
+		var stmts []string
+		for i, p := range parts {
+			table := e.DB.Table(fmt.Sprintf("outbox_published_p%d", p.ID))
+			stmts = append(stmts, `DROP TABLE `+table)
+			if i > 0 {
+				stmts = append(stmts, fmt.Sprintf(`DELETE FROM %s WHERE id = %d`, partitions, p.ID))
+				continue
+			}
+			stmts = append(stmts,
+				fmt.Sprintf(`UPDATE %s SET lo = '%s', hi = '%s' WHERE id = %d`, partitions, p.Lo, p.Hi, p.ID),
+				fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`, table, parent, p.Lo, p.Hi))
+		}
+		for _, stmt := range stmts {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		shrunk = true
+		return nil
+	})
+	require.NoError(t, err, "make the log's partitions small")
+	if !shrunk {
+		return nil
+	}
+	c := &partitionChurn{e: e}
+	c.initial, err = c.list()
+	require.NoError(t, err)
+	return c
+}
+
+// list returns the log's range partitions.
+func (c *partitionChurn) list() (map[string]bool, error) {
+	rows, err := c.e.DB.Pool.Query(context.Background(), `
+SELECT p.relname::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass AND p.relname <> 'outbox_published_default'`, c.e.DB.Table("outbox_published"))
+	if err != nil {
+		return nil, err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
+}
+
+// addedAndDropped reports whether the log has a partition it did not
+// have when the cleaner started, and lacks one it had.
+func (c *partitionChurn) addedAndDropped() bool {
+	now, err := c.list()
+	if err != nil {
+		return false
+	}
+	var added, dropped bool
+	for p := range now {
+		added = added || !c.initial[p]
+	}
+	for p := range c.initial {
+		dropped = dropped || !now[p]
+	}
+	return added && dropped
 }
 
 // startWhileProducing: 8 producers commit out of order (and roll back
