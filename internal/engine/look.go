@@ -11,19 +11,19 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
-// LookTx is the transaction of one look for work (see consumergroup's fetchOnce), on a connection
-// of its own. It spends fewer round trips than pgx.Tx, which spends one on
-// BEGIN and one on COMMIT:
+// LookTx is the transaction of one look for work (see consumergroup's
+// fetchOnce), on a connection of its own. It spends fewer round trips
+// than pgx.Tx, which spends one on BEGIN and one on COMMIT:
 //   - BeginLook sends BEGIN in the same round trip as the look's first
 //     statements;
 //   - Queue holds back a statement whose result the look does not need at
 //     once; it goes to the server with the next statement, or with COMMIT.
 //
 // A look that reads new rows runs in two round trips: the position's
-// lock, the group's state and the read (see readAhead), then the
-// position's move and the batch's record with the commit. Statements
-// still run one after the other, in the order the look wrote them, each
-// with its own snapshot.
+// lock, the group's state and the read (see consumergroup's readAhead),
+// then the position's move and the batch's record with the commit.
+// Statements still run one after the other, in the order the look wrote
+// them, each with its own snapshot.
 type LookTx struct {
 	conn    *pgxpool.Conn
 	pending pgx.Batch
@@ -41,9 +41,10 @@ type LookTx struct {
 const lookSettings = `
 SELECT set_config('idle_in_transaction_session_timeout', '` + sqlq.IdleInTransaction + `', true), set_config('synchronous_commit', 'off', true)`
 
-// BeginLook takes a connection (from acquire) and begins a look's transaction
-// on it, in one round trip with the statements first queues (whose
-// callbacks read their results). On an error the transaction is over.
+// BeginLook takes a connection (from acquire) and begins a look's
+// transaction on it, in one round trip with the statements first queues
+// (whose callbacks read their results). On an error the transaction is
+// over.
 func BeginLook(ctx context.Context, acquire func(context.Context) (*pgxpool.Conn, error), first func(*pgx.Batch)) (*LookTx, error) {
 	conn, err := acquire(ctx)
 	if err != nil {
