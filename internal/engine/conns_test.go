@@ -35,8 +35,8 @@ func readyConnsFor(t *testing.T, maxConns int, release <-chan struct{}) (*LookCo
 	return c, pool, &readied
 }
 
-// openConns has pool open n connections and gives them back in the
-// order given, so that the pool hands out the last one first.
+// openConns has pool open n connections and returns them, held: given
+// back in order, the pool hands out the last one first.
 func openConns(t *testing.T, pool *pgxpool.Pool, n int) []*pgxpool.Conn {
 	t.Helper()
 	conns := make([]*pgxpool.Conn, n)
