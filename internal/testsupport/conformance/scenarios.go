@@ -188,7 +188,8 @@ func (e *Env) cleaner(t testing.TB) {
 // partitionChurn follows the range partitions of the message log.
 type partitionChurn struct {
 	e       *Env
-	initial map[string]bool
+	first   string          // the partition the scenario's first messages go to
+	initial map[string]bool // the partitions when the cleaner started
 }
 
 // churnPartitions, while the message log is empty, makes the range
@@ -197,12 +198,13 @@ type partitionChurn struct {
 // than a scenario writes, so the maintenance services beside the cleaner
 // would add none and drop none. Then they add partitions of their
 // PartitionSize as transactions move on, and drop those whose messages
-// are done. It returns what follows the partitions, or nil when the log
-// holds messages: it leaves the partitions as they are then.
+// are done: the first to go is the one the scenario's first messages went
+// to. It returns what follows the partitions, or nil when the log holds
+// messages: it leaves the partitions as they are then.
 func (e *Env) churnPartitions(t testing.TB) *partitionChurn {
 	ctx := context.Background()
 	parent, partitions := e.DB.Table("outbox_published"), e.DB.Table("outbox_partitions")
-	var shrunk bool
+	var first string
 	err := pgx.BeginFunc(ctx, e.DB.Pool, func(tx pgx.Tx) error {
 		// Writers in flight commit first: their rows count.
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+parent+` IN ACCESS EXCLUSIVE MODE`); err != nil {
@@ -237,6 +239,7 @@ FROM `+partitions+` WHERE hi > pg_snapshot_xmax(pg_current_snapshot()) ORDER BY 
 				stmts = append(stmts, fmt.Sprintf(`DELETE FROM %s WHERE id = %d`, partitions, p.ID))
 				continue
 			}
+			first = fmt.Sprintf("outbox_published_p%d", p.ID)
 			stmts = append(stmts,
 				fmt.Sprintf(`UPDATE %s SET lo = '%s', hi = '%s' WHERE id = %d`, partitions, p.Lo, p.Hi, p.ID),
 				fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`, table, parent, p.Lo, p.Hi))
@@ -246,14 +249,13 @@ FROM `+partitions+` WHERE hi > pg_snapshot_xmax(pg_current_snapshot()) ORDER BY 
 				return err
 			}
 		}
-		shrunk = true
 		return nil
 	})
 	require.NoError(t, err, "make the log's partitions small")
-	if !shrunk {
+	if first == "" {
 		return nil
 	}
-	c := &partitionChurn{e: e}
+	c := &partitionChurn{e: e, first: first}
 	c.initial, err = c.list()
 	require.NoError(t, err)
 	return c
@@ -279,20 +281,18 @@ WHERE i.inhparent = $1::regclass AND p.relname <> 'outbox_published_default'`, c
 }
 
 // addedAndDropped reports whether the log has a partition it did not
-// have when the cleaner started, and lacks one it had.
+// have when the cleaner started, and the partition the scenario's first
+// messages went to is gone.
 func (c *partitionChurn) addedAndDropped() bool {
 	now, err := c.list()
 	if err != nil {
 		return false
 	}
-	var added, dropped bool
+	added := false
 	for p := range now {
 		added = added || !c.initial[p]
 	}
-	for p := range c.initial {
-		dropped = dropped || !now[p]
-	}
-	return added && dropped
+	return added && !now[c.first]
 }
 
 // startWhileProducing: 8 producers commit out of order (and roll back
