@@ -2,7 +2,9 @@ package consumergroup
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,8 +23,12 @@ var errNoTracking = errors.New("consumergroup: the group's tracking is not known
 
 // lookConns returns the instance's looks' connections (see
 // engine.LookConns), readied by readyConn. Readying ends with the run.
+// A connection's mark names the statements readyConn readies, by a hash
+// of their text (which has the schema in it): every look checks it.
 func (r *runner) lookConns() *engine.LookConns {
-	return engine.NewLookConns(r.fetchCtx, r.g.pool, "pgoutbox: ready for looks: "+r.g.q.FetchRowsAhead.Numbered, r.readyConn)
+	statements := sha256.Sum256([]byte(r.g.q.FetchRowsAhead.Numbered + r.g.q.AnyWork.Numbered))
+	key := fmt.Sprintf("pgoutbox: ready for looks %x", statements[:8])
+	return engine.NewLookConns(r.fetchCtx, r.g.pool, key, r.readyConn)
 }
 
 // readyConn readies c for the instance's looks: in one round trip, a
