@@ -11,11 +11,12 @@ import (
 // An instance's looks run on connections that are ready for them: on
 // which the look's read of the log and the idle check have been prepared
 // and planned (by consumergroup's readyConn). Planning a look's read
-// takes 8–18 ms, once per connection (see sqlq's lockOffset), and a look that plans it holds back
-// every message it finds by as much. Without readying, the first messages
-// after a start waited for it (W4: the first message 41 ms), and so did
-// the messages a look found on each connection the pool opened for other
-// work later (W4: ten messages 6–28 ms late, once a run).
+// takes 8–18 ms, once per connection (see sqlq's lockOffset), and a look
+// that plans it holds back every message it finds by as much. Without
+// readying, the first messages after a start waited for it (W4: the
+// first message 41 ms), and so did the messages a look found on each
+// connection the pool opened for other work later (W4: ten messages
+// 6–28 ms late, once a run).
 //
 // So an instance readies a few connections as it starts (Warm), and a
 // look that the pool hands a connection not ready for it takes another
