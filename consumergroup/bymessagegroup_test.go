@@ -151,8 +151,8 @@ func TestByMessageGroupTakesOverAStreamBatch(t *testing.T) {
 }
 
 // A group that queued a burst analyzes its retry table at once (see
-// analyze.go), without waiting for autovacuum: the plans made while the
-// table was small would read the whole queue at each look.
+// internal/engine/analyze.go), without waiting for autovacuum: the plans
+// made while the table was small would read the whole queue at each look.
 func TestByMessageGroupAnalyzesAfterABurst(t *testing.T) {
 	t.Parallel()
 	b := setupTopic(t, outbox.TopicConfig{Name: "jobs"})

@@ -54,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/completion"
+	"github.com/pgoutbox/pgoutbox/internal/engine"
 	"github.com/pgoutbox/pgoutbox/internal/ident"
 	"github.com/pgoutbox/pgoutbox/internal/instance"
 	"github.com/pgoutbox/pgoutbox/internal/ratelog"
@@ -96,7 +97,7 @@ type Group struct {
 	subRow subscription
 	run    *runner
 
-	track atomic.Pointer[tracking] // set by Start and each look
+	track atomic.Pointer[engine.Tracking] // set by Start and each look
 }
 
 // New returns an instance of group cfg.Group on cfg.Topic. Add members,
@@ -349,7 +350,7 @@ type Subscription = completion.Subscription
 // Subscription returns the group's subscription (valid after Start).
 func (g *Group) Subscription() Subscription {
 	if t := g.track.Load(); t != nil {
-		return t.sub
+		return t.Sub
 	}
 	return g.sub
 }
@@ -411,7 +412,7 @@ func (g *Group) now() *time.Time { return g.client.Now() }
 // byMessageGroup says whether the group reads its topic by message group:
 // an ordered topic's groups, and those configured so (Config.ByMessageGroup).
 // They queue what they read and claim each message group's next messages
-// (see ordered.go).
+// (see internal/engine/ordered.go).
 func (g *Group) byMessageGroup() bool { return g.topic.Ordered || g.cfg.ByMessageGroup }
 
 // deadLettersBlock says whether a dead letter blocks its message group: on

@@ -117,10 +117,10 @@ func (g *Group) Health(ctx context.Context, limit int) (Health, error) {
 	// reads by: its bit, its subscription id.
 	stream := streamFor(topic.Tracking, topic.ModeChanging, sub)
 	doneSub := int64(-1)
-	if stream.subID != nil {
-		doneSub = *stream.subID
+	if stream.SubID != nil {
+		doneSub = *stream.SubID
 	}
-	args := stream.bind(sqlq.Args{"sub": sub.id, "topic": g.cfg.Topic, "done_bit": stream.bit, "done_sub": doneSub,
+	args := stream.Bind(sqlq.Args{"sub": sub.id, "topic": g.cfg.Topic, "done_bit": stream.Bit, "done_sub": doneSub,
 		"limit": limit, "read_unread": sub.status != Dead})
 	var oldestUnread, oldestRetry *time.Time
 	var now time.Time

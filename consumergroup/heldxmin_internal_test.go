@@ -73,21 +73,21 @@ func TestFetchUnderHeldXminReadsOnlyUnseenRows(t *testing.T) {
 			require.True(t, heldBack, "the held transaction (xid %s) holds the group's snapshots back (xmin %s)", heldXID, xmin)
 
 			// The group's next fetch, one more message later, explained,
-			// both ways a look reads (see readAhead). The group stops first:
+			// both ways a look reads (see engine.Fetcher.readAhead). The group stops first:
 			// fetchRowsAhead reads nothing while its look holds the position.
 			require.NoError(t, g.Stop(ctx))
 			_, err = producer.SendBatch(ctx, db.Pool, []outbox.Message{{Topic: "events", Payload: []byte(`{"seq":-1}`)}})
 			require.NoError(t, err)
 			var cur string
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&cur))
-			stream := g.tracking().stream
+			stream := g.tracking().Stream
 			for _, f := range []struct {
 				name, sql string
 				args      []any
 			}{
-				{"FetchRows", g.q.FetchRows.Numbered, g.q.FetchRows.Bind(stream.bind(sqlq.Args{"topic": "events", "prev": prev, "cur": cur,
+				{"FetchRows", g.q.FetchRows.Numbered, g.q.FetchRows.Bind(stream.Bind(sqlq.Args{"topic": "events", "prev": prev, "cur": cur,
 					"after_xid": "0", "after_id": int64(0), "limit": 1000, "sub": g.sub.ID}))},
-				{"FetchRowsAhead", g.q.FetchRowsAhead.Numbered, g.q.FetchRowsAhead.Bind(stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "limit": 1000}))},
+				{"FetchRowsAhead", g.q.FetchRowsAhead.Numbered, g.q.FetchRowsAhead.Bind(stream.Bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "limit": 1000}))},
 			} {
 				var plan []map[string]any
 				require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+f.sql, f.args...).Scan(&plan))
@@ -138,7 +138,8 @@ func num(v any) float64 {
 // An idle group looks for messages often, and each look that moved its
 // position wrote a version of its offsets row: hundreds a second, none
 // reclaimable while a transaction elsewhere holds the xmin back. Looks
-// that find nothing move it at most once every idlePositionEvery.
+// that find nothing move it at most once every idlePositionEvery (see
+// package engine).
 func TestIdleLooksWriteNoPositions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

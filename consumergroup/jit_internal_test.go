@@ -36,22 +36,22 @@ SELECT 'events', '{"seq": 1}', 'c', 'PUBLISHED' FROM generate_series(1, 1000)`)
 	var prev, cur string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT position::text, pg_current_snapshot()::text FROM `+
 		db.Table("outbox_subscription_offsets")+` WHERE subscription_id = $1`, g.sub.ID).Scan(&prev, &cur))
-	stream := g.tracking().stream
+	stream := g.tracking().Stream
 	pair := func() sqlq.Args {
 		return sqlq.Args{"topic": "events", "prev": prev, "cur": cur, "after_xid": "0", "after_id": int64(0),
 			"limit": 1000, "sub": g.sub.ID}
 	}
-	catchup := catchupFor(g.subRow).bind(pair())
+	catchup := catchupFor(g.subRow).Bind(pair())
 	catchup["done_bit"], catchup["done_sub"] = int64(0), g.sub.ID
 	statements := []struct {
 		name string
 		sql  string
 		args []any
 	}{
-		{"FetchRows", g.q.FetchRows.Numbered, g.q.FetchRows.Bind(stream.bind(pair()))},
-		{"FetchRowsAhead", g.q.FetchRowsAhead.Numbered, g.q.FetchRowsAhead.Bind(stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "limit": 1000}))},
+		{"FetchRows", g.q.FetchRows.Numbered, g.q.FetchRows.Bind(stream.Bind(pair()))},
+		{"FetchRowsAhead", g.q.FetchRowsAhead.Numbered, g.q.FetchRowsAhead.Bind(stream.Bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "limit": 1000}))},
 		{"CatchupRows", g.q.CatchupRows.Numbered, g.q.CatchupRows.Bind(catchup)},
-		{"TakeAhead", g.q.TakeAhead.Numbered, g.q.TakeAhead.Bind(stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "snapshot": cur,
+		{"TakeAhead", g.q.TakeAhead.Numbered, g.q.TakeAhead.Bind(stream.Bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "snapshot": cur,
 			"position": prev, "pair_cur": nil, "resume_xid": nil, "resume_id": nil, "now": nil, "limit": 1000}))},
 		{"ClaimRetries", g.q.ClaimRetries.Numbered, g.q.ClaimRetries.Bind(sqlq.Args{"sub": g.sub.ID, "member": "m", "now": nil,
 			"lease_us": int64(1000), "limit": 1000})},
@@ -74,7 +74,7 @@ SELECT 'events', '{"seq": 1}', 'c', 'PUBLISHED' FROM generate_series(1, 1000)`)
 
 	// An idle instance's look runs alone.
 	var plan []map[string]any
-	args := stream.bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "now": nil})
+	args := stream.Bind(sqlq.Args{"sub": g.sub.ID, "topic": "events", "now": nil})
 	require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+g.q.AnyWork.Numbered, g.q.AnyWork.Bind(args)...).Scan(&plan))
 	_, jit := plan[0]["JIT"]
 	require.False(t, jit, "AnyWork is compiled with JIT (estimated cost %v)", cost(plan))

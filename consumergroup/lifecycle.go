@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/backoff"
 	"github.com/pgoutbox/pgoutbox/internal/completion"
+	"github.com/pgoutbox/pgoutbox/internal/engine"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -35,54 +36,15 @@ import (
 //     idempotent, re-runnable steps: a crash between two statements
 //     leaves work that the next instance finishes.
 
-// streamArgs are the bind values of sqlq's stream filter: which rows of a
-// snapshot pair belong to the group.
-type streamArgs struct {
-	bit    int64      // Bitmap: rows requiring the group's bit
-	subID  *int64     // Counter: rows requiring it; Bitmap and Counter: rows it recorded finishing
-	all    bool       // every row (offset mode, or a start from the beginning)
-	from   *time.Time // rows written from this time
-	fromID *int64     // rows from this id
-}
-
-// bind sets args' stream_* arguments (see sqlq's streamFilter) and returns
-// args.
-func (s streamArgs) bind(args sqlq.Args) sqlq.Args {
-	args["stream_bit"], args["stream_sub"], args["stream_all"] = s.bit, s.subID, s.all
-	args["stream_from"], args["stream_from_id"] = s.from, s.fromID
-	return args
-}
-
-// bindDone sets args' done_* arguments (see sqlq's notCompleted): what the
-// stream reads by, the group's bit and subscription, is what its
-// completions are recorded by.
-func (s streamArgs) bindDone(args sqlq.Args) sqlq.Args {
-	args["done_bit"], args["done_sub"] = s.bit, s.subID
-	return args
-}
-
-// tracking is how an instance reads and records its group's messages. A
-// change of the topic's tracking mode changes it (and may give the group a
-// bit): each look reads it again (see setTracking), before it reads
-// messages, so a batch is always completed by a tracker that knows how
-// its messages are tracked.
-type tracking struct {
-	sub     completion.Subscription
-	stream  streamArgs
-	tracker completion.Tracker
-	mode    outbox.TrackingMode
-	mixing  bool
-}
-
 // tracking returns the instance's current tracking (after Start).
-func (g *Group) tracking() *tracking { return g.track.Load() }
+func (g *Group) tracking() *engine.Tracking { return g.track.Load() }
 
 // setTracking records how the group tracks messages, as the database
 // says: the group's bit (-1: none), the topic's mode, and whether it is
 // mixing modes. It reports whether that changed.
 func (g *Group) setTracking(bit int, mode outbox.TrackingMode, mixing bool) (bool, error) {
 	cur := g.track.Load()
-	if cur != nil && cur.sub.Bit == bit && cur.mode == mode && cur.mixing == mixing {
+	if cur != nil && cur.Sub.Bit == bit && cur.Mode == mode && cur.Mixing == mixing {
 		return false, nil
 	}
 	tracker, err := completion.ForTopic(outbox.TopicConfig{Tracking: mode, ModeChanging: mixing}, g.q)
@@ -91,8 +53,8 @@ func (g *Group) setTracking(bit int, mode outbox.TrackingMode, mixing bool) (boo
 	}
 	row := g.subRow
 	row.bit = bit
-	g.track.Store(&tracking{sub: row.ref(g.cfg.Topic, g.cfg.Group), stream: streamFor(mode, mixing, row),
-		tracker: tracker, mode: mode, mixing: mixing})
+	g.track.Store(&engine.Tracking{Sub: row.ref(g.cfg.Topic, g.cfg.Group), Stream: streamFor(mode, mixing, row),
+		Tracker: tracker, Mode: mode, Mixing: mixing})
 	if cur != nil {
 		g.logger.Info("pgoutbox: the topic's tracking mode changed", slog.String("mode", string(mode)),
 			slog.Bool("mixing", mixing), slog.Int("bit", bit))
@@ -408,48 +370,35 @@ func (g *Group) resurrect(ctx context.Context, opts SubscriptionOptions) error {
 // row after its position (all of which require it, or were written in
 // Offset mode), and one that started earlier also those its start
 // selects, as in Offset mode.
-func streamFor(mode outbox.TrackingMode, mixing bool, sub subscription) streamArgs {
-	s := streamArgs{}
+func streamFor(mode outbox.TrackingMode, mixing bool, sub subscription) engine.Stream {
+	s := engine.Stream{}
 	if mode == outbox.Bitmap || mixing {
-		s.bit = mask(sub.bit)
+		s.Bit = mask(sub.bit)
 	}
 	if mode != outbox.Offset || mixing {
 		// Counter: rows requiring the subscription; both: rows it recorded
 		// finishing are skipped on a re-read.
 		id := sub.id
-		s.subID = &id
+		s.SubID = &id
 	}
 	switch sub.kind {
 	case StartNow:
-		s.all = mode == outbox.Offset || mixing
+		s.All = mode == outbox.Offset || mixing
 	case StartBeginning:
-		s.all = true
+		s.All = true
 	case StartTimestamp:
-		s.from = sub.fromTS
+		s.From = sub.fromTS
 	case StartMessageID:
-		s.fromID = sub.fromID
+		s.FromID = sub.fromID
 	}
 	return s
 }
 
-// catchupRange says which rows of a backfill's pair sub reads: for a
+// catchupFor says which rows of a backfill's pair sub reads: for a
 // group that started now (and came back from DEAD), every row; else the
 // rows its start position selects.
-type catchupRange struct {
-	all    bool
-	from   *time.Time
-	fromID *int64
-}
-
-func catchupFor(sub subscription) catchupRange {
-	return catchupRange{all: sub.kind == StartNow || sub.kind == StartBeginning, from: sub.fromTS, fromID: sub.fromID}
-}
-
-// bind sets args' catchup_* arguments (see sqlq's catchupRows) and returns
-// args.
-func (c catchupRange) bind(args sqlq.Args) sqlq.Args {
-	args["catchup_all"], args["catchup_from"], args["catchup_from_id"] = c.all, c.from, c.fromID
-	return args
+func catchupFor(sub subscription) engine.CatchupRange {
+	return engine.CatchupRange{All: sub.kind == StartNow || sub.kind == StartBeginning, From: sub.fromTS, FromID: sub.fromID}
 }
 
 func mask(bit int) int64 {

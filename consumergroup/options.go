@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/cfgcheck"
+	"github.com/pgoutbox/pgoutbox/internal/engine"
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -40,11 +41,11 @@ var (
 	// ErrSubscriptionGone: the group's subscription row was deleted while
 	// an instance ran; the instance stopped (see Group.Err). It matches
 	// outbox.ErrNotFound too.
-	ErrSubscriptionGone = cfgcheck.NotFound("consumergroup: subscription no longer exists")
+	ErrSubscriptionGone = engine.ErrSubscriptionGone
 	// ErrCancelled: the group's subscription was cancelled (by this or
 	// another instance, or an operator) while an instance ran; the
 	// instance stopped (see Group.Err).
-	ErrCancelled = errors.New("consumergroup: subscription cancelled")
+	ErrCancelled = engine.ErrCancelled
 )
 
 // State is a subscription's state.

@@ -20,10 +20,11 @@ import (
 // runner is a started instance's machinery. Its goroutines, one role per
 // file, and what each may touch:
 //
-//   - fetcher (fetcher.go), one goroutine: locks the group's position,
-//     runs backfill steps, takes over expired batches, claims retries and
-//     fetches batches; dispatches jobs to the executor. Owns lastReap.
-//     Adds to held.
+//   - fetcher (engine.Fetcher), one goroutine: locks the group's
+//     position, runs backfill steps, takes over expired batches, claims
+//     retries and fetches batches; dispatches jobs to the executor. Adds
+//     to held. It reads the group's tracking and sets it (setTracking),
+//     and ends the run when the subscription is gone (end).
 //   - executor (pipeline.Executor): Concurrency workers plus one
 //     goroutine per batch given to a BatchHandler run handlers; its
 //     watchdog fails and replaces handler calls that overran their
@@ -48,11 +49,11 @@ type runner struct {
 	exec    *pipeline.Executor       // runs the handlers
 	held    *pipeline.Held           // leases being worked on
 	eng     *engine.Instance         // the completer's writes and the lease keeper
+	fetcher *engine.Fetcher          // set by start
 
-	hbPool    *pgxpool.Pool   // heartbeats and lifecycle work
-	releaseHB func()          // gives hbPool back (closes a pool of its own)
-	wake      <-chan struct{} // notifications for the topic
-	unsub     func()
+	hbPool    *pgxpool.Pool // heartbeats and lifecycle work
+	releaseHB func()        // gives hbPool back (closes a pool of its own)
+	unsub     func()        // ends the topic's notifications
 	// unregisterLive forgets the instance as one its client proves alive
 	// (outbox.Client.LiveInstance).
 	unregisterLive func()
@@ -67,34 +68,17 @@ type runner struct {
 	writer   startstop.Tasks // completer
 	keepers  startstop.Tasks // lease keeper
 
-	stopped  <-chan struct{}   // closed when the run ended
-	looks    lookRecord        // the looks' outcomes, for Status (own mutex)
-	conns    *engine.LookConns // the looks' connections
-	lastBeat atomic.Int64      // unix nanos of the last heartbeat that went through (the start, at first)
-
-	// The fetcher's own: it takes turns between the stream and a pending
-	// backfill, whose reads the throttle paces.
-	catchupTurn        bool
-	throttle           *throttle
-	catchupWait        time.Duration // until the throttle allows the next catch-up read (0: none waits)
-	backfilling        atomic.Bool   // a backfill is pending: the load sampler probes
-	idleSince          time.Time     // when an empty look last moved the position (see idlePositionEvery)
-	idle               bool          // the last full look found nothing to do (see look)
-	silent             bool          // it stopped fetching for want of heartbeats (see canFetch)
-	lastReap           time.Time     // when a look last reaped retries
-	lastFullLook       time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
-	walkAfter          string        // an ordered group's next claim walks the message groups from after this one
-	noReadAhead        bool          // the last look took over, claimed retries or had a backfill pending (see readAhead)
-	parkedSinceAnalyze int           // rows queued in the retry table since lastAnalyze (see analyze.go)
-	lastAnalyze        time.Time     // when the fetcher last analyzed the retry table
+	stopped  <-chan struct{} // closed when the run ended
+	looks    lookRecord      // the looks' outcomes, for Status (own mutex)
+	lastBeat atomic.Int64    // unix nanos of the last heartbeat that went through (the start, at first)
 }
 
 func (g *Group) newRunner() (*runner, error) {
-	r := &runner{g: g, held: pipeline.NewHeld(), throttle: newThrottle(g.opts)}
+	r := &runner{g: g, held: pipeline.NewHeld()}
 	r.eng = &engine.Instance{
 		Pool: g.pool, Statements: g.q, Subscription: g.sub.ID, ID: g.cfg.InstanceID,
 		Now: g.now, Logger: g.logger, Events: g.events, Held: r.held,
-		Mask:          func() int64 { return g.tracking().sub.Mask() },
+		Mask:          func() int64 { return g.tracking().Sub.Mask() },
 		Acked:         g.metrics.acked.Add,
 		Retried:       g.metrics.retried.Add,
 		BatchFinished: g.testBatchFinished,
@@ -144,6 +128,32 @@ func (g *Group) newRunner() (*runner, error) {
 	return r, nil
 }
 
+// newFetcher returns the instance's fetcher, woken by wake.
+func (r *runner) newFetcher(wake <-chan struct{}) *engine.Fetcher {
+	g := r.g
+	return engine.NewFetcher(r.eng, engine.FetchConfig{
+		Topic: g.cfg.Topic, Group: g.cfg.Group,
+		PollInterval: g.cfg.PollInterval, Lease: g.topic.Lease, MaxAttempts: g.topic.MaxAttempts,
+		ByMessageGroup: g.byMessageGroup(), DeadLettersBlock: g.deadLettersBlock(),
+		Catchup: catchupFor(g.subRow),
+		Backfill: engine.BackfillPace{
+			Rate: g.opts.BackfillRate, BatchSize: g.opts.BackfillBatchSize,
+			// The bucket holds at least a default batch: a small backfill
+			// is over before any rule matters.
+			Burst:         max(g.opts.BackfillBatchSize, DefaultBackfillBatchSize),
+			TargetLatency: g.opts.BackfillTargetLatency, MaxSlowdown: g.opts.BackfillMaxSlowdown,
+		},
+		Tracking: g.tracking, SetTracking: g.setTracking,
+		CanFetch: r.canFetch, End: r.end, Looks: &r.looks,
+		Window: r.window, Wake: wake, Exec: r.exec, ProbePool: r.hbPool, Tracer: g.tracer,
+		FetchTime:      func(ctx context.Context, d time.Duration) { g.metrics.fetchTime.Record(ctx, d.Seconds()) },
+		Delivered:      g.metrics.delivered.Add,
+		Backfilled:     g.metrics.backfilled.Add,
+		BackfillPauses: g.metrics.backfillPauses.Add,
+		TakenOver:      g.metrics.takenOver.Add,
+	})
+}
+
 // start starts the run's roles; run is the run's context (Group.life),
 // done ends the run once shutdown finished.
 func (r *runner) start(run context.Context, done func()) {
@@ -151,18 +161,15 @@ func (r *runner) start(run context.Context, done func()) {
 	r.looks.started = time.Now()
 	r.lastBeat.Store(time.Now().UnixNano()) // registering was as good as a beat
 	r.gauges = r.g.observeBlockedGroups()
-	r.wake, r.unsub = r.g.client.WakeUps(r.g.cfg.Topic)
+	wake, unsub := r.g.client.WakeUps(r.g.cfg.Topic)
+	r.fetcher, r.unsub = r.newFetcher(wake), unsub
 	r.unregisterLive = r.g.client.LiveInstance(run, r.g.cfg.InstanceID)
 	r.writer.Go(r.complete)
 	r.keepers.Go(func() { r.eng.KeepLeases(r.keepCtx, r.hbPool, r.g.topic.Lease) })
 	r.exec.Start()
-	r.conns = r.lookConns()
-	r.fetchers.Go(r.fetch)
+	r.fetchers.Go(func() { r.fetcher.Run(run) })
 	r.fetchers.Go(r.heartbeat)
 	r.fetchers.Go(r.janitor)
-	if r.throttle.slowdown > 0 {
-		r.fetchers.Go(r.sampleLoad)
-	}
 	go func() {
 		<-run.Done()
 		r.shutdown()

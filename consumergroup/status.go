@@ -102,11 +102,11 @@ type lookRecord struct {
 	backfill    BackfillStatus
 	backfillErr string
 	backfillAt  time.Time
-	readCatchup bool // the look in progress read from a backfill (the fetcher's own)
 }
 
-// record notes a look's outcome at now.
-func (l *lookRecord) record(err error, now time.Time) {
+// Looked notes a look's outcome at now; catchup says it read from a
+// backfill (see engine.LookObserver).
+func (l *lookRecord) Looked(err error, catchup bool, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -115,17 +115,16 @@ func (l *lookRecord) record(err error, now time.Time) {
 	} else {
 		l.failures, l.err, l.errAt, l.last = 0, "", time.Time{}, now
 	}
-	if l.readCatchup {
+	if catchup {
 		l.backfill, l.backfillErr, l.backfillAt = BackfillRunning, "", time.Time{}
 		if err != nil {
 			l.backfill, l.backfillErr, l.backfillAt = BackfillFailed, err.Error(), now
 		}
 	}
-	l.readCatchup = false
 }
 
-// noBackfill notes that no backfill is pending.
-func (l *lookRecord) noBackfill() {
+// NoBackfill notes that no backfill is pending.
+func (l *lookRecord) NoBackfill() {
 	l.mu.Lock()
 	l.backfill, l.backfillErr, l.backfillAt = BackfillNone, "", time.Time{}
 	l.mu.Unlock()

@@ -10,7 +10,7 @@ import (
 
 // An instance's looks run on connections that are ready for them: on
 // which the look's read of the log and the idle check have been prepared
-// and planned (by consumergroup's readyConn). Planning a look's read
+// and planned (by Fetcher.readyConn). Planning a look's read
 // takes 8–18 ms, once per connection (see sqlq's lockOffset), and a look
 // that plans it holds back every message it finds by as much. Without
 // readying, the first messages after a start waited for it (W4: the

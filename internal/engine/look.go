@@ -20,7 +20,7 @@ import (
 //     once; it goes to the server with the next statement, or with COMMIT.
 //
 // A look that reads new rows runs in two round trips: the position's
-// lock, the group's state and the read (see consumergroup's readAhead),
+// lock, the group's state and the read (see Fetcher.readAhead),
 // then the position's move and the batch's record with the commit.
 // Statements still run one after the other, in the order the look wrote
 // them, each with its own snapshot.

@@ -468,7 +468,7 @@ WITH reaped AS (
 SELECT count(*) FILTER (WHERE NOT gone), count(*) FILTER (WHERE gone) FROM reaped`
 
 // analyzeRetries refreshes the retry table's statistics (see
-// consumergroup's analyze.go), waiting at most 100 ms for a lock another
+// internal/engine's analyze.go), waiting at most 100 ms for a lock another
 // ANALYZE or a VACUUM holds: they refresh them too.
 const analyzeRetries = `ANALYZE {{schema}}.outbox_group_retries`
 

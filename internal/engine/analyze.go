@@ -1,4 +1,4 @@
-package consumergroup
+package engine
 
 import (
 	"context"
@@ -29,33 +29,32 @@ const (
 // parked counts n rows the fetcher queued in the retry table and, past
 // analyzeAfterParked, analyzes the table in the background (the fetcher's
 // goroutine only).
-func (r *runner) parked(n int) {
-	r.parkedSinceAnalyze += n
-	if r.parkedSinceAnalyze < analyzeAfterParked || time.Since(r.lastAnalyze) < analyzeEvery {
+func (f *Fetcher) parked(n int) {
+	f.parkedSinceAnalyze += n
+	if f.parkedSinceAnalyze < analyzeAfterParked || time.Since(f.lastAnalyze) < analyzeEvery {
 		return
 	}
-	r.parkedSinceAnalyze, r.lastAnalyze = 0, time.Now()
-	r.fetchers.Go(func() { r.analyzeRetries(r.fetchCtx) })
+	f.parkedSinceAnalyze, f.lastAnalyze = 0, time.Now()
+	f.tasks.Go(func() { f.analyzeRetries(f.ctx) })
 }
 
 // analyzeRetries runs ANALYZE on the retry table. A failure (the role
 // does not own the table, the lock was busy) costs only the plans'
 // freshness: it is logged at Debug.
-func (r *runner) analyzeRetries(ctx context.Context) {
-	g := r.g
+func (f *Fetcher) analyzeRetries(ctx context.Context) {
 	start := time.Now()
-	err := pgx.BeginFunc(ctx, g.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, f.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", analyzeLockWait.String()); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, g.q.AnalyzeRetries)
+		_, err := tx.Exec(ctx, f.Statements.AnalyzeRetries)
 		return err
 	})
 	if err != nil {
 		if ctx.Err() == nil {
-			g.logger.Debug("pgoutbox: analyzing the retry table failed; its plans stay until autovacuum analyzes it", slog.Any("error", err))
+			f.Logger.Debug("pgoutbox: analyzing the retry table failed; its plans stay until autovacuum analyzes it", slog.Any("error", err))
 		}
 		return
 	}
-	g.logger.Debug("pgoutbox: analyzed the retry table after queuing many messages", slog.Duration("took", time.Since(start)))
+	f.Logger.Debug("pgoutbox: analyzed the retry table after queuing many messages", slog.Duration("took", time.Since(start)))
 }

@@ -1,4 +1,4 @@
-package consumergroup
+package engine
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 // throttle paces one instance's catch-up reads. Three rules, each on what
 // it observes itself:
 //
-//   - a rate cap: a token bucket of BackfillRate rows a second (it
-//     starts full, with a batch's worth, at least DefaultBackfillBatchSize);
+//   - a rate cap: a token bucket of Rate rows a second (it starts full,
+//     with Burst rows: a small backfill is over before any rule matters);
 //   - read latency: reads pause while the p95 of their latency is above
-//     BackfillTargetLatency, for the excess (at most maxPause);
+//     TargetLatency, for the excess (at most maxPause);
 //   - database load: while a backfill runs, the instance times, every
 //     probeEvery, the commit of a transaction that writes nothing but its
 //     own id, at times that have nothing to do with the backfill's reads.
@@ -24,7 +24,7 @@ import (
 //     disk, which is what every other writing client of the database waits
 //     on: it grows when the backfill (or anything else) keeps the server
 //     or its disk busy. Every probeWindow probes, when the window's p95 is
-//     more than BackfillMaxSlowdown times the quiet level (the 10th
+//     more than MaxSlowdown times the quiet level (the 10th
 //     percentile of the window p95s of the last quietWindows windows) the
 //     rate shrinks by a quarter, down to a thousandth of the cap; otherwise
 //     it grows back by a tenth. The rate starts at that thousandth, so the
@@ -62,17 +62,23 @@ const (
 	minRateShare    = 0.001 // the load rule's floor, and its start: a thousandth of the cap
 )
 
-func newThrottle(o SubscriptionOptions) *throttle {
-	limit := rate.Limit(o.BackfillRate)
+// BackfillPace is how fast a backfill may read (see throttle).
+type BackfillPace struct {
+	Rate          float64       // rows a second, at most
+	BatchSize     int           // rows a read, at most
+	Burst         int           // rows the token bucket holds, and starts with
+	TargetLatency time.Duration // reads pause while their p95 is above it
+	MaxSlowdown   float64       // <= 0: no load rule
+}
+
+func newThrottle(p BackfillPace) *throttle {
+	limit := rate.Limit(p.Rate)
 	start := limit
-	if o.BackfillMaxSlowdown > 0 {
+	if p.MaxSlowdown > 0 {
 		start = limit * minRateShare
 	}
-	// The bucket starts full, and holds at least DefaultBackfillBatchSize
-	// rows: a small backfill is over before any rule matters.
-	burst := max(o.BackfillBatchSize, DefaultBackfillBatchSize)
-	return &throttle{limiter: rate.NewLimiter(start, burst), max: limit,
-		target: o.BackfillTargetLatency, slowdown: o.BackfillMaxSlowdown}
+	return &throttle{limiter: rate.NewLimiter(start, p.Burst), max: limit,
+		target: p.TargetLatency, slowdown: p.MaxSlowdown}
 }
 
 // ready reports whether a read of want rows may run now.
@@ -150,41 +156,41 @@ func percentile(d []time.Duration, p int) time.Duration {
 	return s[max(0, (len(s)*p+99)/100-1)]
 }
 
-// sampleLoad is the load sampler: while the group has a backfill to read
-// it probes the database every probeEvery on the heartbeat pool (so it
+// sampleLoad is the load sampler: until ctx ends, while the group has a
+// backfill to read, it probes the database every probeEvery on the probe
+// pool (the heartbeats' pool: so it
 // never waits for one of the pool's connections the fetcher or the
 // handlers use) and feeds the throttle. It runs only when the load rule is
 // on. A probe takes a transaction id: 20 a second while a backfill runs.
-func (r *runner) sampleLoad() {
-	g := r.g
+func (f *Fetcher) sampleLoad(ctx context.Context) {
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
 	var lastFailure time.Time
 	for {
 		select {
-		case <-r.fetchCtx.Done():
+		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		if !r.backfilling.Load() || r.throttle.limiter.Tokens() >= float64(r.throttle.limiter.Burst())/2 {
+		if !f.backfilling.Load() || f.throttle.limiter.Tokens() >= float64(f.throttle.limiter.Burst())/2 {
 			continue // no backfill, or one still on the bucket's first rows: the rate does not bind yet
 		}
-		d, err := r.probe()
+		d, err := f.probe(ctx)
 		if err != nil {
-			if r.fetchCtx.Err() == nil && time.Since(lastFailure) >= 30*time.Second {
+			if ctx.Err() == nil && time.Since(lastFailure) >= 30*time.Second {
 				lastFailure = time.Now()
-				g.logger.Warn("pgoutbox: backfill load probe failed; the backfill keeps its current pace until one succeeds",
+				f.Logger.Warn("pgoutbox: backfill load probe failed; the backfill keeps its current pace until one succeeds",
 					slog.Any("error", err))
 			}
 			continue
 		}
-		l, closed := r.throttle.probed(time.Now(), d)
+		l, closed := f.throttle.probed(time.Now(), d)
 		if !closed || !l.busy {
 			continue
 		}
-		g.metrics.backfillPauses.Add(context.WithoutCancel(r.fetchCtx), 1)
+		f.cfg.BackfillPauses(context.WithoutCancel(ctx), 1)
 		if l.log {
-			g.logger.Info("pgoutbox: backfill yields: commits take longer than when the database was quiet; it slows down",
+			f.Logger.Info("pgoutbox: backfill yields: commits take longer than when the database was quiet; it slows down",
 				slog.Duration("p95", l.p95), slog.Duration("quiet_p95", l.quiet),
 				slog.Float64("rows_per_second", float64(l.rate)))
 		}
@@ -195,10 +201,10 @@ func (r *runner) sampleLoad() {
 // writes nothing but its id), not counting the wait for a connection. The
 // three statements go as one simple-protocol message, so through
 // PgBouncer in transaction mode they run on one server connection.
-func (r *runner) probe() (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(r.fetchCtx, time.Second)
+func (f *Fetcher) probe(ctx context.Context) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	c, err := r.hbPool.Acquire(ctx)
+	c, err := f.cfg.ProbePool.Acquire(ctx)
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-package consumergroup
+package engine
 
 import (
 	"testing"
@@ -28,8 +28,8 @@ func feedWindow(t *testing.T, th *throttle, now time.Time, d time.Duration) load
 // is quiet again.
 func TestThrottleLoadRule(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	th := newThrottle(SubscriptionOptions{BackfillRate: 10_000, BackfillBatchSize: 100,
-		BackfillTargetLatency: time.Hour, BackfillMaxSlowdown: 2})
+	th := newThrottle(BackfillPace{Rate: 10_000, BatchSize: 100, Burst: 10_000,
+		TargetLatency: time.Hour, MaxSlowdown: 2})
 	require.Equal(t, rate.Limit(10), th.limiter.Limit(), "starts at a thousandth of the cap")
 
 	for range 80 {
@@ -62,8 +62,8 @@ func TestThrottleLoadRule(t *testing.T) {
 // not make the database busy; two do.
 func TestThrottleWindowP95(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	th := newThrottle(SubscriptionOptions{BackfillRate: 10_000, BackfillBatchSize: 100,
-		BackfillTargetLatency: time.Hour, BackfillMaxSlowdown: 2})
+	th := newThrottle(BackfillPace{Rate: 10_000, BatchSize: 100, Burst: 10_000,
+		TargetLatency: time.Hour, MaxSlowdown: 2})
 	feedWindow(t, th, now, time.Millisecond)
 	window := func(slow int) load {
 		var l load
@@ -82,8 +82,8 @@ func TestThrottleWindowP95(t *testing.T) {
 
 // Without the load rule the rate is the cap from the start.
 func TestThrottleWithoutLoadRule(t *testing.T) {
-	th := newThrottle(SubscriptionOptions{BackfillRate: 10_000, BackfillBatchSize: 100,
-		BackfillTargetLatency: time.Hour, BackfillMaxSlowdown: -1})
+	th := newThrottle(BackfillPace{Rate: 10_000, BatchSize: 100, Burst: 10_000,
+		TargetLatency: time.Hour, MaxSlowdown: -1})
 	require.Equal(t, rate.Limit(10_000), th.limiter.Limit())
 }
 
@@ -93,11 +93,11 @@ func TestThrottleWithoutLoadRule(t *testing.T) {
 // maxPause.
 func TestThrottleReadyAndWait(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	th := newThrottle(SubscriptionOptions{BackfillRate: 1_000, BackfillBatchSize: DefaultBackfillBatchSize,
-		BackfillTargetLatency: 10 * time.Millisecond, BackfillMaxSlowdown: -1})
-	require.True(t, th.ready(now, DefaultBackfillBatchSize), "the bucket starts full")
+	th := newThrottle(BackfillPace{Rate: 1_000, BatchSize: 100, Burst: 10_000,
+		TargetLatency: 10 * time.Millisecond, MaxSlowdown: -1})
+	require.True(t, th.ready(now, 10_000), "the bucket starts full")
 	require.Zero(t, th.wait(now, 100))
-	require.Zero(t, th.observe(now, DefaultBackfillBatchSize, time.Millisecond), "a fast read does not pause")
+	require.Zero(t, th.observe(now, 10_000, time.Millisecond), "a fast read does not pause")
 	require.False(t, th.ready(now, 100))
 	require.Equal(t, 100*time.Millisecond, th.wait(now, 100), "100 rows at 1,000 a second")
 	later := now.Add(100 * time.Millisecond)
