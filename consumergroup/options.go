@@ -269,7 +269,12 @@ type Config struct {
 	ListenDSN string
 	PollOnly  bool
 	// BatchSize is the most messages one fetch hands to this instance.
-	// Defaults to DefaultBatchSize.
+	// An instance whose members handle the messages holds no more than
+	// they finish within about a second, at the pace their calls have
+	// taken so far (and, until one call returned, no more than they can
+	// start), so slow handlers leave the rest of a backlog to the other
+	// instances. A batch handler gets whole batches. Defaults to
+	// DefaultBatchSize.
 	BatchSize int
 	// Concurrency is the most handlers this instance runs at once.
 	// Defaults to DefaultConcurrency.
@@ -282,9 +287,8 @@ type Config struct {
 	// any order, so on a topic that is not ordered a message group's
 	// messages in two batches may be handled out of order (an ordered
 	// topic never hands out two messages of one message group at once).
-	// Defaults to 0: the instance holds BatchSize + Concurrency messages,
-	// as one with members does (a full batch at a time, and smaller ones
-	// beside it).
+	// Defaults to 0: the instance holds BatchSize + Concurrency messages
+	// (a full batch at a time, and smaller ones beside it).
 	ConcurrentBatches int
 	// ByMessageGroup reads a topic that is not ordered the way an ordered
 	// topic's groups read theirs: the group queues what it reads and hands

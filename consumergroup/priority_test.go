@@ -111,7 +111,10 @@ func TestTakeoverSkipsAMessageTakenAhead(t *testing.T) {
 			b.sendRange(t, 200, 210) // the batch that spans the prioritized message
 
 			doomedPool := pgtest.NewPool(t, b.db.DSN)
-			doomed := b.newGroupOn(t, doomedPool, "g", func(c *consumergroup.Config) { c.BatchSize, c.Concurrency = 100, 10 })
+			// As many handlers as a batch holds: its first claim is a whole
+			// batch too (a new instance claims no more than its handlers
+			// can start), so the batches are 0–99, 100–199 and 200–209.
+			doomed := b.newGroupOn(t, doomedPool, "g", func(c *consumergroup.Config) { c.BatchSize, c.Concurrency = 100, 100 })
 			doomedLog := newDeliveryLog()
 			var stuck atomic.Int64
 			require.NoError(t, doomed.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {

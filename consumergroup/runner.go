@@ -104,10 +104,15 @@ func (g *Group) newRunner() (*runner, error) {
 		r.hbPool, r.releaseHB = p, p.Close
 	}
 	capacity := pipeline.Capacity(g.cfg.BatchSize, g.cfg.Concurrency, g.byMessageGroup())
-	if g.batchHandler != nil && g.cfg.ConcurrentBatches > 0 {
+	switch {
+	case g.batchHandler == nil: // members: it holds what they finish soon (see pipeline.Window)
+		r.window = pipeline.NewPacedWindow(capacity, g.cfg.BatchSize, g.cfg.Concurrency)
+	case g.cfg.ConcurrentBatches > 0:
 		capacity = g.cfg.BatchSize * g.cfg.ConcurrentBatches
+		fallthrough
+	default: // a batch handler gets whole batches
+		r.window = pipeline.NewWindow(capacity, g.cfg.BatchSize)
 	}
-	r.window = pipeline.NewWindow(capacity, g.cfg.BatchSize)
 	r.exec = pipeline.NewExecutor(pipeline.ExecutorConfig{
 		Workers:        g.cfg.Concurrency,
 		Capacity:       capacity,

@@ -81,7 +81,7 @@ func (e *permanentError) Unwrap() error { return e.err }
 // Consumer defaults.
 const (
 	DefaultConcurrency  = 10
-	DefaultBatchSize    = 100
+	DefaultBatchSize    = 1000
 	DefaultPollInterval = time.Second
 )
 
@@ -95,9 +95,11 @@ type ConsumerConfig struct {
 	// Concurrency is the most handlers running at once. Defaults to DefaultConcurrency.
 	Concurrency int
 	// BatchSize is the most messages the consumer leases at once (a
-	// batch of the topic, or retries); it leases no more than its free
-	// handlers can start, so slow handlers spread the work over the
-	// consumers of every process. Defaults to DefaultBatchSize.
+	// batch of the topic, or retries). It holds no more than its handlers
+	// finish within about a second, at the pace their calls have taken
+	// so far (and, until one call returned, no more than they can start),
+	// so slow handlers leave the rest of a backlog to the consumers of
+	// other processes. Defaults to DefaultBatchSize.
 	BatchSize int
 	// PollInterval is the longest an idle consumer waits before looking for
 	// work when no notification woke it (a batch whose lease expired is

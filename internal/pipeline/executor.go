@@ -36,7 +36,8 @@ type ExecutorConfig struct {
 	// Capacity): dispatched jobs wait for a worker in a channel this
 	// large, and outcomes for the complete step in another.
 	Capacity int
-	// Window is told of every job dispatched and every job handled.
+	// Window is told of every job dispatched and every job handled, and
+	// how long each handler call took.
 	Window *Window
 	// Timeout bounds each handler call.
 	Timeout time.Duration
@@ -289,8 +290,10 @@ func (e *Executor) handle(s *slot, j *Job) (o Outcome, f Failure, inTime bool) {
 	if !s.end() {
 		return 0, Failure{}, false
 	}
+	took := time.Since(start)
+	e.cfg.Window.HandlerTook(took)
 	if e.cfg.HandlerTime != nil {
-		e.cfg.HandlerTime(ctx, time.Since(start))
+		e.cfg.HandlerTime(ctx, took)
 	}
 	o, f = e.classify(j, err)
 	return o, f, true

@@ -1,6 +1,9 @@
 package pipeline
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Window is the back-pressure of a pipeline: how many claimed messages a
 // consumer holds, and when its next claim is due and how large.
@@ -10,18 +13,41 @@ import "sync/atomic"
 // while the next claim runs. A claim costs about the same whatever its
 // size, so a claim takes a full batch when there is room for one, and a
 // smaller one only when a worker is idle with nothing claimed to take.
+//
+// A window that knows its workers (NewPacedWindow) also holds no more
+// than they finish within HoldFor, as their handler calls have taken so
+// far: slow handlers leave the rest of a backlog to other consumers,
+// which would otherwise sit idle while this one works through what it
+// holds, and fast ones are claimed for in full batches. Until a handler
+// call is timed, it claims only what its workers can start.
+//
 // Its methods are safe for concurrent use.
 type Window struct {
-	capacity, batch, threshold int64
-	held                       atomic.Int64
-	room                       chan struct{}
+	capacity, batch int64
+	workers         int64 // 0: not paced
+	held            atomic.Int64
+	handlerTime     atomic.Int64 // nanoseconds, a moving average of handler calls (0: none timed yet)
+	room            chan struct{}
 }
+
+// HoldFor is how much work a paced window holds: what its workers finish
+// in this time, at the pace of its handler calls so far.
+const HoldFor = time.Second
 
 // NewWindow returns a window for claims of up to batch messages, holding
 // at most capacity (at least batch).
 func NewWindow(capacity, batch int) *Window {
-	return &Window{capacity: int64(max(capacity, batch)), batch: int64(batch),
-		threshold: int64(max(1, batch/2)), room: make(chan struct{}, 1)}
+	return &Window{capacity: int64(max(capacity, batch)), batch: int64(batch), room: make(chan struct{}, 1)}
+}
+
+// NewPacedWindow returns a window like NewWindow's for workers that take
+// one message at a time, which also holds no more than they finish
+// within HoldFor (see Window). The executor times their handler calls
+// (HandlerTook).
+func NewPacedWindow(capacity, batch, workers int) *Window {
+	w := NewWindow(capacity, batch)
+	w.workers = int64(max(workers, 1))
+	return w
 }
 
 // Claimed counts n claimed messages.
@@ -31,6 +57,21 @@ func (w *Window) Claimed(n int) { w.held.Add(int64(n)) }
 func (w *Window) Handled() {
 	w.held.Add(-1)
 	w.Signal()
+}
+
+// HandlerTook records that a handler call took d: a paced window's
+// average moves an eighth of the way to it.
+func (w *Window) HandlerTook(d time.Duration) {
+	if w.workers == 0 {
+		return
+	}
+	d = max(d, time.Microsecond)
+	avg := w.handlerTime.Load()
+	if avg == 0 {
+		w.handlerTime.Store(int64(d))
+		return
+	}
+	w.handlerTime.Store(avg + (int64(d)-avg)/8) // concurrent calls may lose an update: an average either way
 }
 
 // Signal tells the claimer that a claim may be due: room was freed, a
@@ -50,11 +91,27 @@ func (w *Window) Room() <-chan struct{} { return w.room }
 // should wait for Room. waiting is how many claimed messages wait for a
 // worker that could take them, idle how many workers have nothing.
 func (w *Window) Next(waiting, idle int) int {
-	free := w.capacity - w.held.Load()
-	if free < w.batch && (free < w.threshold || waiting >= idle) {
+	capacity, batch := w.limits()
+	free := capacity - w.held.Load()
+	if free < batch && (free < max(1, batch/2) || waiting >= idle) {
 		return 0
 	}
-	return int(min(w.batch, free))
+	return int(min(batch, free))
+}
+
+// limits are what the window holds at most and claims at most now.
+func (w *Window) limits() (capacity, batch int64) {
+	if w.workers == 0 {
+		return w.capacity, w.batch
+	}
+	avg := w.handlerTime.Load()
+	if avg == 0 { // nothing timed yet: what the workers can start
+		return min(w.capacity, w.workers), min(w.batch, w.workers)
+	}
+	// The workers' own messages, and what they finish within HoldFor.
+	soon := w.workers + w.workers*int64(HoldFor)/avg
+	capacity = min(w.capacity, soon)
+	return capacity, max(1, min(w.batch, capacity-w.workers))
 }
 
 // Held is how many claimed messages are not yet handled.

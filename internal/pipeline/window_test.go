@@ -1,6 +1,9 @@
 package pipeline
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestNext(t *testing.T) {
 	w := NewWindow(110, 100) // 10 workers, batches of 100
@@ -40,5 +43,69 @@ func TestCapacityAtLeastABatch(t *testing.T) {
 	w := NewWindow(1, 5)
 	if got := w.Next(0, 1); got != 5 {
 		t.Fatalf("claim %d, want 5", got)
+	}
+}
+
+// A paced window claims what its workers can start until a handler call
+// is timed, then what they finish within HoldFor, in claims of at most a
+// batch: a full batch for fast handlers, a few messages for slow ones.
+func TestPacedWindowHoldsWhatItsWorkersFinishSoon(t *testing.T) {
+	w := NewPacedWindow(1010, 1000, 10)
+	if got := w.Next(0, 1); got != 10 {
+		t.Fatalf("nothing timed: claim %d, want what 10 workers start", got)
+	}
+
+	w.HandlerTook(10 * time.Microsecond)
+	if got := w.Next(0, 1); got != 1000 {
+		t.Fatalf("10 µs handlers: claim %d, want a full batch", got)
+	}
+
+	slow := NewPacedWindow(1010, 1000, 10)
+	slow.HandlerTook(100 * time.Millisecond)
+	if got := slow.Next(0, 1); got != 100 {
+		t.Fatalf("100 ms handlers: claim %d, want the 100 that 10 workers finish in a second", got)
+	}
+	slow.Claimed(100)
+	if got := slow.Next(0, 1); got != 0 {
+		t.Fatalf("holding a second's work: claim %d, want to wait", got)
+	}
+	for range 60 {
+		slow.Handled()
+	}
+	if got := slow.Next(0, 1); got != 70 {
+		t.Fatalf("40 held of 110: claim %d, want 70", got)
+	}
+
+	slowest := NewPacedWindow(1010, 1000, 10)
+	slowest.HandlerTook(time.Minute)
+	slowest.Claimed(9)
+	if got := slowest.Next(0, 1); got != 1 {
+		t.Fatalf("one-minute handlers, 9 held: claim %d, want the 1 a worker can start", got)
+	}
+	slowest.Claimed(1)
+	if got := slowest.Next(0, 1); got != 0 {
+		t.Fatalf("one-minute handlers, every worker busy: claim %d, want to wait", got)
+	}
+}
+
+// The average follows the handler calls: after handlers slowed down, a
+// paced window holds less.
+func TestPacedWindowFollowsTheHandlers(t *testing.T) {
+	w := NewPacedWindow(1010, 1000, 10)
+	w.HandlerTook(10 * time.Microsecond)
+	for range 100 {
+		w.HandlerTook(time.Second)
+	}
+	if got := w.Next(0, 1); got > 20 {
+		t.Fatalf("handlers of a second: claim %d, want at most what 10 workers finish in a second and a bit", got)
+	}
+}
+
+// A window that is not paced ignores handler times.
+func TestUnpacedWindowIgnoresHandlerTimes(t *testing.T) {
+	w := NewWindow(110, 100)
+	w.HandlerTook(time.Minute)
+	if got := w.Next(0, 1); got != 100 {
+		t.Fatalf("claim %d, want a full batch", got)
 	}
 }

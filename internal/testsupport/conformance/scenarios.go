@@ -896,18 +896,21 @@ func exactlyOnceThroughKills(t *testing.T, s *Subject) {
 	require.Positive(t, redelivered, "no kill landed while a message was in flight")
 }
 
-// workSpreads: three processes share a backlog of slow messages (100 ms
-// each). Work spreads when every process stays busy until the backlog is
-// gone: none fetches more than its handlers can start soon, which would
-// leave it working while the others sit idle. So the processes finish
-// within 15% of the ideal makespan (every handler slot of every process
-// busy from first to last) of one another, and each handles at least a
-// quarter of the backlog. The processes' finishing times are compared with
-// each other rather than the makespan with the ideal: a busy machine slows
-// all three alike. Ordered subjects are left out (their message groups,
-// not the processes, bound how much runs at once), and so are router
-// subjects (their receiver cannot tell the processes apart; the router's
-// sources fetch as the queue and group subjects do).
+// workSpreads: three processes share a backlog of 2,000 slow messages
+// (100 ms each), with batches of up to 1,000 (a QUEUE consumer's
+// default): ten times what a process's handlers finish in a second, and
+// two batches would leave the third process nothing. Work spreads when
+// every process stays busy until the backlog is gone: none holds more
+// than its handlers finish soon (see pipeline.Window), which would leave
+// it working while the others sit idle. So the processes finish within
+// 15% of the ideal makespan (every handler slot of every process busy
+// from first to last) of one another, and each handles at least a quarter
+// of the backlog. The processes' finishing times are compared with each
+// other rather than the makespan with the ideal: a busy machine slows all
+// three alike. Ordered subjects are left out (their message groups, not
+// the processes, bound how much runs at once), and so are router subjects
+// (their receiver cannot tell the processes apart; the router's sources
+// fetch as the queue and group subjects do).
 func workSpreads(t *testing.T, s *Subject) {
 	if s.Ordered {
 		t.Skip("an ordered topic runs one message per message group at a time")
@@ -915,11 +918,11 @@ func workSpreads(t *testing.T, s *Subject) {
 	if s.Router {
 		t.Skip("the receiver cannot tell which process delivered a message")
 	}
-	const procs, concurrency, n, slow = 3, 10, 3000, 100 * time.Millisecond
+	const procs, concurrency, n, slow = 3, 10, 2000, 100 * time.Millisecond
 	e := newEnv(t, s, nil)
 	for i := range procs {
 		e.StartChild(t, ChildSpec{Spec: Spec{Group: "g1", Instance: fmt.Sprintf("p%d", i), Concurrency: concurrency,
-			BatchSize: 100}, Slow: slow})
+			BatchSize: 1000}, Slow: slow})
 	}
 	ids := e.Send(t, n)
 	e.WaitDelivered(t, "g1", ids, 3*time.Minute)
