@@ -277,8 +277,9 @@ func (e *Executor) handle(s *slot, j *Job) (o Outcome, f Failure, inTime bool) {
 		return Release, Untried(j), true
 	}
 	h := e.cfg.Handler(j.D)
-	if h == nil {
-		return Ack, Failure{ID: j.D.ID, Attempts: j.D.Attempt}, true // no member takes it: processed
+	if h == nil { // no member takes it: processed, at no cost to the workers
+		e.cfg.Window.HandlerTook(0)
+		return Ack, Failure{ID: j.D.ID, Attempts: j.D.Attempt}, true
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Timeout)
 	defer cancel()
@@ -383,6 +384,7 @@ func (e *Executor) watch() {
 			}
 			e.cfg.Logger.Warn("pgoutbox: handler did not return within its timeout; its message is retried and the group goes on",
 				slog.Int64("id", j.D.ID), slog.Int("attempt", j.D.Attempt), slog.Duration("timeout", e.cfg.Timeout))
+			e.cfg.Window.HandlerTook(e.cfg.Timeout) // at least
 			o, f := e.classify(j, fmt.Errorf("%w (%v)", ErrHandlerTimeout, e.cfg.Timeout))
 			e.finish(j, o, f)
 			e.startWorker()  // before Done: the workers' count never touches zero here

@@ -172,3 +172,42 @@ func TestExecutorStopHandsBackWhatItHasNotDone(t *testing.T) {
 		require.Equal(t, 0, s.Failure.Attempts, "message %d: its attempt is given back", s.Failure.ID)
 	}
 }
+
+// The executor tells a paced window how long each message took: a
+// delivery no member takes costs nothing, a call the watchdog gave up on
+// took at least the timeout. The window then holds what its workers
+// finish within HoldFor at that pace.
+func TestExecutorPacesItsWindow(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	run := func(timeout time.Duration, handlerOf func(*outbox.Delivery) outbox.Handler) *Window {
+		w := NewPacedWindow(1001, 1000, 1)
+		e := NewExecutor(ExecutorConfig{
+			Workers: 1, Capacity: 1001, Window: w, Timeout: timeout, Handler: handlerOf,
+			Judge: outbox.TopicConfig{MaxAttempts: 3}.Judge, Topic: "t", Group: "g", Tracer: tracing.New(nil),
+			Failures: ratelog.New(slog.New(slog.DiscardHandler), time.Minute, time.Now),
+			Logger:   slog.New(slog.DiscardHandler),
+		})
+		e.Start()
+		require.Equal(t, 1, w.Next(0, 1), "nothing timed: what the one worker can start")
+		e.Dispatch([]*Job{{D: delivery(1, "")}})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for range e.Settled() {
+			}
+		}()
+		e.Close()
+		<-done
+		return w
+	}
+
+	nobody := run(time.Second, func(*outbox.Delivery) outbox.Handler { return nil })
+	require.Equal(t, 1000, nobody.Next(0, 1), "a delivery no member takes is no work: a full batch")
+
+	unblock := make(chan struct{})
+	hung := run(100*time.Millisecond, func(*outbox.Delivery) outbox.Handler {
+		return func(context.Context, *outbox.Delivery) error { <-unblock; return nil }
+	})
+	require.Equal(t, 10, hung.Next(0, 1), "a call given up on after 100 ms: what one worker finishes in a second at that pace")
+	close(unblock)
+}
