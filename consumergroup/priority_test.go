@@ -51,7 +51,11 @@ func TestPrioritizedMessageOvertakesTheBacklog(t *testing.T) {
 			handled := map[int]int{}
 			var urgentAt time.Time
 			var backlogLeft int
-			g := b.newGroup(t, group)
+			g := b.newGroup(t, group, func(c *consumergroup.Config) {
+				if mode == queueTopic {
+					c.BatchSize = outbox.DefaultBatchSize // a QUEUE consumer's
+				}
+			})
 			require.NoError(t, g.AddConsumer("m", func(ctx context.Context, d *outbox.Delivery) error {
 				p, err := outbox.Decode[seqPayload](d)
 				if err != nil {
