@@ -77,8 +77,9 @@ type FetchConfig struct {
 	// ByMessageGroup: the group reads by message group (see ordered.go);
 	// DeadLettersBlock: a dead letter blocks its message group.
 	ByMessageGroup, DeadLettersBlock bool
-	Catchup                          CatchupRange // the rows a backfill reads
-	Backfill                         BackfillPace
+	// Catchup is which rows a backfill reads, Backfill how fast.
+	Catchup  CatchupRange
+	Backfill BackfillPace
 
 	// Tracking is the group's tracking now (nil until Start read it);
 	// SetTracking records what a look read of it (the group's bit, -1 for
