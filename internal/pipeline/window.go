@@ -19,7 +19,8 @@ import (
 // far: slow handlers leave the rest of a backlog to other consumers,
 // which would otherwise sit idle while this one works through what it
 // holds, and fast ones are claimed for in full batches. Until a handler
-// call is timed, it claims only what its workers can start.
+// call is timed, it claims only what its workers can start. It claims
+// what it has room for whenever a worker is idle with nothing to take.
 //
 // Its methods are safe for concurrent use.
 type Window struct {
@@ -91,27 +92,31 @@ func (w *Window) Room() <-chan struct{} { return w.room }
 // should wait for Room. waiting is how many claimed messages wait for a
 // worker that could take them, idle how many workers have nothing.
 func (w *Window) Next(waiting, idle int) int {
-	capacity, batch := w.limits()
+	capacity, batch, least := w.limits()
 	free := capacity - w.held.Load()
-	if free < batch && (free < max(1, batch/2) || waiting >= idle) {
+	if free < batch && (free < least || waiting >= idle) {
 		return 0
 	}
 	return int(min(batch, free))
 }
 
-// limits are what the window holds at most and claims at most now.
-func (w *Window) limits() (capacity, batch int64) {
+// limits are what the window holds at most and claims at most now, and
+// the least it claims while a worker is idle with nothing to take: half a
+// batch, or, in a paced window, whatever it has room for (it holds no
+// more than its workers soon take, so a smaller claim would leave one
+// idle).
+func (w *Window) limits() (capacity, batch, least int64) {
 	if w.workers == 0 {
-		return w.capacity, w.batch
+		return w.capacity, w.batch, max(1, w.batch/2)
 	}
 	avg := w.handlerTime.Load()
 	if avg == 0 { // nothing timed yet: what the workers can start
-		return min(w.capacity, w.workers), min(w.batch, w.workers)
+		return min(w.capacity, w.workers), min(w.batch, w.workers), 1
 	}
 	// The workers' own messages, and what they finish within HoldFor.
 	soon := w.workers + w.workers*int64(HoldFor)/avg
 	capacity = min(w.capacity, soon)
-	return capacity, max(1, min(w.batch, capacity-w.workers))
+	return capacity, max(1, min(w.batch, capacity-w.workers)), 1
 }
 
 // Held is how many claimed messages are not yet handled.

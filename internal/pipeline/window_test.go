@@ -66,14 +66,17 @@ func TestPacedWindowHoldsWhatItsWorkersFinishSoon(t *testing.T) {
 		t.Fatalf("100 ms handlers: claim %d, want the 100 that 10 workers finish in a second", got)
 	}
 	slow.Claimed(100)
-	if got := slow.Next(0, 1); got != 0 {
-		t.Fatalf("holding a second's work: claim %d, want to wait", got)
+	if got := slow.Next(90, 0); got != 0 {
+		t.Fatalf("holding a second's work, 90 waiting for busy workers: claim %d, want to wait", got)
 	}
 	for range 60 {
 		slow.Handled()
 	}
+	if got := slow.Next(30, 0); got != 0 {
+		t.Fatalf("40 held of 110, 30 waiting for busy workers: claim %d, want to wait for a full batch", got)
+	}
 	if got := slow.Next(0, 1); got != 70 {
-		t.Fatalf("40 held of 110: claim %d, want 70", got)
+		t.Fatalf("40 held of 110, a worker idle with nothing: claim %d, want 70", got)
 	}
 
 	slowest := NewPacedWindow(1010, 1000, 10)
@@ -85,6 +88,19 @@ func TestPacedWindowHoldsWhatItsWorkersFinishSoon(t *testing.T) {
 	slowest.Claimed(1)
 	if got := slowest.Next(0, 1); got != 0 {
 		t.Fatalf("one-minute handlers, every worker busy: claim %d, want to wait", got)
+	}
+}
+
+// A paced window whose first messages were claimed while the rest were
+// still being sent claims the rest as soon as a worker is idle with nothing
+// to take, however few: waiting for half a batch of room would wait for
+// handlers that have not returned once (they may never, until the
+// instance stops).
+func TestPacedWindowTopsUpWhatItsWorkersCanStart(t *testing.T) {
+	w := NewPacedWindow(100, 50, 50)
+	w.Claimed(30) // started by 30 of the 50 workers, none returned yet
+	if got := w.Next(0, 1); got != 20 {
+		t.Fatalf("30 held, none returned, 20 workers idle: claim %d, want the 20 they can start", got)
 	}
 }
 
