@@ -208,6 +208,6 @@ func TestExecutorPacesItsWindow(t *testing.T) {
 	hung := run(100*time.Millisecond, func(*outbox.Delivery) outbox.Handler {
 		return func(context.Context, *outbox.Delivery) error { <-unblock; return nil }
 	})
-	require.Equal(t, 10, hung.Next(0, 1), "a call given up on after 100 ms: what one worker finishes in a second at that pace")
+	require.Equal(t, 11, hung.Next(0, 1), "a call given up on after 100 ms: the one the worker starts and the 10 it finishes in a second at that pace")
 	close(unblock)
 }

@@ -97,14 +97,15 @@ func (w *Window) Next(waiting, idle int) int {
 	if free < batch && (free < least || waiting >= idle) {
 		return 0
 	}
-	return int(min(batch, free))
+	return int(min(w.batch, free))
 }
 
-// limits are what the window holds at most and claims at most now, and
-// the least it claims while a worker is idle with nothing to take: half a
-// batch, or, in a paced window, whatever it has room for (it holds no
-// more than its workers soon take, so a smaller claim would leave one
-// idle).
+// limits are what the window holds at most now, the room it claims for
+// while its workers are busy, and the least it claims for while a worker
+// is idle with nothing to take: half a batch, or, in a paced window,
+// whatever it has room for (it holds no more than its workers soon take,
+// so waiting for more room would leave one idle). A claim takes all the
+// room there is, up to a batch.
 func (w *Window) limits() (capacity, batch, least int64) {
 	if w.workers == 0 {
 		return w.capacity, w.batch, max(1, w.batch/2)

@@ -62,21 +62,21 @@ func TestPacedWindowHoldsWhatItsWorkersFinishSoon(t *testing.T) {
 
 	slow := NewPacedWindow(1010, 1000, 10)
 	slow.HandlerTook(100 * time.Millisecond)
-	if got := slow.Next(0, 1); got != 100 {
-		t.Fatalf("100 ms handlers: claim %d, want the 100 that 10 workers finish in a second", got)
+	if got := slow.Next(0, 1); got != 110 {
+		t.Fatalf("100 ms handlers: claim %d, want the 10 the workers start and the 100 they finish in a second", got)
 	}
-	slow.Claimed(100)
-	if got := slow.Next(90, 0); got != 0 {
-		t.Fatalf("holding a second's work, 90 waiting for busy workers: claim %d, want to wait", got)
+	slow.Claimed(110)
+	if got := slow.Next(100, 0); got != 0 {
+		t.Fatalf("holding a second's work, 100 waiting for busy workers: claim %d, want to wait", got)
 	}
 	for range 60 {
 		slow.Handled()
 	}
-	if got := slow.Next(30, 0); got != 0 {
-		t.Fatalf("40 held of 110, 30 waiting for busy workers: claim %d, want to wait for a full batch", got)
+	if got := slow.Next(40, 0); got != 0 {
+		t.Fatalf("50 held of 110, 40 waiting for busy workers: claim %d, want to wait for a batch's room", got)
 	}
-	if got := slow.Next(0, 1); got != 70 {
-		t.Fatalf("40 held of 110, a worker idle with nothing: claim %d, want 70", got)
+	if got := slow.Next(0, 1); got != 60 {
+		t.Fatalf("50 held of 110, a worker idle with nothing: claim %d, want 60", got)
 	}
 
 	slowest := NewPacedWindow(1010, 1000, 10)
