@@ -31,13 +31,15 @@ import (
 func (r *runner) heartbeat() {
 	g := r.g
 	failures := 0
-	for {
+	// Registering recorded the first beat: a beat at once could land after
+	// the group was declared DEAD and bring it back unasked.
+	for next := jittered(g.cfg.HeartbeatInterval); r.pause(next); {
 		err := r.beat()
 		if errors.Is(err, ErrSubscriptionGone) || errors.Is(err, ErrCancelled) {
 			r.end(err)
 			return
 		}
-		next := jittered(g.cfg.HeartbeatInterval)
+		next = jittered(g.cfg.HeartbeatInterval)
 		if err != nil {
 			failures++
 			next = backoff.Exponential(failures, 100*time.Millisecond, min(g.cfg.HeartbeatInterval, g.cfg.HeartbeatTimeout/5))
@@ -45,16 +47,13 @@ func (r *runner) heartbeat() {
 				g.events.Log(slog.LevelError, "heartbeat-failed", "pgoutbox: heartbeat failed; trying again soon",
 					slog.Int("failures", failures), slog.Duration("retry_in", next), slog.Any("error", err))
 			}
-		} else {
-			if failures > 0 && !r.canFetch() {
-				g.logger.Info("pgoutbox: heartbeats succeed again; this instance fetches again")
-			}
-			failures = 0
-			r.lastBeat.Store(time.Now().UnixNano())
+			continue
 		}
-		if !r.pause(next) {
-			return
+		if failures > 0 && !r.canFetch() {
+			g.logger.Info("pgoutbox: heartbeats succeed again; this instance fetches again")
 		}
+		failures = 0
+		r.lastBeat.Store(time.Now().UnixNano())
 	}
 }
 
