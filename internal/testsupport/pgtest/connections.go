@@ -181,6 +181,31 @@ func (b *budget) take(ctx context.Context, config *pgconn.Config) (release func(
 	}
 }
 
+// reserve takes n slots of b for connections to its server that this
+// process does not open itself (a PgBouncer's), waiting at most b's
+// patience for them in all, and returns what gives them back.
+func (b *budget) reserve(n int) (release func()) {
+	if b == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.patience)
+	defer cancel()
+	server := &pgconn.Config{Host: b.host, Port: b.port}
+	var taken []func()
+	for range n {
+		r, err := b.take(ctx, server)
+		if err != nil {
+			break // over budget: see the package's connection rules
+		}
+		taken = append(taken, r)
+	}
+	return func() {
+		for _, r := range taken {
+			r()
+		}
+	}
+}
+
 // patientConn is a connection that, until the server has answered its
 // startup message, dials again when the answer is "too many connections"
 // (SQLSTATE 53300) and replays what the client sent, so pgx never sees

@@ -289,3 +289,30 @@ func TestAFullServerIsFound(t *testing.T) {
 		t.Errorf("found %s, want the server the variable names", s.Source)
 	}
 }
+
+// A PgBouncer's connections to the server are reserved in the budget while
+// it runs: the process's own connections wait for room beside them, and
+// a reservation the budget cannot hold in full takes what there is once
+// its patience ran out.
+func TestReservedSlotsCountAgainstTheBudget(t *testing.T) {
+	s := find(t)
+	b, err := newBudget(s.AdminDSN, 3, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := b.reserve(2)
+	if n := len(b.slots); n != 2 {
+		t.Fatalf("budget counts %d slots after reserving 2, want 2", n)
+	}
+	more := b.reserve(5)
+	if n := len(b.slots); n != 3 {
+		t.Fatalf("budget counts %d slots after reserving 5 more of 1 left, want 3", n)
+	}
+	release()
+	more()
+	if n := len(b.slots); n != 0 {
+		t.Errorf("budget counts %d slots after both reservations ended, want 0", n)
+	}
+	var none *budget
+	none.reserve(1)() // a process without a budget reserves nothing
+}

@@ -365,6 +365,31 @@ func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 // (NewPool does not set search_path on them: PgBouncer refuses it).
 const pgbouncerApp = "pgoutbox-test-pgbouncer"
 
+// logPgBouncerTrouble logs the last lines of a failed test's PgBouncer log
+// that tell of trouble: failed server logins, clients it disconnected.
+func logPgBouncerTrouble(tb testing.TB, path string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		tb.Logf("pgtest: PgBouncer's log: %v", err)
+		return
+	}
+	var trouble []string
+	for line := range strings.Lines(string(data)) {
+		routine := strings.Contains(line, "client close request") || strings.Contains(line, "pause mode") ||
+			strings.Contains(line, "got packet 'A' from server when not linked") // a NOTIFY to a pooled connection
+		if !routine && (strings.Contains(line, "WARNING") || strings.Contains(line, "ERROR") ||
+			strings.Contains(line, "FATAL") || strings.Contains(line, "closing because")) {
+			trouble = append(trouble, strings.TrimSpace(line))
+		}
+	}
+	tb.Logf("pgtest: PgBouncer's log, the last of %d lines telling of trouble:\n%s", len(trouble),
+		strings.Join(trouble[max(0, len(trouble)-40):], "\n"))
+}
+
+// pgbouncerServerConns is how many connections to the server a test's
+// PgBouncer opens at most.
+const pgbouncerServerConns = 10
+
 // PgBouncer starts a PgBouncer (from the local pgbouncer binary) in
 // transaction pooling mode in front of db's database, on a free loopback
 // port, stops it when the test ends, and returns a DSN through it. Each of
@@ -391,7 +416,12 @@ func PgBouncer(tb testing.TB, db *DB, settings ...string) string {
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			logPgBouncerTrouble(tb, filepath.Join(dir, "pgbouncer.log"))
+		}
+		os.RemoveAll(dir)
+	})
 	_ = os.Chmod(dir, 0o777) // pgbouncer refuses to run as root; it runs as postgres
 	ini := fmt.Sprintf(`[databases]
 %s = host=%s port=%d dbname=%s user=postgres
@@ -402,7 +432,8 @@ listen_port = %d
 unix_socket_dir =
 auth_type = any
 pool_mode = transaction
-default_pool_size = 10
+default_pool_size = %d
+max_db_connections = %d
 max_client_conn = 500
 ; on a full server, try again for a connection every second (not 15):
 ; the clients wait meanwhile
@@ -410,7 +441,7 @@ server_login_retry = 1
 logfile = %s/pgbouncer.log
 pidfile = %s/pgbouncer.pid
 %s
-`, db.Name, host, port, db.Name, listenPort, dir, dir, strings.Join(settings, "\n"))
+`, db.Name, host, port, db.Name, listenPort, pgbouncerServerConns, pgbouncerServerConns, dir, dir, strings.Join(settings, "\n"))
 	path := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(path, []byte(ini), 0o644); err != nil {
 		tb.Fatalf("pgtest: %v", err)
@@ -419,6 +450,10 @@ pidfile = %s/pgbouncer.pid
 	if os.Geteuid() == 0 {
 		args = []string{"-u", "postgres", path}
 	}
+	// Its connections to the server count against this process's budget:
+	// when the server refuses one for want of a slot, PgBouncer drops the
+	// clients waiting for a server instead of letting them wait.
+	tb.Cleanup(processBudget.Load().reserve(pgbouncerServerConns))
 	cmd := exec.Command(bin, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
