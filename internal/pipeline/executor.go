@@ -79,6 +79,7 @@ type ExecutorConfig struct {
 type Executor struct {
 	cfg     ExecutorConfig
 	jobs    chan *Job    // Dispatch → workers; closed by Close
+	urgent  chan *Job    // ... those of a priority above 0, taken first
 	settled chan Settled // workers, watchdog → complete step; closed by Close
 
 	inflightMu sync.Mutex
@@ -107,6 +108,7 @@ func NewExecutor(cfg ExecutorConfig) *Executor {
 	e := &Executor{
 		cfg:       cfg,
 		jobs:      make(chan *Job, cfg.Capacity),
+		urgent:    make(chan *Job, cfg.Capacity),
 		settled:   make(chan Settled, cfg.Capacity),
 		inflight:  map[*outbox.Delivery]*Job{},
 		slots:     map[*slot]struct{}{},
@@ -128,13 +130,14 @@ func (e *Executor) Start() {
 func (e *Executor) Settled() <-chan Settled { return e.settled }
 
 // Waiting is how many dispatched jobs wait for a worker.
-func (e *Executor) Waiting() int { return len(e.jobs) }
+func (e *Executor) Waiting() int { return len(e.jobs) + len(e.urgent) }
 
 // Dispatch hands claimed jobs to the workers, or all of them at once to
 // the batch handler, and counts them in the window. Call it from one
 // goroutine only (the fetch step), and not after Close. With
 // ByMessageGroup, jobs go in id order, which is commit order within each
-// message group (see Runs).
+// message group (see Runs). Without, a job of a priority above 0 goes
+// ahead of the jobs of priority 0 that wait for a worker.
 func (e *Executor) Dispatch(jobs []*Job) {
 	e.cfg.Window.Claimed(len(jobs))
 	e.inflightMu.Lock()
@@ -155,8 +158,33 @@ func (e *Executor) Dispatch(jobs []*Job) {
 			func(prev, next *Job) { prev.Next = next })
 	}
 	for _, j := range jobs {
-		e.jobs <- j
+		if j.D.Priority > 0 && !e.cfg.ByMessageGroup {
+			e.urgent <- j
+		} else {
+			e.jobs <- j
+		}
 	}
+}
+
+// next is a worker's next job, one of a priority above 0 first; ok is
+// false once Close was called and no job is left.
+func (e *Executor) next() (j *Job, ok bool) {
+	select {
+	case j, ok = <-e.urgent:
+	default:
+		select {
+		case j, ok = <-e.urgent:
+		case j, ok = <-e.jobs:
+			if !ok { // closed: what is left is urgent, if anything
+				j, ok = <-e.urgent
+			}
+			return j, ok
+		}
+	}
+	if !ok { // closed: what is left waits in jobs, if anything
+		j, ok = <-e.jobs
+	}
+	return j, ok
 }
 
 // HandedOut returns the job of a delivery being handled, or nil.
@@ -183,6 +211,7 @@ func (e *Executor) CancelHandlers() {
 // BeginStop, handing back what they had not started), stops the
 // watchdog, and closes Settled. Dispatch must not be called again.
 func (e *Executor) Close() {
+	close(e.urgent)
 	close(e.jobs)
 	e.working.Wait()
 	close(e.stopWatch)
@@ -257,7 +286,7 @@ func (e *Executor) work(s *slot) {
 		delete(e.slots, s)
 		e.slotsMu.Unlock()
 	}()
-	for j := range e.jobs {
+	for j, ok := e.next(); ok; j, ok = e.next() {
 		for j != nil { // a run of one message group, in order
 			o, f, inTime := e.handle(s, j)
 			if !inTime {

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -210,4 +211,43 @@ func TestExecutorPacesItsWindow(t *testing.T) {
 	})
 	require.Equal(t, 11, hung.Next(0, 1), "a call given up on after 100 ms: the one the worker starts and the 10 it finishes in a second at that pace")
 	close(unblock)
+}
+
+// A job of a priority above 0 goes ahead of the jobs of priority 0 that
+// wait for a worker, on a topic that is not ordered; on an ordered one
+// every job keeps its place.
+func TestExecutorTakesPrioritizedJobsFirst(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	for _, byGroup := range []bool{false, true} {
+		entered, release := make(chan struct{}), make(chan struct{})
+		var mu sync.Mutex
+		var order []int64
+		e, closeAll := newExecutor(t, 1, time.Minute, byGroup, func(_ context.Context, d *outbox.Delivery) error {
+			if d.ID == 1 {
+				close(entered)
+				<-release
+			}
+			mu.Lock()
+			order = append(order, d.ID)
+			mu.Unlock()
+			return nil
+		})
+		var backlog []*Job
+		for id := range int64(20) { // one worker: 1 runs, the rest wait
+			backlog = append(backlog, &Job{D: delivery(id+1, fmt.Sprint("g", id))})
+		}
+		e.Dispatch(backlog)
+		<-entered
+		urgent := delivery(21, "g20")
+		urgent.Priority = 10
+		e.Dispatch([]*Job{{D: urgent}})
+		close(release)
+		closeAll()
+		require.Len(t, order, 21)
+		if byGroup {
+			require.Equal(t, int64(21), order[20], "an ordered topic keeps commit order")
+		} else {
+			require.Equal(t, []int64{1, 21, 2}, order[:3], "the priority-10 job is taken first once the worker is free")
+		}
+	}
 }
