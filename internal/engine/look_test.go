@@ -22,7 +22,8 @@ func TestALookRunsItsStatementsInOrderAndCommitsThemTogether(t *testing.T) {
 	ctx := context.Background()
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
-			pool := pgtest.NewPool(t, db.DSN+"&default_query_exec_mode="+mode+"&pool_max_conns=1")
+			// The session commits synchronously (the test databases do not).
+			pool := pgtest.NewPool(t, db.DSN+"&default_query_exec_mode="+mode+"&pool_max_conns=1&synchronous_commit=on")
 			_, err := db.Pool.Exec(ctx, `TRUNCATE `+table)
 			require.NoError(t, err)
 			var first int
