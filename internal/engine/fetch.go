@@ -139,6 +139,7 @@ type Fetcher struct {
 	idleSince          time.Time     // when an empty look last moved the position (see idlePositionEvery)
 	idle               bool          // the last full look found nothing to do (see look)
 	silent             bool          // it stopped fetching for want of heartbeats (see CanFetch)
+	tookAhead          int64         // messages the last look took ahead of the backlog (see takeAhead)
 	lastReap           time.Time     // when a look last reaped retries
 	lastFullLook       time.Time     // when the fetcher last looked in full (see idleFullLookEvery)
 	walkAfter          string        // an ordered group's next claim walks the message groups from after this one
@@ -219,7 +220,11 @@ func (f *Fetcher) look(limit int, notified bool) (pipeline.Found, error) {
 		f.lastReap = time.Now()
 	}
 	f.lastFullLook = time.Now()
+	f.tookAhead = 0
 	res, err := f.fetchOnce(limit, reap)
+	if f.tookAhead > 0 && err == nil {
+		f.cfg.Window.Urge() // the next look claims them, however little room there is
+	}
 	f.cfg.FetchTime(f.ctx, time.Since(f.lastFullLook))
 	catchup := f.readCatchup
 	f.readCatchup = false
@@ -649,7 +654,8 @@ func (f *Fetcher) fetchBatch(ctx context.Context, tx *LookTx, p position, snapsh
 
 // takeAhead, in tx, takes up to limit messages of a priority above 0 from
 // the rows the stream has not read once pr is read (sqlq's takeAhead): the
-// next look claims them from the retry table, ahead of the backlog.
+// next look claims them from the retry table, ahead of the backlog, as
+// soon as the window has room for one (see pipeline.Window.Urge).
 func (f *Fetcher) takeAhead(ctx context.Context, tx *LookTx, pr pairRows, snapshot string, limit int) error {
 	position, pairCur := pr.cur, (*string)(nil) // the read reached the end of the pair
 	var resumeXID *string
@@ -660,7 +666,8 @@ func (f *Fetcher) takeAhead(ctx context.Context, tx *LookTx, pr pairRows, snapsh
 	}
 	args := f.cfg.Tracking().Stream.Bind(sqlq.Args{"sub": f.Subscription, "topic": f.cfg.Topic, "snapshot": snapshot,
 		"position": position, "pair_cur": pairCur, "resume_xid": resumeXID, "resume_id": resumeID, "now": f.Now(), "limit": limit})
-	tx.Queue("take prioritized messages ahead", f.Statements.TakeAhead.Numbered, f.Statements.TakeAhead.Bind(args)...)
+	tx.Queue("take prioritized messages ahead", f.Statements.TakeAhead.Numbered, f.Statements.TakeAhead.Bind(args)...).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&f.tookAhead) })
 	return nil
 }
 

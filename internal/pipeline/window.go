@@ -28,6 +28,7 @@ type Window struct {
 	workers         int64 // 0: not paced
 	held            atomic.Int64
 	handlerTime     atomic.Int64 // nanoseconds, a moving average of handler calls (0: none timed yet)
+	urged           atomic.Bool  // the next claim may be as small as one (see Urge)
 	room            chan struct{}
 }
 
@@ -85,6 +86,16 @@ func (w *Window) Signal() {
 	}
 }
 
+// Urge makes the next claim due as soon as there is room for one
+// message, even while every worker is busy: a claim just took messages of
+// a priority above 0 ahead of the backlog, and the next claims them
+// (waiting for room for a batch, they would wait behind what the window
+// holds).
+func (w *Window) Urge() {
+	w.urged.Store(true)
+	w.Signal()
+}
+
 // Room receives the signals (coalesced).
 func (w *Window) Room() <-chan struct{} { return w.room }
 
@@ -94,9 +105,10 @@ func (w *Window) Room() <-chan struct{} { return w.room }
 func (w *Window) Next(waiting, idle int) int {
 	capacity, batch, least := w.limits()
 	free := capacity - w.held.Load()
-	if free < batch && (free < least || waiting >= idle) {
+	if free < batch && (free < least || waiting >= idle) && (free < 1 || !w.urged.Load()) {
 		return 0
 	}
+	w.urged.Store(false)
 	return int(min(w.batch, free))
 }
 

@@ -125,3 +125,33 @@ func TestUnpacedWindowIgnoresHandlerTimes(t *testing.T) {
 		t.Fatalf("claim %d, want a full batch", got)
 	}
 }
+
+// A claim that took prioritized messages ahead urges the next: it is due
+// as soon as there is room for one message, even while every worker is
+// busy, once; then claims wait for room for a batch again.
+func TestUrgedWindowClaimsWhatRoomThereIs(t *testing.T) {
+	w := NewWindow(110, 100)
+	w.Claimed(110) // no signal pending
+	w.Urge()
+	select {
+	case <-w.Room():
+	default:
+		t.Fatal("Urge did not signal Room")
+	}
+	if got := w.Next(100, 0); got != 0 {
+		t.Fatalf("urged, no room: claim %d, want to wait", got)
+	}
+	for range 3 {
+		w.Handled()
+	}
+	if got := w.Next(97, 0); got != 3 {
+		t.Fatalf("urged, 3 free, every worker busy: claim %d, want 3", got)
+	}
+	w.Claimed(3)
+	for range 5 {
+		w.Handled()
+	}
+	if got := w.Next(95, 0); got != 0 {
+		t.Fatalf("after the urged claim, 5 free, every worker busy: claim %d, want to wait for a full batch", got)
+	}
+}
