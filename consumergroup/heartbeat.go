@@ -80,14 +80,19 @@ func (r *runner) pause(d time.Duration) bool {
 	}
 }
 
+// heartbeatArgs are the arguments of a heartbeat of subscription sub:
+// the loop's beats and the one registering records are the same.
+func (g *Group) heartbeatArgs(sub int64) pgx.StrictNamedArgs {
+	return pgx.StrictNamedArgs{"sub": sub, "heartbeat_timeout_us": g.cfg.HeartbeatTimeout.Microseconds()}
+}
+
 // beat records liveness and reacts to the subscription's state.
 func (r *runner) beat() error {
 	g := r.g
 	ctx, cancel := context.WithTimeout(r.fetchCtx, 10*time.Second)
 	defer cancel()
 	var status string
-	err := r.hbPool.QueryRow(ctx, g.q.Heartbeat, pgx.StrictNamedArgs{"sub": g.sub.ID,
-		"heartbeat_timeout_us": g.cfg.HeartbeatTimeout.Microseconds()}).Scan(&status)
+	err := r.hbPool.QueryRow(ctx, g.q.Heartbeat, g.heartbeatArgs(g.sub.ID)).Scan(&status)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: group %q on %q", ErrSubscriptionGone, g.cfg.Group, g.cfg.Topic)

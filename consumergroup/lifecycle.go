@@ -223,8 +223,7 @@ func (g *Group) registerTx(ctx context.Context, tx pgx.Tx, opts SubscriptionOpti
 	}
 	// Registering is the instance's first heartbeat, and sets the group's
 	// heartbeat timeout to its own.
-	if _, err := tx.Exec(ctx, g.q.Heartbeat, pgx.StrictNamedArgs{"sub": sub.id,
-		"heartbeat_timeout_us": g.cfg.HeartbeatTimeout.Microseconds()}); err != nil {
+	if _, err := tx.Exec(ctx, g.q.Heartbeat, g.heartbeatArgs(sub.id)); err != nil {
 		return nil, fmt.Errorf("consumergroup: subscribe: %w", err)
 	}
 	topic, err := g.client.LoadTopic(ctx, tx, g.cfg.Topic)

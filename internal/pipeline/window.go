@@ -105,7 +105,10 @@ func (w *Window) Room() <-chan struct{} { return w.room }
 func (w *Window) Next(waiting, idle int) int {
 	capacity, batch, least := w.limits()
 	free := capacity - w.held.Load()
-	if free < batch && (free < least || waiting >= idle) && (free < 1 || !w.urged.Load()) {
+	due := free >= batch || // room for a batch
+		(free >= least && waiting < idle) || // a worker idle with nothing to take
+		(free >= 1 && w.urged.Load()) // messages taken ahead wait (see Urge)
+	if !due {
 		return 0
 	}
 	w.urged.Store(false)
