@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -58,8 +59,8 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 		return fmt.Errorf("%w: message %d is not being handled by this instance", outbox.ErrLeaseLost, d.ID)
 	}
 	if j.Batch == nil {
-		tag, err := tx.Exec(ctx, g.q.TakeRetry, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": d.ID,
-			"member": g.cfg.InstanceID, "attempt": d.Attempt})
+		tag, err := tx.Exec(ctx, g.q.TakeRetry.Numbered, g.q.TakeRetry.Bind(sqlq.Args{"sub": g.sub.ID, "message_id": d.ID,
+			"member": g.cfg.InstanceID, "attempt": d.Attempt})...)
 		if err != nil {
 			return fmt.Errorf("consumergroup: ack: %w", err)
 		}
@@ -68,7 +69,7 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 		}
 		return nil // its retry gone, the message is finished (see sqlq's passedBy)
 	}
-	tag, err := tx.Exec(ctx, g.q.HoldBatch, pgx.StrictNamedArgs{"batch_id": j.Batch.ID, "member": g.cfg.InstanceID})
+	tag, err := tx.Exec(ctx, g.q.HoldBatch.Numbered, g.q.HoldBatch.Bind(sqlq.Args{"batch_id": j.Batch.ID, "member": g.cfg.InstanceID})...)
 	if err != nil {
 		return fmt.Errorf("consumergroup: ack: %w", err)
 	}
@@ -78,7 +79,7 @@ func (g *Group) AckTx(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error 
 	// Recorded, so that the batch, read again after a takeover, skips
 	// the message, and a failure written after this skips it too; the
 	// record goes with the batch.
-	if _, err := tx.Exec(ctx, g.q.RecordHandled, pgx.StrictNamedArgs{"sub": g.sub.ID, "message_id": d.ID}); err != nil {
+	if _, err := tx.Exec(ctx, g.q.RecordHandled.Numbered, g.q.RecordHandled.Bind(sqlq.Args{"sub": g.sub.ID, "message_id": d.ID})...); err != nil {
 		return fmt.Errorf("consumergroup: ack: %w", err)
 	}
 	j.Batch.AckedInTx(d.ID)

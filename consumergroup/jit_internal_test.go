@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
@@ -61,7 +60,7 @@ SELECT 'events', '{"seq": 1}', 'c', 'PUBLISHED' FROM generate_series(1, 1000)`)
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	rows, err := tx.Query(ctx, g.q.LockOffset, pgx.StrictNamedArgs{"sub": g.sub.ID})
+	rows, err := tx.Query(ctx, g.q.LockOffset.Numbered, g.q.LockOffset.Bind(sqlq.Args{"sub": g.sub.ID})...)
 	require.NoError(t, err)
 	rows.Close()
 	require.NoError(t, rows.Err())

@@ -63,7 +63,7 @@ func (in *Instance) ackRetries(ids []int64) {
 	defer cancel()
 	var done int
 	err := withRetry(ctx, func() error {
-		rows, err := in.Pool.Query(ctx, q.DeleteRetries, pgx.StrictNamedArgs{"sub": in.Subscription, "message_ids": ids, "member": in.ID})
+		rows, err := in.Pool.Query(ctx, q.DeleteRetries.Numbered, q.DeleteRetries.Bind(sqlq.Args{"sub": in.Subscription, "message_ids": ids, "member": in.ID})...)
 		if err != nil {
 			return err
 		}
@@ -92,17 +92,17 @@ func (in *Instance) completeBatch(b *pipeline.Batch) {
 	defer cancel()
 	acked, failed, released := b.Outcomes()
 	retries := append(slices.Clip(failed), released...)
-	finish := pgx.StrictNamedArgs{"batch_id": b.ID, "member": in.ID}
+	finish := q.FinishBatch.Bind(sqlq.Args{"batch_id": b.ID, "member": in.ID})
 	err := withRetry(ctx, func() error {
 		if len(retries) == 0 && len(b.HandledInTx()) == 0 {
-			tag, err := in.Pool.Exec(ctx, q.FinishBatch, finish)
+			tag, err := in.Pool.Exec(ctx, q.FinishBatch.Numbered, finish...)
 			if err == nil && tag.RowsAffected() == 0 {
 				return errBatchLost
 			}
 			return err
 		}
 		return pgx.BeginTxFunc(ctx, in.Pool, sqlq.ShortTx, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, q.FinishBatch, finish)
+			tag, err := tx.Exec(ctx, q.FinishBatch.Numbered, finish...)
 			if err != nil {
 				return err
 			}
@@ -117,7 +117,7 @@ func (in *Instance) completeBatch(b *pipeline.Batch) {
 			if inTx := b.HandledInTx(); len(inTx) > 0 {
 				// The records AckTx wrote for a takeover are not needed once
 				// the batch is done.
-				_, err := tx.Exec(ctx, q.ForgetHandled, pgx.StrictNamedArgs{"sub": in.Subscription, "message_ids": inTx})
+				_, err := tx.Exec(ctx, q.ForgetHandled.Numbered, q.ForgetHandled.Bind(sqlq.Args{"sub": in.Subscription, "message_ids": inTx})...)
 				return err
 			}
 			return nil
@@ -147,12 +147,12 @@ func (in *Instance) insertRetries(ctx context.Context, tx pgx.Tx, fs []pipeline.
 	for i, f := range fs {
 		ids[i], attempts[i], delays[i], dead[i], errs[i], at[i] = f.ID, int32(f.Attempts), f.Delay.Microseconds(), f.Dead, f.Err, f.DueAt()
 	}
-	if _, err := tx.Exec(ctx, in.Statements.InsertRetries, pgx.StrictNamedArgs{"sub": in.Subscription, "message_ids": ids, "attempts": attempts,
-		"delays_us": delays, "dead": dead, "now": in.Now(), "errors": errs, "bit": in.Mask(), "due_at": at}); err != nil {
+	if _, err := tx.Exec(ctx, in.Statements.InsertRetries.Numbered, in.Statements.InsertRetries.Bind(sqlq.Args{"sub": in.Subscription, "message_ids": ids, "attempts": attempts,
+		"delays_us": delays, "dead": dead, "now": in.Now(), "errors": errs, "bit": in.Mask(), "due_at": at})...); err != nil {
 		return err
 	}
 	if slices.Contains(dead, true) {
-		_, err := tx.Exec(ctx, in.Statements.CopyDeadLetters, pgx.StrictNamedArgs{"sub": in.Subscription})
+		_, err := tx.Exec(ctx, in.Statements.CopyDeadLetters.Numbered, in.Statements.CopyDeadLetters.Bind(sqlq.Args{"sub": in.Subscription})...)
 		return err
 	}
 	return nil
@@ -167,8 +167,8 @@ func (in *Instance) completeRetry(o pipeline.Outcome, f pipeline.Failure) {
 	defer cancel()
 	err := withRetry(ctx, func() error {
 		if o == pipeline.Release {
-			_, err := in.Pool.Exec(ctx, q.SettleRetry, pgx.StrictNamedArgs{"sub": in.Subscription, "message_id": f.ID, "member": in.ID,
-				"delay_us": 0, "dead": false, "error": "", "now": in.Now(), "give_back": 1, "due_at": nil})
+			_, err := in.Pool.Exec(ctx, q.SettleRetry.Numbered, q.SettleRetry.Bind(sqlq.Args{"sub": in.Subscription, "message_id": f.ID, "member": in.ID,
+				"delay_us": 0, "dead": false, "error": "", "now": in.Now(), "give_back": 1, "due_at": nil})...)
 			return err
 		}
 		giveBack := 0
@@ -176,12 +176,12 @@ func (in *Instance) completeRetry(o pipeline.Outcome, f pipeline.Failure) {
 			giveBack = 1
 		}
 		err := pgx.BeginTxFunc(ctx, in.Pool, sqlq.ShortTx, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, q.SettleRetry, pgx.StrictNamedArgs{"sub": in.Subscription, "message_id": f.ID, "member": in.ID,
+			if _, err := tx.Exec(ctx, q.SettleRetry.Numbered, q.SettleRetry.Bind(sqlq.Args{"sub": in.Subscription, "message_id": f.ID, "member": in.ID,
 				"delay_us": f.Delay.Microseconds(), "dead": f.Dead, "error": f.Err, "now": in.Now(), "give_back": giveBack,
-				"due_at": f.DueAt()}); err != nil || !f.Dead {
+				"due_at": f.DueAt()})...); err != nil || !f.Dead {
 				return err
 			}
-			_, err := tx.Exec(ctx, q.CopyDeadLetters, pgx.StrictNamedArgs{"sub": in.Subscription}) // a dead letter keeps a copy of its message
+			_, err := tx.Exec(ctx, q.CopyDeadLetters.Numbered, q.CopyDeadLetters.Bind(sqlq.Args{"sub": in.Subscription})...) // a dead letter keeps a copy of its message
 			return err
 		})
 		if err == nil {

@@ -379,7 +379,7 @@ func (f *Fetcher) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	var mixing, expired, due, locked, found bool
 	ahead := f.readAhead(limit)
 	tx, err := BeginLook(ctx, f.conns.Acquire, func(batch *pgx.Batch) {
-		batch.Queue(f.Statements.LockOffset, pgx.StrictNamedArgs{"sub": f.Subscription}).QueryRow(func(row pgx.Row) error {
+		batch.Queue(f.Statements.LockOffset.Numbered, f.Statements.LockOffset.Bind(sqlq.Args{"sub": f.Subscription})...).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&p.position, &p.pairCur, &p.resumeXID, &p.resumeID,
 				&from, &upto, &bxid, &bid, &b.left, &b.total, &b.done, &b.startedAt, &b.readingEnded, &b.more, &noJIT)
 			locked = err == nil
@@ -391,7 +391,7 @@ func (f *Fetcher) fetchOnce(limit int, reap bool) (fetchResult, error) {
 			}
 			return nil
 		})
-		batch.Queue(f.Statements.FetchState, pgx.StrictNamedArgs{"sub": f.Subscription, "now": f.Now()}).QueryRow(func(row pgx.Row) error {
+		batch.Queue(f.Statements.FetchState.Numbered, f.Statements.FetchState.Bind(sqlq.Args{"sub": f.Subscription, "now": f.Now()})...).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&status, &snapshot, &bit, &mode, &mixing, &expired, &due)
 			found = err == nil
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -419,7 +419,7 @@ func (f *Fetcher) fetchOnce(limit int, reap bool) (fetchResult, error) {
 	defer tx.End(ctx)
 	if !locked {
 		var exists bool
-		if err := tx.QueryRow(ctx, f.Statements.OffsetExists, pgx.StrictNamedArgs{"sub": f.Subscription}).Scan(&exists); err != nil {
+		if err := tx.QueryRow(ctx, f.Statements.OffsetExists.Numbered, f.Statements.OffsetExists.Bind(sqlq.Args{"sub": f.Subscription})...).Scan(&exists); err != nil {
 			return 0, fmt.Errorf("lock position: %w", err)
 		}
 		if !exists {
@@ -452,7 +452,7 @@ func (f *Fetcher) fetchOnce(limit int, reap bool) (fetchResult, error) {
 
 	if reap {
 		var expired, gone int64
-		if err := tx.QueryRow(ctx, f.Statements.ReapRetries, pgx.StrictNamedArgs{"sub": f.Subscription, "now": f.Now(), "max_attempts": f.cfg.MaxAttempts}).
+		if err := tx.QueryRow(ctx, f.Statements.ReapRetries.Numbered, f.Statements.ReapRetries.Bind(sqlq.Args{"sub": f.Subscription, "now": f.Now(), "max_attempts": f.cfg.MaxAttempts})...).
 			Scan(&expired, &gone); err != nil {
 			return 0, fmt.Errorf("reap retries: %w", err)
 		}
@@ -462,11 +462,11 @@ func (f *Fetcher) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		f.loggedTakeover(expired, "", false)
 		f.loggedTakeover(gone, "", true)
 		due = due || expired+gone > 0
-		tx.Queue("copy dead letters", f.Statements.CopyDeadLetters, pgx.StrictNamedArgs{"sub": f.Subscription})
+		tx.Queue("copy dead letters", f.Statements.CopyDeadLetters.Numbered, f.Statements.CopyDeadLetters.Bind(sqlq.Args{"sub": f.Subscription})...)
 		if p.backfill != nil && p.backfill.readingEnded {
 			tx.Queue("finish backfill", f.Statements.FinishBackfill, pgx.StrictNamedArgs{"sub": f.Subscription})
 		}
-		tx.Queue("forget messages set aside", f.Statements.ForgetSetAside, pgx.StrictNamedArgs{"sub": f.Subscription})
+		tx.Queue("forget messages set aside", f.Statements.ForgetSetAside.Numbered, f.Statements.ForgetSetAside.Bind(sqlq.Args{"sub": f.Subscription})...)
 	}
 	if f.cfg.ByMessageGroup {
 		if expired { // a batch of an instance that read the stream (before consumergroup.Config.ByMessageGroup was set)
@@ -521,7 +521,7 @@ func (f *Fetcher) takeOver(ctx context.Context, tx *LookTx) (bool, error) {
 	var prev, cur, afterXID, lastXID, member string
 	var afterID, lastID int64
 	var catchup, gone bool
-	err := tx.QueryRow(ctx, f.Statements.TakeExpiredBatch, pgx.StrictNamedArgs{"sub": f.Subscription, "now": f.Now()}).
+	err := tx.QueryRow(ctx, f.Statements.TakeExpiredBatch.Numbered, f.Statements.TakeExpiredBatch.Bind(sqlq.Args{"sub": f.Subscription, "now": f.Now()})...).
 		Scan(&prev, &cur, &afterXID, &afterID, &lastXID, &lastID, &member, &catchup, &gone)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -711,12 +711,12 @@ func (f *Fetcher) nextRows(ctx context.Context, tx *LookTx, p position, snapshot
 		if len(got) == 0 && p.pairCur == nil {
 			f.idleSince = time.Now()
 		}
-		tx.Queue("advance position", f.Statements.AdvanceOffset,
-			pgx.StrictNamedArgs{"sub": f.Subscription, "position": pr.cur, "pair_cur": nil, "resume_xid": nil, "resume_id": nil})
+		tx.Queue("advance position", f.Statements.AdvanceOffset.Numbered,
+			f.Statements.AdvanceOffset.Bind(sqlq.Args{"sub": f.Subscription, "position": pr.cur, "pair_cur": nil, "resume_xid": nil, "resume_id": nil})...)
 	default:
 		last := got[len(got)-1]
-		tx.Queue("advance position", f.Statements.AdvanceOffset,
-			pgx.StrictNamedArgs{"sub": f.Subscription, "position": pr.prev, "pair_cur": pr.cur, "resume_xid": last.xid, "resume_id": last.d.ID})
+		tx.Queue("advance position", f.Statements.AdvanceOffset.Numbered,
+			f.Statements.AdvanceOffset.Bind(sqlq.Args{"sub": f.Subscription, "position": pr.prev, "pair_cur": pr.cur, "resume_xid": last.xid, "resume_id": last.d.ID})...)
 	}
 	return pr, nil
 }
@@ -825,16 +825,16 @@ func (f *Fetcher) recordBatch(ctx context.Context, tx *LookTx, prev, cur, afterX
 		for i, x := range later {
 			ids[i], xids[i] = x.d.ID, x.xid
 		}
-		tx.Queue("set scheduled messages aside", f.Statements.SetAside, pgx.StrictNamedArgs{"sub": f.Subscription, "message_ids": ids, "xids": xids})
+		tx.Queue("set scheduled messages aside", f.Statements.SetAside.Numbered, f.Statements.SetAside.Bind(sqlq.Args{"sub": f.Subscription, "message_ids": ids, "xids": xids})...)
 		if got = due; len(got) == 0 {
 			return tx.Commit(ctx)
 		}
 	}
 	var bid int64
 	var leaseUntil time.Time
-	tx.Queue("record batch", f.Statements.InsertBatch, pgx.StrictNamedArgs{"sub": f.Subscription, "prev": prev, "cur": cur,
+	tx.Queue("record batch", f.Statements.InsertBatch.Numbered, f.Statements.InsertBatch.Bind(sqlq.Args{"sub": f.Subscription, "prev": prev, "cur": cur,
 		"after_xid": afterXID, "after_id": afterID, "last_xid": last.xid, "last_id": last.d.ID,
-		"member": f.ID, "now": f.Now(), "lease_us": f.cfg.Lease.Microseconds(), "catchup": catchup}).
+		"member": f.ID, "now": f.Now(), "lease_us": f.cfg.Lease.Microseconds(), "catchup": catchup})...).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&bid, &leaseUntil) })
 	if err := tx.Commit(ctx); err != nil {
 		return err

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
 // The lease keeper: one goroutine per instance. Every third of the topic's
@@ -43,8 +45,8 @@ func (in *Instance) ExtendLeases(pool *pgxpool.Pool, lease time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lease/3)
 	defer cancel()
-	rows, err := pool.Query(ctx, in.Statements.ExtendLeases, pgx.StrictNamedArgs{"sub": in.Subscription, "member": in.ID,
-		"batch_ids": batches, "retry_ids": retries, "now": in.Now(), "lease_us": lease.Microseconds()})
+	rows, err := pool.Query(ctx, in.Statements.ExtendLeases.Numbered, in.Statements.ExtendLeases.Bind(sqlq.Args{"sub": in.Subscription, "member": in.ID,
+		"batch_ids": batches, "retry_ids": retries, "now": in.Now(), "lease_us": lease.Microseconds()})...)
 	if err != nil {
 		in.Logger.Error("pgoutbox: extending leases failed", slog.Any("error", err))
 		return

@@ -27,23 +27,24 @@ type PubSub struct {
 	CommittedPosition, DeletedTombstone                            string
 
 	// Fetching.
-	LockOffset, OffsetExists, FetchState          string
 	CatchupProgress                               string
 	FinishBackfill, CancelBackfill, BackfillState string
-	NextBackfillPair, TakeExpiredBatch            string
-	AdvanceOffset, InsertBatch                    string
-	SetAside, ForgetSetAside                      string
-	ReapRetries, DeleteOrphanRetries, ParkRows    string
-	AnalyzeRetries                                string
-	CopyDeadLetters, DeadLettersToComplete        string
-	// Large, and run by most looks: numbered once (see Named).
+	NextBackfillPair                              string
+	DeleteOrphanRetries, ParkRows                 string
+	AnalyzeRetries, DeadLettersToComplete         string
+	// Run by every look, or for most batches or messages: numbered once
+	// (see Named).
+	LockOffset, OffsetExists, FetchState          Named
 	FetchRows, FetchRowsAhead, TakeAhead, AnyWork Named
 	CatchupRows, CatchupSize, MoveBatchToRetries  Named
 	ClaimRetries, ClaimOrderedRetries             Named
+	TakeExpiredBatch, AdvanceOffset, InsertBatch  Named
+	SetAside, ForgetSetAside                      Named
+	ReapRetries, CopyDeadLetters                  Named
 
-	// Completing.
-	FinishBatch, InsertRetries, SettleRetry, DeleteRetries, ExtendLeases string
-	HoldBatch, TakeRetry, RecordHandled, ForgetHandled                   string
+	// Completing (every statement numbered once, see Named).
+	FinishBatch, InsertRetries, SettleRetry, DeleteRetries, ExtendLeases Named
+	HoldBatch, TakeRetry, RecordHandled, ForgetHandled                   Named
 
 	// Administration.
 	ListDeadLetters, ReplayDeadLetters, DiscardDeadLetters    string
@@ -72,7 +73,7 @@ func ForPubSub(schema string) *PubSub {
 		LockTopic:             q(lockTopic),
 		LockTopicShared:       q(lockTopicShared),
 		DeletedTombstone:      q(deletedTombstone),
-		CopyDeadLetters:       q(copyDeadLetters),
+		CopyDeadLetters:       named(q(copyDeadLetters)),
 		DeadLettersToComplete: q(deadLettersToComplete),
 		SelectSubscription:    q(selectSubscription),
 		InsertSubscription:    q(insertSubscription),
@@ -95,9 +96,9 @@ func ForPubSub(schema string) *PubSub {
 		DeleteGroupState:      q(deleteGroupState),
 		CommittedPosition:     q(committedPosition),
 
-		LockOffset:          q(lockOffset),
-		OffsetExists:        q(offsetExists),
-		FetchState:          q(fetchState),
+		LockOffset:          named(q(lockOffset)),
+		OffsetExists:        named(q(offsetExists)),
+		FetchState:          named(q(fetchState)),
 		CatchupRows:         named(q(catchupRows)),
 		CatchupSize:         named(q(catchupSize)),
 		CatchupProgress:     q(catchupProgress),
@@ -105,32 +106,32 @@ func ForPubSub(schema string) *PubSub {
 		CancelBackfill:      q(cancelBackfill),
 		BackfillState:       q(backfillState),
 		NextBackfillPair:    q(nextBackfillPair),
-		TakeExpiredBatch:    q(takeExpiredBatch),
+		TakeExpiredBatch:    named(q(takeExpiredBatch)),
 		MoveBatchToRetries:  named(q(moveBatchToRetries)),
 		FetchRows:           named(q(fetchRows)),
 		FetchRowsAhead:      named(q(fetchRowsAhead)),
 		TakeAhead:           named(q(takeAhead)),
-		SetAside:            q(setAside),
-		ForgetSetAside:      q(forgetSetAside),
+		SetAside:            named(q(setAside)),
+		ForgetSetAside:      named(q(forgetSetAside)),
 		AnyWork:             named(q(anyWork)),
-		AdvanceOffset:       q(advanceOffset),
-		InsertBatch:         q(insertBatch),
-		ReapRetries:         q(reapRetries),
+		AdvanceOffset:       named(q(advanceOffset)),
+		InsertBatch:         named(q(insertBatch)),
+		ReapRetries:         named(q(reapRetries)),
 		AnalyzeRetries:      q(analyzeRetries),
 		DeleteOrphanRetries: q(deleteOrphanRetries),
 		ClaimRetries:        named(q(claimRetries)),
 		ParkRows:            q(parkRows),
 		ClaimOrderedRetries: named(q(claimOrderedRetries)),
 
-		FinishBatch:   q(finishBatch),
-		InsertRetries: q(insertRetries),
-		SettleRetry:   q(settleRetry),
-		DeleteRetries: q(deleteRetries),
-		ExtendLeases:  q(extendGroupLeases),
-		HoldBatch:     q(holdBatch),
-		TakeRetry:     q(takeRetry),
-		RecordHandled: q(recordHandled),
-		ForgetHandled: q(forgetHandled),
+		FinishBatch:   named(q(finishBatch)),
+		InsertRetries: named(q(insertRetries)),
+		SettleRetry:   named(q(settleRetry)),
+		DeleteRetries: named(q(deleteRetries)),
+		ExtendLeases:  named(q(extendGroupLeases)),
+		HoldBatch:     named(q(holdBatch)),
+		TakeRetry:     named(q(takeRetry)),
+		RecordHandled: named(q(recordHandled)),
+		ForgetHandled: named(q(forgetHandled)),
 
 		ListDeadLetters:      q(listGroupDeadLetters),
 		ReplayDeadLetters:    q(replayGroupDeadLetters),
