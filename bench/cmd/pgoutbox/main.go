@@ -39,6 +39,7 @@ type config struct {
 	harness.Run
 	mode                    string
 	cpuProfile, latencyFile string
+	memProfile              string
 	pollInterval            time.Duration
 	batch                   int
 	notifyInterval          time.Duration
@@ -74,6 +75,25 @@ func main() {
 	if err := run(ctx, c); err != nil {
 		c.Fail(err)
 	}
+	if c.memProfile != "" {
+		if err := writeHeapProfile(c.memProfile); err != nil {
+			c.Fail(err)
+		}
+	}
+}
+
+// writeHeapProfile writes the allocations of the whole run (go tool pprof
+// -sample_index=alloc_space) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func parseFlags() *config {
@@ -83,6 +103,7 @@ func parseFlags() *config {
 	flag.Lookup("duration").Usage = "W5: how long the producer runs (n = rate × duration); SKEW: each phase's length"
 	flag.IntVar(&c.batch, "batch", 0, "W2, W4: the consumer's BatchSize (0 = library default)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	flag.StringVar(&c.memProfile, "memprofile", "", "write the run's allocations (a heap profile) to this file")
 	flag.StringVar(&c.latencyFile, "latencies", "", "W4: write each message's commit time and pickup latency (ms, tab-separated) to this file")
 	flag.DurationVar(&c.pollInterval, "poll-interval", 0, "W2, W4: the consumer's PollInterval (0 = library default)")
 	flag.StringVar(&c.mode, "mode", "", "PUB_SUB tracking mode for W3: bitmap, counter or offset")
