@@ -47,6 +47,7 @@ type Admin struct {
 	pool   *pgxpool.Pool
 	maint  *consumergroup.Maintainer
 	q      *sqlq.Admin
+	rq     *sqlq.Router // what routers share (see Routers)
 	limit  int
 }
 
@@ -66,7 +67,7 @@ func New(client *outbox.Client, opts Options) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Admin{client: client, pool: client.Pool(), maint: maint, q: sqlq.ForAdmin(schema),
+	return &Admin{client: client, pool: client.Pool(), maint: maint, q: sqlq.ForAdmin(schema), rq: sqlq.ForRouter(schema),
 		limit: cmp.Or(opts.CountLimit, DefaultCountLimit)}, nil
 }
 

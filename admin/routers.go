@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
 // RouterCluster is what the routers of one name share, as the database
@@ -52,7 +50,7 @@ func (p RouterPermits) MarshalJSON() ([]byte, error) {
 // Routers reads, for each router name, its leader and the permits its
 // instances hold (two small reads).
 func (a *Admin) Routers(ctx context.Context) ([]RouterCluster, error) {
-	q := sqlq.ForRouter(a.client.Schema())
+	q := a.rq
 	byName := map[string]*RouterCluster{}
 	var names []string
 	cluster := func(name string) *RouterCluster {
