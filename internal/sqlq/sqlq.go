@@ -11,12 +11,13 @@
 // into SQL: every value is a bind parameter.
 //
 // Every statement names its parameters (@topic, @sub, @now, …); none is
-// numbered by hand. Most are sent with pgx.StrictNamedArgs, which refuses
-// a missing or unknown name. The large ones that run for most messages or
-// most looks (a send, a fetch's reads, the retry claims) are Named instead:
-// numbered once, when their set is built, so a call does not read the
-// statement again (see Named); their Bind refuses a missing or unknown
-// name the same way. A test prepares every statement of every set against
+// numbered by hand. Those that run for most messages, looks or batches (a
+// send, every statement of a look, a batch's completion, lease extension,
+// retries, AckTx) are Named: numbered once, when their set is built, so a
+// call does not read the statement again (see Named); their Bind refuses a
+// missing or unknown name. The rest, run by configuration, lifecycle,
+// maintenance and administration, are sent with pgx.StrictNamedArgs, which
+// refuses a missing or unknown name the same way. A test prepares every statement of every set against
 // the migrated schema, numbered as it is sent.
 //
 // A parameter named now (coalesce(@now::timestamptz, now())) carries an
