@@ -25,7 +25,7 @@ func (*Bitmap) Mode() outbox.TrackingMode { return outbox.Bitmap }
 // Complete implements Tracker: one INSERT of a record per message, beside
 // it (a message recorded twice counts once).
 func (b *Bitmap) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
-	_, err := exec(ctx, tx, "bitmap complete", b.q.CompleteRecords, pgx.StrictNamedArgs{"message_ids": ids, "sub": sub.ID})
+	_, err := exec(ctx, tx, "bitmap complete", b.q.CompleteRecords.Numbered, b.q.CompleteRecords.Bind(sqlq.Args{"message_ids": ids, "sub": sub.ID})...)
 	return err
 }
 

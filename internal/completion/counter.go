@@ -24,7 +24,7 @@ func (*Counter) Mode() outbox.TrackingMode { return outbox.Counter }
 // Complete implements Tracker: one INSERT of a record per message, beside
 // it (a message recorded twice counts once).
 func (c *Counter) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
-	_, err := exec(ctx, tx, "counter complete", c.q.CompleteRecords, pgx.StrictNamedArgs{"message_ids": ids, "sub": sub.ID})
+	_, err := exec(ctx, tx, "counter complete", c.q.CompleteRecords.Numbered, c.q.CompleteRecords.Bind(sqlq.Args{"message_ids": ids, "sub": sub.ID})...)
 	return err
 }
 

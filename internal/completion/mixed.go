@@ -28,11 +28,11 @@ func (m *Mixed) Mode() outbox.TrackingMode { return m.mode }
 // Offset mode (the watermark judges them); in the others each gets one
 // too.
 func (m *Mixed) Complete(ctx context.Context, tx DB, sub Subscription, ids []int64) error {
-	sql := m.q.CompleteRecords
+	stmt := m.q.CompleteRecords
 	if m.mode == outbox.Offset {
-		sql = m.q.CompleteTracked
+		stmt = m.q.CompleteTracked
 	}
-	_, err := exec(ctx, tx, "complete", sql, pgx.StrictNamedArgs{"message_ids": ids, "sub": sub.ID})
+	_, err := exec(ctx, tx, "complete", stmt.Numbered, stmt.Bind(sqlq.Args{"message_ids": ids, "sub": sub.ID})...)
 	return err
 }
 

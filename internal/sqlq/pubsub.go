@@ -55,7 +55,7 @@ type PubSub struct {
 	ForceTarget, ForceAdvance                                 string
 	Inconsistencies                                           string
 
-	CompleteRecords, CompleteTracked                              string
+	CompleteRecords, CompleteTracked                              Named // a batch's completion
 	BitmapForget, BitmapStrip, BitmapCleanup                      string
 	CounterForgetCandidates                                       string
 	CounterForget, CounterCleanup, OffsetCleanup, UpsertWatermark string
@@ -147,8 +147,8 @@ func ForPubSub(schema string) *PubSub {
 		ForceAdvance:         q(forceAdvance),
 		Inconsistencies:      q(inconsistencies),
 
-		CompleteRecords:         q(completeRecords),
-		CompleteTracked:         q(completeTracked),
+		CompleteRecords:         named(q(completeRecords)),
+		CompleteTracked:         named(q(completeTracked)),
 		BitmapForget:            q(bitmapForget),
 		BitmapStrip:             q(bitmapStrip),
 		BitmapCleanup:           q(bitmapCleanup),
