@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 )
 
@@ -77,8 +75,8 @@ func (f *Fetcher) fetchCatchup(ctx context.Context, tx *LookTx, b *backfill, lim
 		return len(got), f.endCatchup(ctx, tx, b, total, got, BackfillDone)
 	}
 	last := got[len(got)-1]
-	if _, err := tx.Exec(ctx, f.Statements.CatchupProgress, pgx.StrictNamedArgs{"sub": f.Subscription, "after_xid": last.xid, "after_id": last.d.ID,
-		"handed_out": len(got), "ended": false, "outcome": "", "total": total}); err != nil {
+	if _, err := tx.Exec(ctx, f.Statements.CatchupProgress.Numbered, f.Statements.CatchupProgress.Bind(sqlq.Args{"sub": f.Subscription, "after_xid": last.xid, "after_id": last.d.ID,
+		"handed_out": len(got), "ended": false, "outcome": "", "total": total})...); err != nil {
 		return 0, fmt.Errorf("backfill progress: %w", err)
 	}
 	if err := f.recordBatch(ctx, tx, b.from, b.upto, b.afterXID, b.afterID, got, true); err != nil {
@@ -100,7 +98,7 @@ func (f *Fetcher) nextCatchupPair(ctx context.Context, tx *LookTx, b *backfill, 
 		return 0, err
 	}
 	read := *b // the pair got was read from, for its batch
-	if err := tx.QueryRow(ctx, f.Statements.NextBackfillPair, pgx.StrictNamedArgs{"sub": f.Subscription}).Scan(&b.from, &b.upto, &b.afterXID, &b.afterID, &b.more); err != nil {
+	if err := tx.QueryRow(ctx, f.Statements.NextBackfillPair.Numbered, f.Statements.NextBackfillPair.Bind(sqlq.Args{"sub": f.Subscription})...).Scan(&b.from, &b.upto, &b.afterXID, &b.afterID, &b.more); err != nil {
 		return 0, fmt.Errorf("backfill next pair: %w", err)
 	}
 	b.left -= int64(len(got))
@@ -153,8 +151,8 @@ func (f *Fetcher) catchupProgress(ctx context.Context, tx *LookTx, got []row, to
 		last := got[len(got)-1]
 		lastXID, lastID = &last.xid, &last.d.ID
 	}
-	_, err := tx.Exec(ctx, f.Statements.CatchupProgress, pgx.StrictNamedArgs{"sub": f.Subscription, "after_xid": lastXID, "after_id": lastID,
-		"handed_out": len(got), "ended": outcome != "", "outcome": outcome, "total": total})
+	_, err := tx.Exec(ctx, f.Statements.CatchupProgress.Numbered, f.Statements.CatchupProgress.Bind(sqlq.Args{"sub": f.Subscription, "after_xid": lastXID, "after_id": lastID,
+		"handed_out": len(got), "ended": outcome != "", "outcome": outcome, "total": total})...)
 	if err != nil {
 		return fmt.Errorf("backfill progress: %w", err)
 	}

@@ -464,7 +464,7 @@ func (f *Fetcher) fetchOnce(limit int, reap bool) (fetchResult, error) {
 		due = due || expired+gone > 0
 		tx.Queue("copy dead letters", f.Statements.CopyDeadLetters.Numbered, f.Statements.CopyDeadLetters.Bind(sqlq.Args{"sub": f.Subscription})...)
 		if p.backfill != nil && p.backfill.readingEnded {
-			tx.Queue("finish backfill", f.Statements.FinishBackfill, pgx.StrictNamedArgs{"sub": f.Subscription})
+			tx.Queue("finish backfill", f.Statements.FinishBackfill.Numbered, f.Statements.FinishBackfill.Bind(sqlq.Args{"sub": f.Subscription})...)
 		}
 		tx.Queue("forget messages set aside", f.Statements.ForgetSetAside.Numbered, f.Statements.ForgetSetAside.Bind(sqlq.Args{"sub": f.Subscription})...)
 	}
@@ -788,8 +788,8 @@ func (f *Fetcher) park(ctx context.Context, tx *LookTx, rows []row) error {
 			groups[i] = x.d.Group
 		}
 	}
-	tx.Queue("park rows", f.Statements.ParkRows,
-		pgx.StrictNamedArgs{"sub": f.Subscription, "now": f.Now(), "message_ids": ids, "message_groups": groups, "dues": due})
+	tx.Queue("park rows", f.Statements.ParkRows.Numbered,
+		f.Statements.ParkRows.Bind(sqlq.Args{"sub": f.Subscription, "now": f.Now(), "message_ids": ids, "message_groups": groups, "dues": due})...)
 	f.parked(len(rows))
 	return nil
 }

@@ -27,11 +27,9 @@ type PubSub struct {
 	CommittedPosition, DeletedTombstone                            string
 
 	// Fetching.
-	CatchupProgress                               string
-	FinishBackfill, CancelBackfill, BackfillState string
-	NextBackfillPair                              string
-	DeleteOrphanRetries, ParkRows                 string
-	AnalyzeRetries, DeadLettersToComplete         string
+	CancelBackfill, BackfillState       string
+	DeleteOrphanRetries, AnalyzeRetries string
+	DeadLettersToComplete               string
 	// Run by every look, or for most batches or messages: numbered once
 	// (see Named).
 	LockOffset, OffsetExists, FetchState          Named
@@ -40,7 +38,9 @@ type PubSub struct {
 	ClaimRetries, ClaimOrderedRetries             Named
 	TakeExpiredBatch, AdvanceOffset, InsertBatch  Named
 	SetAside, ForgetSetAside                      Named
-	ReapRetries, CopyDeadLetters                  Named
+	ReapRetries, CopyDeadLetters, ParkRows        Named
+	CatchupProgress, NextBackfillPair             Named
+	FinishBackfill                                Named
 
 	// Completing (every statement numbered once, see Named).
 	FinishBatch, InsertRetries, SettleRetry, DeleteRetries, ExtendLeases Named
@@ -101,11 +101,11 @@ func ForPubSub(schema string) *PubSub {
 		FetchState:          named(q(fetchState)),
 		CatchupRows:         named(q(catchupRows)),
 		CatchupSize:         named(q(catchupSize)),
-		CatchupProgress:     q(catchupProgress),
-		FinishBackfill:      q(finishBackfill),
+		CatchupProgress:     named(q(catchupProgress)),
+		FinishBackfill:      named(q(finishBackfill)),
 		CancelBackfill:      q(cancelBackfill),
 		BackfillState:       q(backfillState),
-		NextBackfillPair:    q(nextBackfillPair),
+		NextBackfillPair:    named(q(nextBackfillPair)),
 		TakeExpiredBatch:    named(q(takeExpiredBatch)),
 		MoveBatchToRetries:  named(q(moveBatchToRetries)),
 		FetchRows:           named(q(fetchRows)),
@@ -120,7 +120,7 @@ func ForPubSub(schema string) *PubSub {
 		AnalyzeRetries:      q(analyzeRetries),
 		DeleteOrphanRetries: q(deleteOrphanRetries),
 		ClaimRetries:        named(q(claimRetries)),
-		ParkRows:            q(parkRows),
+		ParkRows:            named(q(parkRows)),
 		ClaimOrderedRetries: named(q(claimOrderedRetries)),
 
 		FinishBatch:   named(q(finishBatch)),
