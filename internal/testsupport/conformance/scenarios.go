@@ -173,8 +173,12 @@ func (e *Env) cleaner(t testing.TB) {
 	t.Cleanup(func() {
 		if churn != nil {
 			// A scenario that held the xmin back lets go at its end: the
-			// partitions it held are dropped then.
-			pgtest.Eventually(t, 30*time.Second, "the maintenance services added partitions and dropped some", churn.addedAndDropped)
+			// partitions it held are dropped then. A partition is dropped
+			// only once every transaction id below its end has finished,
+			// in the whole cluster: a transaction another test holds open
+			// (a frozen process's, 15 s) holds it too, however long this
+			// scenario has been done.
+			pgtest.Eventually(t, 2*time.Minute, "the maintenance services added partitions and dropped some", churn.addedAndDropped)
 		}
 		cancel()
 		wg.Wait()
