@@ -68,8 +68,11 @@ func (k *Consumer) Start(ctx context.Context) error {
 // Stop stops consuming, hands back the messages no handler has started
 // (another consumer, or a restart, takes them at once), and waits for
 // running handlers until ctx ends: then it cancels them and returns ctx's
-// error. Stop is safe to call more than once and on a consumer never
-// started.
+// error. A handler that returns when cancelled gets its attempt back; one
+// that does not return soon after (a quarter of its timeout, at most a
+// second) has spent it: it may still finish its work, so its message's
+// next delivery is a later attempt. Stop is safe to call more than once
+// and on a consumer never started.
 func (k *Consumer) Stop(ctx context.Context) error { return k.group.Stop(ctx) }
 
 // StopAndCancel is Stop that cancels the running handlers' contexts at once.

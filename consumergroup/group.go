@@ -307,6 +307,10 @@ func (g *Group) subscriptionOptions() SubscriptionOptions {
 // they still do not return). What its members finished is recorded; the
 // messages it fetched and did not finish are handed back for another
 // instance (or a restart) to take at once, without spending an attempt.
+// A handler that does not return soon after it is cancelled (a quarter of
+// HandlerTimeout, at most a second) is given up on and has spent its
+// attempt: it may still finish its work, so its message's next delivery
+// is a later attempt.
 // The subscription stays ACTIVE. Stop is idempotent and safe on an
 // instance never started.
 func (g *Group) Stop(ctx context.Context) error { return g.stop(ctx, false) }

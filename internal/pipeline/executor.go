@@ -333,14 +333,27 @@ func (e *Executor) handle(s *slot, j *Job) (o Outcome, f Failure, inTime bool) {
 // (the handlers were cancelled: the consumer is stopping), or a failure
 // to retry or dead-letter as Judge says.
 func (e *Executor) classify(j *Job, err error) (Outcome, Failure) {
-	f := Failure{ID: j.D.ID, Attempts: j.D.Attempt}
 	if err == nil {
-		return Ack, f
+		return Ack, Failure{ID: j.D.ID, Attempts: j.D.Attempt}
 	}
 	if e.ctx.Err() != nil {
-		f.Attempts--
-		return Release, f
+		return Release, Untried(j)
 	}
+	return e.judge(j, err)
+}
+
+// gaveUp is the outcome of a handler call the executor gave up on: a
+// failure (ErrHandlerTimeout), even when the consumer is stopping. The
+// call may still finish its work, so its attempt is spent, and the
+// message's next delivery says it is a later attempt.
+func (e *Executor) gaveUp(j *Job) (Outcome, Failure) {
+	return e.judge(j, fmt.Errorf("%w (%v)", ErrHandlerTimeout, e.cfg.Timeout))
+}
+
+// judge is the failure err makes of j, as Judge says: a retry, a snooze
+// or a dead letter.
+func (e *Executor) judge(j *Job, err error) (Outcome, Failure) {
+	f := Failure{ID: j.D.ID, Attempts: j.D.Attempt}
 	f.Err = err.Error()
 	v := e.cfg.Judge(err, j.D.Attempt)
 	if v.Snooze {
@@ -411,10 +424,15 @@ func (e *Executor) watch() {
 			if j == nil {
 				continue
 			}
-			e.cfg.Logger.Warn("pgoutbox: handler did not return within its timeout; its message is retried and the group goes on",
-				slog.Int64("id", j.D.ID), slog.Int("attempt", j.D.Attempt), slog.Duration("timeout", e.cfg.Timeout))
+			if cancelled.IsZero() {
+				e.cfg.Logger.Warn("pgoutbox: handler did not return within its timeout; its message is retried and the group goes on",
+					slog.Int64("id", j.D.ID), slog.Int("attempt", j.D.Attempt), slog.Duration("timeout", e.cfg.Timeout))
+			} else {
+				e.cfg.Logger.Warn("pgoutbox: handler did not return when the instance stopped it; its message is retried, and this attempt counts (the handler may still finish it)",
+					slog.Int64("id", j.D.ID), slog.Int("attempt", j.D.Attempt))
+			}
 			e.cfg.Window.HandlerTook(e.cfg.Timeout) // at least
-			o, f := e.classify(j, fmt.Errorf("%w (%v)", ErrHandlerTimeout, e.cfg.Timeout))
+			o, f := e.gaveUp(j)
 			e.finish(j, o, f)
 			e.startWorker()  // before Done: the workers' count never touches zero here
 			e.working.Done() // the abandoned goroutine no longer counts as a worker
@@ -455,6 +473,7 @@ func (e *Executor) handleBatch(bh BatchHandler, jobs []*Job, t *turn) {
 		done <- result{errs, err}
 	}()
 	var res result
+	gaveUp := false
 	select {
 	case res = <-done:
 	case <-ctx.Done():
@@ -463,16 +482,21 @@ func (e *Executor) handleBatch(bh BatchHandler, jobs []*Job, t *turn) {
 		case <-time.After(abandonGrace(timeout)):
 			e.cfg.Logger.Warn("pgoutbox: batch handler did not return within its timeout; its messages are retried",
 				slog.Int("messages", len(jobs)), slog.Duration("timeout", timeout))
-			res.err = fmt.Errorf("%w (%v)", ErrHandlerTimeout, timeout)
+			gaveUp = true
 		}
 	}
 	failing := map[string]bool{} // message groups with a message that did not succeed
 	for i, j := range jobs {
-		err := res.err
-		if err == nil {
-			err = res.errs[i]
+		var o Outcome
+		var f Failure
+		switch {
+		case gaveUp:
+			o, f = e.gaveUp(j)
+		case res.err != nil:
+			o, f = e.classify(j, res.err)
+		default:
+			o, f = e.classify(j, res.errs[i])
 		}
-		o, f := e.classify(j, err)
 		if e.cfg.ByMessageGroup && j.D.Group != "" {
 			// A message after one of its group that did not succeed is
 			// handed back whatever its result: it must not finish first.

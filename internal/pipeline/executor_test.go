@@ -174,6 +174,37 @@ func TestExecutorStopHandsBackWhatItHasNotDone(t *testing.T) {
 	}
 }
 
+// A handler that does not return when CancelHandlers cancels it is
+// given up on after its grace, and its attempt is spent: it may still
+// finish its work, so its next delivery must say it is a later attempt.
+// A job it held up is still handed back untried.
+func TestExecutorStopSpendsTheAttemptOfAHandlerThatOutlivesIt(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	started := make(chan struct{})
+	unblock := make(chan struct{})
+	e, closeAll := newExecutor(t, 1, time.Minute, false, func(context.Context, *outbox.Delivery) error {
+		close(started)
+		<-unblock // ignores ctx
+		return nil
+	})
+	e.Dispatch([]*Job{{D: delivery(1, "")}, {D: delivery(2, "")}})
+	<-started
+	e.BeginStop()
+	e.CancelHandlers()
+	got := closeAll() // returns once the watchdog gave up on message 1
+	require.Len(t, got, 2)
+	byID := map[int64]Settled{got[0].Failure.ID: got[0], got[1].Failure.ID: got[1]}
+	require.Equal(t, Fail, byID[1].Outcome)
+	require.Equal(t, 1, byID[1].Failure.Attempts, "the attempt of a call given up on is spent")
+	require.Contains(t, byID[1].Failure.Err, ErrHandlerTimeout.Error())
+	require.Equal(t, Release, byID[2].Outcome)
+	require.Equal(t, 0, byID[2].Failure.Attempts, "a job never started gets its attempt back")
+	close(unblock)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, e.WaitAbandoned(ctx))
+}
+
 // The executor tells a paced window how long each message took: a
 // delivery no member takes costs nothing, a call the watchdog gave up on
 // took at least the timeout. The window then holds what its workers

@@ -37,6 +37,7 @@ var scenarios = []scenario{
 	{"PoisonMessageCrashesProcess", false, poisonMessage},
 	{"HungHandlerDoesNotStallTheRest", false, hungHandler},
 	{"StopAndStartDoNotRedeliver", false, stopStart},
+	{"StopOutlivedByAHandler", false, stopOutlivedByHandler},
 	{"CancelUnstartedGroupBesideLiveOnes", true, cancelUnstarted},
 	{"DeadGroupResurrectsAfterFreeze", true, resurrectAfterFreeze},
 	{"DeadGroupResurrectsByStart", true, resurrectByStart},
@@ -72,6 +73,9 @@ func Run(t *testing.T, s *Subject) {
 		}
 		if s.Router && sc.name == "AckInTxExactlyOnceThroughKills" {
 			continue // a receiver's effects are beyond the router's transaction
+		}
+		if s.Router && sc.name == "StopOutlivedByAHandler" {
+			continue // a router's handler is an HTTP call, which returns when Stop cancels it
 		}
 		if s.Router && sc.name == "RestartedWithTheSameInstanceID" {
 			continue // a router's sources make their own ids: the group subjects cover it
@@ -563,6 +567,39 @@ func stopStart(t *testing.T, s *Subject) {
 	}
 	e.CheckNoDuplicates(t, "g1")
 	require.Empty(t, logs.atLeast(slog.LevelWarn), "a graceful stop and start logged warnings")
+}
+
+// stopOutlivedByHandler: an instance is stopped with a short deadline
+// while its handlers run, and they do not return when cancelled: they
+// finish their work seconds later. Stop gives up on them, and another
+// instance handles their messages again. That is a duplicate a stop with
+// a deadline allows, but not a silent one: the attempt the handler was
+// given is spent, so the second delivery says it is attempt 2 (a handler
+// keeping its effects idempotent by attempt sees it).
+func stopOutlivedByHandler(t *testing.T, s *Subject) {
+	// Leases and handler timeouts far longer than the scenario: only
+	// Stop ends a handler's call.
+	e := newEnv(t, s, func(tc *outbox.TopicConfig) { tc.Lease = 10 * time.Second })
+	var started atomic.Int64
+	stubborn := func(ctx context.Context, d *outbox.Delivery, seq int) error {
+		started.Add(1)
+		time.Sleep(3 * time.Second) // ctx is not looked at
+		return nil
+	}
+	a := e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "first", HandlerTimeout: time.Minute}, stubborn)
+	ids := e.Send(t, 40)
+	pgtest.Eventually(t, 30*time.Second, "the first instance's handlers running", func() bool { return started.Load() > 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	err := a.Stop(ctx)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Stop returned before handlers that ignore cancellation did")
+	e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "second"}, nil)
+	e.WaitDelivered(t, "g1", ids, 60*time.Second)
+	pgtest.Eventually(t, 30*time.Second, "the first instance's handlers finishing their work", func() bool {
+		return e.handledBy(t, "first") == int(started.Load())
+	})
+	r := e.Check(t, "g1", ids, nil)
+	require.Equal(t, int(started.Load()), r.Duplicates, "every message whose handler outlived Stop is handled again, and no other")
 }
 
 // cancelUnstarted: a Group value that was never started cancels its
