@@ -25,17 +25,19 @@ func (t tally) Nack(context.Context, router.Retry) error { t.nacked.Add(1); retu
 func (t tally) DeadLetter(context.Context, string) error { t.dead.Add(1); return nil }
 func (t tally) settled() int64                           { return t.acked.Load() + t.nacked.Load() + t.dead.Load() }
 
-// 100,000 messages naming an unknown pool, then 100,000 naming hosts off
-// the allow-list, each a different one: the warnings stay bounded. The
+// 10,000 messages naming an unknown pool, then 10,000 naming hosts off
+// the allow-list, each a different one (ten times the cap): the warnings
+// stay bounded. The
 // first kind is one ROUTING warning (their messages are nacked:
 // DEFAULT-POOL cannot take batches of 1,000, which is back-pressure, not
 // a warning), the second at most MaxWarnings.
 func TestWarningsAreBounded(t *testing.T) {
 	t.Parallel()
 	rt := newRouter(t, router.Config{AllowedHosts: []string{"allowed.invalid"}})
+	const messages = 10 * router.DefaultMaxWarnings
 	settle := newTally()
 	route := func(target func(i int) string, pool string) {
-		for start := 0; start < 100_000; start += 1000 {
+		for start := 0; start < messages; start += 1000 {
 			batch := make([]*router.Message, 0, 1000)
 			for i := start; i < start+1000; i++ {
 				batch = append(batch, &router.Message{ID: fmt.Sprint(pool, i), DeliveryID: fmt.Sprint(pool, i), Pool: pool,
@@ -45,18 +47,18 @@ func TestWarningsAreBounded(t *testing.T) {
 		}
 	}
 	route(func(int) string { return "http://allowed.invalid/" }, "NO-SUCH-POOL")
-	require.EqualValues(t, 100_000, settle.nacked.Load())
+	require.EqualValues(t, messages, settle.nacked.Load())
 	require.Equal(t, 1, len(rt.Warnings()), "one ROUTING warning")
 	require.True(t, hasWarning(rt, router.WarnRouting, router.SeverityWarn))
 	for _, w := range rt.Warnings() {
 		if w.Code == router.WarnRouting {
 			require.Equal(t, "NO-SUCH-POOL", w.Subject)
-			require.Equal(t, 100_000, w.Count)
+			require.Equal(t, messages, w.Count)
 		}
 	}
 
 	route(func(i int) string { return fmt.Sprintf("http://h%d.invalid/", i) }, "P")
-	require.EqualValues(t, 100_000, settle.dead.Load())
+	require.EqualValues(t, messages, settle.dead.Load())
 	require.Equal(t, router.DefaultMaxWarnings, len(rt.Warnings()), "one per host, up to the cap")
 }
 
