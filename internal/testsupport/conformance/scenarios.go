@@ -582,7 +582,7 @@ func stopStart(t *testing.T, s *Subject) {
 
 // stopOutlivedByHandler: an instance is stopped with a short deadline
 // while its handlers run, and they do not return when cancelled: they
-// finish their work seconds later. Stop gives up on them, and another
+// finish their work 5 s later. Stop gives up on them, and another
 // instance handles their messages again. That is a duplicate a stop with
 // a deadline allows, but not a silent one: the attempt the handler was
 // given is spent, so the second delivery says it is attempt 2 (a handler
@@ -594,7 +594,7 @@ func stopOutlivedByHandler(t *testing.T, s *Subject) {
 	var started atomic.Int64
 	stubborn := func(ctx context.Context, d *outbox.Delivery, seq int) error {
 		started.Add(1)
-		time.Sleep(3 * time.Second) // ctx is not looked at
+		time.Sleep(5 * time.Second) // ctx is not looked at; Stop gives up on the call after a second
 		return nil
 	}
 	a := e.StartInstance(t, e.DB.Pool, Spec{Group: "g1", Instance: "first", HandlerTimeout: time.Minute}, stubborn)
