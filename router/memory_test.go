@@ -27,10 +27,9 @@ func (t tally) settled() int64                           { return t.acked.Load()
 
 // 10,000 messages naming an unknown pool, then 10,000 naming hosts off
 // the allow-list, each a different one (ten times the cap): the warnings
-// stay bounded. The
-// first kind is one ROUTING warning (their messages are nacked:
-// DEFAULT-POOL cannot take batches of 1,000, which is back-pressure, not
-// a warning), the second at most MaxWarnings.
+// stay bounded. The first kind is one ROUTING warning (their messages are
+// nacked: DEFAULT-POOL cannot take batches of 1,000, which is
+// back-pressure, not a warning), the second at most MaxWarnings.
 func TestWarningsAreBounded(t *testing.T) {
 	t.Parallel()
 	rt := newRouter(t, router.Config{AllowedHosts: []string{"allowed.invalid"}})
