@@ -193,7 +193,7 @@ func (e *Env) cleaner(t testing.TB) {
 			// in the whole cluster: a transaction another test holds open
 			// (a frozen process's, 15 s) holds it too, however long this
 			// scenario has been done.
-			pgtest.Eventually(t, 2*time.Minute, "the maintenance services added partitions and dropped some", churn.addedAndDropped)
+			churn.wait(t, 2*time.Minute, services[0])
 		}
 		cancel()
 		wg.Wait()
@@ -312,6 +312,43 @@ func (c *partitionChurn) addedAndDropped() bool {
 		added = added || !c.initial[p]
 	}
 	return added && !now[c.first]
+}
+
+// wait waits until the maintenance services added partitions and dropped
+// some. When they have not within timeout, it logs why before failing:
+// the partitions and the transaction ids, the transactions of the whole
+// cluster that keep the first partition open, and what holds the
+// partitions no transaction writes into any more (a pass of svc).
+func (c *partitionChurn) wait(t testing.TB, timeout time.Duration, svc *maintenance.Service) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !c.addedAndDropped() {
+		if time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		ctx := context.Background()
+		pool := c.e.DB.Pool
+		var parts, clock string
+		_ = pool.QueryRow(ctx, `SELECT string_agg(format('p%s [%s, %s)', id, lo, hi), ', ' ORDER BY lo) FROM `+
+			c.e.DB.Table("outbox_partitions")).Scan(&parts)
+		_ = pool.QueryRow(ctx, `SELECT format('next xid %s, oldest running %s',
+  pg_snapshot_xmax(pg_current_snapshot()), pg_snapshot_xmin(pg_current_snapshot()))`).Scan(&clock)
+		t.Logf("partitions: %s; %s (the first: %s)", parts, clock, c.first)
+		rows, err := pool.Query(ctx, `
+SELECT format('%s pid %s (%s, %s) xid %s for %s: %s', datname, pid, application_name, state,
+              backend_xid, now() - xact_start, left(query, 200))
+FROM pg_stat_activity WHERE backend_xid IS NOT NULL ORDER BY xact_start`)
+		if err == nil {
+			held, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+			for _, h := range held {
+				t.Logf("transaction with an xid: %s", h)
+			}
+		}
+		r, err := svc.RunOnce(ctx)
+		t.Logf("a maintenance pass: kept %v, dropped %v, error %v", r.PartitionsKept, r.PartitionsDropped, err)
+		t.Fatalf("timed out after %v waiting for the maintenance services to add partitions and drop some", timeout)
+	}
 }
 
 // startWhileProducing: 8 producers commit out of order (and roll back
