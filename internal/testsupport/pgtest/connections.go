@@ -64,7 +64,8 @@ var processBudget atomic.Pointer[budget]
 
 // PoolConfig parses dsn into a pool configuration whose connections wait
 // for a free slot on a busy server (see the package's connection rules)
-// and are closed after a few idle seconds. Tests that build a pool of
+// and are closed after a few idle seconds (and, through a PgBouncer older
+// than 1.21, send no cancel requests: see cancels.go). Tests that build a pool of
 // their own, and child processes of tests, use it instead of
 // pgxpool.ParseConfig.
 func PoolConfig(dsn string) (*pgxpool.Config, error) {
@@ -73,6 +74,7 @@ func PoolConfig(dsn string) (*pgxpool.Config, error) {
 		return nil, err
 	}
 	shareServer(&cfg.ConnConfig.Config, processBudget.Load())
+	keepCancelsFromOldPgBouncer(&cfg.ConnConfig.Config)
 	if !strings.Contains(dsn, "pool_max_conn_idle_time") {
 		cfg.MaxConnIdleTime = idleTimeout
 	}
@@ -89,6 +91,7 @@ func ConnConfig(dsn string) (*pgx.ConnConfig, error) {
 		return nil, err
 	}
 	shareServer(&cfg.Config, processBudget.Load())
+	keepCancelsFromOldPgBouncer(&cfg.Config)
 	return cfg, nil
 }
 

@@ -403,12 +403,9 @@ const pgbouncerServerConns = 10
 // settings is a line added to its [pgbouncer] section.
 func PgBouncer(tb testing.TB, db *DB, settings ...string) string {
 	tb.Helper()
-	bin, err := exec.LookPath("pgbouncer")
-	if err != nil {
-		bin = "/usr/sbin/pgbouncer"
-		if _, serr := os.Stat(bin); serr != nil {
-			tb.Fatalf("pgtest: pgbouncer not found (install Debian's pgbouncer; .ci/run does): %v", err)
-		}
+	bin := pgbouncerBinary()
+	if _, err := os.Stat(bin); err != nil {
+		tb.Fatalf("pgtest: pgbouncer not found (install Debian's pgbouncer; .ci/run does): %v", err)
 	}
 	s := find(tb)
 	host, port, err := pgfind.HostPort(s.AdminDSN)
@@ -496,6 +493,15 @@ pidfile = %s/pgbouncer.pid
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// pgbouncerBinary is the path of the local pgbouncer: on PATH, or where
+// Debian's package puts it (outside a non-root user's PATH).
+func pgbouncerBinary() string {
+	if bin, err := exec.LookPath("pgbouncer"); err == nil {
+		return bin
+	}
+	return "/usr/sbin/pgbouncer"
 }
 
 // PoolReaders is the goleak option for a test that checks for leaks while a
