@@ -111,6 +111,16 @@ func (s *Service) width(last partition, c clock) uint64 {
 	return min(max(w, minPartitionXids), maxPartitionXids)
 }
 
+// firstWidth is how many transaction ids a partition spans when there is
+// none before it to measure a rate by: PartitionSize if set, else
+// initialPartitionXids.
+func (s *Service) firstWidth() uint64 {
+	if s.cfg.PartitionSize > 0 {
+		return max(uint64(s.cfg.PartitionSize), 1)
+	}
+	return initialPartitionXids
+}
+
 // createAhead adds range partitions until they reach two partition widths
 // past the next transaction id.
 func (s *Service) createAhead(ctx context.Context, r *Report) error {
@@ -138,15 +148,25 @@ func (s *Service) createOne(ctx context.Context, tx pgx.Tx) (bool, error) {
 		return false, err
 	}
 	parts, err := s.listPartitions(ctx, tx)
-	if err != nil || len(parts) == 0 {
+	if err != nil {
 		return false, err
 	}
-	last := parts[len(parts)-1]
-	w := s.width(last, c)
-	if last.hi >= c.next+2*w {
-		return false, nil
+	var lo, w uint64
+	if len(parts) == 0 {
+		// Every range partition was dropped: the transaction ids went
+		// past the last one before a pass added the next (passes of two
+		// instances can each find the other dropping, and skip adding).
+		// Messages went to the default partition meanwhile; the ranges
+		// start again ahead of the next transaction id.
+		w = s.firstWidth()
+	} else {
+		last := parts[len(parts)-1]
+		w = s.width(last, c)
+		if last.hi >= c.next+2*w {
+			return false, nil
+		}
+		lo = last.hi
 	}
-	lo := last.hi
 	if margin := max(w/100, minPartitionXids); lo < c.next+margin {
 		// The database went past the last partition, or nearly (no
 		// maintenance ran for a while): rows past it are in the default

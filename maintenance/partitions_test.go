@@ -339,3 +339,33 @@ func TestDeadGroupHoldsOnlyThePartitionOfWhatItOwes(t *testing.T) {
 		})
 	}
 }
+
+// When every range partition is gone (the transaction ids passed the last
+// one before a pass added the next, and it was dropped: two instances'
+// passes can each find the other dropping and skip adding), the next pass
+// starts the ranges again ahead of the next transaction id. Before, the
+// service added none from then on: every message went to the default
+// partition, which is never dropped.
+func TestPartitionsStartAgainAfterTheLastWasDropped(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	topic := "orders"
+	b.topic(t, outbox.TopicConfig{Name: topic, Semantics: outbox.PubSub, Tracking: outbox.Offset,
+		Retention: time.Millisecond, ZeroSubscriptionRetention: time.Millisecond})
+	s := b.service(t, maintenance.Config{PartitionSize: testPartitionSize})
+	for _, p := range partitionsOf(t, b) { // what the last drop of a pass leaves
+		b.exec(t, `DROP TABLE `+b.db.Table(p.table()))
+		b.exec(t, `DELETE FROM `+b.db.Table("outbox_partitions")+` WHERE id = $1`, p.id)
+	}
+	require.Empty(t, partitionsOf(t, b))
+
+	r, err := s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Positive(t, r.PartitionsCreated, "partitions added")
+	parts := partitionsOf(t, b)
+	require.NotEmpty(t, parts)
+	require.Greater(t, parts[len(parts)-1].hi, nextXid(t, b)+testPartitionSize, "the partitions reach past the next transaction id")
+	enterPartition(t, b, s)
+	partitionOf(t, b, b.send(t, topic, 5)) // in a range partition, not the default one
+	require.Empty(t, b.logs.errors())
+}

@@ -193,7 +193,7 @@ func (e *Env) cleaner(t testing.TB) {
 			// in the whole cluster: a transaction another test holds open
 			// (a frozen process's, 15 s) holds it too, however long this
 			// scenario has been done.
-			churn.wait(t, 2*time.Minute, services[0])
+			churn.wait(t, 2*time.Minute, services[0], &logs)
 		}
 		cancel()
 		wg.Wait()
@@ -318,8 +318,9 @@ func (c *partitionChurn) addedAndDropped() bool {
 // some. When they have not within timeout, it logs why before failing:
 // the partitions and the transaction ids, the transactions of the whole
 // cluster that keep the first partition open, and what holds the
-// partitions no transaction writes into any more (a pass of svc).
-func (c *partitionChurn) wait(t testing.TB, timeout time.Duration, svc *maintenance.Service) {
+// partitions no transaction writes into any more (a pass of svc), and
+// the warnings the services logged.
+func (c *partitionChurn) wait(t testing.TB, timeout time.Duration, svc *maintenance.Service, logs *testlog.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !c.addedAndDropped() {
@@ -347,6 +348,9 @@ FROM pg_stat_activity WHERE backend_xid IS NOT NULL ORDER BY xact_start`)
 		}
 		r, err := svc.RunOnce(ctx)
 		t.Logf("a maintenance pass: kept %v, dropped %v, error %v", r.PartitionsKept, r.PartitionsDropped, err)
+		for _, line := range logs.Lines("level=WARN") {
+			t.Logf("the maintenance services warned: %s", line)
+		}
 		t.Fatalf("timed out after %v waiting for the maintenance services to add partitions and drop some", timeout)
 	}
 }
