@@ -4,7 +4,9 @@
 // The parent calls Start with an environment variable holding the
 // child's spec (JSON); the test binary's TestMain sees the variable, runs
 // what the spec says, prints "ready" on a line of its own once it runs,
-// and never returns.
+// and never returns. A child dies with the test process (on Linux): a
+// test process killed or timed out leaves no child behind, frozen or not,
+// holding its transactions open on the server for the tests after it.
 package childproc
 
 import (
@@ -33,9 +35,7 @@ func Start(tb testing.TB, env string, spec any) *Child {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env+"="+string(b))
-	cmd.Stderr = os.Stderr
+	cmd := command(env, string(b))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		tb.Fatal(err)
@@ -63,6 +63,16 @@ func Start(tb testing.TB, env string, spec any) *Child {
 		tb.Fatal("child process did not start within 30s")
 	}
 	return c
+}
+
+// command is the test binary run with env set to spec, dying with the
+// process that starts it (see dieWithParent).
+func command(env, spec string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env+"="+spec)
+	cmd.Stderr = os.Stderr
+	dieWithParent(cmd)
+	return cmd
 }
 
 // Kill kills the process (SIGKILL): nothing it held is released.
