@@ -2,6 +2,10 @@ package consumergroup_test
 
 import (
 	"context"
+	"io"
+	"net"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,4 +104,68 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = 1
 	}
 	time.Sleep(2 * time.Second) // longer than any client waits before it takes back the leases of an instance whose lock is free
 	require.Zero(t, r.distinct(), "a survivor took messages from a live instance whose session was ended")
+}
+
+// The first instance of a client leases nothing before the client's
+// session records it alive: killed in between, its work would come back
+// only with its lease. With the session's connection slowed by a second,
+// the handler's first call finds the instance recorded.
+func TestAnInstanceLeasesNothingBeforeItIsRecordedAlive(t *testing.T) {
+	b := setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset})
+	slow := slowConnections(t, b.db.DSN, time.Second)
+	client, err := outbox.NewClient(b.db.Pool, outbox.Config{Schema: b.db.Schema, ListenDSN: slow})
+	require.NoError(t, err)
+	recordedAtFirstCall := make(chan bool, 1)
+	g := b.newGroup(t, "g", func(c *consumergroup.Config) { c.Client = client; c.InstanceID = "first" })
+	require.NoError(t, g.AddConsumer("m", func(ctx context.Context, _ *outbox.Delivery) error {
+		var recorded bool
+		err := b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.db.Table("outbox_live_instances")+
+			` WHERE member = 'first')`).Scan(&recorded)
+		select {
+		case recordedAtFirstCall <- err == nil && recorded:
+		default:
+		}
+		return err
+	}, nil))
+	start(t, g, consumergroup.FromNow())
+	b.send(t, 1, 2, 3)
+	select {
+	case recorded := <-recordedAtFirstCall:
+		require.True(t, recorded, "the instance was recorded alive when its handler was first called")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no handler call")
+	}
+}
+
+// slowConnections forwards connections to the server of dsn, each opened a
+// delay after it was accepted, and returns dsn through it.
+func slowConnections(t *testing.T, dsn string, delay time.Duration) string {
+	t.Helper()
+	cfg, err := pgtest.ConnConfig(dsn)
+	require.NoError(t, err)
+	target := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				time.Sleep(delay)
+				out, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
+				_, _ = io.Copy(in, out)
+			}()
+		}
+	}()
+	require.Contains(t, dsn, target)
+	return strings.Replace(dsn, target, ln.Addr().String(), 1)
 }

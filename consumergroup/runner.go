@@ -172,7 +172,10 @@ func (r *runner) start(run context.Context, done func()) {
 	r.writer.Go(r.complete)
 	r.keepers.Go(func() { r.eng.KeepLeases(r.keepCtx, r.hbPool, r.g.topic.Lease) })
 	r.exec.Start()
-	r.fetchers.Go(func() { r.fetcher.Run(run) })
+	r.fetchers.Go(func() {
+		r.g.client.WaitRecorded(run) // leases nothing unrecorded (see outbox.Client.LiveInstance)
+		r.fetcher.Run(run)
+	})
 	r.fetchers.Go(r.heartbeat)
 	r.fetchers.Go(r.janitor)
 	go func() {

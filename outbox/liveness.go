@@ -76,6 +76,9 @@ const (
 	// forgetWait is how long a new instance waits for the session of an
 	// earlier process's instance with its id to end.
 	forgetWait = 2 * time.Second
+	// firstSessionWait is how long the first instance of a client waits
+	// for the client's session to record it before it leases anything.
+	firstSessionWait = 2 * time.Second
 	// pingEvery is how often the session pings the server; a ping that
 	// does not come back within pingTimeout ends it (the client cannot
 	// reach the server, and no longer takes anything back).
@@ -109,7 +112,13 @@ type liveRun struct {
 
 	suspects map[string]time.Time // instances found gone, and since when (the reaper's goroutine only)
 	lastLook time.Time            // the reaper's last look
+
+	settled chan struct{} // closed once the run's first session recorded the instances, or failed
+	settle  sync.Once
 }
+
+// firstSessionSettled closes run.settled.
+func (run *liveRun) firstSessionSettled() { run.settle.Do(func() { close(run.settled) }) }
 
 func newLiveness(c *Client) *liveness {
 	nonce := strconv.FormatUint(rand.Uint64(), 36)
@@ -122,8 +131,9 @@ func newLiveness(c *Client) *liveness {
 // running take them back at once. A registration of member left by an
 // earlier process whose session ended is taken back first. unregister
 // forgets it; call it when the instance stops. Member ids must be unique
-// among running processes. Package consumergroup calls it; a program
-// rarely needs to.
+// among running processes. Package consumergroup calls it, and
+// WaitRecorded before its instance leases anything; a program rarely
+// needs to.
 func (c *Client) LiveInstance(ctx context.Context, member string) (unregister func()) {
 	l := c.live
 	if l == nil { // PollOnly
@@ -141,7 +151,7 @@ func (c *Client) LiveInstance(ctx context.Context, member string) (unregister fu
 	}
 	l.members[member]++
 	if l.run == nil {
-		run := &liveRun{}
+		run := &liveRun{settled: make(chan struct{})}
 		var runCtx context.Context
 		runCtx, run.cancel = context.WithCancel(context.Background())
 		l.run = run
@@ -154,6 +164,35 @@ func (c *Client) LiveInstance(ctx context.Context, member string) (unregister fu
 	l.mu.Unlock()
 	var once sync.Once
 	return func() { once.Do(func() { l.unregister(member) }) }
+}
+
+// WaitRecorded waits until the client's first session has recorded the
+// instances registered with LiveInstance (connecting and checking take
+// milliseconds on a quiet server), its first attempt failed, 2 s passed
+// (without a session of its own, behind a transaction pooler, the check
+// takes longer) or ctx ends. An instance that leased messages before it
+// was recorded and then died would get them back only when their lease
+// ends. It returns at once when no instance is registered, or once a
+// session was made.
+func (c *Client) WaitRecorded(ctx context.Context) {
+	l := c.live
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	if l.held || l.run == nil {
+		l.mu.Unlock()
+		return
+	}
+	settled := l.run.settled
+	l.mu.Unlock()
+	wait := time.NewTimer(firstSessionWait)
+	defer wait.Stop()
+	select {
+	case <-settled:
+	case <-ctx.Done():
+	case <-wait.C:
+	}
 }
 
 func (l *liveness) unregister(member string) {
@@ -194,6 +233,7 @@ func (l *liveness) keepSession(ctx context.Context, run *liveRun) {
 	warned := false
 	for ctx.Err() == nil {
 		held, err := l.session(ctx, run)
+		run.firstSessionSettled()
 		if ctx.Err() != nil {
 			return
 		}
@@ -290,6 +330,7 @@ func (l *liveness) session(ctx context.Context, run *liveRun) (held bool, err er
 		return false, err
 	}
 	l.key, l.held = key, true
+	run.firstSessionSettled()
 	if l.sessions++; l.sessions > 1 {
 		l.reconnectedAt = time.Now()
 	}
