@@ -44,10 +44,10 @@ func holdInChild(t *testing.T, e *Env, n int) (*Child, []int64) {
 	}
 	pgtest.Eventually(t, 30*time.Second, "the child holding every message", func() bool { return started() >= want })
 	// A client records its instances alive once its session is made (a
-	// connection and a notification round trip); one killed before that
-	// is not recorded, and its work comes back with its lease (see
-	// docs/guarantees.md). On a loaded machine the child can lease
-	// everything first: these scenarios are about a recorded instance.
+	// connection and a notification round trip), and an instance leases
+	// nothing before that for up to 2 s (see docs/guarantees.md). A
+	// loaded machine can take longer: these scenarios are about a
+	// recorded instance.
 	pgtest.Eventually(t, 30*time.Second, "the child's instance recorded alive", func() bool {
 		var n int
 		require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.DB.Table("outbox_live_instances")).Scan(&n))
