@@ -57,8 +57,10 @@ func pid(c *pgxpool.Conn) uint32 { return c.Conn().PgConn().PID() }
 // (W4: ten messages 6–28 ms late on a connection the producers opened).
 func TestALookTakesAReadyConnectionOverOneThatIsNot(t *testing.T) {
 	t.Parallel()
+	// The readying is held back until the look has its connection: done
+	// first, it would give the cold connection back ready, and the look
+	// could take it (rightly) before the other.
 	released := make(chan struct{})
-	close(released)
 	c, pool, readied := readyConnsFor(t, 4, released)
 	conns := openConns(t, pool, 2)
 	ready, cold := conns[0], conns[1]
@@ -71,6 +73,7 @@ func TestALookTakesAReadyConnectionOverOneThatIsNot(t *testing.T) {
 	require.NoError(t, err)
 	gotPID := pid(got)
 	got.Release()
+	close(released)
 	require.Equal(t, readyPID, gotPID, "the look runs on the ready connection")
 
 	c.Wait()
