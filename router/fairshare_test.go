@@ -102,7 +102,8 @@ func coldBesideHot(t *testing.T, ordered bool) {
 	beside := median("cold")
 	t.Logf("a cold message's latency (median of 7): alone %s; beside 100,000 hot ones %s (%.1fx)",
 		alone.Round(100*time.Microsecond), beside.Round(100*time.Microsecond), float64(beside)/float64(alone))
-	// Within twice its latency alone, with 20 ms for a busy machine's noise
-	// (the backlog takes minutes to deliver).
-	require.Less(t, beside, 2*alone+20*time.Millisecond, "the cold message waited behind the hot backlog")
+	// Within twice its latency alone, with 100 ms for a busy machine's
+	// noise: behind the backlog it would wait minutes (CI once measured
+	// 33 ms beside it, 3.9 ms alone, against a 20 ms allowance).
+	require.Less(t, beside, 2*alone+100*time.Millisecond, "the cold message waited behind the hot backlog")
 }
