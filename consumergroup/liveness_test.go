@@ -2,10 +2,6 @@ package consumergroup_test
 
 import (
 	"context"
-	"io"
-	"net"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,8 +108,9 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = 1
 // the handler's first call finds the instance recorded.
 func TestAnInstanceLeasesNothingBeforeItIsRecordedAlive(t *testing.T) {
 	b := setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset})
-	slow := slowConnections(t, b.db.DSN, time.Second)
-	client, err := outbox.NewClient(b.db.Pool, outbox.Config{Schema: b.db.Schema, ListenDSN: slow})
+	slow := pgtest.NewProxy(t)
+	slow.SlowDown(time.Second)
+	client, err := outbox.NewClient(b.db.Pool, outbox.Config{Schema: b.db.Schema, ListenDSN: slow.DSN(t, b.db)})
 	require.NoError(t, err)
 	recordedAtFirstCall := make(chan bool, 1)
 	g := b.newGroup(t, "g", func(c *consumergroup.Config) { c.Client = client; c.InstanceID = "first" })
@@ -135,37 +132,4 @@ func TestAnInstanceLeasesNothingBeforeItIsRecordedAlive(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no handler call")
 	}
-}
-
-// slowConnections forwards connections to the server of dsn, each opened a
-// delay after it was accepted, and returns dsn through it.
-func slowConnections(t *testing.T, dsn string, delay time.Duration) string {
-	t.Helper()
-	cfg, err := pgtest.ConnConfig(dsn)
-	require.NoError(t, err)
-	target := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer in.Close()
-				time.Sleep(delay)
-				out, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
-				_, _ = io.Copy(in, out)
-			}()
-		}
-	}()
-	require.Contains(t, dsn, target)
-	return strings.Replace(dsn, target, ln.Addr().String(), 1)
 }

@@ -6,19 +6,23 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgfind"
 )
 
 // Proxy forwards TCP connections to the test server (or another target)
 // and can be taken down (every connection cut, new ones refused) and up
-// again: a database that becomes unreachable, for one pool only.
+// again: a database that becomes unreachable, for one pool only. It can
+// also be slowed down: each new connection then reaches the target a
+// while after it was accepted.
 type Proxy struct {
 	ln     net.Listener
 	target string
 
 	mu    sync.Mutex
 	down  bool
+	delay time.Duration // before a new connection is forwarded
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 }
@@ -79,6 +83,14 @@ func (p *Proxy) Up() {
 	p.down = false
 }
 
+// SlowDown makes each connection accepted from now on reach the target d
+// after it was accepted (a slow network or server): 0 forwards at once.
+func (p *Proxy) SlowDown(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+}
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
@@ -86,32 +98,44 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			client.Close()
-			continue
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			client.Close()
-			continue
-		}
-		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
-		p.wg.Add(2)
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			defer p.wg.Done()
-			_, _ = io.Copy(dst, src) // until either side closes
-			dst.Close()
-			src.Close()
-			p.mu.Lock()
-			delete(p.conns, dst)
-			delete(p.conns, src)
-			p.mu.Unlock()
-		}
-		go pipe(server, client)
-		go pipe(client, server)
+		p.wg.Add(1)
+		go p.forward(client)
 	}
+}
+
+// forward connects client to the target, after the proxy's delay, unless
+// the proxy is down by then.
+func (p *Proxy) forward(client net.Conn) {
+	defer p.wg.Done()
+	p.mu.Lock()
+	delay := p.delay
+	p.mu.Unlock()
+	time.Sleep(delay)
+	p.mu.Lock()
+	if p.down {
+		p.mu.Unlock()
+		client.Close()
+		return
+	}
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		p.mu.Unlock()
+		client.Close()
+		return
+	}
+	p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+	p.wg.Add(2)
+	p.mu.Unlock()
+	pipe := func(dst, src net.Conn) {
+		defer p.wg.Done()
+		_, _ = io.Copy(dst, src) // until either side closes
+		dst.Close()
+		src.Close()
+		p.mu.Lock()
+		delete(p.conns, dst)
+		delete(p.conns, src)
+		p.mu.Unlock()
+	}
+	go pipe(server, client)
+	go pipe(client, server)
 }
