@@ -98,27 +98,18 @@ const (
 // width is how many transaction ids the next partition spans:
 // PartitionSize if set, else as many as the database assigns in
 // PartitionSpan at the rate measured since last was created, or, when that
-// was too recent to tell, initialPartitionXids or last's width if larger.
+// was too recent to tell or there is no last (the zero partition),
+// initialPartitionXids or last's width if larger.
 func (s *Service) width(last partition, c clock) uint64 {
 	if s.cfg.PartitionSize > 0 {
 		return max(uint64(s.cfg.PartitionSize), 1)
 	}
 	w := max(last.hi-last.lo, initialPartitionXids)
-	if elapsed := c.now.Sub(last.createdAt); elapsed >= 10*time.Second && c.next > last.createdXid {
+	if elapsed := c.now.Sub(last.createdAt); !last.createdAt.IsZero() && elapsed >= 10*time.Second && c.next > last.createdXid {
 		rate := float64(c.next-last.createdXid) / elapsed.Seconds()
 		w = uint64(rate * s.cfg.PartitionSpan.Seconds())
 	}
 	return min(max(w, minPartitionXids), maxPartitionXids)
-}
-
-// firstWidth is how many transaction ids a partition spans when there is
-// none before it to measure a rate by: PartitionSize if set, else
-// initialPartitionXids.
-func (s *Service) firstWidth() uint64 {
-	if s.cfg.PartitionSize > 0 {
-		return max(uint64(s.cfg.PartitionSize), 1)
-	}
-	return initialPartitionXids
 }
 
 // createAhead adds range partitions until they reach two partition widths
@@ -151,22 +142,21 @@ func (s *Service) createOne(ctx context.Context, tx pgx.Tx) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	var lo, w uint64
-	if len(parts) == 0 {
-		// Every range partition was dropped: the transaction ids went
-		// past the last one before a pass added the next (passes of two
-		// instances can each find the other dropping, and skip adding).
-		// Messages went to the default partition meanwhile; the ranges
-		// start again ahead of the next transaction id.
-		w = s.firstWidth()
-	} else {
-		last := parts[len(parts)-1]
-		w = s.width(last, c)
-		if last.hi >= c.next+2*w {
-			return false, nil
-		}
-		lo = last.hi
+	// With none left (every range partition was dropped: the transaction
+	// ids went past the last one before a pass added the next, as passes
+	// of two instances can each find the other dropping and skip adding),
+	// last is the zero partition: messages went to the default partition
+	// meanwhile, and the ranges start again ahead of the next transaction
+	// id (see the margin below).
+	var last partition
+	if len(parts) > 0 {
+		last = parts[len(parts)-1]
 	}
+	w := s.width(last, c)
+	if last.hi >= c.next+2*w {
+		return false, nil
+	}
+	lo := last.hi
 	if margin := max(w/100, minPartitionXids); lo < c.next+margin {
 		// The database went past the last partition, or nearly (no
 		// maintenance ran for a while): rows past it are in the default
