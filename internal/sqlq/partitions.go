@@ -19,6 +19,11 @@ type Partitions struct {
 	// if it is free (a boolean): one maintenance instance at a time adds
 	// or drops partitions.
 	Lock string
+	// AwaitLock takes the schema's partition lock until the transaction
+	// ends, waiting for it if another transaction holds it: for a tool
+	// that reshapes the partitions beside running maintenance instances
+	// (the tests do), which then skip their steps until it commits.
+	AwaitLock string
 	// Clock is the current snapshot's xmin (every xid below it has
 	// finished: a range below it is sealed), its xmax (the next xid to be
 	// assigned) and the database's time.
@@ -51,6 +56,7 @@ func ForPartitions(schema string) *Partitions {
 	return &Partitions{
 		schema:     schema,
 		Lock:       q(partitionLock),
+		AwaitLock:  q(awaitPartitionLock),
 		Clock:      q(partitionClock),
 		List:       q(listPartitions),
 		Seal:       q(sealPartition),
@@ -66,7 +72,11 @@ func ForPartitions(schema string) *Partitions {
 // not share it.
 const partitionLockClass = `1885826928`
 
-const partitionLock = `SELECT pg_try_advisory_xact_lock(` + partitionLockClass + `, '{{schema}}.outbox_partitions'::regclass::oid::integer)`
+const partitionLock = `SELECT pg_try_advisory_xact_lock(` + partitionLockKeys + `)`
+
+const awaitPartitionLock = `SELECT pg_advisory_xact_lock(` + partitionLockKeys + `)`
+
+const partitionLockKeys = partitionLockClass + `, '{{schema}}.outbox_partitions'::regclass::oid::integer`
 
 const partitionClock = `
 SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, now() FROM pg_current_snapshot() AS s`

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,12 +49,20 @@ func holdInChild(t *testing.T, e *Env, n int) (*Child, []int64) {
 	// nothing before that for up to 2 s (see docs/guarantees.md). A
 	// loaded machine can take longer: these scenarios are about a
 	// recorded instance.
-	pgtest.Eventually(t, 30*time.Second, "the child's instance recorded alive", func() bool {
-		var n int
-		require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.DB.Table("outbox_live_instances")).Scan(&n))
-		return n > 0
-	})
+	e.waitRecordedAlive(t, 1)
 	return child, ids
+}
+
+// waitRecordedAlive waits until n instances are recorded alive (see
+// docs/guarantees.md): their clients' sessions are made, and their
+// instances may lease messages.
+func (e *Env) waitRecordedAlive(t *testing.T, n int) {
+	t.Helper()
+	pgtest.Eventually(t, 30*time.Second, fmt.Sprintf("%d instances recorded alive", n), func() bool {
+		var recorded int
+		require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.DB.Table("outbox_live_instances")).Scan(&recorded))
+		return recorded >= n
+	})
 }
 
 // startedCounter returns how many handlings a hanging child (or, for a

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/pgoutbox/consumergroup"
+	"github.com/pgoutbox/pgoutbox/internal/sqlq"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/testsupport/testlog"
 	"github.com/pgoutbox/pgoutbox/maintenance"
@@ -225,6 +227,16 @@ func (e *Env) churnPartitions(t testing.TB) *partitionChurn {
 	parent, partitions := e.DB.Table("outbox_published"), e.DB.Table("outbox_partitions")
 	var first string
 	err := pgx.BeginFunc(ctx, e.DB.Pool, func(tx pgx.Tx) error {
+		// A maintenance service's step in flight commits first, and the
+		// services skip theirs until this commits: a partition one of
+		// them records meanwhile would not be seen here and, attached
+		// after this commits, could stand far ahead of the next xid with
+		// nothing between (the services beside the cleaner then add none,
+		// and the scenario waits in vain). The partition lock comes
+		// before the table's, as in the services' steps.
+		if _, err := tx.Exec(ctx, sqlq.ForPartitions(e.DB.Schema).AwaitLock); err != nil {
+			return err
+		}
 		// Writers in flight commit first: their rows count.
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+parent+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
@@ -618,7 +630,18 @@ func stopStart(t *testing.T, s *Subject) {
 		return // a call cut off by Stop's deadline may have reached the receiver: duplicates are counted above
 	}
 	e.CheckNoDuplicates(t, "g1")
-	require.Empty(t, logs.atLeast(slog.LevelWarn), "a graceful stop and start logged warnings")
+	warnings := logs.atLeast(slog.LevelWarn)
+	if s.PgBouncer {
+		// Through PgBouncer the LISTEN connection has no session of its
+		// own, and each client says so once its check of it gives up,
+		// 5 s after its first instance started: on a loaded machine
+		// that comes before the scenario's end. It is the setup's word,
+		// not the stop's.
+		warnings = slices.DeleteFunc(warnings, func(w string) bool {
+			return strings.Contains(w, "settings give no session of its own")
+		})
+	}
+	require.Empty(t, warnings, "a graceful stop and start logged warnings")
 }
 
 // stopOutlivedByHandler: an instance is stopped with a short deadline
@@ -1020,6 +1043,11 @@ func workSpreads(t *testing.T, s *Subject) {
 		e.StartChild(t, ChildSpec{Spec: Spec{Group: "g1", Instance: fmt.Sprintf("p%d", i), Concurrency: concurrency,
 			BatchSize: 1000}, Slow: slow})
 	}
+	// Every process is running before the backlog is sent: a loaded
+	// machine can take seconds to start one, and the others would have
+	// handled everything meanwhile (the suite at twice its parallelism:
+	// [984 1006 10] handled).
+	e.waitRecordedAlive(t, procs)
 	ids := e.Send(t, n)
 	e.WaitDelivered(t, "g1", ids, 3*time.Minute)
 	e.Check(t, "g1", ids, nil)
