@@ -133,3 +133,53 @@ func TestAnInstanceLeasesNothingBeforeItIsRecordedAlive(t *testing.T) {
 		t.Fatal("no handler call")
 	}
 }
+
+// A client whose statements are slow (a server under load, far away)
+// still takes back the leases of an instance whose session ended: every
+// look for such instances takes longer than the reaper's tick, and that
+// must not count as a pause in its watch (a look that started late
+// restarts the grace an instance's lock must stay free for). The holder's
+// session is cut by its proxy and cannot be made again; a survivor whose
+// every answer comes 700 ms late handles its messages long before their
+// 10-minute lease ends.
+func TestSlowStatementsDoNotKeepAGoneInstancesLeases(t *testing.T) {
+	t.Parallel() // mostly waiting on answers that come late
+	b := setupTopic(t, outbox.TopicConfig{Name: "events", Semantics: outbox.PubSub, Tracking: outbox.Offset, Lease: 10 * time.Minute})
+	ctx := context.Background()
+	path := pgtest.NewProxy(t)
+	holderClient, err := outbox.NewClient(b.db.Pool, outbox.Config{Schema: b.db.Schema, ListenDSN: path.DSN(t, b.db)})
+	require.NoError(t, err)
+	var started atomic.Int64
+	holder := b.newGroup(t, "g", func(c *consumergroup.Config) {
+		c.InstanceID, c.Client, c.Concurrency, c.BatchSize = "holder", holderClient, 10, 10
+	})
+	require.NoError(t, holder.AddConsumer("m", func(ctx context.Context, _ *outbox.Delivery) error {
+		started.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}, nil))
+	start(t, holder, consumergroup.FromNow())
+	b.sendRange(t, 0, 10)
+	pgtest.Eventually(t, 30*time.Second, "the holder handling every message", func() bool { return started.Load() == 10 })
+	pgtest.Eventually(t, 10*time.Second, "the holder recorded alive", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_live_instances")+` WHERE member = 'holder'`).Scan(&n))
+		return n == 1
+	})
+
+	far := pgtest.NewProxy(t)
+	far.Latency(700 * time.Millisecond)
+	slowPool := pgtest.NewPool(t, far.DSN(t, b.db))
+	survivorClient, err := outbox.NewClient(slowPool, outbox.Config{Schema: b.db.Schema, ListenDSN: b.db.DSN})
+	require.NoError(t, err)
+	r := newRecorder()
+	survivor := b.newGroupOn(t, slowPool, "g", func(c *consumergroup.Config) {
+		c.InstanceID, c.Client, c.Concurrency, c.BatchSize = "survivor", survivorClient, 10, 10
+	})
+	require.NoError(t, survivor.AddConsumer("m", r.handler, nil))
+	start(t, survivor, consumergroup.FromNow())
+	survivorClient.WaitRecorded(ctx)
+
+	path.Down() // the holder's session ends, and no new one can be made
+	pgtest.Eventually(t, time.Minute, "the survivor handling the holder's messages", func() bool { return r.distinct() == 10 })
+}

@@ -110,8 +110,8 @@ type liveRun struct {
 	cancel context.CancelFunc
 	tasks  startstop.Tasks
 
-	suspects map[string]time.Time // instances found gone, and since when (the reaper's goroutine only)
-	lastLook time.Time            // the reaper's last look
+	suspects   map[string]time.Time // instances found gone, and since when (the reaper's goroutine only)
+	lastAnswer time.Time            // when the reaper's last look had its answer
 
 	settled chan struct{} // closed once the run's first session recorded the instances, or failed
 	settle  sync.Once
@@ -449,10 +449,17 @@ func (l *liveness) reap(ctx context.Context, run *liveRun) {
 // less than reconnectGrace ago.
 func (l *liveness) reapOnce(ctx context.Context, run *liveRun) error {
 	now := time.Now()
-	if now.Sub(run.lastLook) > 2*reapEvery { // a late look: what it saw before is stale
+	// A look that starts long after the last one had its answer (this
+	// process was paused, or its ticks were) cannot tell that what that
+	// one saw went on meanwhile: the instances it suspected start their
+	// grace again. A slow answer is no such gap: the ticks that came
+	// meanwhile make the next look start at once (counted from the
+	// look's start, every look slower than 2*reapEvery restarted every
+	// grace, and a client with slow statements took nothing back).
+	if now.Sub(run.lastAnswer) > 2*reapEvery {
 		run.suspects = nil
 	}
-	run.lastLook = now
+	defer func() { run.lastAnswer = time.Now() }()
 	l.mu.Lock()
 	ready := l.held && now.Sub(l.reconnectedAt) >= reconnectGrace
 	own := l.key

@@ -15,16 +15,19 @@ import (
 // and can be taken down (every connection cut, new ones refused) and up
 // again: a database that becomes unreachable, for one pool only. It can
 // also be slowed down: each new connection then reaches the target a
-// while after it was accepted.
+// while after it was accepted; and given latency: what the target sends
+// reaches the client a while later (each statement's answer comes late,
+// as from a server far away or under load).
 type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	down  bool
-	delay time.Duration // before a new connection is forwarded
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	down    bool
+	delay   time.Duration // before a new connection is forwarded
+	latency time.Duration // before what the target sent is forwarded
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
 }
 
 // NewProxy starts a proxy to the test server, closed when the test ends.
@@ -91,6 +94,14 @@ func (p *Proxy) SlowDown(d time.Duration) {
 	p.delay = d
 }
 
+// Latency makes what the target sends reach the client d later, on the
+// connections made from now on and those open.
+func (p *Proxy) Latency(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latency = d
+}
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
@@ -126,9 +137,13 @@ func (p *Proxy) forward(client net.Conn) {
 	p.conns[client], p.conns[server] = struct{}{}, struct{}{}
 	p.wg.Add(2)
 	p.mu.Unlock()
-	pipe := func(dst, src net.Conn) {
+	pipe := func(dst, src net.Conn, late bool) {
 		defer p.wg.Done()
-		_, _ = io.Copy(dst, src) // until either side closes
+		if late {
+			_, _ = io.Copy(dst, lateReader{src, p})
+		} else {
+			_, _ = io.Copy(dst, src) // until either side closes
+		}
 		dst.Close()
 		src.Close()
 		p.mu.Lock()
@@ -136,6 +151,24 @@ func (p *Proxy) forward(client net.Conn) {
 		delete(p.conns, src)
 		p.mu.Unlock()
 	}
-	go pipe(server, client)
-	go pipe(client, server)
+	go pipe(server, client, false)
+	go pipe(client, server, true)
+}
+
+// lateReader reads from the target, and returns what it read after the
+// proxy's latency.
+type lateReader struct {
+	net.Conn
+	p *Proxy
+}
+
+func (r lateReader) Read(b []byte) (int, error) {
+	n, err := r.Conn.Read(b)
+	r.p.mu.Lock()
+	latency := r.p.latency
+	r.p.mu.Unlock()
+	if n > 0 && latency > 0 {
+		time.Sleep(latency)
+	}
+	return n, err
 }
