@@ -61,23 +61,7 @@ func TestASessionEndedUnderALiveInstanceIsMadeAgain(t *testing.T) {
 	ctx := context.Background()
 	holderClient, err := outbox.NewClient(pgtest.NewPool(t, b.db.DSN), outbox.Config{Schema: b.db.Schema})
 	require.NoError(t, err)
-	var started atomic.Int64
-	holder := b.newGroupOn(t, holderClient.Pool(), "g", func(c *consumergroup.Config) {
-		c.InstanceID, c.Client, c.Concurrency, c.BatchSize = "holder", holderClient, 10, 10
-	})
-	require.NoError(t, holder.AddConsumer("m", func(ctx context.Context, _ *outbox.Delivery) error {
-		started.Add(1)
-		<-ctx.Done()
-		return ctx.Err()
-	}, nil))
-	require.NoError(t, holder.Start(ctx, consumergroup.FromNow()))
-	t.Cleanup(func() {
-		stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_ = holder.StopAndCancel(stopCtx)
-	})
-	b.sendRange(t, 0, 10)
-	pgtest.Eventually(t, 30*time.Second, "the holder handling every message", func() bool { return started.Load() == 10 })
+	b.holdTen(t, holderClient)
 	r := newRecorder()
 	b.startRecording(t, "g", r)
 
@@ -149,18 +133,7 @@ func TestSlowStatementsDoNotKeepAGoneInstancesLeases(t *testing.T) {
 	path := pgtest.NewProxy(t)
 	holderClient, err := outbox.NewClient(b.db.Pool, outbox.Config{Schema: b.db.Schema, ListenDSN: path.DSN(t, b.db)})
 	require.NoError(t, err)
-	var started atomic.Int64
-	holder := b.newGroup(t, "g", func(c *consumergroup.Config) {
-		c.InstanceID, c.Client, c.Concurrency, c.BatchSize = "holder", holderClient, 10, 10
-	})
-	require.NoError(t, holder.AddConsumer("m", func(ctx context.Context, _ *outbox.Delivery) error {
-		started.Add(1)
-		<-ctx.Done()
-		return ctx.Err()
-	}, nil))
-	start(t, holder, consumergroup.FromNow())
-	b.sendRange(t, 0, 10)
-	pgtest.Eventually(t, 30*time.Second, "the holder handling every message", func() bool { return started.Load() == 10 })
+	b.holdTen(t, holderClient)
 	pgtest.Eventually(t, 10*time.Second, "the holder recorded alive", func() bool {
 		var n int
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.db.Table("outbox_live_instances")+` WHERE member = 'holder'`).Scan(&n))
@@ -182,4 +155,30 @@ func TestSlowStatementsDoNotKeepAGoneInstancesLeases(t *testing.T) {
 
 	path.Down() // the holder's session ends, and no new one can be made
 	pgtest.Eventually(t, time.Minute, "the survivor handling the holder's messages", func() bool { return r.distinct() == 10 })
+}
+
+// holdTen starts instance "holder" of group g on client, whose handlers
+// start every message and return only when cancelled, sends 10 messages
+// and waits until the holder handles them all. The instance is stopped,
+// and the group cancelled, when the test ends.
+func (b *bundle) holdTen(t *testing.T, client *outbox.Client) {
+	t.Helper()
+	ctx := context.Background()
+	var started atomic.Int64
+	holder := b.newGroupOn(t, client.Pool(), "g", func(c *consumergroup.Config) {
+		c.InstanceID, c.Client, c.Concurrency, c.BatchSize = "holder", client, 10, 10
+	})
+	require.NoError(t, holder.AddConsumer("m", func(ctx context.Context, _ *outbox.Delivery) error {
+		started.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}, nil))
+	require.NoError(t, holder.Start(ctx, consumergroup.FromNow()))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = holder.StopAndCancel(stopCtx)
+	})
+	b.sendRange(t, 0, 10)
+	pgtest.Eventually(t, 30*time.Second, "the holder handling every message", func() bool { return started.Load() == 10 })
 }
